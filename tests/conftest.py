@@ -1,0 +1,23 @@
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from fake_runtime import FakeRuntime, RuntimeServer  # noqa: E402
+
+
+@pytest.fixture
+def runtime_servers():
+    """Factory: start a fake runtime on loopback (port 0 = free port); all stopped after."""
+    started: list[RuntimeServer] = []
+
+    def start(metrics=None, port: int = 0) -> RuntimeServer:
+        server = RuntimeServer(FakeRuntime(metrics), port)
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()

@@ -1,0 +1,96 @@
+"""A real gRPC RuntimeMetricService on loopback, built from tpu-info's own stubs.
+
+Stands in for libtpu in tests: it answers with whatever the test puts in ``metrics``
+(device id -> value, in any order, possibly partial or malformed), can hang, and records
+the peers it saw so tests can tell whether the client reused its connection.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent import futures
+from typing import Callable
+
+import grpc
+from tpu_info.proto import tpu_metric_service_pb2 as pb
+from tpu_info.proto import tpu_metric_service_pb2_grpc as pb_grpc
+
+from tpumon.sources.tpu_runtime import DUTY_CYCLE, TOTAL, USAGE
+
+V4_TOTAL = 34088157184
+
+
+def gauge_entry(device_id: int, value: int | float) -> pb.Metric:
+    gauge = pb.Gauge(as_int=value) if isinstance(value, int) else pb.Gauge(as_double=value)
+    return pb.Metric(attribute=pb.Attribute(key="device-id", value=pb.AttrValue(int_attr=device_id)),
+                     gauge=gauge)
+
+
+def chips_metrics(used: dict[int, int], total: int = V4_TOTAL,
+                  duty: float = 90.0) -> dict[str, list[pb.Metric]]:
+    """Usual answers for the given device ids: usage, total and duty cycle per device."""
+    return {
+        USAGE: [gauge_entry(d, u) for d, u in used.items()],
+        TOTAL: [gauge_entry(d, total) for d in used],
+        DUTY_CYCLE: [gauge_entry(d, duty) for d in used],
+    }
+
+
+class FakeRuntime(pb_grpc.RuntimeMetricServiceServicer):
+    def __init__(self, metrics: dict[str, list[pb.Metric]] | None = None) -> None:
+        self.metrics = metrics or {}
+        self.delay = 0.0
+        self.peers: list[str] = []
+        self.calls = 0
+        self.hook: Callable[[pb.MetricRequest], None] | None = None
+        self._release = threading.Event()
+
+    def release(self) -> None:
+        """Let hung calls return (so the server can stop promptly)."""
+        self._release.set()
+
+    def GetRuntimeMetric(self, request, context):
+        self.calls += 1
+        self.peers.append(context.peer())
+        if self.delay:
+            self._release.wait(self.delay)
+        if request.metric_name not in self.metrics:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"no metric {request.metric_name}")
+        return pb.MetricResponse(metric=pb.TPUMetric(name=request.metric_name,
+                                                     metrics=self.metrics[request.metric_name]))
+
+
+class RuntimeServer:
+    """Owns a grpc.Server for a FakeRuntime; ``port=0`` picks a free port."""
+
+    def __init__(self, runtime: FakeRuntime, port: int = 0) -> None:
+        self.runtime = runtime
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+        pb_grpc.add_RuntimeMetricServiceServicer_to_server(runtime, self.server)
+        self.port = self.server.add_insecure_port(f"127.0.0.1:{port}")
+        assert self.port, f"could not bind 127.0.0.1:{port}"
+        self.server.start()
+
+    def stop(self) -> None:
+        self.runtime.release()
+        self.server.stop(grace=None).wait(5)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(predicate: Callable[[], object], timeout: float, interval: float = 0.1) -> object:
+    """Poll until ``predicate()`` is truthy; returns its value or raises AssertionError."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"condition not met within {timeout} s")

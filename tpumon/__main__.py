@@ -1,0 +1,5 @@
+"""Allows ``python -m tpumon``."""
+
+from tpumon.cli import main
+
+main()

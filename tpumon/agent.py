@@ -1,0 +1,92 @@
+"""The poll loop: sources -> state, on a fixed cadence, until told to stop.
+
+One thread polls; everything else (HTTP scrapes, later the notifiers and the store) reads
+the published snapshot. The cadence runs on the monotonic clock, so a wall-clock jump
+(NTP, a VM resumed from maintenance) neither bunches polls nor stops them; sample times
+use the wall clock because that is what people and Prometheus read.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Callable, Mapping
+
+from prometheus_client import CollectorRegistry, Histogram
+
+from tpumon.sources.health import SourceTracker
+from tpumon.sources.host import HostSource
+from tpumon.sources.tpu_runtime import TpuRuntimeSource
+from tpumon.state import AgentState, Snapshot
+
+log = logging.getLogger("tpumon.agent")
+
+POLL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+class OwnerScanner:
+    """Chip -> owning PID, rescanned at most every ``interval`` seconds (a /proc walk)."""
+
+    def __init__(self, scan: Callable[[], Mapping[str, int]], interval: float) -> None:
+        self._scan = scan
+        self._interval = interval
+        self._owners: Mapping[str, int] = {}
+        self._next = 0.0
+
+    def __call__(self) -> Mapping[str, int]:
+        now = time.monotonic()
+        if now >= self._next:
+            self._owners = dict(self._scan())
+            self._next = now + self._interval
+        return self._owners
+
+
+class Agent:
+    """Polls the runtime and the host each interval and publishes a snapshot."""
+
+    def __init__(self, state: AgentState, runtime: TpuRuntimeSource, owners: OwnerScanner,
+                 interval: float, registry: CollectorRegistry) -> None:
+        self.state = state
+        self.interval = interval
+        self._runtime_source = runtime
+        self._owners = owners
+        self._runtime = SourceTracker("tpu_runtime", runtime.poll)
+        self._host = SourceTracker("host", HostSource(owners).poll)
+        self._polls = 0
+        self._poll_seconds = Histogram(
+            "tpumon_poll_duration_seconds", "Time taken by one poll of all sources.",
+            buckets=POLL_BUCKETS, registry=registry)
+
+    def poll_once(self) -> Snapshot:
+        """Poll every source once and publish the result; never raises for a source."""
+        started = time.monotonic()
+        runtime = self._runtime.poll()
+        host = self._host.poll()
+        self._polls += 1
+        previous = self.state.snapshot
+        snapshot = Snapshot(
+            time=time.time(), identity=previous.identity, inventory=previous.inventory,
+            runtime=runtime, host=host, owners=self._owners(),
+            health=(self._runtime.health, self._host.health),
+            runtime_ports_up=dict(self._runtime_source.ports_up),
+            runtime_malformed_total=self._runtime_source.malformed_total,
+            polls_total=self._polls)
+        self.state.publish(snapshot)
+        self._poll_seconds.observe(time.monotonic() - started)
+        return snapshot
+
+    def run(self, stop: threading.Event) -> None:
+        """Poll on a fixed monotonic cadence until ``stop`` is set; overruns skip ticks."""
+        next_tick = time.monotonic()
+        while not stop.is_set():
+            try:
+                self.poll_once()
+            except Exception:  # noqa: BLE001 - last line of defence: log and keep polling
+                log.exception("poll failed unexpectedly; continuing")
+            next_tick += self.interval
+            now = time.monotonic()
+            if next_tick < now:  # a poll overran: skip the ticks it ate instead of bursting
+                next_tick = now + self.interval - (now - next_tick) % self.interval
+            stop.wait(next_tick - now)
+        self._runtime_source.close()

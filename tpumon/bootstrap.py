@@ -1,0 +1,108 @@
+"""Assembles an agent from a configuration: which chips, which ports, who am I, which sources.
+
+Both ``tpumon agent`` and the one-shot ``tpumon status`` are built here, so they can never
+disagree about where the runtime is or how a chip is named. With ``simulate`` the same
+agent is pointed at a ``tpumon sim`` child instead of libtpu.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Mapping
+
+from prometheus_client import CollectorRegistry
+
+from tpumon.agent import Agent, OwnerScanner
+from tpumon.config import Config, parse_ports
+from tpumon.exporters.prometheus import build_registry
+from tpumon.identity import Identity, discover_tpu_env, resolve_identity
+from tpumon.sim.process import SimulatorProcess, spawn_simulator
+from tpumon.sources.chips import ChipInventory, detect_chips, inventory_for, scan_chip_owners
+from tpumon.sources.tpu_runtime import TpuRuntimeSource
+from tpumon.state import AgentState
+
+log = logging.getLogger("tpumon.bootstrap")
+DEFAULT_RUNTIME_PORT = 8431
+
+
+def resolve_ports(configured: list[int], env: Mapping[str, str],
+                  tpu_env: Mapping[str, str]) -> tuple[list[int], str]:
+    """Runtime ports and where they came from: config, TPU_RUNTIME_METRICS_PORTS, tpu-env, 8431."""
+    if configured:
+        return configured, "config"
+    for origin, raw in (("env TPU_RUNTIME_METRICS_PORTS", env.get("TPU_RUNTIME_METRICS_PORTS")),
+                        ("tpu-env TPU_RUNTIME_METRICS_PORTS",
+                         tpu_env.get("TPU_RUNTIME_METRICS_PORTS"))):
+        if raw:
+            try:
+                ports = parse_ports(raw)
+            except ValueError:
+                log.warning("ignoring unreadable %s=%r", origin, raw)
+                continue
+            if ports:
+                return ports, origin
+    return [DEFAULT_RUNTIME_PORT], "default"
+
+
+@dataclass
+class Assembly:
+    """A ready-to-run agent and what it was built from."""
+
+    agent: Agent
+    state: AgentState
+    registry: CollectorRegistry
+    identity: Identity
+    runtime: TpuRuntimeSource
+    simulator: SimulatorProcess | None = None
+
+    def close(self) -> None:
+        self.runtime.close()
+        if self.simulator is not None:
+            self.simulator.stop()
+
+
+def build(config: Config, simulate: bool = False,
+          env: Mapping[str, str] | None = None) -> Assembly:
+    """Wire sources, state and exporter registry; start the simulator child if asked."""
+    env = os.environ if env is None else env
+    configured_identity = {k: config[f"identity.{k}"]
+                           for k in ("hostname", "worker", "accelerator_type", "slice")}
+    simulator = None
+    if simulate:
+        simulator = spawn_simulator(config["simulator.scenario"], config["simulator.chips"],
+                                    config["simulator.chip_type"], config["simulator.acceleration"],
+                                    config["simulator.seed"])
+        inventory = inventory_for(config["simulator.chip_type"], config["simulator.chips"])
+        address, ports, tpu_env = "127.0.0.1", simulator.ports, {}
+        sim_pid = simulator.pid
+        owners = OwnerScanner(lambda: {d: sim_pid for d in inventory.devices}, 5.0)
+        log.info("simulating %d %s chips (scenario %s, %gx time) on 127.0.0.1:%s",
+                 inventory.count, inventory.chip_type, config["simulator.scenario"],
+                 config["simulator.acceleration"], ",".join(map(str, ports)))
+    else:
+        inventory = detect_chips()
+        tpu_env = discover_tpu_env(config["identity.metadata"],
+                                   config["identity.metadata_timeout"], env)
+        ports, origin = resolve_ports(config["runtime.ports"], env, tpu_env)
+        address = config["runtime.address"]
+        owners = OwnerScanner(scan_chip_owners, config["runtime.owners_interval"])
+        _log_inventory(inventory, address, ports, origin)
+    identity = resolve_identity(configured_identity, tpu_env, env)
+    runtime = TpuRuntimeSource(address, ports, config["runtime.timeout"], inventory)
+    state = AgentState(identity, inventory, config["agent.history_points"])
+    registry = build_registry(lambda: state.snapshot)
+    agent = Agent(state, runtime, owners, config["agent.poll_interval"], registry)
+    return Assembly(agent, state, registry, identity, runtime, simulator)
+
+
+def _log_inventory(inventory: ChipInventory, address: str, ports: list[int], origin: str) -> None:
+    if inventory.chip_type:
+        log.info("%d TPU %s chip(s) on this VM", inventory.count, inventory.chip_type)
+    else:
+        log.info("no TPU chips found in /sys/bus/pci; reporting what the runtime answers")
+    log.info("runtime metric service: %s ports %s (from %s)", address,
+             ",".join(map(str, ports)), origin)
+    if os.geteuid() != 0:
+        log.info("not root: chip owners are visible only for this user's processes")

@@ -1,0 +1,76 @@
+"""``tpumon agent``: the long-running per-VM agent."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+
+import click
+
+from tpumon.bootstrap import build
+from tpumon.cli.options import config_option, ports_value, runtime_ports_option
+from tpumon import __version__
+from tpumon.config import Config, load_config
+from tpumon.exporters.http import MetricsServer
+from tpumon.logs import setup_logging
+
+log = logging.getLogger("tpumon.agent")
+
+
+@click.command("agent")
+@config_option
+@click.option("--listen-address", default=None, metavar="HOST:PORT",
+              help="Where to serve /metrics [default: :9847, all interfaces].")
+@click.option("--poll-interval", type=float, default=None, metavar="SECONDS",
+              help="Seconds between polls [default: 5].")
+@runtime_ports_option
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
+              default=None, help="Log level [default: info].")
+@click.option("--simulate", is_flag=True,
+              help="Run against the built-in TPU simulator instead of libtpu (no TPU needed).")
+@click.option("--scenario", default=None,
+              help="Simulated workload with --simulate (see 'tpumon sim --list') "
+                   "[default: linear-leak].")
+@click.option("--acceleration", type=float, default=None,
+              help="Simulated seconds per real second with --simulate [default: 60].")
+def command(config_path: str | None, listen_address: str | None, poll_interval: float | None,
+            runtime_ports: str | None, log_level: str | None, simulate: bool,
+            scenario: str | None, acceleration: float | None) -> None:
+    """Poll every TPU chip's HBM and serve Prometheus metrics until SIGTERM.
+
+    Reads libtpu's runtime metric service (the one tpu-info reads) on every port in
+    TPU_RUNTIME_METRICS_PORTS and the host's memory; never opens a TPU device, so it
+    runs beside the training job. With --simulate it runs the same agent against the
+    built-in simulator, on any machine.
+    """
+    config = load_config(config_path, {
+        "exporter.listen_address": listen_address, "agent.poll_interval": poll_interval,
+        "runtime.ports": ports_value(runtime_ports), "agent.log_level": log_level,
+        "simulator.scenario": scenario, "simulator.acceleration": acceleration})
+    setup_logging(config["agent.log_level"])
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: stop.set())
+    run_agent(config, simulate, stop)
+
+
+def run_agent(config: Config, simulate: bool, stop: threading.Event) -> None:
+    """Bind the exporter first (a port clash fails before a simulator starts), then poll."""
+    server = MetricsServer(config["exporter.listen_address"])
+    host, port = server.start()
+    try:
+        assembly = build(config, simulate=simulate)
+    except BaseException:
+        server.stop()
+        raise
+    try:
+        server.attach(assembly.registry, lambda: assembly.state.snapshot)
+        shown = f"[{host}]" if ":" in host else host
+        log.info("tpumon %s serving metrics on http://%s:%d/metrics (%s)", __version__,
+                 shown, port, ", ".join(f"{k}={v or '?'}" for k, v in assembly.identity.labels().items()))
+        assembly.agent.run(stop)
+        log.info("stopping")
+    finally:
+        server.stop()
+        assembly.close()

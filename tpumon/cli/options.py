@@ -1,0 +1,30 @@
+"""Options shared by several commands, declared once."""
+
+from __future__ import annotations
+
+import click
+
+from tpumon.config import ConfigError, parse_ports
+
+config_option = click.option(
+    "--config", "config_path", type=click.Path(dir_okay=False), default=None,
+    help="TOML configuration file [default: $TPUMON_CONFIG, else /etc/tpumon/config.toml "
+         "if it exists].")
+
+
+def ports_value(raw: str | None) -> list[int] | None:
+    """--runtime-ports '8431,8432' or '8431-8434' -> [..]; None when not given."""
+    if raw is None:
+        return None
+    try:
+        return parse_ports(raw)
+    except ValueError:
+        raise ConfigError(f"--runtime-ports: cannot read {raw!r} as ports (e.g. 8431,8432 "
+                          f"or 8431-8434)") from None
+
+
+runtime_ports_option = click.option(
+    "--runtime-ports", default=None, metavar="LIST",
+    help="Runtime metric service ports, e.g. 8431-8434 [default: runtime.ports, "
+         "TPU_RUNTIME_METRICS_PORTS, tpu-env metadata, 8431].")
+

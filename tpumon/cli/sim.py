@@ -1,0 +1,131 @@
+"""``tpumon sim``: a simulated TPU VM serving libtpu's runtime metric service, or writing traces."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import signal
+import sys
+import threading
+
+import click
+
+from tpumon.cli.options import config_option, ports_value
+from tpumon.config import ConfigError, load_config
+from tpumon.logs import setup_logging
+from tpumon.sim.process import READY_PREFIX
+
+log = logging.getLogger("tpumon.sim")
+V4_TOTAL_BYTES = 34088157184  # what a real v4 chip reports (not exactly 32 GiB)
+
+
+def parse_duration(raw: str) -> float:
+    """'90', '90s', '30m', '6h', '7d' -> seconds."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", raw)
+    if not match:
+        raise ConfigError(f"--duration: cannot read {raw!r} (e.g. 90s, 30m, 6h, 7d)")
+    unit = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[match.group(2)]
+    return float(match.group(1)) * unit
+
+
+def hbm_total_bytes(chip_type: str) -> int:
+    from tpumon.sources.chips import inventory_for
+
+    inventory = inventory_for(chip_type, 1)
+    return V4_TOTAL_BYTES if chip_type == "v4" else int(inventory.hbm_bytes_per_device or 0)
+
+
+@click.command("sim")
+@config_option
+@click.option("--scenario", default=None, help="Workload scenario [default: simulator.scenario].")
+@click.option("--chips", type=int, default=None, help="Simulated chips [default: 4].")
+@click.option("--chip-type", type=click.Choice(["v4", "v5e", "v5p", "v6e"]), default=None,
+              help="Simulated chip type [default: v4].")
+@click.option("--acceleration", type=float, default=None,
+              help="Simulated seconds per real second [default: 60].")
+@click.option("--seed", type=int, default=None, help="Random seed [default: 0].")
+@click.option("--listen", "listen_host", default="127.0.0.1", show_default=True,
+              help="Address to serve on (keep it on loopback).")
+@click.option("--port", "ports", default="8431", show_default=True, metavar="LIST",
+              help="Port(s), e.g. 8431-8434 to serve one chip per port like PyTorch/XLA "
+                   "multiprocess runs; 0 picks a free port.")
+@click.option("--list", "list_scenarios", is_flag=True, help="List the scenarios and exit.")
+@click.option("--write-trace", type=click.Path(dir_okay=False, allow_dash=True), default=None,
+              help="Write a trace file (CSV, or JSON Lines for .jsonl) instead of serving.")
+@click.option("--duration", default="24h", show_default=True,
+              help="Simulated length of the trace with --write-trace.")
+@click.option("--poll-interval", type=float, default=5.0, show_default=True,
+              help="Seconds between trace rows with --write-trace.")
+@click.option("--exit-with-parent", is_flag=True, hidden=True)
+def command(config_path: str | None, scenario: str | None, chips: int | None,
+            chip_type: str | None, acceleration: float | None, seed: int | None,
+            listen_host: str, ports: str, list_scenarios: bool, write_trace: str | None,
+            duration: str, poll_interval: float, exit_with_parent: bool) -> None:
+    """Simulate a TPU VM's chips for a training workload, on loopback, with no TPU.
+
+    Serves libtpu's RuntimeMetricService so that 'tpumon agent --runtime-ports PORT' (or
+    tpu-info) reads it as a real runtime; or, with --write-trace, writes the same workload
+    as a trace file for 'tpumon analyze' and tests.
+    """
+    from tpumon.sim.workload import SCENARIOS, Workload
+
+    if list_scenarios:
+        for name, spec in SCENARIOS.items():
+            click.echo(f"{name:18} {spec.description}")
+        return
+    config = load_config(config_path, {
+        "simulator.scenario": scenario, "simulator.chips": chips,
+        "simulator.chip_type": chip_type, "simulator.acceleration": acceleration,
+        "simulator.seed": seed})
+    setup_logging(config["agent.log_level"])
+    chip_count = config["simulator.chips"]
+    total = hbm_total_bytes(config["simulator.chip_type"])
+    if write_trace is not None:
+        _write_trace(config["simulator.scenario"], write_trace, parse_duration(duration),
+                     poll_interval, chip_count, config["simulator.seed"], total)
+        return
+    workload = Workload(config["simulator.scenario"], chips=chip_count, hbm_total_bytes=total,
+                        seed=config["simulator.seed"])
+    _serve(workload, listen_host, ports_value(ports) or [8431], chip_count,
+           config["simulator.acceleration"], exit_with_parent)
+
+
+def _write_trace(scenario: str, path: str, duration_s: float, poll_interval: float,
+                 chips: int, seed: int, total: int) -> None:
+    from tpumon.sim.tracegen import generate_trace
+    from tpumon.trace import write_trace
+
+    rows = generate_trace(scenario, duration_s=duration_s, poll_interval_s=poll_interval,
+                          chips=chips, seed=seed, hbm_total_bytes=total)
+    try:
+        count = write_trace(rows, sys.stdout if path == "-" else path,
+                            format="jsonl" if path.endswith(".jsonl") else "csv")
+    except OSError as exc:
+        raise ConfigError(f"--write-trace {path}: {exc.strerror or exc}") from None
+    log.info("wrote %d rows of scenario %s to %s", count, scenario, path)
+
+
+def _serve(workload, host: str, ports: list[int], chips: int, acceleration: float,
+           exit_with_parent: bool) -> None:
+    from tpumon.sim.server import SimClock, Simulator
+
+    if len(ports) > chips:
+        raise ConfigError(f"--port: {len(ports)} ports for {chips} chips; use at most one per chip")
+    simulator = Simulator(workload, SimClock(acceleration), host, ports, chips)
+    try:
+        bound = simulator.start()
+    except (OSError, RuntimeError) as exc:
+        raise ConfigError(f"--port: cannot serve on {host}:{ports}: {exc}") from None
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: stop.set())
+    print(f"{READY_PREFIX}{','.join(map(str, bound))}", flush=True)
+    log.info("simulating %d chips (scenario %s, %gx time) on %s port(s) %s", chips,
+             workload.scenario.name, acceleration, host, ",".join(map(str, bound)))
+    parent = os.getppid()
+    while not stop.wait(1.0):
+        if exit_with_parent and os.getppid() != parent:
+            log.info("parent exited; stopping")
+            break
+    simulator.stop()

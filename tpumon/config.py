@@ -1,0 +1,298 @@
+"""Configuration: one TOML file, environment variables and flags, merged in a fixed order.
+
+Precedence, lowest first: built-in defaults < the TOML file < ``TPUMON_<SECTION>_<KEY>``
+environment variables < command-line flags. The schema below is the single source of
+truth: validation, ``tpumon config show`` and docs/configuration.md all derive from it,
+so a key cannot exist in one place and be missing in another.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised only on 3.10
+    import tomli as tomllib
+
+DEFAULT_CONFIG_PATH = Path("/etc/tpumon/config.toml")
+ENV_PREFIX = "TPUMON_"
+# 9847: outside the ports of node_exporter (9100), dcgm-exporter (9400), libtpu's metric
+# service (8431-8434), Orbax/Grain (9431) and GKE's TPU device plugin (2112).
+DEFAULT_PORT = 9847
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+class ConfigError(Exception):
+    """A configuration problem, worded as one line that names the key or file at fault."""
+
+
+@dataclass(frozen=True)
+class Key:
+    """One configuration key: its type, default, check and documentation."""
+
+    section: str
+    name: str
+    type: type
+    default: Any
+    doc: str
+    check: Callable[[Any], str | None] | None = None
+
+    @property
+    def dotted(self) -> str:
+        return f"{self.section}.{self.name}"
+
+    @property
+    def env_var(self) -> str:
+        return f"{ENV_PREFIX}{self.section}_{self.name}".upper()
+
+
+def _positive(value: Any) -> str | None:
+    return None if value > 0 else "must be greater than 0"
+
+
+def _one_of(*choices: str) -> Callable[[Any], str | None]:
+    def check(value: Any) -> str | None:
+        return None if value in choices else f"must be one of {', '.join(choices)}"
+
+    return check
+
+
+def _ports(value: list[int]) -> str | None:
+    bad = [p for p in value if not 0 < p < 65536]
+    return f"has invalid port(s) {bad}" if bad else None
+
+
+def _scenario(value: str) -> str | None:
+    from tpumon.sim.workload import SCENARIOS  # lazy: numpy only when this key is checked
+
+    return None if value in SCENARIOS else f"must be one of {', '.join(SCENARIOS)}"
+
+
+def _listen_address(value: str) -> str | None:
+    try:
+        parse_listen_address(value)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+SCHEMA: tuple[Key, ...] = (
+    Key("agent", "poll_interval", float, 5.0,
+        "Seconds between polls of the TPU runtime and the host.", _positive),
+    Key("agent", "history_points", int, 4096,
+        "Samples kept in memory per chip (a ring buffer; older ones are dropped).", _positive),
+    Key("agent", "log_level", str, "info",
+        "One of debug, info, warning, error.", _one_of(*LOG_LEVELS)),
+    Key("exporter", "listen_address", str, f":{DEFAULT_PORT}",
+        "HOST:PORT for /metrics; ':PORT' listens on all interfaces, '[::1]:PORT' on IPv6.",
+        _listen_address),
+    Key("runtime", "address", str, "localhost",
+        "Host of libtpu's runtime metric service."),
+    Key("runtime", "ports", list, [],
+        "Ports of the runtime metric service. Empty: TPU_RUNTIME_METRICS_PORTS, then the "
+        "TPU VM's tpu-env metadata, then 8431.", _ports),
+    Key("runtime", "timeout", float, 1.0,
+        "Deadline in seconds for every gRPC call; a hung runtime costs at most this per poll.",
+        _positive),
+    Key("runtime", "owners_interval", float, 30.0,
+        "Seconds between scans of /proc for the processes that own each chip.", _positive),
+    Key("identity", "hostname", str, "",
+        "Host label. Empty: the machine's hostname."),
+    Key("identity", "worker", str, "",
+        "TPU worker id in the slice. Empty: TPU_WORKER_ID, tpu-env metadata, or the '-w-N' "
+        "suffix of the hostname."),
+    Key("identity", "accelerator_type", str, "",
+        "Accelerator type such as v4-32. Empty: TPU_ACCELERATOR_TYPE or tpu-env metadata."),
+    Key("identity", "slice", str, "",
+        "TPU (slice) name. Empty: TPU_NAME or tpu-env metadata (NODE_ID)."),
+    Key("identity", "metadata", str, "auto",
+        "Ask the GCE metadata server: 'auto' (only on Google Compute Engine), 'on', 'off'.",
+        _one_of("auto", "on", "off")),
+    Key("identity", "metadata_timeout", float, 0.5,
+        "Seconds to wait for the metadata server at start-up.", _positive),
+    Key("simulator", "scenario", str, "linear-leak",
+        "Workload scenario for --simulate and 'tpumon sim' (see 'tpumon sim --list').",
+        _scenario),
+    Key("simulator", "chips", int, 4, "Number of simulated chips.", _positive),
+    Key("simulator", "chip_type", str, "v4",
+        "Simulated chip type.", _one_of("v4", "v5e", "v5p", "v6e")),
+    Key("simulator", "acceleration", float, 60.0,
+        "Simulated seconds per real second.", _positive),
+    Key("simulator", "seed", int, 0, "Random seed of the simulated workload."),
+)
+
+KEYS: dict[str, Key] = {k.dotted: k for k in SCHEMA}
+SECTIONS: tuple[str, ...] = tuple(dict.fromkeys(k.section for k in SCHEMA))
+
+
+@dataclass
+class Config:
+    """Effective configuration: ``values['agent.poll_interval']`` and where each came from."""
+
+    values: dict[str, Any] = field(default_factory=lambda: {k: v.default for k, v in KEYS.items()})
+    origins: dict[str, str] = field(default_factory=lambda: {k: "default" for k in KEYS})
+    path: Path | None = None
+
+    def __getitem__(self, dotted: str) -> Any:
+        return self.values[dotted]
+
+    def set(self, dotted: str, value: Any, origin: str) -> None:
+        """Validate and set one key; errors name the key and where the value came from."""
+        key = KEYS[dotted]
+        value = _coerce(key, value, origin)
+        problem = key.check(value) if key.check else None
+        if problem:
+            raise ConfigError(f"{origin}: {dotted} {problem} (got {value!r})")
+        self.values[dotted] = value
+        self.origins[dotted] = origin
+
+
+def _coerce(key: Key, value: Any, origin: str) -> Any:
+    """Accept a value of the key's type (ints where floats are wanted); nothing looser."""
+    ok = {
+        float: isinstance(value, (int, float)) and not isinstance(value, bool),
+        int: isinstance(value, int) and not isinstance(value, bool),
+        str: isinstance(value, str),
+        bool: isinstance(value, bool),
+        list: isinstance(value, list) and all(
+            isinstance(v, int) and not isinstance(v, bool) for v in value),
+    }[key.type]
+    if not ok:
+        expected = {float: "a number", int: "an integer", str: "a string", bool: "true or false",
+                    list: "a list of integers"}[key.type]
+        raise ConfigError(f"{origin}: {key.dotted} must be {expected}, got {value!r}")
+    return float(value) if key.type is float else value
+
+
+def _parse_env_value(key: Key, raw: str) -> Any:
+    """Environment variables are strings; turn them into the key's type."""
+    try:
+        if key.type is float:
+            return float(raw)
+        if key.type is int:
+            return int(raw)
+        if key.type is bool:
+            return {"true": True, "1": True, "false": False, "0": False}[raw.strip().lower()]
+        if key.type is list:
+            return parse_ports(raw)
+    except (ValueError, KeyError):
+        raise ConfigError(f"environment {key.env_var}: cannot read {raw!r} as {key.type.__name__}")
+    return raw
+
+
+def parse_ports(raw: str) -> list[int]:
+    """'8431,8432' or '8431-8434' (libtpu's TPU_RUNTIME_METRICS_PORTS form) -> [8431, ...]."""
+    ports: list[int] = []
+    for part in (p.strip() for p in raw.split(",")):
+        if not part:
+            continue
+        if "-" in part:
+            lo, hi = (int(x) for x in part.split("-", 1))
+            ports.extend(range(lo, hi + 1))
+        else:
+            ports.append(int(part))
+    return ports
+
+
+def parse_listen_address(value: str) -> tuple[str, int]:
+    """'HOST:PORT', ':PORT' or '[v6]:PORT' -> (host, port); host '' means all interfaces."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ValueError(f"is not HOST:PORT ({value!r})")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host, int(port)
+
+
+def _unknown_key(name: str, known: list[str], where: str) -> ConfigError:
+    hint = difflib.get_close_matches(name, known, n=1)
+    suffix = f" (did you mean '{hint[0]}'?)" if hint else ""
+    return ConfigError(f"{where}: unknown key '{name}'{suffix}")
+
+
+def _apply_file(config: Config, path: Path) -> None:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"config file {path}: cannot read it: {exc.strerror or exc}")
+    except UnicodeDecodeError:
+        raise ConfigError(f"config file {path}: not UTF-8 text")
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path}: invalid TOML: {exc}")
+    for section, table in data.items():
+        if section not in SECTIONS:
+            raise _unknown_key(section, list(SECTIONS), f"config file {path}")
+        if not isinstance(table, dict):
+            raise ConfigError(f"config file {path}: '{section}' must be a table ([{section}])")
+        for name, value in table.items():
+            dotted = f"{section}.{name}"
+            if dotted not in KEYS:
+                raise _unknown_key(dotted, list(KEYS), f"config file {path}")
+            config.set(dotted, value, f"config file {path}")
+
+
+def _apply_env(config: Config, env: Mapping[str, str]) -> None:
+    by_var = {k.env_var: k for k in SCHEMA}
+    for var, raw in env.items():
+        if not var.startswith(ENV_PREFIX) or var == f"{ENV_PREFIX}CONFIG":
+            continue
+        key = by_var.get(var)
+        if key is None:
+            raise _unknown_key(var, list(by_var), "environment")
+        config.set(key.dotted, _parse_env_value(key, raw), f"environment {var}")
+
+
+def load_config(path: str | os.PathLike[str] | None = None,
+                overrides: Mapping[str, Any] | None = None,
+                env: Mapping[str, str] | None = None) -> Config:
+    """Build the effective configuration.
+
+    ``path`` None means ``$TPUMON_CONFIG``, else /etc/tpumon/config.toml if it exists (a
+    missing default file is normal; a missing file that was asked for is an error).
+    ``overrides`` are flag values keyed by dotted name; None values mean "flag not given".
+    """
+    env = os.environ if env is None else env
+    config = Config()
+    explicit = path if path is not None else env.get(f"{ENV_PREFIX}CONFIG")
+    chosen = Path(explicit) if explicit else DEFAULT_CONFIG_PATH
+    if explicit or chosen.exists():
+        _apply_file(config, chosen)
+        config.path = chosen
+    _apply_env(config, env)
+    for dotted, value in (overrides or {}).items():
+        if value is not None:
+            config.set(dotted, value, f"flag for {dotted}")
+    return config
+
+
+def render_toml(config: Config, with_docs: bool = True) -> str:
+    """The effective configuration as a TOML file that load_config reads back unchanged."""
+    lines: list[str] = []
+    for section in SECTIONS:
+        lines.append(f"[{section}]")
+        for key in (k for k in SCHEMA if k.section == section):
+            if with_docs:
+                lines.append(f"# {key.doc} Default: {_toml_value(key.default)}."
+                             f" Env: {key.env_var}.")
+                lines.append(f"#   (now from {config.origins[key.dotted]})")
+            lines.append(f"{key.name} = {_toml_value(config[key.dotted])}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, list):
+        return "[" + ", ".join(str(v) for v in value) + "]"
+    return repr(value)

@@ -1,0 +1,139 @@
+"""Prometheus metrics built from the agent's published snapshot at scrape time.
+
+A custom collector rather than long-lived Gauge objects: a chip or a process that goes
+away simply stops being exported (no stale series to delete by hand), and a scrape reads
+one snapshot, so all values in one scrape come from the same poll. Every tpumon series
+carries the identity labels (host, worker, accelerator_type, slice): pod-wide rules and
+dashboards group by them without joins. docs/metrics.md lists every metric.
+"""
+
+from __future__ import annotations
+
+import platform
+from importlib import metadata
+from typing import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from tpumon import __version__
+from tpumon.identity import LABELS
+from tpumon.state import Snapshot
+
+IDENTITY = list(LABELS)
+
+
+def _gauge(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, labels=IDENTITY + labels)
+
+
+def _counter(name: str, doc: str, labels: list[str]) -> CounterMetricFamily:
+    return CounterMetricFamily(name, doc, labels=IDENTITY + labels)
+
+
+def package_version(name: str) -> str:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+class SnapshotCollector(Collector):
+    """Yields tpumon's metrics from whatever snapshot ``get_snapshot`` returns now."""
+
+    def __init__(self, get_snapshot: Callable[[], Snapshot]) -> None:
+        self._get_snapshot = get_snapshot
+        self._build = [__version__, package_version("tpu-info"), platform.python_version()]
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self._get_snapshot()
+        ident = [snap.identity.labels()[k] for k in IDENTITY]
+        yield from self._chip_metrics(snap, ident)
+        yield from self._host_metrics(snap, ident)
+        yield from self._source_metrics(snap, ident)
+        info = _gauge("tpumon_build_info", "tpumon build: always 1, versions in labels.",
+                      ["version", "tpu_info_version", "python_version"])
+        info.add_metric(ident + self._build, 1)
+        yield info
+
+    def _chip_metrics(self, snap: Snapshot, ident: list[str]) -> Iterator[Metric]:
+        used = _gauge("tpumon_hbm_used_bytes", "HBM in use on the chip, as libtpu reports it.",
+                      ["chip"])
+        total = _gauge("tpumon_hbm_total_bytes", "HBM capacity of the chip.", ["chip"])
+        duty = _gauge("tpumon_tensorcore_duty_cycle_ratio",
+                      "Fraction of time the TensorCore was busy (0-1).", ["chip"])
+        up = _gauge("tpumon_chip_up",
+                    "1 if the chip answered the last poll, 0 if expected but missing.", ["chip"])
+        owner = _gauge("tpumon_chip_owner_info",
+                       "Process holding the chip's device open: always 1.",
+                       ["chip", "pid", "process"])
+        runtime = snap.runtime
+        names = {p.pid: p.name for p in (snap.host.processes if snap.host else ())}
+        for chip in snap.chips():
+            sample = runtime.chips.get(chip) if runtime else None
+            up.add_metric(ident + [chip], 1 if sample else 0)
+            if sample is None:
+                continue
+            used.add_metric(ident + [chip], sample.hbm_used_bytes)
+            if sample.hbm_total_bytes is not None:
+                total.add_metric(ident + [chip], sample.hbm_total_bytes)
+            if sample.duty_cycle is not None:
+                duty.add_metric(ident + [chip], sample.duty_cycle)
+        for chip, pid in sorted(snap.owners.items()):
+            owner.add_metric(ident + [chip, str(pid), names.get(pid, "")], 1)
+        expected = _gauge("tpumon_chips_expected",
+                          "Chips (HBM devices) this VM should report; 0 when unknown.", [])
+        expected.add_metric(ident, len(snap.inventory.devices))
+        yield from (used, total, duty, up, owner, expected)
+
+    def _host_metrics(self, snap: Snapshot, ident: list[str]) -> Iterator[Metric]:
+        host = snap.host
+        if host is None:
+            return
+        for name, doc, value in (
+            ("total", "Host memory in total.", host.memory_total_bytes),
+            ("available", "Host memory available without swapping.", host.memory_available_bytes),
+            ("used", "Host memory in use (total minus available).", host.memory_used_bytes),
+        ):
+            family = _gauge(f"tpumon_host_memory_{name}_bytes", doc, [])
+            family.add_metric(ident, value)
+            yield family
+        rss = _gauge("tpumon_training_process_resident_memory_bytes",
+                     "Resident memory of a process that owns TPU chips.", ["pid", "process"])
+        for proc in host.processes:
+            rss.add_metric(ident + [str(proc.pid), proc.name], proc.rss_bytes)
+        yield rss
+
+    def _source_metrics(self, snap: Snapshot, ident: list[str]) -> Iterator[Metric]:
+        up = _gauge("tpumon_source_up", "1 if the source's last poll succeeded.", ["source"])
+        polls = _counter("tpumon_source_polls", "Polls of the source.", ["source"])
+        errors = _counter("tpumon_source_errors", "Failed polls of the source.", ["source"])
+        duration = _gauge("tpumon_source_poll_duration_seconds",
+                          "Duration of the source's last poll.", ["source"])
+        last_ok = _gauge("tpumon_source_last_success_timestamp_seconds",
+                         "Unix time of the source's last successful poll.", ["source"])
+        for h in snap.health:
+            up.add_metric(ident + [h.name], 1 if h.up else 0)
+            polls.add_metric(ident + [h.name], h.polls_total)
+            errors.add_metric(ident + [h.name], h.errors_total)
+            duration.add_metric(ident + [h.name], h.last_duration_seconds)
+            if h.last_success is not None:
+                last_ok.add_metric(ident + [h.name], h.last_success)
+        ports = _gauge("tpumon_runtime_port_up",
+                       "1 if the runtime metric service answered on this port.", ["port"])
+        for port, ok in sorted(snap.runtime_ports_up.items()):
+            ports.add_metric(ident + [str(port)], 1 if ok else 0)
+        malformed = _counter("tpumon_runtime_malformed_entries",
+                             "Runtime metric entries ignored because they could not be read.", [])
+        malformed.add_metric(ident, snap.runtime_malformed_total)
+        yield from (up, polls, errors, duration, last_ok, ports, malformed)
+
+
+def build_registry(get_snapshot: Callable[[], Snapshot]) -> CollectorRegistry:
+    """A registry with tpumon's metrics and the agent's own process and platform metrics."""
+    registry = CollectorRegistry()
+    registry.register(SnapshotCollector(get_snapshot))
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    return registry

@@ -1,0 +1,61 @@
+"""The values that flow from sources to the agent's state: plain, immutable records.
+
+Sources create these and know nothing of what happens to them; the state, the exporter
+and (later) the detector and the store only read them. Keeping them frozen is what lets
+a scrape read a snapshot while the poll thread builds the next one, without locks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class ChipSample:
+    """One chip's HBM and duty cycle at one poll, as libtpu's runtime reported it."""
+
+    chip: str
+    hbm_used_bytes: int
+    hbm_total_bytes: int | None
+    duty_cycle: float | None  # 0-1; None when the runtime did not report it
+    device_id: int
+    port: int
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeReading:
+    """What one poll of the runtime metric service returned, chip by chip.
+
+    ``missing`` lists the chips expected on this VM that did not answer this time (a
+    partial answer): they are reported as down individually, not dropped silently.
+    """
+
+    time: float
+    chips: dict[str, ChipSample]
+    missing: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessSample:
+    """A process that owns TPU chips, and its host memory."""
+
+    pid: int
+    name: str
+    rss_bytes: int
+    chips: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class HostSample:
+    """Host memory: the other way a long run dies (the kernel OOM-kills the trainer)."""
+
+    time: float
+    memory_total_bytes: int
+    memory_available_bytes: int
+    memory_used_bytes: int
+    processes: tuple[ProcessSample, ...] = ()
+
+
+def chip_sort_key(name: str) -> tuple[int, str]:
+    """Chips in numeric order ("2" before "10"); odd names after, alphabetically."""
+    return (int(name), name) if name.isdigit() else (1 << 30, name)

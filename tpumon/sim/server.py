@@ -1,0 +1,155 @@
+"""A stand-in for libtpu's runtime metric service, driven by a simulated workload.
+
+It speaks the same gRPC service from tpu-info's own stubs, so the agent's real runtime
+source talks to it exactly as to libtpu. When the workload's job is not running (between
+jobs, after an OOM) the port is really closed, as it is on a TPU VM, so the agent's
+reconnect path is exercised too. Simulated time runs ``acceleration`` times faster than
+the wall clock.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent import futures
+
+import grpc
+from tpu_info.proto import tpu_metric_service_pb2 as pb
+from tpu_info.proto import tpu_metric_service_pb2_grpc as pb_grpc
+
+from tpumon.sim.workload import Workload, WorkloadSample
+from tpumon.sources.tpu_runtime import DUTY_CYCLE, TOTAL, USAGE
+
+log = logging.getLogger("tpumon.sim")
+
+
+class SimClock:
+    """Simulated Unix time: starts at ``start`` (default now) and runs ``acceleration``x."""
+
+    def __init__(self, acceleration: float, start: float | None = None) -> None:
+        self.acceleration = acceleration
+        self._mono0 = time.monotonic()
+        self._start = time.time() if start is None else start
+
+    def now(self) -> float:
+        return self._start + (time.monotonic() - self._mono0) * self.acceleration
+
+
+class SampleCache:
+    """One workload sample shared by the calls of one poll, so they agree with each other.
+
+    An agent poll is three calls in quick succession; without this each would land at
+    another random phase of the step and used/total/duty would not belong together.
+    """
+
+    def __init__(self, workload: Workload, clock: SimClock, hold_seconds: float = 0.05) -> None:
+        self.workload = workload
+        self.clock = clock
+        self._hold = hold_seconds
+        self._lock = threading.Lock()
+        self._sample: WorkloadSample | None = None
+        self._taken = -1e9
+
+    def current(self) -> WorkloadSample:
+        with self._lock:
+            now = time.monotonic()
+            if self._sample is None or now - self._taken > self._hold:
+                self._sample = self.workload.sample(self.clock.now())
+                self._taken = now
+            return self._sample
+
+
+def _gauge_metric(device_id: int, value: int | float) -> pb.Metric:
+    gauge = pb.Gauge(as_int=value) if isinstance(value, int) else pb.Gauge(as_double=value)
+    return pb.Metric(attribute=pb.Attribute(key="device-id", value=pb.AttrValue(int_attr=device_id)),
+                     gauge=gauge)
+
+
+class SimulatedRuntime(pb_grpc.RuntimeMetricServiceServicer):
+    """The service for one port, answering for the device ids this port owns."""
+
+    def __init__(self, samples: SampleCache, device_ids: list[int]) -> None:
+        self._samples = samples
+        self._device_ids = device_ids
+
+    def GetRuntimeMetric(self, request: pb.MetricRequest, context: grpc.ServicerContext) -> pb.MetricResponse:
+        sample = self._samples.current()
+        if not sample.runtime_up:
+            context.abort(grpc.StatusCode.UNAVAILABLE, "runtime is not running")
+        values = {
+            USAGE: lambda d: sample.hbm_used_bytes[d],
+            TOTAL: lambda d: sample.hbm_total_bytes,
+            DUTY_CYCLE: lambda d: float(sample.duty_cycle_pct[d]),
+        }.get(request.metric_name)
+        if values is None:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"unknown metric {request.metric_name}")
+        metrics = [_gauge_metric(d, values(d)) for d in self._device_ids]
+        return pb.MetricResponse(metric=pb.TPUMetric(name=request.metric_name, metrics=metrics))
+
+    def ListSupportedMetrics(self, request: pb.ListSupportedMetricsRequest,
+                             context: grpc.ServicerContext) -> pb.ListSupportedMetricsResponse:
+        return pb.ListSupportedMetricsResponse(
+            supported_metric=[pb.SupportedMetric(metric_name=n) for n in (USAGE, TOTAL, DUTY_CYCLE)])
+
+
+def split_devices(chips: int, ports: int) -> list[list[int]]:
+    """Contiguous device ids per port: 4 chips on 4 ports is one each (PyTorch/XLA style)."""
+    return [[d for d in range(chips) if d * ports // chips == p] for p in range(ports)]
+
+
+class Simulator:
+    """Runs one gRPC server per port and closes/reopens them as the simulated job stops/starts."""
+
+    def __init__(self, workload: Workload, clock: SimClock, host: str, ports: list[int],
+                 chips: int) -> None:
+        self.samples = SampleCache(workload, clock)
+        self.host = host
+        self.ports = list(ports)
+        self._devices = split_devices(chips, len(ports))
+        self._servers: list[grpc.Server | None] = [None] * len(ports)
+        self._stop = threading.Event()
+        self._watcher: threading.Thread | None = None
+
+    def start(self) -> list[int]:
+        """Open the ports (port 0 picks a free one, kept across restarts); returns them."""
+        for i in range(len(self.ports)):
+            self._open(i)
+        self._watcher = threading.Thread(target=self._follow_job, name="sim-job", daemon=True)
+        self._watcher.start()
+        return list(self.ports)
+
+    def _open(self, i: int) -> None:
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        pb_grpc.add_RuntimeMetricServiceServicer_to_server(
+            SimulatedRuntime(self.samples, self._devices[i]), server)
+        bound = server.add_insecure_port(f"{self.host}:{self.ports[i]}")
+        if bound == 0:
+            raise OSError(f"cannot listen on {self.host}:{self.ports[i]}")
+        self.ports[i] = bound
+        server.start()
+        self._servers[i] = server
+
+    def _close(self, i: int) -> None:
+        server, self._servers[i] = self._servers[i], None
+        if server is not None:
+            server.stop(grace=None)
+
+    def _follow_job(self) -> None:
+        """Close the ports while the simulated runtime is down, reopen them when it is back."""
+        while not self._stop.wait(0.1):
+            up = self.samples.current().runtime_up
+            for i, server in enumerate(self._servers):
+                if up and server is None:
+                    log.info("simulated runtime back on port %d", self.ports[i])
+                    self._open(i)
+                elif not up and server is not None:
+                    log.info("simulated runtime gone from port %d", self.ports[i])
+                    self._close(i)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._watcher is not None:
+            self._watcher.join(timeout=2)
+        for i in range(len(self._servers)):
+            self._close(i)

@@ -1,0 +1,233 @@
+"""HBM and duty cycle per chip from libtpu's runtime metric service (what tpu-info reads).
+
+Built on the gRPC stubs that ship in the tpu-info wheel and on its metric names, but
+sturdier than ``tpu_info.metrics.get_chip_usage``, which an agent cannot afford:
+
+* every call has a deadline, so a hung runtime costs one ``timeout`` per poll, never a hang;
+* every port in TPU_RUNTIME_METRICS_PORTS is asked (PyTorch/XLA multiprocess runs serve
+  8431-8434, one process each), all calls in flight at once;
+* one channel per port lives as long as the source; gRPC reconnects it by itself (with a
+  short back-off) when the next job starts, so "no runtime between jobs" heals unaided;
+* answers are matched by device id, not list position, and a partial answer (fewer devices
+  than chips, or a metric missing for one chip) is handled chip by chip.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+import grpc
+from tpu_info.metrics import MetricName
+from tpu_info.proto import tpu_metric_service_pb2 as pb
+from tpu_info.proto import tpu_metric_service_pb2_grpc as pb_grpc
+
+from tpumon.samples import ChipSample, RuntimeReading, chip_sort_key
+from tpumon.sources.chips import ChipInventory
+from tpumon.sources.health import SourceUnavailable
+
+log = logging.getLogger("tpumon.sources.tpu_runtime")
+
+USAGE = MetricName.MEMORY_USAGE.value
+TOTAL = MetricName.TOTAL_MEMORY.value
+DUTY_CYCLE = MetricName.DUTY_CYCLE_PCT.value
+METRICS = (USAGE, TOTAL, DUTY_CYCLE)
+
+# gRPC's default reconnect back-off grows to 120 s: a new job would go unseen for minutes.
+CHANNEL_OPTIONS = (
+    ("grpc.initial_reconnect_backoff_ms", 250),
+    ("grpc.min_reconnect_backoff_ms", 250),
+    ("grpc.max_reconnect_backoff_ms", 2000),
+    ("grpc.enable_retries", 0),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceValue:
+    """One entry of a metric response: the value for one device id."""
+
+    device_id: int
+    value: float
+
+
+def parse_metric(response: pb.MetricResponse) -> tuple[dict[int, float], int]:
+    """Device id -> gauge value, and the number of entries that could not be read.
+
+    The device id is the attribute's int value (tpu-info relies on the same); entries
+    without one, without a gauge, or repeating a device id are counted, not trusted.
+    """
+    values: dict[int, float] = {}
+    bad = 0
+    for metric in response.metric.metrics:
+        entry = _device_value(metric)
+        if entry is None or entry.device_id in values:
+            bad += 1
+            continue
+        values[entry.device_id] = entry.value
+    return values, bad
+
+
+def _device_value(metric: pb.Metric) -> DeviceValue | None:
+    attr = metric.attribute.value
+    kind = attr.WhichOneof("attr")
+    if kind == "int_attr":
+        device_id = attr.int_attr
+    elif kind == "string_attr" and attr.string_attr.isdigit():
+        device_id = int(attr.string_attr)
+    else:
+        return None
+    if metric.WhichOneof("measure") != "gauge" or device_id < 0:
+        return None
+    gauge = metric.gauge
+    which = gauge.WhichOneof("value")
+    if which == "as_int":
+        return DeviceValue(device_id, float(gauge.as_int))
+    if which == "as_double":
+        return DeviceValue(device_id, gauge.as_double)
+    return None
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _describe(error: grpc.RpcError, target: str, timeout: float) -> str:
+    code = error.code() if hasattr(error, "code") else None
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return f"no runtime answering on {target}"
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return f"runtime on {target} did not answer within {timeout:g} s"
+    details = error.details() if hasattr(error, "details") else str(error)
+    return f"runtime on {target}: {code.name if code else 'error'}: {details}"
+
+
+@dataclass
+class _PortAnswer:
+    """The three metrics from one port (None where that call failed)."""
+
+    port: int
+    usage: dict[int, float] | None
+    total: dict[int, float] | None
+    duty: dict[int, float] | None
+    error: str | None
+
+
+class TpuRuntimeSource:
+    """Polls every configured port of the runtime metric service; one instance per agent."""
+
+    def __init__(self, address: str, ports: Iterable[int], timeout: float,
+                 inventory: ChipInventory, clock: Callable[[], float] = time.time) -> None:
+        self.address = address
+        self.ports = list(dict.fromkeys(ports))
+        self.timeout = timeout
+        self.inventory = inventory
+        self.malformed_total = 0
+        self.ports_up: dict[int, bool] = {port: False for port in self.ports}
+        self._clock = clock
+        self._seen: set[str] = set()
+        self._last_total: dict[str, int] = {}
+        self._per_process = False
+        self._channels = {port: self._channel(port) for port in self.ports}
+        self._stubs = {port: pb_grpc.RuntimeMetricServiceStub(ch)
+                       for port, ch in self._channels.items()}
+
+    def target(self, port: int) -> str:
+        host = f"[{self.address}]" if ":" in self.address else self.address
+        return f"{host}:{port}"
+
+    def _channel(self, port: int) -> grpc.Channel:
+        # tpu-info talks to libtpu with local credentials; they only work on loopback.
+        if _is_loopback(self.address):
+            creds = grpc.local_channel_credentials(grpc.LocalConnectionType.LOCAL_TCP)
+            return grpc.secure_channel(self.target(port), creds, options=CHANNEL_OPTIONS)
+        return grpc.insecure_channel(self.target(port), options=CHANNEL_OPTIONS)
+
+    def close(self) -> None:
+        for channel in self._channels.values():
+            channel.close()
+
+    def poll(self) -> RuntimeReading:
+        """One reading of every chip; raises SourceUnavailable when no port answers."""
+        answers = self._ask_all_ports()
+        now = self._clock()
+        self.ports_up = {a.port: a.usage is not None for a in answers}
+        live = [a for a in answers if a.usage is not None]
+        if not live:
+            raise SourceUnavailable("; ".join(a.error or "" for a in answers))
+        chips = self._merge(live)
+        self._seen.update(chips)
+        expected = self.inventory.devices or sorted(self._seen, key=chip_sort_key)
+        missing = tuple(c for c in expected if c not in chips)
+        return RuntimeReading(now, chips, missing)
+
+    def _ask_all_ports(self) -> list[_PortAnswer]:
+        """Issue every call on every port at once, then collect: one deadline for the lot."""
+        futures = {(port, name): self._stubs[port].GetRuntimeMetric.future(
+                       pb.MetricRequest(metric_name=name), timeout=self.timeout)
+                   for port in self.ports for name in METRICS}
+        results: dict[tuple[int, str], dict[int, float] | None] = {}
+        errors: dict[int, str] = {}
+        for (port, name), future in futures.items():
+            try:
+                response = future.result(timeout=self.timeout + 1.0)
+            except grpc.RpcError as exc:
+                errors.setdefault(port, _describe(exc, self.target(port), self.timeout))
+                results[(port, name)] = None
+                continue
+            except grpc.FutureTimeoutError:
+                future.cancel()
+                errors.setdefault(port, f"runtime on {self.target(port)} did not answer "
+                                        f"within {self.timeout:g} s")
+                results[(port, name)] = None
+                continue
+            values, bad = parse_metric(response)
+            self.malformed_total += bad
+            results[(port, name)] = values
+        return [_PortAnswer(port, results[(port, USAGE)], results[(port, TOTAL)],
+                            results[(port, DUTY_CYCLE)], errors.get(port))
+                for port in self.ports]
+
+    def _merge(self, answers: list[_PortAnswer]) -> dict[str, ChipSample]:
+        """Chip name -> sample, across ports.
+
+        Device ids are normally unique on the VM. If two ports report the same id, each
+        process is numbering its own devices from 0 (one chip per process, PyTorch/XLA
+        multiprocess style): the chip is then the port's position in the configured list.
+        """
+        ids = [d for a in answers for d in (a.usage or {})]
+        overlap = len(ids) != len(set(ids))
+        if overlap and all(len(a.usage or {}) == 1 for a in answers):
+            if not self._per_process:
+                log.info("each runtime port numbers its own device from 0: naming chips by "
+                         "port position in %s", self.ports)
+            self._per_process = True  # sticky: later partial answers cannot tell
+        elif overlap:
+            log.warning("ports %s report overlapping device ids; keeping the first port's",
+                        [a.port for a in answers])
+        per_process = self._per_process
+        chips: dict[str, ChipSample] = {}
+        for answer in answers:
+            for device_id, used in (answer.usage or {}).items():
+                name = str(self.ports.index(answer.port)) if per_process else str(device_id)
+                if name not in chips:
+                    chips[name] = self._sample(name, device_id, used, answer)
+        return chips
+
+    def _sample(self, name: str, device_id: int, used: float, answer: _PortAnswer) -> ChipSample:
+        total = (answer.total or {}).get(device_id)
+        if total is not None:
+            self._last_total[name] = int(total)
+        total_bytes = self._last_total.get(name, self.inventory.hbm_bytes_per_device)
+        duty_id = device_id // max(self.inventory.devices_per_chip, 1)
+        duty = (answer.duty or {}).get(duty_id)
+        duty_ratio = None if duty is None else min(max(duty / 100.0, 0.0), 1.0)
+        return ChipSample(name, int(used), total_bytes, duty_ratio, device_id, answer.port)
+

@@ -1,0 +1,82 @@
+"""The agent's state: the latest consistent snapshot, and a bounded history per chip.
+
+The poll thread is the only writer. It builds a new immutable :class:`Snapshot` after each
+poll and publishes it with one reference assignment, so a scrape (another thread) always
+reads one whole poll, never half of one, and never waits for a poll in progress.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from tpumon.identity import Identity
+from tpumon.samples import HostSample, RuntimeReading, chip_sort_key
+from tpumon.sources.chips import ChipInventory
+from tpumon.sources.health import SourceHealth
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryPoint:
+    """One chip at one poll: what the leak detector and the live views look back over."""
+
+    time: float
+    step: int | None
+    hbm_used_bytes: int
+    hbm_total_bytes: int | None
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything known after one poll; exporters and the CLI read only this."""
+
+    time: float
+    identity: Identity
+    inventory: ChipInventory
+    runtime: RuntimeReading | None = None
+    host: HostSample | None = None
+    owners: Mapping[str, int] = field(default_factory=dict)
+    health: tuple[SourceHealth, ...] = ()
+    runtime_ports_up: Mapping[int, bool] = field(default_factory=dict)
+    runtime_malformed_total: int = 0
+    polls_total: int = 0
+
+    def chips(self) -> list[str]:
+        """Every chip to report: those that answered and those expected but missing."""
+        if self.runtime is None:
+            return list(self.inventory.devices)
+        names = set(self.runtime.chips) | set(self.runtime.missing)
+        return sorted(names, key=chip_sort_key)
+
+
+class AgentState:
+    """Holds the published snapshot and each chip's recent samples (a ring buffer)."""
+
+    def __init__(self, identity: Identity, inventory: ChipInventory, history_points: int) -> None:
+        self._snapshot = Snapshot(0.0, identity, inventory)
+        self._history_points = history_points
+        self._history: dict[str, deque[HistoryPoint]] = {}
+        self._lock = threading.Lock()  # guards _history for readers on other threads
+
+    @property
+    def snapshot(self) -> Snapshot:
+        return self._snapshot
+
+    def publish(self, snapshot: Snapshot) -> None:
+        """Record a poll's chip samples in the history, then make the snapshot visible."""
+        if snapshot.runtime is not None:
+            with self._lock:
+                for name, chip in snapshot.runtime.chips.items():
+                    ring = self._history.get(name)
+                    if ring is None:
+                        ring = self._history[name] = deque(maxlen=self._history_points)
+                    ring.append(HistoryPoint(snapshot.runtime.time, None, chip.hbm_used_bytes,
+                                             chip.hbm_total_bytes))
+        self._snapshot = snapshot
+
+    def history(self, chip: str) -> list[HistoryPoint]:
+        """A copy of one chip's recent samples, oldest first."""
+        with self._lock:
+            return list(self._history.get(chip, ()))

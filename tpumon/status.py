@@ -1,0 +1,49 @@
+"""The status document: one JSON shape for ``tpumon status --format json`` and its table.
+
+Built from a Snapshot only, so whatever shows status (the CLI now, the agent's live view
+later) reports the same fields under the same names.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tpumon import __version__
+from tpumon.state import Snapshot
+
+
+def status_document(snap: Snapshot) -> dict[str, Any]:
+    """Per-chip HBM, duty cycle and owner, plus source health and identity."""
+    procs = {p.pid: p for p in (snap.host.processes if snap.host else ())}
+    chips = []
+    for name in snap.chips():
+        sample = snap.runtime.chips.get(name) if snap.runtime else None
+        pid = snap.owners.get(name)
+        proc = procs.get(pid) if pid is not None else None
+        total = sample.hbm_total_bytes if sample else None
+        chips.append({
+            "chip": name,
+            "up": sample is not None,
+            "hbm_used_bytes": sample.hbm_used_bytes if sample else None,
+            "hbm_total_bytes": total,
+            "hbm_used_ratio": (sample.hbm_used_bytes / total) if sample and total else None,
+            "duty_cycle": sample.duty_cycle if sample else None,
+            "owner_pid": pid,
+            "owner_process": proc.name if proc else None,
+            "owner_rss_bytes": proc.rss_bytes if proc else None,
+        })
+    host = snap.host
+    return {
+        "version": __version__,
+        "time": snap.time,
+        "identity": snap.identity.labels(),
+        "chip_type": snap.inventory.chip_type,
+        "sources": {h.name: {"up": h.up, "error": h.error} for h in snap.health},
+        "runtime_ports": {str(p): up for p, up in sorted(snap.runtime_ports_up.items())},
+        "chips": chips,
+        "host": None if host is None else {
+            "memory_total_bytes": host.memory_total_bytes,
+            "memory_available_bytes": host.memory_available_bytes,
+            "memory_used_bytes": host.memory_used_bytes,
+        },
+    }
