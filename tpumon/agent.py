@@ -15,6 +15,7 @@ from typing import Callable, Mapping
 
 from prometheus_client import CollectorRegistry, Histogram
 
+from tpumon.identity import LABELS
 from tpumon.sources.health import SourceTracker
 from tpumon.sources.host import HostSource
 from tpumon.sources.tpu_runtime import TpuRuntimeSource
@@ -56,7 +57,8 @@ class Agent:
         self._polls = 0
         self._poll_seconds = Histogram(
             "tpumon_poll_duration_seconds", "Time taken by one poll of all sources.",
-            buckets=POLL_BUCKETS, registry=registry)
+            labelnames=LABELS, buckets=POLL_BUCKETS, registry=registry,
+        ).labels(**state.snapshot.identity.labels())
 
     def poll_once(self) -> Snapshot:
         """Poll every source once and publish the result; never raises for a source."""

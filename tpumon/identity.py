@@ -63,10 +63,11 @@ def parse_tpu_env(text: str) -> dict[str, str]:
     return result
 
 
-def on_gce(dmi_product: Path = DMI_PRODUCT) -> bool:
+def on_gce(dmi_product: Path | None = None) -> bool:
     """Google's own test for GCE: the DMI product name, readable without any network."""
     try:
-        return "Google" in dmi_product.read_text(encoding="ascii", errors="replace")
+        path = DMI_PRODUCT if dmi_product is None else dmi_product
+        return "Google" in path.read_text(encoding="ascii", errors="replace")
     except OSError:
         return False
 

@@ -6,9 +6,15 @@ once and printed as a single ``Error: ...`` line with exit status 1, never a tra
 
 from __future__ import annotations
 
-import click
+import os
 
-from tpumon import __version__
+# gRPC's C core logs connection events (GOAWAY on every runtime restart) at INFO to
+# stderr; the agent reports those itself, once, as source state.
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+
+import click  # noqa: E402
+
+from tpumon import __version__  # noqa: E402
 from tpumon.config import ConfigError
 from tpumon.exporters.http import ListenError
 from tpumon.sim.process import SimulatorStartError

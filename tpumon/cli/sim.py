@@ -8,6 +8,7 @@ import re
 import signal
 import sys
 import threading
+from typing import TYPE_CHECKING
 
 import click
 
@@ -16,8 +17,11 @@ from tpumon.config import ConfigError, load_config
 from tpumon.logs import setup_logging
 from tpumon.sim.process import READY_PREFIX
 
+if TYPE_CHECKING:
+    from tpumon.sim.server import SimClock
+    from tpumon.sim.workload import Workload
+
 log = logging.getLogger("tpumon.sim")
-V4_TOTAL_BYTES = 34088157184  # what a real v4 chip reports (not exactly 32 GiB)
 
 
 def parse_duration(raw: str) -> float:
@@ -30,10 +34,12 @@ def parse_duration(raw: str) -> float:
 
 
 def hbm_total_bytes(chip_type: str) -> int:
+    """What the simulated runtime reports as a chip's HBM: a real v4's figure (not 32 GiB)."""
+    from tpumon.sim.workload import V4_HBM_TOTAL_BYTES
     from tpumon.sources.chips import inventory_for
 
     inventory = inventory_for(chip_type, 1)
-    return V4_TOTAL_BYTES if chip_type == "v4" else int(inventory.hbm_bytes_per_device or 0)
+    return V4_HBM_TOTAL_BYTES if chip_type == "v4" else int(inventory.hbm_bytes_per_device or 0)
 
 
 @click.command("sim")
@@ -85,10 +91,13 @@ def command(config_path: str | None, scenario: str | None, chips: int | None,
         _write_trace(config["simulator.scenario"], write_trace, parse_duration(duration),
                      poll_interval, chip_count, config["simulator.seed"], total)
         return
+    from tpumon.sim.server import SimClock
+
+    clock = SimClock(config["simulator.acceleration"])
     workload = Workload(config["simulator.scenario"], chips=chip_count, hbm_total_bytes=total,
-                        seed=config["simulator.seed"])
-    _serve(workload, listen_host, ports_value(ports) or [8431], chip_count,
-           config["simulator.acceleration"], exit_with_parent)
+                        seed=config["simulator.seed"], start_time=clock.now())
+    _serve(workload, clock, listen_host, ports_value(ports) or [8431], chip_count,
+           exit_with_parent)
 
 
 def _write_trace(scenario: str, path: str, duration_s: float, poll_interval: float,
@@ -106,13 +115,13 @@ def _write_trace(scenario: str, path: str, duration_s: float, poll_interval: flo
     log.info("wrote %d rows of scenario %s to %s", count, scenario, path)
 
 
-def _serve(workload, host: str, ports: list[int], chips: int, acceleration: float,
+def _serve(workload: "Workload", clock: "SimClock", host: str, ports: list[int], chips: int,
            exit_with_parent: bool) -> None:
-    from tpumon.sim.server import SimClock, Simulator
+    from tpumon.sim.server import Simulator
 
     if len(ports) > chips:
         raise ConfigError(f"--port: {len(ports)} ports for {chips} chips; use at most one per chip")
-    simulator = Simulator(workload, SimClock(acceleration), host, ports, chips)
+    simulator = Simulator(workload, clock, host, ports, chips)
     try:
         bound = simulator.start()
     except (OSError, RuntimeError) as exc:
@@ -122,7 +131,7 @@ def _serve(workload, host: str, ports: list[int], chips: int, acceleration: floa
         signal.signal(sig, lambda signum, frame: stop.set())
     print(f"{READY_PREFIX}{','.join(map(str, bound))}", flush=True)
     log.info("simulating %d chips (scenario %s, %gx time) on %s port(s) %s", chips,
-             workload.scenario.name, acceleration, host, ",".join(map(str, bound)))
+             workload.scenario.name, clock.acceleration, host, ",".join(map(str, bound)))
     parent = os.getppid()
     while not stop.wait(1.0):
         if exit_with_parent and os.getppid() != parent:

@@ -1,0 +1,162 @@
+"""The ``tpumon`` command as a user runs it: real processes, real signals, real scrapes."""
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from fake_runtime import chips_metrics, free_port, wait_for
+
+TPUMON = [sys.executable, "-m", "tpumon"]
+
+
+def run(*args, env=None, timeout=60):
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("TPUMON_")}
+    full_env.update(env or {})
+    return subprocess.run(TPUMON + list(args), capture_output=True, text=True,
+                          timeout=timeout, env=full_env)
+
+
+def assert_one_line_error(result, *fragments):
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+def test_version_and_help():
+    result = run("version")
+    assert result.returncode == 0
+    assert re.match(r"tpumon \d+\.\d+\.\d+ \(tpu-info \d", result.stdout)
+    help_text = run("--help").stdout
+    for command in ("agent", "status", "sim", "version", "config"):
+        assert re.search(rf"^\s+{command}\b", help_text, re.M), command
+    agent_help = run("agent", "--help").stdout
+    for flag in ("--listen-address", "--simulate", "--config", "--runtime-ports", "--poll-interval"):
+        assert flag in agent_help
+
+
+@pytest.mark.parametrize("content, fragments", [
+    ("[agent]\npoll_intervall = 3\n", ["unknown key 'agent.poll_intervall'", "did you mean"]),
+    ("[agent]\npoll_interval = 'x'\n", ["agent.poll_interval must be a number"]),
+    ("[exporter\n", ["invalid TOML"]),
+])
+def test_agent_bad_config_file(tmp_path, content, fragments):
+    path = tmp_path / "c.toml"
+    path.write_text(content)
+    assert_one_line_error(run("agent", "--config", str(path)), str(path), *fragments)
+
+
+def test_agent_missing_config_file(tmp_path):
+    missing = tmp_path / "nope.toml"
+    assert_one_line_error(run("agent", "--config", str(missing)), str(missing), "cannot read it")
+
+
+def test_agent_bad_environment_and_flags():
+    assert_one_line_error(run("agent", env={"TPUMON_AGENT_POLL_INTERVAL": "often"}),
+                          "TPUMON_AGENT_POLL_INTERVAL")
+    assert_one_line_error(run("agent", "--poll-interval", "0"), "agent.poll_interval")
+    assert_one_line_error(run("agent", "--simulate", "--scenario", "meltdown"),
+                          "simulator.scenario must be one of")
+    assert_one_line_error(run("agent", "--runtime-ports", "84x1"), "--runtime-ports")
+
+
+def test_agent_port_in_use():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run("agent", "--simulate", "--listen-address", f"127.0.0.1:{port}")
+    assert_one_line_error(result, f"127.0.0.1:{port}", "address already in use",
+                          "exporter.listen_address")
+
+
+def test_config_check_and_show(tmp_path):
+    good = tmp_path / "good.toml"
+    good.write_text("[agent]\npoll_interval = 2\n")
+    result = run("config", "check", str(good))
+    assert result.returncode == 0 and "ok" in result.stdout
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[agent]\nnope = 1\n")
+    assert_one_line_error(run("config", "check", str(bad)), "unknown key 'agent.nope'")
+    shown = run("config", "show", "--config", str(good))
+    assert "poll_interval = 2.0" in shown.stdout and f"config file {good}" in shown.stdout
+
+
+def test_status_against_a_runtime(runtime_servers):
+    server = runtime_servers(chips_metrics({0: 3 * 2**30, 1: 4 * 2**30}, duty=75.0))
+    result = run("status", "--runtime-ports", str(server.port), "--format", "json")
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    chips = {c["chip"]: c for c in doc["chips"]}
+    assert chips["0"]["hbm_used_bytes"] == 3 * 2**30 and chips["1"]["duty_cycle"] == 0.75
+    assert doc["sources"]["tpu_runtime"]["up"] is True
+    table = run("status", "--runtime-ports", str(server.port))
+    assert table.returncode == 0 and "4.00 GiB" in table.stdout and "75.0 %" in table.stdout
+
+
+def test_status_without_a_runtime_reports_it():
+    port = free_port()
+    result = run("status", "--runtime-ports", str(port), "--format", "json")
+    assert result.returncode == 0
+    doc = json.loads(result.stdout)
+    assert doc["sources"]["tpu_runtime"] == {
+        "up": False, "error": f"no runtime answering on localhost:{port}"}
+    table = run("status", "--runtime-ports", str(port))
+    assert "no runtime answering" in table.stdout
+
+
+def scrape(url):
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return r.read().decode()
+
+
+def test_agent_simulate_end_to_end(tmp_path):
+    """The whole agent on the built-in simulator: metrics, promtool, owner RSS, SIGTERM."""
+    log_path = tmp_path / "agent.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TPUMON_")}
+    with open(log_path, "w") as log:
+        agent = subprocess.Popen(TPUMON + ["agent", "--simulate", "--listen-address", "127.0.0.1:0",
+                                           "--poll-interval", "0.5", "--acceleration", "120"],
+                                 stderr=log, env=env)
+    try:
+        match = wait_for(lambda: re.search(r"serving metrics on (http://\S+/metrics)",
+                                           log_path.read_text()), timeout=30)
+        url = match.group(1)
+        text = wait_for(lambda: next((t for t in [scrape(url)] if "tpumon_hbm_used_bytes{" in t),
+                                     None), timeout=30)
+        used = {m.group(1): float(m.group(2)) for m in re.finditer(
+            r'^tpumon_hbm_used_bytes\{[^}]*chip="(\d+)"[^}]*\} (\S+)$', text, re.M)}
+        assert sorted(used) == ["0", "1", "2", "3"]
+        assert all(0 < v < 34088157184 for v in used.values())
+        sim_pid = int(re.search(r'tpumon_chip_owner_info\{[^}]*pid="(\d+)"', text).group(1))
+        assert sim_pid != agent.pid and os.path.exists(f"/proc/{sim_pid}")
+        rss = re.search(rf'tpumon_training_process_resident_memory_bytes\{{[^}}]*pid="{sim_pid}"'
+                        r'[^}]*\} (\S+)', text)
+        assert rss and float(rss.group(1)) > 10 * 2**20
+        assert re.search(r'tpumon_source_up\{[^}]*source="tpu_runtime"[^}]*\} 1\.0', text)
+        if shutil.which("promtool"):
+            lint = subprocess.run(["promtool", "check", "metrics"], input=text, text=True,
+                                  capture_output=True, timeout=30)
+            assert lint.returncode == 0 and not (lint.stdout + lint.stderr), lint.stdout + lint.stderr
+        started = time.monotonic()
+        agent.send_signal(signal.SIGTERM)
+        assert agent.wait(timeout=10) == 0
+        assert time.monotonic() - started < 5
+        wait_for(lambda: not os.path.exists(f"/proc/{sim_pid}") or
+                 open(f"/proc/{sim_pid}/stat").read().split()[2] == "Z", timeout=5)
+        log_text = log_path.read_text()
+        assert "Traceback" not in log_text and "stopping" in log_text
+    finally:
+        if agent.poll() is None:
+            agent.kill()

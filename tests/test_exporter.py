@@ -1,0 +1,132 @@
+"""The exporter scraped over real HTTP, and its output checked by the real promtool."""
+
+import os
+import shutil
+import socket
+import subprocess
+import urllib.error
+import urllib.request
+from types import SimpleNamespace
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from fake_runtime import V4_TOTAL, chips_metrics
+from tpumon.agent import Agent, OwnerScanner
+from tpumon.exporters.http import ListenError, MetricsServer
+from tpumon.exporters.prometheus import build_registry
+from tpumon.identity import Identity
+from tpumon.sources.chips import inventory_for
+from tpumon.sources.tpu_runtime import TpuRuntimeSource
+from tpumon.state import AgentState
+
+IDENT = Identity(host="t1v-n-0a1b2c3d-w-3", worker="3", accelerator_type="v4-32", slice="pod-a")
+
+
+@pytest.fixture
+def served(runtime_servers):
+    """An agent that polled a fake runtime once, serving on a free loopback port."""
+    server = runtime_servers(chips_metrics({0: 2**30, 1: 2 * 2**30, 3: 3 * 2**30}, duty=50.0))
+    inventory = inventory_for("v4", 4)
+    state = AgentState(IDENT, inventory, history_points=16)
+    registry = build_registry(lambda: state.snapshot)
+    runtime = TpuRuntimeSource("127.0.0.1", [server.port], 1.0, inventory)
+    owners = OwnerScanner(lambda: {"0": os.getpid(), "1": os.getpid()}, 60)
+    agent = Agent(state, runtime, owners, 1.0, registry)
+    agent.poll_once()
+    http = MetricsServer("127.0.0.1:0")
+    host, port = http.start()
+    http.attach(registry, lambda: state.snapshot)
+    yield SimpleNamespace(base=f"http://{host}:{port}", agent=agent, runtime=server)
+    http.stop()
+    runtime.close()
+
+
+def get(url: str) -> tuple[int, str, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return r.status, r.headers.get("Content-Type", ""), r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers.get("Content-Type", ""), e.read().decode()
+
+
+def samples(text: str) -> dict[tuple[str, tuple], float]:
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+def value(parsed, name, **labels):
+    matches = [v for (n, ls), v in parsed.items()
+               if n == name and all(dict(ls).get(k) == want for k, want in labels.items())]
+    assert len(matches) == 1, f"{name}{labels}: {len(matches)} matches"
+    return matches[0]
+
+
+def test_metrics_over_http(served):
+    status, ctype, text = get(served.base + "/metrics")
+    assert status == 200 and ctype.startswith("text/plain")
+    m = samples(text)
+    assert value(m, "tpumon_hbm_used_bytes", chip="1") == 2 * 2**30
+    assert value(m, "tpumon_hbm_total_bytes", chip="3") == V4_TOTAL
+    assert value(m, "tpumon_tensorcore_duty_cycle_ratio", chip="0") == 0.5
+    assert value(m, "tpumon_chip_up", chip="3") == 1
+    assert value(m, "tpumon_chip_up", chip="2") == 0  # expected but missing: reported, not dropped
+    assert not [k for k in m if k[0] == "tpumon_hbm_used_bytes" and dict(k[1])["chip"] == "2"]
+    assert value(m, "tpumon_chips_expected") == 4
+    assert value(m, "tpumon_source_up", source="tpu_runtime") == 1
+    assert value(m, "tpumon_source_polls_total", source="host") == 1
+    assert value(m, "tpumon_chip_owner_info", chip="0", pid=str(os.getpid())) == 1
+    rss = value(m, "tpumon_training_process_resident_memory_bytes", pid=str(os.getpid()))
+    assert rss > 10 * 2**20
+    assert value(m, "tpumon_host_memory_total_bytes") > value(m, "tpumon_host_memory_available_bytes")
+    assert value(m, "tpumon_build_info", version=__import__("tpumon").__version__) == 1
+    assert value(m, "tpumon_poll_duration_seconds_count") == 1
+    # every tpumon series carries the identity labels
+    for (name, labels) in m:
+        if name.startswith("tpumon_"):
+            assert dict(labels)["worker"] == "3" and dict(labels)["slice"] == "pod-a", name
+
+
+def test_runtime_down_is_exported_as_state(served):
+    served.runtime.stop()  # the job ends: nothing listens any more
+    served.agent.poll_once()
+    m = samples(get(served.base + "/metrics")[2])
+    assert value(m, "tpumon_source_up", source="tpu_runtime") == 0
+    assert value(m, "tpumon_source_errors_total", source="tpu_runtime") == 1
+    assert value(m, "tpumon_chip_up", chip="0") == 0
+    assert not [k for k in m if k[0] == "tpumon_hbm_used_bytes"]
+
+
+@pytest.mark.skipif(not shutil.which("promtool"), reason="promtool (Debian prometheus) missing")
+def test_promtool_check_metrics_is_clean(served):
+    text = get(served.base + "/metrics")[2]
+    result = subprocess.run(["promtool", "check", "metrics"], input=text, text=True,
+                            capture_output=True, timeout=30)
+    assert result.returncode == 0 and result.stdout + result.stderr == "", result.stdout + result.stderr
+
+
+def test_landing_page_and_health(served):
+    base = served.base
+    status, ctype, body = get(base + "/")
+    assert status == 200 and "text/html" in ctype
+    assert "href='/metrics'" in body and "worker=3" in body and "no data" in body
+    assert get(base + "/-/healthy")[:1] == (200,)
+    assert get(base + "/nope")[0] == 404
+
+
+def test_port_in_use_is_one_clear_error():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(ListenError, match=f"127.0.0.1:{port}.*address already in use"):
+            MetricsServer(f"127.0.0.1:{port}").start()
+
+
+def test_serves_503_until_attached():
+    http = MetricsServer("127.0.0.1:0")
+    host, port = http.start()
+    try:
+        assert get(f"http://{host}:{port}/metrics")[0] == 503
+    finally:
+        http.stop()

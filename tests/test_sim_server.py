@@ -1,0 +1,95 @@
+"""The simulator's gRPC server, read by the agent's real runtime source and by tpu-info."""
+
+import pytest
+from tpu_info import metrics as tpu_info_metrics
+from tpu_info.device import TpuChip
+
+from fake_runtime import wait_for
+from tpumon.sim.server import SimClock, Simulator, split_devices
+from tpumon.sim.workload import V4_HBM_TOTAL_BYTES, Workload
+from tpumon.sources.chips import inventory_for
+from tpumon.sources.health import SourceUnavailable
+from tpumon.sources.tpu_runtime import TpuRuntimeSource
+
+
+class ManualClock(SimClock):
+    """Simulated time that moves only when the test says so."""
+
+    def __init__(self, start: float) -> None:
+        super().__init__(1.0, start)
+        self.t = start
+
+    def now(self) -> float:
+        return self.t
+
+
+@pytest.fixture
+def simulator():
+    started = []
+
+    def start(workload, clock, ports=(0,), chips=4):
+        sim = Simulator(workload, clock, "127.0.0.1", list(ports), chips)
+        sim.start()
+        started.append(sim)
+        return sim
+
+    yield start
+    for sim in started:
+        sim.stop()
+
+
+def test_split_devices():
+    assert split_devices(4, 1) == [[0, 1, 2, 3]]
+    assert split_devices(4, 4) == [[0], [1], [2], [3]]
+    assert split_devices(8, 2) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+
+
+def test_serves_the_workload_to_the_runtime_source(simulator):
+    workload = Workload("healthy", seed=3, start_time=1000.0)
+    clock = ManualClock(1000.0 + 3600)
+    sim = simulator(workload, clock)
+    reading = TpuRuntimeSource("127.0.0.1", sim.ports, 1.0, inventory_for("v4", 4)).poll()
+    floors = workload.floor_bytes(clock.t)
+    for chip in range(4):
+        sample = reading.chips[str(chip)]
+        assert sample.hbm_total_bytes == V4_HBM_TOTAL_BYTES
+        assert floors[chip] <= sample.hbm_used_bytes <= V4_HBM_TOTAL_BYTES
+        assert 0.0 <= sample.duty_cycle <= 1.0
+
+
+def test_tpu_info_reads_the_simulator_too(simulator):
+    """tpu-info's own client must accept the simulator as a runtime (it is the reference)."""
+    sim = simulator(Workload("healthy", start_time=0.0), ManualClock(5000.0))
+    usages = tpu_info_metrics.get_chip_usage(TpuChip.V4, f"localhost:{sim.ports[0]}")
+    assert [u.device_id for u in usages] == [0, 1, 2, 3]
+    assert all(u.total_memory == V4_HBM_TOTAL_BYTES and u.memory_usage > 0 for u in usages)
+
+
+def test_one_chip_per_port(simulator):
+    sim = simulator(Workload("healthy", start_time=0.0), ManualClock(5000.0), ports=(0, 0, 0, 0))
+    source = TpuRuntimeSource("127.0.0.1", sim.ports, 1.0, inventory_for("v4", 4))
+    reading = source.poll()
+    assert {c: s.port for c, s in reading.chips.items()} == dict(zip("0123", sim.ports))
+
+
+def test_job_restart_closes_and_reopens_the_port(simulator):
+    workload = Workload("job-restart", seed=0, start_time=0.0)
+    first, second = workload.jobs
+    clock = ManualClock(first.start_time + 3600)
+    sim = simulator(workload, clock)
+    source = TpuRuntimeSource("127.0.0.1", sim.ports, 0.5, inventory_for("v4", 4))
+    assert len(source.poll().chips) == 4
+
+    clock.t = (first.end_time + second.start_time) / 2  # the job crashed; nothing listens
+
+    def down():
+        try:
+            source.poll()
+        except SourceUnavailable as exc:
+            return str(exc)
+        return None
+
+    assert "no runtime answering" in wait_for(down, timeout=5)
+    clock.t = second.start_time + 600  # the next job is up
+    reading = wait_for(lambda: None if down() else source.poll(), timeout=10)
+    assert len(reading.chips) == 4
