@@ -8,7 +8,6 @@ the peers it saw so tests can tell whether the client reused its connection.
 from __future__ import annotations
 
 import threading
-import time
 from concurrent import futures
 from typing import Callable
 
@@ -76,21 +75,3 @@ class RuntimeServer:
         self.runtime.release()
         self.server.stop(grace=None).wait(5)
 
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for(predicate: Callable[[], object], timeout: float, interval: float = 0.1) -> object:
-    """Poll until ``predicate()`` is truthy; returns its value or raises AssertionError."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"condition not met within {timeout} s")

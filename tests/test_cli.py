@@ -3,7 +3,6 @@
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -13,7 +12,8 @@ import urllib.request
 
 import pytest
 
-from fake_runtime import chips_metrics, free_port, wait_for
+from fake_runtime import chips_metrics
+from tools import free_port, require_tool, wait_for
 
 TPUMON = [sys.executable, "-m", "tpumon"]
 
@@ -145,10 +145,9 @@ def test_agent_simulate_end_to_end(tmp_path):
                         r'[^}]*\} (\S+)', text)
         assert rss and float(rss.group(1)) > 10 * 2**20
         assert re.search(r'tpumon_source_up\{[^}]*source="tpu_runtime"[^}]*\} 1\.0', text)
-        if shutil.which("promtool"):
-            lint = subprocess.run(["promtool", "check", "metrics"], input=text, text=True,
-                                  capture_output=True, timeout=30)
-            assert lint.returncode == 0 and not (lint.stdout + lint.stderr), lint.stdout + lint.stderr
+        lint = subprocess.run([require_tool("promtool"), "check", "metrics"], input=text,
+                              text=True, capture_output=True, timeout=30)
+        assert lint.returncode == 0 and not (lint.stdout + lint.stderr), lint.stdout + lint.stderr
         started = time.monotonic()
         agent.send_signal(signal.SIGTERM)
         assert agent.wait(timeout=10) == 0
@@ -160,3 +159,19 @@ def test_agent_simulate_end_to_end(tmp_path):
     finally:
         if agent.poll() is None:
             agent.kill()
+
+
+def test_sim_writes_a_trace_that_reads_back(tmp_path):
+    from tpumon.trace import read_trace
+
+    out = tmp_path / "leak.csv"
+    result = run("sim", "--scenario", "chip0-leak", "--write-trace", str(out), "--duration", "1h",
+                 "--poll-interval", "10", "--seed", "4")
+    assert result.returncode == 0, result.stderr
+    rows = list(read_trace(out))
+    assert len(rows) == 360 * 4
+    assert {r.chip for r in rows} == {"0", "1", "2", "3"}
+    assert rows[-1].step > rows[0].step
+    assert_one_line_error(run("sim", "--write-trace", str(tmp_path / "no/such/dir.csv"),
+                              "--duration", "1m"), "--write-trace", "No such file")
+    assert_one_line_error(run("sim", "--write-trace", str(out), "--duration", "soon"), "--duration")

@@ -80,7 +80,7 @@ def test_slow_metadata_server_costs_at_most_the_timeout(metadata):
 
 
 def test_no_metadata_server_is_empty():
-    from fake_runtime import free_port
+    from tools import free_port
     assert fetch_tpu_env(0.5, {"GCE_METADATA_HOST": f"127.0.0.1:{free_port()}"}) == {}
 
 

@@ -4,7 +4,7 @@ import pytest
 from tpu_info import metrics as tpu_info_metrics
 from tpu_info.device import TpuChip
 
-from fake_runtime import wait_for
+from tools import wait_for
 from tpumon.sim.server import SimClock, Simulator, split_devices
 from tpumon.sim.workload import V4_HBM_TOTAL_BYTES, Workload
 from tpumon.sources.chips import inventory_for

@@ -4,7 +4,8 @@ import time
 
 import pytest
 
-from fake_runtime import V4_TOTAL, chips_metrics, free_port, gauge_entry, wait_for
+from fake_runtime import V4_TOTAL, chips_metrics, gauge_entry
+from tools import free_port, wait_for
 from tpu_info.proto import tpu_metric_service_pb2 as pb
 from tpumon.sources.chips import ChipInventory, inventory_for
 from tpumon.sources.health import SourceUnavailable

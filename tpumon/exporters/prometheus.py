@@ -13,7 +13,8 @@ import platform
 from importlib import metadata
 from typing import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
+from prometheus_client import (CollectorRegistry, PlatformCollector, ProcessCollector,
+                               disable_created_metrics)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -132,6 +133,7 @@ class SnapshotCollector(Collector):
 
 def build_registry(get_snapshot: Callable[[], Snapshot]) -> CollectorRegistry:
     """A registry with tpumon's metrics and the agent's own process and platform metrics."""
+    disable_created_metrics()  # *_created gauges per histogram: noise for a per-VM agent
     registry = CollectorRegistry()
     registry.register(SnapshotCollector(get_snapshot))
     ProcessCollector(registry=registry)

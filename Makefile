@@ -1,0 +1,50 @@
+# tpumon: two commands on a fresh Debian/Ubuntu machine with Python >= 3.10.
+#   make demo   the agent on its built-in TPU simulator, with a leaking workload
+#   make test   the whole test suite (installs what it needs first)
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+DEMO_ADDRESS ?= :9847
+DEMO_SCENARIO ?= linear-leak
+
+.PHONY: help demo test bench venv system-deps-demo system-deps-test clean
+
+help:
+	@echo "make demo    run the agent on the TPU simulator (metrics on $(DEMO_ADDRESS))"
+	@echo "make test    install test dependencies and run the whole suite"
+	@echo "make bench   run the benchmarks (figures go to docs/benchmarks.md)"
+	@echo "make clean   remove the virtual environment and caches"
+
+system-deps-demo:
+	@scripts/ensure-system-deps demo
+
+system-deps-test:
+	@scripts/ensure-system-deps test
+
+$(STAMP): pyproject.toml
+	rm -f $(VENV)/.installed-*
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	touch $@
+
+venv: system-deps-demo $(STAMP)
+
+demo: venv
+	@echo
+	@echo "  tpumon demo: a simulated TPU v4 VM (4 chips) running scenario '$(DEMO_SCENARIO)',"
+	@echo "  time accelerated 60x. Metrics: http://localhost:$(lastword $(subst :, ,$(DEMO_ADDRESS)))/metrics"
+	@echo "  Try 'make demo DEMO_SCENARIO=healthy'; 'tpumon sim --list' lists scenarios. Ctrl-C stops."
+	@echo
+	$(BIN)/tpumon agent --simulate --scenario $(DEMO_SCENARIO) --listen-address $(DEMO_ADDRESS)
+
+test: system-deps-test $(STAMP)
+	$(BIN)/python -m pytest -q
+
+bench: venv
+	$(BIN)/python bench/run.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +
