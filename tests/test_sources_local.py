@@ -1,0 +1,144 @@
+"""The local sources: chip inventory and owners (/sys, /proc) and host memory (psutil)."""
+
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+
+from tpu_info import device as tpu_device
+
+from tpumon.agent import Agent, OwnerScanner
+from tpumon.exporters.prometheus import build_registry
+from tpumon.identity import Identity
+from tpumon.logs import JournalFormatter
+from tpumon.sources import chips
+from tpumon.sources.chips import ChipInventory, detect_chips, inventory_for, scan_chip_owners
+from tpumon.sources.health import SourceTracker, SourceUnavailable
+from tpumon.sources.host import HostSource
+from tpumon.sources.tpu_runtime import TpuRuntimeSource
+from tpumon.state import AgentState
+from fake_runtime import chips_metrics
+from tools import free_port
+
+
+def test_inventory_for_chip_types():
+    v4 = inventory_for("v4", 4)
+    assert (v4.chip_type, v4.devices, v4.hbm_bytes_per_device) == ("v4", ["0", "1", "2", "3"], 32 * 2**30)
+    v3 = inventory_for("v3", 4)  # two TensorCores per chip, each with its own HBM
+    assert v3.devices == [str(i) for i in range(8)] and v3.hbm_bytes_per_device == 8 * 2**30
+
+
+def test_detect_chips_on_a_machine_without_tpus():
+    inventory = detect_chips()
+    assert inventory == ChipInventory(None, 0) or inventory.chip_type is not None
+
+
+def test_owner_paths_map_to_chip_indexes(monkeypatch):
+    assert scan_chip_owners(lambda: {"/dev/accel0": 100, "/dev/accel3": 101}) == {"0": 100, "3": 101}
+    # vfio paths are IOMMU groups, not chip indexes: tpu-info's chip order decides
+    fake_chips = [tpu_device.ChipInfo("0000:00:05", {0: tpu_device.CoreInfo(0, "0x0063", "/dev/vfio/12", "")}),
+                  tpu_device.ChipInfo("0000:00:06", {0: tpu_device.CoreInfo(0, "0x0063", "/dev/vfio/7", "")})]
+    monkeypatch.setattr(chips.tpu_device, "get_chips", lambda: fake_chips)
+    assert scan_chip_owners(lambda: {"/dev/vfio/7": 55, "/dev/vfio/12": 44}) == {"1": 55, "0": 44}
+
+
+def test_owner_scan_failure_is_an_empty_answer():
+    def broken():
+        raise PermissionError("no /proc for you")
+    assert scan_chip_owners(broken) == {}
+
+
+def test_real_owner_scan_finds_a_process_holding_a_device():
+    """tpu-info's scan over the real /proc: a child holding /dev/null is not an owner."""
+    holder = subprocess.Popen([sys.executable, "-c", "import time; f=open('/dev/null'); time.sleep(30)"])
+    try:
+        assert str(holder.pid) not in {str(p) for p in scan_chip_owners().values()}
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_host_source_reports_owner_rss_and_forgets_exited_pids():
+    child = subprocess.Popen([sys.executable, "-c", "import time; b=bytearray(64<<20); time.sleep(30)"])
+    try:
+        owners = {"0": os.getpid(), "1": os.getpid(), "2": child.pid}
+        source = HostSource(lambda: owners)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            sample = source.poll()
+            by_pid = {p.pid: p for p in sample.processes}
+            if child.pid in by_pid and by_pid[child.pid].rss_bytes > 64 << 20:
+                break
+            time.sleep(0.1)
+        assert by_pid[os.getpid()].chips == ("0", "1")
+        assert by_pid[child.pid].rss_bytes > 64 << 20
+        assert sample.memory_total_bytes >= sample.memory_available_bytes > 0
+        assert sample.memory_used_bytes == sample.memory_total_bytes - sample.memory_available_bytes
+        child.kill()
+        child.wait()
+        sample = source.poll()  # the owner vanished between scans: skipped, not an error
+        assert [p.pid for p in sample.processes] == [os.getpid()]
+    finally:
+        if child.poll() is None:
+            child.kill()
+
+
+def test_source_tracker_turns_failures_into_state(caplog):
+    outcomes = iter([SourceUnavailable("no runtime"), SourceUnavailable("no runtime"),
+                     ValueError("garbage"), "ok"])
+
+    def poll():
+        item = next(outcomes)
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+    tracker = SourceTracker("demo", poll)
+    with caplog.at_level(logging.INFO, logger="tpumon.sources"):
+        assert tracker.poll() is None and tracker.poll() is None
+        assert tracker.poll() is None
+        assert tracker.health.error == "ValueError: garbage" and not tracker.health.up
+        assert tracker.poll() == "ok"
+    h = tracker.health
+    assert (h.up, h.polls_total, h.errors_total, h.error) == (True, 4, 3, None)
+    messages = [r.getMessage() for r in caplog.records]
+    assert messages == ["demo: down: no runtime", "demo: down: ValueError: garbage", "demo: up again"]
+
+
+def test_journal_formatter_prefixes_priority():
+    formatter = JournalFormatter("%(name)s: %(message)s")
+    record = logging.LogRecord("tpumon.x", logging.WARNING, __file__, 1, "a\nb", None, None)
+    assert formatter.format(record) == "<4>tpumon.x: a\n<4>b"
+
+
+def test_agent_loop_polls_on_cadence_and_stops_promptly():
+    inventory = inventory_for("v4", 1)
+    state = AgentState(Identity(host="h"), inventory, history_points=3)
+    runtime = TpuRuntimeSource("127.0.0.1", [free_port()], 0.2, inventory)
+    agent = Agent(state, runtime, OwnerScanner(dict, 60), 0.05, build_registry(lambda: state.snapshot))
+    stop = threading.Event()
+    thread = threading.Thread(target=agent.run, args=(stop,))
+    thread.start()
+    time.sleep(0.6)
+    stop.set()
+    started = time.monotonic()
+    thread.join(timeout=5)
+    assert not thread.is_alive() and time.monotonic() - started < 1
+    polls = state.snapshot.polls_total
+    assert 6 <= polls <= 13, polls  # ~12 at 50 ms; no burst, no stall
+    assert state.snapshot.health[0].up is False  # nothing listens: reported, loop kept going
+
+
+def test_history_is_bounded(runtime_servers):
+    server = runtime_servers(chips_metrics({0: 1}))
+    inventory = inventory_for("v4", 1)
+    state = AgentState(Identity(host="h"), inventory, history_points=3)
+    runtime = TpuRuntimeSource("127.0.0.1", [server.port], 1.0, inventory)
+    agent = Agent(state, runtime, OwnerScanner(dict, 60), 1.0, build_registry(lambda: state.snapshot))
+    for used in range(1, 6):
+        server.runtime.metrics = chips_metrics({0: used})
+        agent.poll_once()
+    assert [p.hbm_used_bytes for p in state.history("0")] == [3, 4, 5]
+    runtime.close()
