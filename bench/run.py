@@ -1,0 +1,117 @@
+"""tpumon benchmarks (`make bench`): medians over repeated runs, ratios to a baseline run
+in the same process. Figures are recorded in docs/benchmarks.md.
+
+1. Runtime poll: tpumon's TpuRuntimeSource.poll() against tpu-info's own
+   get_chip_usage() (the baseline), both reading the same simulated runtime on loopback,
+   on one port (4 chips) and on four ports (one chip each, PyTorch/XLA multiprocess).
+2. A hung runtime: how long one poll takes when the server never answers.
+3. Simulator cost: Workload.sample() per call.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import threading
+import time
+
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+
+from tpu_info import metrics as tpu_info_metrics  # noqa: E402
+from tpu_info.device import TpuChip  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+from fake_runtime import FakeRuntime, RuntimeServer, chips_metrics  # noqa: E402
+
+from tpumon.sim.server import SimClock, Simulator  # noqa: E402
+from tpumon.sim.workload import Workload  # noqa: E402
+from tpumon.sources.chips import inventory_for  # noqa: E402
+from tpumon.sources.tpu_runtime import TpuRuntimeSource  # noqa: E402
+
+REPEATS = 300
+
+
+def median_ms(fn, repeats: int = REPEATS) -> float:
+    for _ in range(10):
+        fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3
+
+
+def bench_poll(ports_count: int) -> tuple[float, float]:
+    workload = Workload("healthy", seed=1, start_time=0.0)
+    sim = Simulator(workload, SimClock(1.0, start=3600.0), "127.0.0.1", [0] * ports_count, 4)
+    ports = sim.start()
+    try:
+        source = TpuRuntimeSource("localhost", ports, 1.0, inventory_for("v4", 4))
+
+        def baseline():  # tpu-info asks one address per call; a multi-port VM needs one each
+            for port in ports:
+                tpu_info_metrics.get_chip_usage(TpuChip.V4, f"localhost:{port}")
+
+        base = median_ms(baseline)
+        ours = median_ms(source.poll)
+        source.close()
+        return base, ours
+    finally:
+        sim.stop()
+
+
+def bench_hung() -> tuple[float, str]:
+    server = RuntimeServer(FakeRuntime(chips_metrics({0: 1})))
+    server.runtime.delay = 3600
+    try:
+        source = TpuRuntimeSource("localhost", [server.port], 1.0, inventory_for("v4", 1))
+        t0 = time.perf_counter()
+        try:
+            source.poll()
+        except Exception:  # noqa: BLE001 - SourceUnavailable expected
+            pass
+        ours = time.perf_counter() - t0
+        done = threading.Event()
+
+        def baseline():
+            try:
+                tpu_info_metrics.get_chip_usage(TpuChip.V4, f"localhost:{server.port}")
+                done.set()
+            except Exception:  # noqa: BLE001 - the server is torn down under it at the end
+                pass
+
+        threading.Thread(target=baseline, daemon=True).start()
+        base = "returned" if done.wait(10) else "still blocked after 10 s"
+        return ours, base
+    finally:
+        server.stop()
+
+
+def bench_sample() -> float:
+    workload = Workload("linear-leak", seed=2, start_time=0.0)
+    t = [3600.0]
+
+    def one():
+        t[0] += 1.0
+        workload.sample(t[0])
+
+    return median_ms(one, 20000) * 1e3  # microseconds
+
+
+def main() -> None:
+    print(f"# tpumon benchmarks ({REPEATS} repeats, medians; python {sys.version.split()[0]})\n")
+    print("| benchmark | tpu-info get_chip_usage (baseline) | tpumon | ratio |")
+    print("|---|---|---|---|")
+    for ports in (1, 4):
+        base, ours = bench_poll(ports)
+        print(f"| runtime poll, 4 chips on {ports} port(s) | {base:.2f} ms | {ours:.2f} ms "
+              f"| {ours / base:.2f}x |")
+    ours, base = bench_hung()
+    print(f"| hung runtime (never answers), deadline 1 s | {base} | {ours:.2f} s | - |")
+    print(f"\nWorkload.sample (4 chips): {bench_sample():.1f} us per call (median)")
+
+
+if __name__ == "__main__":
+    main()
