@@ -15,15 +15,10 @@ import grpc
 from tpu_info.proto import tpu_metric_service_pb2 as pb
 from tpu_info.proto import tpu_metric_service_pb2_grpc as pb_grpc
 
+from tpumon.sim.server import gauge_metric as gauge_entry
 from tpumon.sources.tpu_runtime import DUTY_CYCLE, TOTAL, USAGE
 
 V4_TOTAL = 34088157184
-
-
-def gauge_entry(device_id: int, value: int | float) -> pb.Metric:
-    gauge = pb.Gauge(as_int=value) if isinstance(value, int) else pb.Gauge(as_double=value)
-    return pb.Metric(attribute=pb.Attribute(key="device-id", value=pb.AttrValue(int_attr=device_id)),
-                     gauge=gauge)
 
 
 def chips_metrics(used: dict[int, int], total: int = V4_TOTAL,

@@ -60,7 +60,8 @@ class SampleCache:
             return self._sample
 
 
-def _gauge_metric(device_id: int, value: int | float) -> pb.Metric:
+def gauge_metric(device_id: int, value: int | float) -> pb.Metric:
+    """One entry of a runtime metric response, keyed by device id as libtpu does."""
     gauge = pb.Gauge(as_int=value) if isinstance(value, int) else pb.Gauge(as_double=value)
     return pb.Metric(attribute=pb.Attribute(key="device-id", value=pb.AttrValue(int_attr=device_id)),
                      gauge=gauge)
@@ -84,7 +85,7 @@ class SimulatedRuntime(pb_grpc.RuntimeMetricServiceServicer):
         }.get(request.metric_name)
         if values is None:
             context.abort(grpc.StatusCode.NOT_FOUND, f"unknown metric {request.metric_name}")
-        metrics = [_gauge_metric(d, values(d)) for d in self._device_ids]
+        metrics = [gauge_metric(d, values(d)) for d in self._device_ids]
         return pb.MetricResponse(metric=pb.TPUMetric(name=request.metric_name, metrics=metrics))
 
     def ListSupportedMetrics(self, request: pb.ListSupportedMetricsRequest,
