@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import time
 from collections import defaultdict
+from dataclasses import replace
 
 import pytest
 
@@ -364,3 +365,40 @@ def test_chips_and_host_are_passed_through():
     rows = list(generate_trace("healthy", duration_s=60, chips=8, host="w-3", hbm_total_bytes=V4_HBM_TOTAL_BYTES))
     assert {r.chip for r in rows} == {str(i) for i in range(8)} and {r.host for r in rows} == {"w-3"}
     assert not math.isnan(rows[0].time)
+
+
+# ---------------------------------------------------------------- leak onset
+
+
+def test_leak_starts_at_the_onset_step_and_the_oom_moves_out_by_as_many_steps():
+    onset = 20_000
+    kw = dict(leak_bytes_per_step=150_000, leak_chip_spread=0)
+    ref = Workload("linear-leak", seed=3, **kw)  # leaks from step 0; otherwise the same run
+    w = Workload("linear-leak", seed=3, leak_onset_step=onset, **kw)
+    assert w.params.leak_onset_step == onset and ref.params == replace(w.params, leak_onset_step=0)
+    for n in (5_000, onset, 30_000):
+        t = t_at_step(w, n) + 1e-3
+        leaked_by_ref = min(n, onset) * 150_000  # what ref leaked that w had not yet
+        assert all(abs((r - f) - leaked_by_ref) <= 1 for r, f in zip(ref.floor_bytes(t), w.floor_bytes(t)))
+    # The OOM bisection still holds: up one second before, gone at it, and the peak did not fit.
+    oom = w.oom_time
+    assert oom is not None and w.sample(oom - 1.0).runtime_up and not w.sample(oom).runtime_up
+    slack = max(w.params.eval_every_steps, w.params.checkpoint_every_steps)  # which peak trips it
+    steps_more = w.sample(oom - 1.0).step - ref.sample(ref.oom_time - 1.0).step
+    assert abs(steps_more - onset) <= slack
+
+
+def test_staircase_counts_its_stairs_from_the_onset():
+    w = Workload("staircase-leak", seed=4, leak_onset_step=6_000, stair_every_steps=500, cache_cap_bytes=0,
+                 eval_every_steps=0, leak_chip_spread=0)
+    stair = w.params.stair_bytes
+    floor = lambda n: w.floor_bytes(t_at_step(w, n) + 1e-3)[1]  # noqa: E731
+    assert floor(6_000) == floor(2_000)  # nothing yet
+    assert floor(6_499) == floor(6_000)
+    assert abs(floor(6_500) - floor(6_499) - stair) <= 1  # first stair a full period after the onset
+    assert abs(floor(8_000) - floor(6_000) - 4 * stair) <= 1
+
+
+def test_negative_onset_is_rejected():
+    with pytest.raises(ValueError, match="leak_onset_step"):
+        Workload("linear-leak", leak_onset_step=-1)

@@ -16,11 +16,14 @@ new one):
 - training: the *floor* (memory alive across steps) is weights + executable
   + optimizer state (from step 1) + a cache that fills exponentially towards
   its cap + the eval executable (from the first eval on) + the scenario's
-  fault (linear leak, staircase, one-off jump). A poll lands at a random
-  phase of a step; the sample is floor + activations at that phase (a
-  triangle up to several GB, zero in the idle part of the step) + a few MB
-  of allocator noise. Noise and transients are never negative, so every
-  sample is >= the floor: the floor is the lower envelope a detector fits.
+  fault (linear leak, staircase, one-off jump). A leak or staircase starts
+  ``leak_onset_step`` steps into each job (0: from the first step), since
+  real leaks often begin mid-run (a code path first reached late). A poll
+  lands at a random phase of a step; the sample is floor + activations at
+  that phase (a triangle up to several GB, zero in the idle part of the
+  step) + a few MB of allocator noise. Noise and transients are never
+  negative, so every sample is >= the floor: the floor is the lower
+  envelope a detector fits.
 - every ``eval_every_steps`` steps training pauses for ``eval_s`` seconds of
   eval with its own transient; every ``checkpoint_every_steps`` steps the
   host-transfer buffers of a save add a bump for ``checkpoint_s`` seconds
@@ -127,6 +130,7 @@ class Scenario:
     leak_bytes_per_step: Range = 0
     leak_chips: tuple[int, ...] | None = None  # None: every chip leaks
     leak_chip_spread: Range = 0.03  # per-chip relative spread of the leak rate
+    leak_onset_step: Range = 0  # steps into each job before the leak and the stairs start
     stair_bytes: Range = 0
     stair_every_steps: Range = 500
     step_change_bytes: Range = 0
@@ -233,6 +237,7 @@ class Workload:
         self._eval_every = _every(p.eval_every_steps)
         self._ckpt_every = _every(p.checkpoint_every_steps)
         self._stair_every = _every(p.stair_every_steps)
+        self._leak_onset = int(p.leak_onset_step)
         self._ckpt_steps = max(1, round(p.checkpoint_s / p.step_time_s))
         self._cycle_s = self._eval_every * p.step_time_s + p.eval_s
         self._cache_tau_steps = max(p.cache_tau_s / p.step_time_s, 1e-9)
@@ -365,11 +370,12 @@ class Workload:
         cache = -math.expm1(-n / self._cache_tau_steps)
         optimizer = n >= 1
         evaluated = n >= self._eval_every
-        stairs = n // self._stair_every
+        leaked = max(0, n - self._leak_onset)  # steps leaked so far: a leak can start mid-run
+        stairs = leaked // self._stair_every
         jumped = n >= self._params.step_change_at_step
         return [
             c.static + c.optimizer * optimizer + c.cache * cache + c.eval_executable * evaluated
-            + c.leak * n + c.stair * stairs + c.jump * jumped
+            + c.leak * leaked + c.stair * stairs + c.jump * jumped
             for c in self._chips
         ]
 
@@ -473,7 +479,7 @@ def _validate(p: Scenario) -> None:
     if p.step_time_s <= 0 or p.warmup_s < 0 or p.eval_s < 0 or p.checkpoint_s < 0:
         raise ValueError("step_time_s must be positive and durations non-negative")
     for name in ("leak_bytes_per_step", "stair_bytes", "step_change_bytes", "restarts",
-                 "eval_every_steps", "checkpoint_every_steps", "stair_every_steps"):
+                 "leak_onset_step", "eval_every_steps", "checkpoint_every_steps", "stair_every_steps"):
         if getattr(p, name) < 0:
             raise ValueError(f"{name} must not be negative (the floor only grows within a job)")
     if not 0 <= p.idle_fraction < 1 or not 0 <= p.step_rate_wobble < 0.5:

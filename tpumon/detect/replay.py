@@ -1,0 +1,109 @@
+"""Replays the streaming detector over a recorded trace (``tpumon analyze``).
+
+Each (host, chip) series is fed to its own ChipDetector with the agent's default settings,
+in time order, exactly as the agent would have seen it poll by poll; the result is the
+verdict at the end and the first moment the leak alert would have fired.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+import numpy as np
+
+from tpumon.detect.detector import Assessment, ChipDetector, DetectorSettings
+from tpumon.trace import TraceRow
+
+
+def _opt(value: float | None, digits: int | None = None) -> float | int | None:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    return round(value, digits) if digits is not None else value
+
+
+@dataclass(frozen=True)
+class SeriesResult:
+    """One series' outcome, serialised in the shape of contracts.md §2."""
+
+    host: str
+    chip: str
+    samples: int
+    assessment: Assessment
+    alert: dict | None
+
+    @property
+    def verdict(self) -> str:
+        return self.assessment.verdict.value
+
+    @property
+    def slope_bytes_per_step(self) -> float | None:
+        return _opt(self.assessment.slope_bytes_per_step, 3)
+
+    @property
+    def slope_bytes_per_hour(self) -> float | None:
+        return _opt(self.assessment.slope_bytes_per_hour, 1)
+
+    @property
+    def predicted_oom(self) -> dict | None:
+        a = self.assessment
+        if a.predicted_oom_time is None:
+            return None
+        step = a.predicted_oom_step
+        return {"time": round(a.predicted_oom_time, 3), "step": None if step is None else int(step)}
+
+    @property
+    def alert_forecast(self) -> dict | None:
+        """The OOM forecast as it stood when the alert fired (scored by the benchmark)."""
+        if self.alert is None or self.alert["predicted_oom_time"] is None:
+            return None
+        step = self.alert["predicted_oom_step"]
+        return {"time": self.alert["predicted_oom_time"], "step": None if step is None else int(step)}
+
+    def to_json(self) -> dict[str, Any]:
+        a = self.assessment
+        return {
+            "host": self.host,
+            "chip": self.chip,
+            "verdict": self.verdict,
+            "alert": None if self.alert is None else {"time": self.alert["time"],
+                                                      "step": self.alert["step"]},
+            "slope_bytes_per_step": self.slope_bytes_per_step,
+            "slope_bytes_per_hour": self.slope_bytes_per_hour,
+            "predicted_oom": self.predicted_oom,
+            "reason": a.reason,
+            "floor_bytes": _opt(a.floor_bytes, 0),
+            "slope_bytes_per_hour_interval": None if a.slope_bytes_per_second_low is None else [
+                round(a.slope_bytes_per_second_low * 3600, 1),
+                round(a.slope_bytes_per_second_high * 3600, 1)],
+            "window_seconds": _opt(a.window_seconds, 1),
+            "z": _opt(a.z, 2),
+            "samples": self.samples,
+            "restarts": a.restarts,
+        }
+
+
+def replay_series(host: str, chip: str, times: np.ndarray, steps: np.ndarray,
+                  used: np.ndarray, totals: np.ndarray,
+                  settings: DetectorSettings | None = None) -> SeriesResult:
+    """Run one detector over one series' arrays (the agent's code path, in one batch)."""
+    detector = ChipDetector(settings)
+    detector.update(times, steps, used, totals)
+    return SeriesResult(host, chip, len(times), detector.assessment, detector.alert)
+
+
+def analyze_rows(rows: Iterable[TraceRow],
+                 settings: DetectorSettings | None = None) -> list[SeriesResult]:
+    """Group rows into series (first-appearance order) and replay each."""
+    columns: dict[tuple[str, str], tuple[list, list, list, list]] = {}
+    for row in rows:
+        cols = columns.get((row.host, row.chip))
+        if cols is None:
+            cols = columns[(row.host, row.chip)] = ([], [], [], [])
+        cols[0].append(row.time)
+        cols[1].append(math.nan if row.step is None else row.step)
+        cols[2].append(row.hbm_used_bytes)
+        cols[3].append(row.hbm_total_bytes)
+    return [replay_series(host, chip, *(np.asarray(c, dtype=float) for c in cols), settings=settings)
+            for (host, chip), cols in columns.items()]
