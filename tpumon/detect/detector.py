@@ -29,12 +29,14 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 import numpy as np
 
+from tpumon.detect import jumps as level_shifts
 from tpumon.detect.floors import FloorHistory, group_by_bucket
-from tpumon.detect.robust import TrendFit, sen_mann_kendall
+from tpumon.detect.jumps import Jump
+from tpumon.detect.robust import lower_quartile, sen_mann_kendall
 
 
 class Verdict(str, enum.Enum):
@@ -58,7 +60,7 @@ class DetectorSettings:
     fit_points: int = 64              # floors per fit (older ones merged): bounded cost
     z_threshold: float = 4.0          # Mann-Kendall; floors are autocorrelated, so strict
     horizon_seconds: float = 7 * 86400.0
-    max_extrapolation: float = 6.0    # time to OOM at most this many evidence windows
+    max_extrapolation: float = 5.0    # time to OOM at most this many evidence windows
     restart_gap_seconds: float = 120.0
     restart_drop_fraction: float = 0.05  # floor this much (of HBM) lower after a gap: new job
     jump_sigmas: float = 6.0
@@ -111,19 +113,21 @@ class _Job:
     trend_start: float | None = None
     history: FloorHistory = field(default_factory=FloorHistory)
     warm_floors: list[float] = field(default_factory=list)
-    jumps: list[tuple[float, float, float]] = field(default_factory=list)  # time, step, size
-    last_jump_index: int = -1
+    jumps: list[Jump] = field(default_factory=list)
+    scanned: int = 0  # next boundary (index over all buckets appended) to scan for jumps
     appended: int = 0
     transient: float = 0.0
     sigma: float = 0.0
+    sigma_due: int = 0
     last_fit: float = -math.inf
     growing: bool = False
+    slope: float = 0.0  # continuous trend (bytes/s) at the last fit: jumps are found around it
+    leaking: bool = False
     last_floor: float | None = None
     last_step: float = math.nan
 
 
-@dataclass(frozen=True, slots=True)
-class _Bucket:
+class _Bucket(NamedTuple):
     start: float
     floor: float
     peak: float
@@ -145,7 +149,7 @@ class ChipDetector:
         self.assessment = Assessment(Verdict.INSUFFICIENT_DATA, "no samples yet")
         self.restarts = 0
         self._pending: list[np.ndarray] = []
-        self._open: tuple[int, float, float, float, float] | None = None  # id, floor, peak, first/last step
+        self._open: tuple[int, float, float, float, float] | None = None
         self._last: tuple[float, float] | None = None  # time, step of the last sample
         self._job: _Job | None = None
         self._after_break = False
@@ -166,15 +170,15 @@ class ChipDetector:
                 return
             self._pending = []
             self.width = self._bucket_width(batch[0, :9])  # the same however samples arrive
-        for segment, breaks in self._segments(batch):
-            if breaks:
+        for segment, after_break in self._segments(batch):
+            if after_break:
                 self._close_open(segment[0, 0], segment[1, 0])
                 self._after_break = True
             self._add_segment(segment)
 
     def _bucket_width(self, times: np.ndarray) -> float:
         """About ``samples_per_bucket`` polls per bucket, in whole minutes where possible."""
-        interval = max(float(np.median(np.diff(times))), 1e-3) if len(times) > 1 else 1.0
+        interval = max(float(np.median(np.diff(times))), 1e-3)
         width = min(max(interval * self.s.samples_per_bucket, self.s.bucket_min_seconds),
                     self.s.bucket_max_seconds)
         width = float(math.ceil(width / 60.0) * 60.0) if width >= 60 else width
@@ -209,16 +213,15 @@ class ChipDetector:
     def _add_segment(self, seg: np.ndarray) -> None:
         assert self.width is not None
         g = group_by_bucket(seg[0], seg[1], seg[2], self.width)
-        for k in range(len(g.ids)):
-            bucket_id = int(g.ids[k])
-            floor, peak = float(g.floor[k]), float(g.peak[k])
-            first_step, last_step = float(g.first_step[k]), float(g.last_step[k])
+        trigger_times, trigger_steps = seg[0, g.first].tolist(), seg[1, g.first].tolist()
+        for bucket_id, floor, peak, first_step, last_step, t_time, t_step in zip(
+                g.ids.tolist(), g.floor.tolist(), g.peak.tolist(), g.first_step.tolist(),
+                g.last_step.tolist(), trigger_times, trigger_steps):
             if self._open is not None and self._open[0] == bucket_id:
                 _, f0, p0, s0, _ = self._open
                 self._open = (bucket_id, min(f0, floor), max(p0, peak), s0, last_step)
                 continue
-            trigger = int(g.first[k])
-            self._close_open(float(seg[0, trigger]), float(seg[1, trigger]))
+            self._close_open(t_time, t_step)
             self._open = (bucket_id, floor, peak, first_step, last_step)
 
     def _close_open(self, trigger_time: float, trigger_step: float) -> None:
@@ -256,7 +259,7 @@ class ChipDetector:
         return job.last_floor is not None and b.floor < job.last_floor - drop
 
     def _warm_up(self, job: _Job, b: _Bucket) -> None:
-        """Warm-up ends once it lasted ``warmup_seconds`` and the last floors agree."""
+        """Warm-up ends once it lasted ``warmup_seconds`` and the last two floors agree."""
         job.warm_floors.append(b.floor)
         age = b.start - job.start
         recent = job.warm_floors[-2:]
@@ -267,81 +270,54 @@ class ChipDetector:
             job.warm_floors = []
             self._trend_bucket(job, b)
 
-    def _trend_bucket(self, job: _Job, b: _Bucket) -> None:
+    @staticmethod
+    def _trend_bucket(job: _Job, b: _Bucket) -> None:
         job.history.append(b.start, b.last_step, b.floor, b.peak)
         job.appended += 1
         job.transient = max(job.transient, b.peak - b.floor)
-        if job.appended % (16 * self._envelope) == 1:
-            job.sigma = self._noise(job)
-        self._detect_jump(job)
 
-    def _noise(self, job: _Job) -> float:
-        """Robust scale of the noise of a level (a lower envelope of ``e`` buckets, as the
-        jump test uses): MAD of successive envelope differences around their median (so
-        a steady trend is not taken for noise), with a small floor."""
-        e = self._envelope
-        floors = job.history.recent(65 * e)[2]
-        floors = floors[len(floors) % e:]
-        diffs = np.diff(floors.reshape(-1, e).min(axis=1))
-        spread = 1.4826 * float(np.median(np.abs(diffs - np.median(diffs)))) / math.sqrt(2) \
-            if len(diffs) > 4 else 0.0
-        return max(spread, 1e-4 * (self.total or 0.0))
+    # ------------------------------------------------------------------ level shifts
 
     def _jump_threshold(self, job: _Job) -> float:
         return max(self.s.jump_sigmas * job.sigma, self.s.jump_min_fraction * (self.total or 0.0))
 
-    def _detect_jump(self, job: _Job) -> None:
-        """A persistent level shift ``k`` buckets back, confirmed on both sides.
-
-        Each side's level is its second-lowest floor, not its median: a bucket in which no
-        poll fell between steps reads high (often, and only upwards), so medians of a
-        handful of floors see shifts that are not there; a lower envelope does not.
-        """
-        k = self._confirm
-        if job.appended < 2 * k or job.appended - k <= job.last_jump_index + k:
-            return
-        rows = job.history.recent(2 * k)
-        floors = rows[2]
-        shift = float(np.partition(floors[k:], 1)[1] - np.partition(floors[:k], 1)[1])
-        if abs(shift) > self._jump_threshold(job) and self._is_step(floors, k, shift, self._envelope):
-            job.jumps.append((float(rows[0, k]), float(rows[1, k]), shift))
-            job.last_jump_index = job.appended - k
-            del job.jumps[:-1024]
+    def _update_jumps(self, job: _Job) -> None:
+        """Refresh the noise scale and scan the boundaries that arrived since the last fit."""
+        k, e = self._confirm, self._envelope
+        if job.appended >= job.sigma_due:  # the noise scale changes slowly: refresh it rarely
+            job.sigma = level_shifts.level_noise(job.history.recent(65 * e)[2], e,
+                                                 1e-4 * (self.total or 0.0))
+            job.sigma_due = job.appended + 16 * e
+        offset = job.appended - len(job.history)  # global index of the oldest kept bucket
+        begin = max(job.scanned - k - offset, 0)
+        rows = job.history.recent(len(job.history) - begin)
+        found, next_local = level_shifts.scan(rows[0], rows[1], self._detrended(job, rows),
+                                              job.scanned - offset - begin, k, e,
+                                              self._jump_threshold(job))
+        job.scanned = next_local + begin + offset
+        job.jumps.extend(found)
+        del job.jumps[:-1024]
 
     @staticmethod
-    def _is_step(floors: np.ndarray, k: int, shift: float, e: int) -> bool:
-        """Most of the shift happens at the boundary and each side is level (lower
-        envelopes of ``e`` buckets): a steep ramp moves as far over k buckets, gradually."""
-        def envelope(a: int) -> float:
-            return float(floors[max(a, 0):a + e].min())
-
-        step_up = envelope(k) - envelope(k - e)
-        left_rise = envelope(k - e) - envelope(0)
-        right_rise = envelope(len(floors) - e) - envelope(k)
-        return (abs(step_up) >= 0.6 * abs(shift) and step_up * shift > 0
-                and abs(left_rise) <= 0.3 * abs(shift) and abs(right_rise) <= 0.3 * abs(shift))
-
-    def _pending_jump(self, job: _Job) -> bool:
-        """A shift in the last ``k`` buckets that may yet be confirmed as a jump: until it
-        is, a fit would mistake it for steep growth, so no leak is called meanwhile."""
-        k, e = self._confirm, self._envelope
-        floors = job.history.recent(2 * k)[2]
-        thr = self._jump_threshold(job)
-        for c in range(max(k, len(floors) - k + 1), len(floors)):
-            shift = float(floors[c:].min() - np.partition(floors[c - k:c], 1)[1])
-            step_up = float(floors[c:c + e].min() - floors[c - e:c].min())
-            if shift > thr and step_up >= 0.6 * shift:
-                return True
-        return False
+    def _detrended(job: _Job, rows: np.ndarray) -> np.ndarray:
+        """Floors less the trend of an established leak: a steady leak is then level and a
+        step still stands out. Not before: an unconfirmed step would itself be the trend."""
+        if not len(rows[0]) or job.slope <= 0 or not job.leaking:
+            return rows[2]
+        return rows[2] - job.slope * (rows[0] - rows[0, -1])
 
     # ------------------------------------------------------------------ assessment
 
     def _assess(self, job: _Job, b: _Bucket) -> None:
+        if job.trend_start is not None and b.start - job.trend_start >= self.s.min_window_seconds \
+                and b.start - job.last_fit < self._refit_interval(job, b.start - job.trend_start) \
+                and self.assessment.verdict not in (Verdict.INSUFFICIENT_DATA, Verdict.WARMING_UP):
+            return  # between fits the last assessment stands
         base = dict(total_bytes=self.total, job_start=job.start, restarts=self.restarts,
-                    step=None if math.isnan(b.last_step) else b.last_step,
-                    floor_bytes=b.floor)
+                    step=None if math.isnan(b.last_step) else b.last_step, floor_bytes=b.floor)
         if job.trend_start is None:
-            self._set(Assessment(Verdict.WARMING_UP, "job starting: compiling and loading", **base), b)
+            self._set(Assessment(Verdict.WARMING_UP, "job starting: compiling and loading",
+                                 **base), b)
             return
         span = b.start - job.trend_start
         if span < self.s.min_window_seconds:
@@ -349,19 +325,16 @@ class ChipDetector:
                                  f"{span / 60:.0f} of {self.s.min_window_seconds / 60:.0f} min of "
                                  "floors since warm-up", transient_bytes=job.transient, **base), b)
             return
-        interval = self._refit_interval(job, span)
-        if b.start - job.last_fit < interval and self.assessment.verdict not in (
-                Verdict.INSUFFICIENT_DATA, Verdict.WARMING_UP):
-            return
         job.last_fit = b.start
+        self._update_jumps(job)
         self._set(self._fit(job, b, base), b)
 
     def _refit_interval(self, job: _Job, span: float) -> float:
         """Refit often while something grows, rarely on a flat floor: bounded CPU."""
         assert self.width is not None
         if job.growing:
-            return min(max(span / 32, self.width), 600.0)
-        return min(max(span / 16, self.width), 1800.0)
+            return min(max(span / 16, self.width), 600.0)
+        return min(max(span / 4, self.width), 3600.0)
 
     def _set(self, assessment: Assessment, b: _Bucket) -> None:
         self.assessment = assessment
@@ -375,32 +348,35 @@ class ChipDetector:
         """Floors with the jumps taken out, expressed at today's level."""
         if not job.jumps:
             return data[2]
-        times = np.array([j[0] for j in job.jumps])
-        sizes = np.cumsum([j[2] for j in job.jumps])
+        times = np.array([j.time for j in job.jumps])
+        sizes = np.cumsum([j.size for j in job.jumps])
         idx = np.searchsorted(times, data[0], side="right")
         offset = np.where(idx > 0, sizes[np.maximum(idx - 1, 0)], 0.0)
         return data[2] - offset + sizes[-1]
 
     def _choose_window(self, job: _Job, now: float) -> tuple[float, bool]:
-        """The longest window, back to the trend start, whose growth does not accelerate;
-        and whether growth in it decelerates (saturating, not a leak)."""
+        """The longest window, back to the trend start, whose growth does not accelerate
+        (a leak that began mid-run must not be diluted by flat hours before it), and
+        whether growth in it slows down (a cache saturating, not a leak)."""
         assert job.trend_start is not None
+        data = job.history.window(job.trend_start, 4096)
+        y_all = self._corrected(job, data)
         length = now - job.trend_start
         while True:
             start = now - length
-            shorter = length / math.sqrt(2)
-            last_try = shorter < self.s.min_window_seconds
-            data = job.history.window(start, self.s.fit_points)
-            if data.shape[1] < 9:
+            shorter = length / 2
+            y = y_all[np.searchsorted(data[0], start):]
+            if len(y) < 9:
                 return start, False
-            y = self._corrected(job, data)
-            l1, l2, l3 = (float(np.median(part)) for part in np.array_split(y, 3))
+            third = len(y) // 3
+            # levels of the thirds as lower quartiles: floors only ever read high
+            l1, l2, l3 = (lower_quartile(part) for part in (y[:third], y[third:len(y) - third],
+                                                            y[-third:]))
             early, late = l2 - l1, l3 - l2
-            # 3 sigma of (l3 - l2) - (l2 - l1) for medians of n/3 floors each
+            # about 3 sigma of (l3 - l2) - (l2 - l1) for levels of n/3 floors each
             noise = 3 * 1.25 * job.sigma * math.sqrt(18.0 / len(y))
-            change = self.s.shape_change_fraction
-            accelerating = late - early > max(noise, change * abs(late))
-            if not accelerating or last_try:
+            accelerating = late - early > max(noise, self.s.shape_change_fraction * abs(late))
+            if not accelerating or shorter < self.s.min_window_seconds:
                 slowing = early - late > max(noise, self.s.slowdown_fraction * early)
                 return start, early > 0 and slowing
             length = shorter
@@ -414,61 +390,61 @@ class ChipDetector:
         if fit is None:
             return Assessment(Verdict.INSUFFICIENT_DATA, "too few floors", **base)
         window = now - float(data[0, 0])
-        jumps = [j for j in job.jumps if j[0] >= data[0, 0]]
-        step_fit = self._step_fit(data, y)
+        in_window = [j for j in job.jumps if j.time >= data[0, 0]]
         continuous = fit.z >= self.s.z_threshold and fit.slope_low > 0
-        stair_rate, stair_step_rate = self._staircase(jumps, now, data)
-        if stair_rate and not continuous and not self._significant(data, now):
-            stair_rate = stair_step_rate = 0.0
-        job.growing = fit.z >= 2.0 or stair_rate > 0
-        rate = (fit.slope if continuous else 0.0) + stair_rate
-        step_rate = None
-        if step_fit is not None:
-            step_rate = (step_fit.slope if continuous else 0.0) + stair_step_rate
-        elif stair_step_rate:
-            step_rate = stair_step_rate
+        stair = self._staircase(in_window, now, window)
+        if stair and not continuous and not self._significant(data, now):
+            stair = 0.0
+        job.growing = continuous or stair > 0
+        job.slope = fit.slope if continuous else 0.0
+        steps_per_second = self._step_rate(data)
         common = dict(base, floor_bytes=fit.level, transient_bytes=job.transient,
-                      slope_bytes_per_second=fit.slope + stair_rate,
-                      slope_bytes_per_second_low=fit.slope_low + stair_rate,
-                      slope_bytes_per_second_high=fit.slope_high + stair_rate,
-                      window_start=float(data[0, 0]), window_seconds=window,
-                      points=fit.n, z=fit.z, jumps=len(jumps))
-        if step_fit is not None:
-            common.update(slope_bytes_per_step=step_fit.slope + stair_step_rate,
-                          slope_bytes_per_step_low=step_fit.slope_low + stair_step_rate,
-                          slope_bytes_per_step_high=step_fit.slope_high + stair_step_rate)
+                      window_start=float(data[0, 0]), window_seconds=window, points=fit.n,
+                      z=fit.z, jumps=len(in_window),
+                      **self._slopes(fit.slope + stair, fit.slope_low + stair,
+                                     fit.slope_high + stair, steps_per_second))
+        rate = (fit.slope if continuous else 0.0) + stair
         if rate > 0 and continuous and not decelerating:
-            recent = self._recent_rate(data, y, now) + stair_rate
-            if recent < rate:  # forecast from the slower of the window and its recent half
-                step_rate = step_rate * recent / rate if step_rate else step_rate
-                rate = recent
-        if rate > 0 and not decelerating:
-            return self._forecast(common, rate, step_rate, fit.level, job, window, b)
+            rate = min(rate, self._recent_rate(data, y, now) + stair)
+        if rate > 0 and (not decelerating or job.leaking):
+            return self._forecast(common, rate, steps_per_second, fit.level, job, window, b)
+        job.leaking = False
         return self._no_leak(job, common, decelerating)
 
-    def _step_fit(self, data: np.ndarray, y: np.ndarray) -> TrendFit | None:
-        steps = data[1]
-        ok = ~np.isnan(steps)
-        if ok.sum() < 9 or np.ptp(steps[ok]) <= 0:
+    @staticmethod
+    def _step_rate(data: np.ndarray) -> float | None:
+        """Training steps per second over the window; None without step numbers."""
+        ok = ~np.isnan(data[1])
+        if ok.sum() < 2:
             return None
-        return sen_mann_kendall(steps[ok], y[ok], float(steps[ok][-1]))
+        steps, times = data[1][ok], data[0][ok]
+        elapsed = float(times[-1] - times[0])
+        rate = float(steps[-1] - steps[0]) / elapsed if elapsed > 0 else 0.0
+        return rate if rate > 0 else None
 
-    def _staircase(self, jumps, now: float, data: np.ndarray) -> tuple[float, float]:
-        """Growth per second and per step from a staircase: upward jumps, evenly spaced
-        (a retained buffer every N steps), still going on; (0, 0) for anything else."""
-        ups = [j for j in jumps if j[2] > 0]
+    @staticmethod
+    def _slopes(per_s: float, low: float, high: float, steps_per_second: float | None) -> dict:
+        """Slopes per second and, where steps are known, per step (same fit, rescaled)."""
+        out = dict(slope_bytes_per_second=per_s, slope_bytes_per_second_low=low,
+                   slope_bytes_per_second_high=high)
+        if steps_per_second:
+            out.update(slope_bytes_per_step=per_s / steps_per_second,
+                       slope_bytes_per_step_low=low / steps_per_second,
+                       slope_bytes_per_step_high=high / steps_per_second)
+        return out
+
+    def _staircase(self, jumps: list[Jump], now: float, window: float) -> float:
+        """Growth per second from a staircase: upward jumps, evenly spaced (a retained
+        buffer every N steps), still going on; 0 for anything else."""
+        ups = [j for j in jumps if j.size > 0]
         if len(ups) < self.s.staircase_min_jumps or len(ups) < 0.8 * len(jumps):
-            return 0.0, 0.0
-        gaps = np.diff([j[0] for j in ups])
+            return 0.0
+        gaps = np.diff([j.time for j in ups])
         spacing = float(np.median(gaps))
         if spacing <= 0 or float(np.std(gaps)) > 0.5 * float(np.mean(gaps)) \
-                or now - ups[-1][0] > 2.5 * spacing:
-            return 0.0, 0.0
-        span = now - float(data[0, 0])
-        total_up = sum(j[2] for j in ups)
-        steps = data[1][~np.isnan(data[1])]
-        step_span = float(np.ptp(steps)) if len(steps) > 1 else 0.0
-        return total_up / span, (total_up / step_span if step_span > 0 else 0.0)
+                or now - ups[-1].time > 2.5 * spacing:
+            return 0.0
+        return sum(j.size for j in ups) / window
 
     def _significant(self, data: np.ndarray, now: float) -> bool:
         """Growth of the raw floors (jumps left in) is significant: a staircase must be."""
@@ -484,32 +460,36 @@ class ChipDetector:
             return 0.0
         return fit.slope
 
-    def _forecast(self, common: dict, rate: float, step_rate: float | None, level: float,
-                  job: _Job, window: float, b: _Bucket) -> Assessment:
-        total = self.total or 0.0
-        headroom = total - job.transient - level
-        tto = max(headroom, 0.0) / rate
-        oom_time = b.start + tto
+    def _forecast(self, common: dict, rate: float, steps_per_second: float | None,
+                  level: float, job: _Job, window: float, b: _Bucket) -> Assessment:
+        """When floor plus the largest transient seen reaches capacity, at this rate."""
+        headroom = max((self.total or 0.0) - job.transient - level, 0.0)
+        tto = headroom / rate
         oom_step = None
-        if step_rate and step_rate > 0 and not math.isnan(b.last_step):
-            oom_step = b.last_step + max(headroom, 0.0) / step_rate
-        common = dict(common, predicted_oom_time=oom_time, predicted_oom_step=oom_step)
-        if self._pending_jump(job):
+        if steps_per_second and not math.isnan(b.last_step):
+            oom_step = b.last_step + tto * steps_per_second
+        common = dict(common, predicted_oom_time=b.start + tto, predicted_oom_step=oom_step)
+        per = (f"{rate / steps_per_second / 1e3:.1f} KB/step" if steps_per_second
+               else f"{rate * 3.6e3 / 1e6:.1f} MB/h")
+        leak = Assessment(Verdict.LEAK, f"floor grows {per}; OOM in {tto / 3600:.1f} h", **common)
+        if job.leaking:  # hysteresis: a leak stays one while growth stays significant
+            return leak
+        recent = job.history.recent(2 * self._confirm)
+        if level_shifts.pending(self._detrended(job, recent), self._confirm, self._envelope,
+                                self._jump_threshold(job)):
             return Assessment(Verdict.OK, "a level shift is being confirmed", **common)
         if tto <= self.s.horizon_seconds and tto <= self.s.max_extrapolation * window:
-            per = f"{step_rate / 1e3:.1f} KB/step" if step_rate else f"{rate * 3.6e3 / 1e6:.1f} MB/h"
-            return Assessment(Verdict.LEAK, f"floor grows {per}; OOM in {tto / 3600:.1f} h",
-                              **common)
+            job.leaking = True
+            return leak
         return Assessment(Verdict.OK, f"slow growth: OOM would take {tto / 3600:.0f} h",
                           **common)
 
     def _no_leak(self, job: _Job, common: dict, decelerating: bool) -> Assessment:
-        total = self.total or 0.0
-        big = [j for j in job.jumps if j[2] >= self.s.step_change_min_fraction * total]
+        big = [j for j in job.jumps if j.size >= self.s.step_change_min_fraction * (self.total or 0)]
         if big:
-            size = sum(j[2] for j in big)
+            size = sum(j.size for j in big)
             return Assessment(Verdict.STEP_CHANGE,
-                              f"{len(big)} permanent jump(s), {size / 1e9:.2f} GB in all; flat otherwise",
-                              **common)
+                              f"{len(big)} permanent jump(s), {size / 1e9:.2f} GB in all; "
+                              "flat otherwise", **common)
         why = "growth is slowing down (saturating)" if decelerating else "no significant growth"
         return Assessment(Verdict.OK, why, **common)

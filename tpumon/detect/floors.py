@@ -59,7 +59,11 @@ class _Ring:
             keep = self._data[:, self._end - self.capacity + 1:self._end].copy()
             self._data[:, :keep.shape[1]] = keep
             self._start, self._end = 0, keep.shape[1]
-        self._data[:, self._end] = (time, step, floor, peak)
+        data, end = self._data, self._end
+        data[0, end] = time
+        data[1, end] = step
+        data[2, end] = floor
+        data[3, end] = peak
         self._end += 1
         if self._end - self._start > self.capacity:
             self._start = self._end - self.capacity

@@ -14,7 +14,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from tpumon.detect.detector import Assessment, ChipDetector, DetectorSettings
-from tpumon.trace import TraceRow
+from tpumon.trace import TraceRow, read_trace_columns
 
 
 def _opt(value: float | None, digits: int | None = None) -> float | int | None:
@@ -91,6 +91,17 @@ def replay_series(host: str, chip: str, times: np.ndarray, steps: np.ndarray,
     detector = ChipDetector(settings)
     detector.update(times, steps, used, totals)
     return SeriesResult(host, chip, len(times), detector.assessment, detector.alert)
+
+
+def analyze_file(path: str, settings: DetectorSettings | None = None) -> list[SeriesResult]:
+    """Read a trace (CSV or JSON Lines) into per-series arrays and replay each series.
+
+    Raises TraceFormatError (with the line number) before any result exists, so a caller
+    prints all or nothing.
+    """
+    columns = read_trace_columns(path)
+    return [replay_series(host, chip, c.times, c.steps, c.used, c.total, settings)
+            for (host, chip), c in columns.items()]
 
 
 def analyze_rows(rows: Iterable[TraceRow],
