@@ -1,0 +1,299 @@
+"""The leak detector: one test per nuisance of real runs, one per verdict, properties."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tpumon.detect import ChipDetector, DetectorSettings, Verdict
+from tpumon.detect.replay import analyze_file, replay_series
+from tpumon.sim.tracegen import generate_trace
+from tpumon.sim.workload import V4_HBM_TOTAL_BYTES, Workload
+from tpumon.trace import write_trace
+
+T0 = 1750000000.0
+GB = 1e9
+
+
+def scenario_series(scenario: str, hours: float, poll: float = 10.0, seed: int = 7,
+                    chip: str = "0", chips: int = 1, drop: float = 0.0, steps: bool = True,
+                    **overrides):
+    """One chip's arrays from the simulator, and the workload (ground truth)."""
+    workload = Workload(scenario, chips=chips, seed=seed, start_time=T0, **overrides)
+    rows = [r for r in generate_trace(scenario, duration_s=hours * 3600, poll_interval_s=poll,
+                                      chips=chips, seed=seed, drop_probability=drop, **overrides)
+            if r.chip == chip]
+    t = np.array([r.time for r in rows])
+    s = np.array([math.nan if (r.step is None or not steps) else r.step for r in rows], float)
+    u = np.array([r.hbm_used_bytes for r in rows], float)
+    total = np.full(len(rows), float(V4_HBM_TOTAL_BYTES))
+    return (t, s, u, total), workload
+
+
+def run(arrays, detector_settings=None) -> ChipDetector:
+    detector = ChipDetector(detector_settings)
+    detector.update(*arrays)
+    return detector
+
+
+def no_alert(detector: ChipDetector) -> bool:
+    return detector.alert is None and detector.assessment.verdict is not Verdict.LEAK
+
+
+# ---------------------------------------------------------------- real runs, not flagged
+
+def test_healthy_run_with_sawtooth_eval_checkpoints_and_noise_is_ok():
+    arrays, _ = scenario_series("healthy", 24)
+    d = run(arrays)
+    assert no_alert(d)
+    assert d.assessment.verdict in (Verdict.OK, Verdict.STEP_CHANGE)
+    # the floor is fitted, not the samples: it sits near the sawtooth's lower envelope
+    assert d.assessment.floor_bytes < np.percentile(arrays[2][-3000:], 20)
+
+
+def test_warm_up_is_not_trend():
+    arrays, _ = scenario_series("linear-leak", 0.15, leak_bytes_per_step=400_000)
+    d = run(arrays)
+    assert d.assessment.verdict is Verdict.WARMING_UP and d.alert is None
+
+
+def test_saturating_cache_is_not_a_leak():
+    for seed in (1, 2, 3):
+        arrays, _ = scenario_series("saturating-cache", 24, seed=seed)
+        d = run(arrays)
+        assert no_alert(d), seed
+
+
+def test_dropped_samples_and_a_poll_gap_are_not_restarts():
+    (t, s, u, total), _ = scenario_series("healthy", 12, drop=0.1)
+    gap = (t > T0 + 5 * 3600) & (t < T0 + 5 * 3600 + 600)  # agent down for 10 minutes
+    d = run((t[~gap], s[~gap], u[~gap], total[~gap]))
+    assert d.restarts == 0 and no_alert(d)
+
+
+def test_job_restart_is_a_new_job_not_a_leak_or_a_cure():
+    arrays, workload = scenario_series("job-restart", 20, seed=0)
+    assert len(workload.jobs) == 2
+    d = run(arrays)
+    assert d.restarts == 1 and no_alert(d)
+    assert d.assessment.job_start >= workload.jobs[1].start_time - 600
+
+
+def test_leak_after_a_restart_is_found_in_the_new_job():
+    arrays, workload = scenario_series("job-restart", 30, seed=0, leak_bytes_per_step=150_000)
+    second = workload.jobs[1]
+    d = run(arrays)
+    assert d.restarts >= 1 and d.alert is not None
+    assert d.alert["time"] > second.start_time  # found again after the restart
+
+
+def test_step_change_is_reported_not_paged():
+    for seed in (1, 4):
+        arrays, _ = scenario_series("step-change", 20, seed=seed)
+        d = run(arrays)
+        assert no_alert(d), seed
+        assert d.assessment.verdict is Verdict.STEP_CHANGE, (seed, d.assessment.reason)
+
+
+# ---------------------------------------------------------------- leaks
+
+def test_linear_leak_alerts_early_with_an_accurate_forecast():
+    arrays, workload = scenario_series("linear-leak", 30, poll=5, seed=11)
+    d = run(arrays)
+    oom = workload.oom_time
+    assert d.alert is not None and d.assessment.verdict is Verdict.LEAK
+    lead = (oom - d.alert["time"]) / (oom - T0)
+    assert lead > 0.6
+    error = abs(d.alert["predicted_oom_time"] - oom) / (oom - d.alert["time"])
+    assert error < 0.25
+    true_rate = workload.leak_bytes_per_step_by_chip[0]
+    a = d.assessment
+    assert a.slope_bytes_per_step_low <= a.slope_bytes_per_step * 1.0001
+    assert abs(a.slope_bytes_per_step - true_rate) / true_rate < 0.15
+    assert a.predicted_oom_step is not None and a.slope_bytes_per_hour > 0
+
+
+def test_staircase_leak_is_a_leak():
+    arrays, workload = scenario_series("staircase-leak", 30, seed=5)
+    d = run(arrays)
+    assert d.alert is not None and d.alert["time"] < workload.oom_time
+
+
+def test_leak_starting_mid_run_is_found_with_its_own_rate():
+    arrays, workload = scenario_series("linear-leak", 40, seed=3, leak_bytes_per_step=120_000,
+                                       leak_chip_spread=0.0, leak_onset_step=20_000)
+    d = run(arrays)
+    assert d.alert is not None and d.alert["time"] < workload.oom_time
+    assert abs(d.assessment.slope_bytes_per_step - 120_000) / 120_000 < 0.15
+
+
+def test_only_the_leaking_chip_alerts():
+    results = []
+    for chip in "0123":
+        arrays, _ = scenario_series("chip0-leak", 24, seed=2, chip=chip, chips=4)
+        results.append(run(arrays).alert is not None)
+    assert results == [True, False, False, False]
+
+
+def test_traces_without_steps_trend_per_hour():
+    arrays, workload = scenario_series("linear-leak", 30, seed=11, steps=False)
+    d = run(arrays)
+    assert d.alert is not None and d.alert["step"] is None
+    a = d.assessment
+    assert a.slope_bytes_per_step is None and a.predicted_oom_step is None
+    assert a.slope_bytes_per_hour > 0 and a.predicted_oom_time is not None
+
+
+# ---------------------------------------------------------------- verdicts and evidence
+
+def test_insufficient_data_before_the_minimum_window():
+    arrays, _ = scenario_series("healthy", 0.5)
+    d = run(arrays)
+    assert d.assessment.verdict is Verdict.INSUFFICIENT_DATA
+    assert run(tuple(a[:5] for a in arrays)).assessment.verdict is Verdict.INSUFFICIENT_DATA
+
+
+def test_evidence_is_reported():
+    arrays, _ = scenario_series("linear-leak", 12, seed=11)
+    a = run(arrays).assessment
+    assert a.window_seconds >= DetectorSettings().min_window_seconds
+    assert 9 <= a.points <= DetectorSettings().fit_points
+    assert a.z >= DetectorSettings().z_threshold
+    assert a.slope_bytes_per_second_low <= a.slope_bytes_per_second <= a.slope_bytes_per_second_high
+
+
+# ---------------------------------------------------------------- streaming properties
+
+@pytest.mark.parametrize("scenario", ["saturating-cache", "step-change", "linear-leak"])
+def test_same_result_however_the_samples_arrive(scenario):
+    """The agent feeds one poll at a time, analyze a whole series: they must agree."""
+    arrays, _ = scenario_series(scenario, 10, poll=20, seed=3, drop=0.02)
+    whole = run(arrays)
+    one_by_one = ChipDetector()
+    for i in range(len(arrays[0])):
+        one_by_one.update(*(a[i:i + 1] for a in arrays))
+    chunks = ChipDetector()
+    for i in range(0, len(arrays[0]), 777):
+        chunks.update(*(a[i:i + 777] for a in arrays))
+    assert whole.assessment == one_by_one.assessment == chunks.assessment
+    assert whole.alert == one_by_one.alert == chunks.alert
+
+
+def test_memory_stays_bounded_over_a_million_polls():
+    d = ChipDetector()
+    rng = np.random.default_rng(0)
+    n, chunk = 1_000_000, 100_000
+    for start in range(0, n, chunk):
+        t = T0 + np.arange(start, start + chunk, dtype=float)
+        used = 20 * GB + rng.uniform(0, 3 * GB, chunk) * (rng.random(chunk) > 0.2)
+        d.update(t, np.full(chunk, math.nan), used, np.full(chunk, float(V4_HBM_TOTAL_BYTES)))
+    history = d._job.history
+    assert len(history.fine) + len(history.coarse) <= 4096
+    assert len(d._job.jumps) <= 1024
+    assert d.assessment.verdict is Verdict.OK
+
+
+def _synthetic(hours: float, poll: float, base: float, rate_per_s: float, peak: float,
+               idle: float, noise: float, drop: float, seed: int):
+    """A training-like series: floor + sawtooth sampled at random phases + noise."""
+    rng = np.random.default_rng(seed)
+    t = T0 + np.arange(0, hours * 3600, poll) + rng.uniform(0, poll * 0.1, int(hours * 3600 / poll) + 1)[:len(np.arange(0, hours * 3600, poll))]
+    keep = rng.random(len(t)) >= drop
+    t = t[keep]
+    phase = rng.random(len(t))
+    transient = np.where(phase < idle, 0.0, peak * (phase - idle) / (1 - idle))
+    used = base + rate_per_s * (t - T0) + transient + rng.normal(0, noise, len(t))
+    used = np.clip(used, 0, V4_HBM_TOTAL_BYTES)
+    return t, np.full(len(t), math.nan), used, np.full(len(t), float(V4_HBM_TOTAL_BYTES))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(poll=st.sampled_from([1.0, 5.0, 15.0, 30.0]), base=st.floats(5 * GB, 22 * GB),
+       peak=st.floats(0.0, 6 * GB), idle=st.floats(0.0, 0.3), noise=st.floats(0.0, 50e6),
+       drop=st.floats(0.0, 0.3), seed=st.integers(0, 2**16))
+def test_flat_series_with_any_noise_never_alerts(poll, base, peak, idle, noise, drop, seed):
+    hours = 8.0 if poll < 5 else 16.0
+    d = run(_synthetic(hours, poll, base, 0.0, peak, idle, noise, drop, seed))
+    assert no_alert(d), d.assessment.reason
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(hours_to_oom=st.floats(3.0, 40.0), poll=st.sampled_from([5.0, 15.0, 30.0]),
+       peak=st.floats(0.5 * GB, 5 * GB), idle=st.floats(0.05, 0.3),
+       noise=st.floats(0.0, 20e6), seed=st.integers(0, 2**16))
+def test_steady_leak_always_alerts_before_the_oom(hours_to_oom, poll, peak, idle, noise, seed):
+    """Any steady leak that would OOM within the horizon is caught before it does."""
+    base = 18 * GB
+    rate = (V4_HBM_TOTAL_BYTES - peak - base) / (hours_to_oom * 3600)
+    d = run(_synthetic(hours_to_oom, poll, base, rate, peak, idle, noise, 0.0, seed))
+    assert d.alert is not None, d.assessment.reason
+    assert d.alert["time"] < T0 + hours_to_oom * 3600
+
+
+# ---------------------------------------------------------------- robust statistics
+
+def test_sen_slope_and_interval_match_scipy():
+    scipy_stats = pytest.importorskip("scipy.stats")
+    from tpumon.detect.robust import sen_mann_kendall
+    rng = np.random.default_rng(4)
+    for n in (5, 17, 64):
+        x = np.sort(rng.uniform(0, 1000, n))
+        y = 0.3 * x + rng.standard_t(2, n) * 10
+        fit = sen_mann_kendall(x, y, x[-1])
+        ref = scipy_stats.theilslopes(y, x, 0.95)
+        assert (fit.slope, fit.slope_low, fit.slope_high) == pytest.approx(
+            (ref.slope, ref.low_slope, ref.high_slope))
+        s = sum(np.sign(y[j] - y[i]) for i in range(n) for j in range(i + 1, n))
+        var = n * (n - 1) * (2 * n + 5) / 18
+        assert fit.z == pytest.approx((s - np.sign(s)) / math.sqrt(var))
+
+
+# ---------------------------------------------------------------- tpumon analyze
+
+def test_analyze_json_matches_the_contract(tmp_path):
+    path = tmp_path / "pod.csv"
+    rows = list(generate_trace("chip0-leak", duration_s=14 * 3600, poll_interval_s=15, seed=2,
+                               host="t1v-n-1-w-3"))
+    write_trace(rows, path)
+    out = subprocess.run([sys.executable, "-m", "tpumon", "analyze", str(path), "--format", "json"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    series = {s["chip"]: s for s in doc["series"]}
+    assert set(series) == {"0", "1", "2", "3"}
+    for s in series.values():
+        assert s["host"] == "t1v-n-1-w-3"
+        assert s["verdict"] in ("ok", "warming_up", "leak", "step_change", "insufficient_data")
+        assert not (s["verdict"] == "leak" and s["alert"] is None)
+        for key in ("alert", "slope_bytes_per_step", "slope_bytes_per_hour", "predicted_oom"):
+            assert key in s
+    leak = series["0"]
+    assert leak["verdict"] == "leak" and isinstance(leak["alert"]["step"], int)
+    assert leak["predicted_oom"]["time"] > leak["alert"]["time"]
+    assert series["1"]["alert"] is None
+    # the same as the library replay, and as the agent's code path
+    assert [r.to_json() for r in analyze_file(str(path))] == doc["series"]
+
+
+def test_analyze_malformed_input_is_one_line_and_nothing_on_stdout(tmp_path):
+    path = tmp_path / "bad.csv"
+    path.write_text("time,host,chip,step,hbm_used_bytes,hbm_total_bytes\n"
+                    "1,h,0,1,5,10\n2,h,0,2,5,10\n3,h,0,3,lots,10\n")
+    out = subprocess.run([sys.executable, "-m", "tpumon", "analyze", str(path), "--format", "json"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0 and out.stdout == ""
+    assert out.stderr.strip().count("\n") == 0
+    assert f"{path}:4:" in out.stderr and "hbm_used_bytes" in out.stderr
+
+
+def test_replay_series_runs_the_detector_with_agent_defaults():
+    arrays, _ = scenario_series("linear-leak", 12, seed=11)
+    result = replay_series("h", "0", *arrays)
+    assert result.assessment == run(arrays).assessment
