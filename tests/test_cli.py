@@ -95,24 +95,26 @@ def test_config_check_and_show(tmp_path):
 
 def test_status_against_a_runtime(runtime_servers):
     server = runtime_servers(chips_metrics({0: 3 * 2**30, 1: 4 * 2**30}, duty=75.0))
-    result = run("status", "--runtime-ports", str(server.port), "--format", "json")
+    result = run("status", "--direct", "--runtime-ports", str(server.port), "--format", "json")
     assert result.returncode == 0, result.stderr
     doc = json.loads(result.stdout)
     chips = {c["chip"]: c for c in doc["chips"]}
     assert chips["0"]["hbm_used_bytes"] == 3 * 2**30 and chips["1"]["duty_cycle"] == 0.75
     assert doc["sources"]["tpu_runtime"]["up"] is True
-    table = run("status", "--runtime-ports", str(server.port))
+    assert doc["source"] == "runtime" and chips["0"]["verdict"] == "insufficient_data"
+    table = run("status", "--direct", "--runtime-ports", str(server.port))
     assert table.returncode == 0 and "4.00 GiB" in table.stdout and "75.0 %" in table.stdout
 
 
 def test_status_without_a_runtime_reports_it():
     port = free_port()
-    result = run("status", "--runtime-ports", str(port), "--format", "json")
+    result = run("status", "--agent", f"http://127.0.0.1:{free_port()}", "--runtime-ports",
+                 str(port), "--format", "json")
     assert result.returncode == 0
     doc = json.loads(result.stdout)
     assert doc["sources"]["tpu_runtime"] == {
         "up": False, "error": f"no runtime answering on localhost:{port}"}
-    table = run("status", "--runtime-ports", str(port))
+    table = run("status", "--direct", "--runtime-ports", str(port))
     assert "no runtime answering" in table.stdout
 
 
@@ -145,6 +147,13 @@ def test_agent_simulate_end_to_end(tmp_path):
                         r'[^}]*\} (\S+)', text)
         assert rss and float(rss.group(1)) > 10 * 2**20
         assert re.search(r'tpumon_source_up\{[^}]*source="tpu_runtime"[^}]*\} 1\.0', text)
+        verdicts = re.findall(r'tpumon_leak_verdict\{[^}]*chip="0"[^}]*verdict="(\w+)"[^}]*\} (\S+)', text)
+        assert len(verdicts) == 5 and [v for v, value in verdicts if value == "1.0"] in (
+            ["insufficient_data"], ["warming_up"])
+        status = run("status", "--agent", url.rsplit("/metrics", 1)[0], "--format", "json")
+        doc = json.loads(status.stdout)
+        assert doc["source"] == "agent" and len(doc["chips"]) == 4
+        assert doc["chips"][0]["verdict"] in ("warming_up", "insufficient_data", "ok", "leak")
         lint = subprocess.run([require_tool("promtool"), "check", "metrics"], input=text,
                               text=True, capture_output=True, timeout=30)
         assert lint.returncode == 0 and not (lint.stdout + lint.stderr), lint.stdout + lint.stderr

@@ -93,3 +93,36 @@ def test_job_restart_closes_and_reopens_the_port(simulator):
     clock.t = second.start_time + 600  # the next job is up
     reading = wait_for(lambda: None if down() else source.poll(), timeout=10)
     assert len(reading.chips) == 4
+
+
+def test_agent_poll_loop_detects_a_leak_end_to_end(simulator):
+    """Simulated runtime over gRPC -> runtime source -> agent -> detector -> /metrics."""
+    from prometheus_client import generate_latest
+
+    from tpumon.agent import Agent, OwnerScanner
+    from tpumon.exporters.prometheus import build_registry
+    from tpumon.identity import Identity
+    from tpumon.state import AgentState
+
+    start = 1750000000.0
+    workload = Workload("linear-leak", chips=2, seed=5, start_time=start,
+                        leak_bytes_per_step=400_000, leak_chip_spread=0.0)
+    clock = ManualClock(start)
+    sim = simulator(workload, clock, chips=2)
+    inventory = inventory_for("v4", 2)
+    state = AgentState(Identity(host="t1v-n-9-w-0"), inventory, history_points=64)
+    registry = build_registry(lambda: state.snapshot)
+    source = TpuRuntimeSource("127.0.0.1", sim.ports, 1.0, inventory, clock=clock.now)
+    agent = Agent(state, source, OwnerScanner(dict, 60), 30.0, registry)
+    verdicts = set()
+    while clock.t < start + 4 * 3600:  # the job OOMs at about 4.2 h
+        snapshot = agent.poll_once()
+        verdicts.add(snapshot.assessments["0"].verdict.value)
+        clock.t += 30.0
+    source.close()
+    assert {"warming_up", "insufficient_data", "leak"} <= verdicts
+    text = generate_latest(registry).decode()
+    assert 'tpumon_leak_verdict{accelerator_type="",chip="0",host="t1v-n-9-w-0",slice="",verdict="leak",worker=""} 1.0' in text
+    predicted = state.snapshot.assessments["0"].predicted_oom_time
+    assert clock.t < predicted < workload.oom_time + 3600
+    assert len(state.history("0")) == 64  # bounded in-memory history

@@ -9,13 +9,16 @@ use the wall clock because that is what people and Prometheus read.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from typing import Callable, Mapping
 
 from prometheus_client import CollectorRegistry, Histogram
 
+from tpumon.detect import Assessment, ChipDetector, DetectorSettings
 from tpumon.identity import LABELS
+from tpumon.samples import RuntimeReading
 from tpumon.sources.health import SourceTracker
 from tpumon.sources.host import HostSource
 from tpumon.sources.tpu_runtime import TpuRuntimeSource
@@ -47,8 +50,11 @@ class Agent:
     """Polls the runtime and the host each interval and publishes a snapshot."""
 
     def __init__(self, state: AgentState, runtime: TpuRuntimeSource, owners: OwnerScanner,
-                 interval: float, registry: CollectorRegistry) -> None:
+                 interval: float, registry: CollectorRegistry,
+                 detector_settings: DetectorSettings | None = None) -> None:
         self.state = state
+        self._detector_settings = detector_settings
+        self._detectors: dict[str, ChipDetector] = {}
         self.interval = interval
         self._runtime_source = runtime
         self._owners = owners
@@ -72,11 +78,29 @@ class Agent:
             runtime=runtime, host=host, owners=self._owners(),
             health=(self._runtime.health, self._host.health),
             runtime_ports_up=dict(self._runtime_source.ports_up),
+            assessments=self._detect(runtime),
             runtime_malformed_total=self._runtime_source.malformed_total,
             polls_total=self._polls)
         self.state.publish(snapshot)
         self._poll_seconds.observe(time.monotonic() - started)
         return snapshot
+
+    def _detect(self, reading: RuntimeReading | None) -> dict[str, Assessment]:
+        """Feed each chip's sample to its detector (the same code ``tpumon analyze`` runs).
+
+        A chip that does not answer gets no sample: to its detector that is a poll gap,
+        and a gap followed by memory back at baseline is a job restart.
+        """
+        if reading is not None:
+            for name, chip in reading.chips.items():
+                if chip.hbm_total_bytes is None:
+                    continue
+                detector = self._detectors.get(name)
+                if detector is None:
+                    detector = self._detectors[name] = ChipDetector(self._detector_settings)
+                detector.update((reading.time,), (math.nan,), (chip.hbm_used_bytes,),
+                                (chip.hbm_total_bytes,))
+        return {name: d.assessment for name, d in self._detectors.items()}
 
     def run(self, stop: threading.Event) -> None:
         """Poll on a fixed monotonic cadence until ``stop`` is set; overruns skip ticks."""

@@ -12,6 +12,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from tpumon.detect import Assessment
 from tpumon.identity import Identity
 from tpumon.samples import HostSample, RuntimeReading, chip_sort_key
 from tpumon.sources.chips import ChipInventory
@@ -40,6 +41,7 @@ class Snapshot:
     owners: Mapping[str, int] = field(default_factory=dict)
     health: tuple[SourceHealth, ...] = ()
     runtime_ports_up: Mapping[int, bool] = field(default_factory=dict)
+    assessments: Mapping[str, Assessment] = field(default_factory=dict)
     runtime_malformed_total: int = 0
     polls_total: int = 0
 

@@ -12,8 +12,28 @@ from tpumon import __version__
 from tpumon.state import Snapshot
 
 
-def status_document(snap: Snapshot) -> dict[str, Any]:
-    """Per-chip HBM, duty cycle and owner, plus source health and identity."""
+def _assessment(snap: Snapshot, chip: str) -> dict[str, Any]:
+    a = snap.assessments.get(chip)
+    if a is None:
+        return {"verdict": None, "reason": None}
+    return {
+        "verdict": a.verdict.value,
+        "reason": a.reason,
+        "floor_bytes": a.floor_bytes,
+        "growth_bytes_per_hour": a.slope_bytes_per_hour,
+        "growth_bytes_per_step": a.slope_bytes_per_step,
+        "predicted_oom_time": a.predicted_oom_time,
+        "predicted_oom_step": a.predicted_oom_step,
+        "evidence_window_seconds": a.window_seconds,
+    }
+
+
+def status_document(snap: Snapshot, source: str = "agent") -> dict[str, Any]:
+    """Per-chip HBM, duty cycle, owner and leak verdict, plus source health and identity.
+
+    ``source`` says where it came from: the running agent (with its history, so with
+    verdicts) or a one-off read of the runtime (no history, so no verdict yet).
+    """
     procs = {p.pid: p for p in (snap.host.processes if snap.host else ())}
     chips = []
     for name in snap.chips():
@@ -31,10 +51,12 @@ def status_document(snap: Snapshot) -> dict[str, Any]:
             "owner_pid": pid,
             "owner_process": proc.name if proc else None,
             "owner_rss_bytes": proc.rss_bytes if proc else None,
+            **_assessment(snap, name),
         })
     host = snap.host
     return {
         "version": __version__,
+        "source": source,
         "time": snap.time,
         "identity": snap.identity.labels(),
         "chip_type": snap.inventory.chip_type,

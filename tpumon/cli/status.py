@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import urllib.request
 from typing import Any
 
 import click
@@ -11,7 +12,7 @@ from rich.table import Table
 
 from tpumon.bootstrap import build
 from tpumon.cli.options import config_option, ports_value, runtime_ports_option
-from tpumon.config import load_config
+from tpumon.config import Config, load_config, parse_listen_address
 from tpumon.logs import setup_logging
 from tpumon.status import status_document
 
@@ -24,22 +25,44 @@ def _pct(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.1f} %"
 
 
+def _eta(chip: dict[str, Any], now: float) -> str:
+    oom = chip.get("predicted_oom_time")
+    if oom is None or chip.get("verdict") != "leak":
+        return "-"
+    hours = max(oom - now, 0) / 3600
+    return f"{hours:.1f} h" if hours < 48 else f"{hours / 24:.0f} d"
+
+
+def _growth(chip: dict[str, Any]) -> str:
+    if chip.get("growth_bytes_per_step") is not None:
+        return f"{chip['growth_bytes_per_step'] / 1e3:,.1f} KB/step"
+    if chip.get("growth_bytes_per_hour") is not None:
+        return f"{chip['growth_bytes_per_hour'] / 1e6:,.0f} MB/h"
+    return "-"
+
+
 def render_table(doc: dict[str, Any], console: Console) -> None:
     ident = doc["identity"]
     title = " ".join(f"{k}={v}" for k, v in ident.items() if v) or "tpumon status"
-    table = Table(title=title, title_justify="left")
-    for column in ("Chip", "HBM used", "HBM total", "Used", "Duty cycle", "Owner", "Owner RSS"):
-        table.add_column(column, justify="left" if column in ("Chip", "Owner") else "right")
+    table = Table(title=f"{title} ({doc['source']})", title_justify="left")
+    for column in ("Chip", "HBM used", "Duty", "Verdict", "Growth", "OOM in", "Owner"):
+        table.add_column(column, justify="right" if column in ("HBM used", "Duty") else "left")
     for chip in doc["chips"]:
-        owner = f"{chip['owner_pid']} {chip['owner_process'] or ''}".strip() \
-            if chip["owner_pid"] is not None else "-"
-        if not chip["up"]:
-            table.add_row(chip["chip"], "[yellow]no data[/]", "-", "-", "-", owner, "-")
-            continue
-        table.add_row(chip["chip"], _gib(chip["hbm_used_bytes"]), _gib(chip["hbm_total_bytes"]),
-                      _pct(chip["hbm_used_ratio"]), _pct(chip["duty_cycle"]), owner,
-                      _gib(chip["owner_rss_bytes"]))
+        owner = "-"
+        if chip["owner_pid"] is not None:
+            rss = f" {_gib(chip['owner_rss_bytes'])}" if chip["owner_rss_bytes"] else ""
+            owner = f"{chip['owner_pid']} {chip['owner_process'] or ''}{rss}".strip()
+        used = "[yellow]no data[/]" if not chip["up"] else \
+            f"{_gib(chip['hbm_used_bytes'])} {_pct(chip['hbm_used_ratio'])}"
+        verdict = chip.get("verdict") or "-"
+        if verdict == "leak":
+            verdict = "[bold red]leak[/]"
+        table.add_row(chip["chip"], used, _pct(chip["duty_cycle"]), verdict, _growth(chip),
+                      _eta(chip, doc["time"]), owner)
     console.print(table)
+    for chip in doc["chips"]:
+        if chip.get("verdict") in ("leak", "step_change"):
+            console.print(f"chip {chip['chip']}: {chip['reason']}", highlight=False)
     for name, source in doc["sources"].items():
         if not source["up"]:
             console.print(f"[yellow]{name}: down: {source['error']}[/]", highlight=False)
@@ -49,23 +72,56 @@ def render_table(doc: dict[str, Any], console: Console) -> None:
                       f"{_gib(host['memory_total_bytes'])}", highlight=False)
 
 
+def agent_url(listen_address: str) -> str:
+    """Where the local agent serves, from its listen address (all interfaces -> loopback)."""
+    host, port = parse_listen_address(listen_address)
+    if host in ("", "0.0.0.0"):
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def from_agent(url: str, timeout: float = 2.0) -> dict[str, Any] | None:
+    """The running agent's status document, or None when no agent answers there."""
+    try:
+        with urllib.request.urlopen(f"{url}/api/status", timeout=timeout) as response:
+            return json.loads(response.read())
+    except (OSError, ValueError):
+        return None
+
+
+def from_runtime(config: Config) -> dict[str, Any]:
+    """One poll of the runtime and the host, as the agent would do it (no history)."""
+    assembly = build(config)
+    try:
+        return status_document(assembly.agent.poll_once(), source="runtime")
+    finally:
+        assembly.close()
+
+
 @click.command("status")
 @config_option
 @runtime_ports_option
+@click.option("--agent", "agent", default=None, metavar="URL",
+              help="The agent to ask [default: this host, at exporter.listen_address].")
+@click.option("--direct", is_flag=True,
+              help="Read the runtime directly, even if an agent runs (no leak verdicts then).")
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table",
               show_default=True, help="Output format.")
-def command(config_path: str | None, runtime_ports: str | None, fmt: str) -> None:
-    """Show each chip's HBM, duty cycle and owning process, read once from the runtime.
+def command(config_path: str | None, runtime_ports: str | None, agent: str | None,
+            direct: bool, fmt: str) -> None:
+    """Show each chip's HBM, duty cycle, owner and leak verdict.
 
-    A runtime that is not running (between jobs) is shown as such, with exit status 0.
+    Asks the local agent (which has the history behind the verdicts); if none answers,
+    reads the runtime once, like tpu-info. A runtime that is not running (between jobs)
+    is shown as such, with exit status 0.
     """
     config = load_config(config_path, {"runtime.ports": ports_value(runtime_ports)})
     setup_logging("warning")
-    assembly = build(config)
-    try:
-        doc = status_document(assembly.agent.poll_once())
-    finally:
-        assembly.close()
+    doc = None if direct else from_agent(agent or agent_url(config["exporter.listen_address"]))
+    if doc is None:
+        doc = from_runtime(config)
     if fmt == "json":
         click.echo(json.dumps(doc, indent=2))
     else:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import html
+import json
 import socket
 import threading
 from typing import Callable, Iterable
@@ -20,6 +21,7 @@ from prometheus_client.exposition import ThreadingWSGIServer
 from tpumon import __version__
 from tpumon.config import parse_listen_address
 from tpumon.state import Snapshot
+from tpumon.status import status_document
 
 
 class ListenError(Exception):
@@ -38,14 +40,17 @@ def landing_page(snap: Snapshot) -> str:
     rows = []
     for chip in snap.chips():
         sample = snap.runtime.chips.get(chip) if snap.runtime else None
+        a = snap.assessments.get(chip)
+        verdict = html.escape(f"{a.verdict.value}: {a.reason}") if a else ""
         if sample is None:
-            rows.append(f"<tr><td>{html.escape(chip)}</td><td colspan=2>no data</td></tr>")
+            rows.append(f"<tr><td>{html.escape(chip)}</td><td colspan=2>no data</td>"
+                        f"<td>{verdict}</td></tr>")
             continue
         total = sample.hbm_total_bytes or 0
         pct = f"{100 * sample.hbm_used_bytes / total:.1f} %" if total else "?"
         rows.append(f"<tr><td>{html.escape(chip)}</td>"
                     f"<td>{sample.hbm_used_bytes / 2**30:.2f} / {total / 2**30:.2f} GiB</td>"
-                    f"<td>{pct}</td></tr>")
+                    f"<td>{pct}</td><td>{verdict}</td></tr>")
     sources = "".join(
         f"<li>{html.escape(h.name)}: {'up' if h.up else 'down: ' + html.escape(h.error or '')}</li>"
         for h in snap.health)
@@ -53,8 +58,9 @@ def landing_page(snap: Snapshot) -> str:
     return (
         "<!DOCTYPE html><html><head><meta charset='utf-8'><title>tpumon</title></head><body>"
         f"<h1>tpumon {html.escape(__version__)}</h1><p>{ident}</p>"
-        "<p><a href='/metrics'>Metrics</a></p>"
-        f"<h2>Chips</h2><table><tr><th>chip</th><th>HBM</th><th>used</th></tr>{''.join(rows)}"
+        "<p><a href='/metrics'>Metrics</a> &middot; <a href='/api/status'>status (JSON)</a></p>"
+        "<h2>Chips</h2><table><tr><th>chip</th><th>HBM</th><th>used</th><th>leak detector</th>"
+        f"</tr>{''.join(rows)}"
         f"</table><h2>Sources</h2><ul>{sources}</ul></body></html>")
 
 
@@ -68,6 +74,10 @@ def _app(registry: CollectorRegistry, get_snapshot: Callable[[], Snapshot]) -> C
         if path == "/":
             body = landing_page(get_snapshot()).encode()
             start_response("200 OK", [("Content-Type", "text/html; charset=utf-8")])
+            return [body]
+        if path == "/api/status":
+            body = json.dumps(status_document(get_snapshot())).encode()
+            start_response("200 OK", [("Content-Type", "application/json")])
             return [body]
         if path == "/-/healthy":
             start_response("200 OK", [("Content-Type", "text/plain")])

@@ -19,6 +19,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from tpumon import __version__
+from tpumon.detect import Verdict
 from tpumon.identity import LABELS
 from tpumon.state import Snapshot
 
@@ -51,6 +52,7 @@ class SnapshotCollector(Collector):
         snap = self._get_snapshot()
         ident = [snap.identity.labels()[k] for k in IDENTITY]
         yield from self._chip_metrics(snap, ident)
+        yield from self._detector_metrics(snap, ident)
         yield from self._host_metrics(snap, ident)
         yield from self._source_metrics(snap, ident)
         info = _gauge("tpumon_build_info", "tpumon build: always 1, versions in labels.",
@@ -87,6 +89,47 @@ class SnapshotCollector(Collector):
                           "Chips (HBM devices) this VM should report; 0 when unknown.", [])
         expected.add_metric(ident, len(snap.inventory.devices))
         yield from (used, total, duty, up, owner, expected)
+
+    def _detector_metrics(self, snap: Snapshot, ident: list[str]) -> Iterator[Metric]:
+        """The leak detector's view of each chip: floor, growth, forecast, verdict."""
+        gauges = {
+            "floor_bytes": _gauge("tpumon_hbm_floor_bytes",
+                                  "HBM floor under the in-step transients (fitted level).", ["chip"]),
+            "transient_bytes": _gauge("tpumon_hbm_transient_bytes",
+                                      "Largest in-step transient above the floor this job.", ["chip"]),
+            "slope_bytes_per_second": _gauge(
+                "tpumon_hbm_growth_bytes_per_second", "Growth of the floor (Sen's slope).", ["chip"]),
+            "slope_bytes_per_second_low": _gauge(
+                "tpumon_hbm_growth_lower_bound_bytes_per_second",
+                "Lower end of the 95% interval of the floor's growth.", ["chip"]),
+            "slope_bytes_per_step": _gauge(
+                "tpumon_hbm_growth_bytes_per_step", "Growth of the floor per training step.", ["chip"]),
+            "predicted_oom_time": _gauge(
+                "tpumon_oom_predicted_timestamp_seconds",
+                "When floor plus the largest transient reaches capacity at the current growth.",
+                ["chip"]),
+            "predicted_oom_step": _gauge("tpumon_oom_predicted_step",
+                                         "Training step at the predicted OOM.", ["chip"]),
+            "window_seconds": _gauge("tpumon_leak_evidence_window_seconds",
+                                     "Length of the window the growth was fitted on.", ["chip"]),
+            "z": _gauge("tpumon_leak_trend_zscore",
+                        "Mann-Kendall statistic of the fitted window (> 0: rising).", ["chip"]),
+        }
+        verdict = _gauge("tpumon_leak_verdict",
+                         "Detector verdict: 1 for the chip's current verdict, 0 for the others.",
+                         ["chip", "verdict"])
+        restarts = _counter("tpumon_job_restarts", "Job restarts the detector has seen.", ["chip"])
+        for chip, a in sorted(snap.assessments.items()):
+            for attr, family in gauges.items():
+                value = getattr(a, attr)
+                if value is not None:
+                    family.add_metric(ident + [chip], value)
+            for v in Verdict:
+                verdict.add_metric(ident + [chip, v.value], 1 if a.verdict is v else 0)
+            restarts.add_metric(ident + [chip], a.restarts)
+        yield from gauges.values()
+        yield verdict
+        yield restarts
 
     def _host_metrics(self, snap: Snapshot, ident: list[str]) -> Iterator[Metric]:
         host = snap.host

@@ -52,10 +52,14 @@ class SampleCache:
         self._taken = -1e9
 
     def current(self) -> WorkloadSample:
+        """The shared sample, renewed once ``hold_seconds`` passed, on the wall clock or
+        (scaled by the acceleration) on the simulated one."""
         with self._lock:
-            now = time.monotonic()
-            if self._sample is None or now - self._taken > self._hold:
-                self._sample = self.workload.sample(self.clock.now())
+            now, sim_now = time.monotonic(), self.clock.now()
+            stale = self._sample is None or now - self._taken > self._hold or \
+                abs(sim_now - self._sample.time) > self._hold * self.clock.acceleration
+            if stale:
+                self._sample = self.workload.sample(sim_now)
                 self._taken = now
             return self._sample
 
