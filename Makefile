@@ -44,6 +44,7 @@ test: system-deps-test $(STAMP)
 
 bench: venv
 	$(BIN)/python bench/run.py
+	$(BIN)/python bench/detect.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info
