@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from tpumon.trace import TraceRow
+from tpumon.trace import TraceRow, read_trace
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -227,8 +227,9 @@ def test_leaks_are_calibrated_to_oom_20k_to_80k_steps_after_the_onset(group):
 # ---------------------------------------------------------------- the harness end to end
 
 
-def stand_in_analyze(rows):
+def stand_in_analyze(path):
     """A trivial detector with tpumon's replay API: alerts halfway through any "leak" host."""
+    rows = read_trace(path) if isinstance(path, str) else path
     by_series = defaultdict(list)
     for r in rows:
         by_series[(r.host, r.chip)].append(r)
