@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import csv
+import dataclasses
 import io
 import itertools
+import json
+import math
 import pickle
+import random
 
+import numpy as np
 import pytest
 
-from tpumon.trace import TraceFormatError, TraceRow, read_trace, write_trace
+from tpumon import trace
+from tpumon.sim.tracegen import generate_trace
+from tpumon.trace import (SeriesColumns, TraceFormatError, TraceRow, read_trace,
+                          read_trace_columns, write_trace)
 
 TOTAL = 34088157184
 HEADER = "time,host,chip,step,hbm_used_bytes,hbm_total_bytes\n"
@@ -229,3 +238,395 @@ def test_unknown_format_is_rejected(tmp_path):
         write_trace(ROWS, tmp_path / "t.parquet", format="parquet")
     with pytest.raises(ValueError, match="unknown trace format"):
         list(read_trace(io.StringIO(HEADER), format="xml"))
+
+
+# ---------------------------------------------------------------- read_trace_columns
+#
+# analyze reads traces with read_trace_columns (per-series numpy arrays); it shares the
+# validating parser with read_trace, and these tests hold the two to the same results and
+# the same errors. The parser's fast paths (str.split for plain CSV lines, inline checks and
+# per-column caches of the last good value) are held to the general checks by an oracle.
+
+
+def as_series(rows):
+    """read_trace rows -> {(host, chip): [(time, step, used, total), ...]}, in order of
+    first appearance."""
+    series = {}
+    for r in rows:
+        series.setdefault((r.host, r.chip), []).append(
+            (r.time, r.step, r.hbm_used_bytes, r.hbm_total_bytes))
+    return series
+
+
+def columns_as_series(columns):
+    """read_trace_columns' arrays -> the same shape as as_series, checking the dtypes."""
+    series = {}
+    for key, c in columns.items():
+        assert isinstance(c, SeriesColumns)
+        assert (c.times.dtype, c.steps.dtype, c.used.dtype, c.total.dtype) == (
+            np.float64, np.float64, np.int64, np.int64)
+        assert len(c.times) == len(c.steps) == len(c.used) == len(c.total) > 0
+        series[key] = [(t, None if math.isnan(s) else int(s), u, tot)
+                       for t, s, u, tot in zip(c.times.tolist(), c.steps.tolist(),
+                                               c.used.tolist(), c.total.tolist())]
+    return series
+
+
+def outcome(read, *args, **kwargs):
+    """What a reader makes of a file: its series, or (line, message) of its error."""
+    try:
+        result = read(*args, **kwargs)
+        return columns_as_series(result) if isinstance(result, dict) else as_series(result)
+    except TraceFormatError as e:
+        return (e.line, e.message)
+
+
+def test_columns_hold_the_rows_of_each_series_in_file_order(read_text, write_file):
+    text = (HEADER + "10,h,0,500,1,9\n5,h,1,,2,9\n\n10,h,1,2,3,9\n11,h,0,100,4,9\n"
+            "11,g,0,7,5,9\n")
+    columns = read_trace_columns(write_file(text))
+    assert list(columns) == [("h", "0"), ("h", "1"), ("g", "0")]
+    h0 = columns[("h", "0")]
+    assert h0.times.tolist() == [10.0, 11.0]
+    assert h0.steps.tolist() == [500.0, 100.0]
+    assert h0.used.tolist() == [1, 4] and h0.total.tolist() == [9, 9]
+    times, steps, used, total = columns[("h", "1")]  # a plain tuple too
+    assert np.isnan(steps[0]) and steps[1] == 2.0
+    assert columns_as_series(columns) == as_series(read_text(text))
+
+
+def test_columns_of_an_empty_trace(write_file):
+    assert read_trace_columns(write_file(HEADER)) == {}
+    assert read_trace_columns(write_file("", "t.jsonl")) == {}
+
+
+def test_columns_from_stdin_and_open_files(monkeypatch):
+    monkeypatch.setattr("sys.stdin", io.StringIO(HEADER + "1,h,0,,10,100\n"))
+    assert columns_as_series(read_trace_columns("-")) == {("h", "0"): [(1.0, None, 10, 100)]}
+    buf = io.StringIO()
+    write_trace(ROWS, buf, format="jsonl")
+    buf.seek(0)
+    assert columns_as_series(read_trace_columns(buf, format="jsonl")) == as_series(ROWS)
+
+
+def interleave(*traces):
+    """Rows of several hosts' traces merged in time order, as a pod-wide recording is."""
+    return sorted(itertools.chain(*traces), key=lambda r: r.time)
+
+
+@pytest.mark.parametrize("fmt", ["csv", "jsonl"])
+@pytest.mark.parametrize("scenario,chips,drop", [
+    ("healthy", 4, 0.0), ("linear-leak", 8, 0.1), ("staircase-leak", 2, 0.0),
+    ("job-restart", 4, 0.0), ("step-change", 1, 0.3)])
+def test_columns_equal_rows_on_simulated_traces(tmp_path, fmt, scenario, chips, drop):
+    rows = interleave(*(generate_trace(scenario, duration_s=3 * 3600, chips=chips, host=f"w-{i}",
+                                       seed=i, drop_probability=drop) for i in range(2)))
+    path = tmp_path / f"t.{fmt}"
+    write_trace(rows, path, format=fmt)
+    assert list(read_trace(path)) == rows
+    assert columns_as_series(read_trace_columns(path)) == as_series(rows)
+
+
+def test_columns_span_several_batches(tmp_path, monkeypatch):
+    monkeypatch.setattr(trace, "_BATCH_ROWS", 7)
+    rows = list(generate_trace("healthy", duration_s=600, chips=3))
+    for fmt in ("csv", "jsonl"):
+        path = tmp_path / f"t.{fmt}"
+        write_trace(rows, path, format=fmt)
+        assert columns_as_series(read_trace_columns(path)) == as_series(rows)
+
+
+ERROR_CASES = ([(text, "trace.csv", line, fragment) for text, line, fragment in CSV_ERRORS]
+               + [(text, "trace.jsonl", line, fragment) for text, line, fragment in JSONL_ERRORS])
+
+
+@pytest.mark.parametrize("text,name,line,fragment", ERROR_CASES)
+def test_columns_raise_the_errors_that_rows_do(text, name, line, fragment, write_file):
+    path = write_file(text, name)
+    with pytest.raises(TraceFormatError) as rows_error:
+        list(read_trace(path))
+    with pytest.raises(TraceFormatError) as columns_error:
+        read_trace_columns(path)
+    assert str(columns_error.value) == str(rows_error.value)
+    assert columns_error.value.line == line and fragment in columns_error.value.message
+
+
+def test_rows_are_real_trace_rows(read_text):
+    row = read_text(HEADER + "1.5,h,0,3,10,100\n")[0]
+    assert type(row) is TraceRow
+    expected = TraceRow(1.5, "h", "0", 3, 10, 100)
+    assert row == expected and hash(row) == hash(expected)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        row.step = 4
+    assert dataclasses.replace(row, step=4).step == 4
+    assert pickle.loads(pickle.dumps(row)) == row
+
+
+# ---------------------------------------------------------------- more of the CSV contract
+
+MORE_CSV_ERRORS = [
+    # Bytes must fit int64 and steps float64 exactly (read_trace_columns stores them so).
+    (HEADER + "1,h,0,,9223372036854775808,100\n", 2,
+     "column 'hbm_used_bytes': 9223372036854775808 is too large (the most is 2**63 - 1)"),
+    (HEADER + "1,h,0,,1,9223372036854775808\n", 2, "column 'hbm_total_bytes': 9223372036854775808"),
+    (HEADER + "1,h,0,9007199254740992,1,100\n", 2,
+     "column 'step': 9007199254740992 is too large (the most is 2**53 - 1)"),
+    # Errors after a quoted field that spans lines count its lines.
+    ("time,host,chip,note,hbm_used_bytes,hbm_total_bytes\n"
+     '1,h,0,"two\nlines",1,100\n2,h,0,"x",y,100\n', 4, "column 'hbm_used_bytes': 'y' is not"),
+    ("time,host,chip,hbm_used_bytes,hbm_total_bytes\n"
+     '1,"h\n",0,1,100\n0,h,0,1,100\n', 4, "earlier than 1.000 on line 3"),
+    # The error names the value as the csv module reads it, without the line break.
+    (HEADER + "1,h,0,,10,12x\r\n", 2, "column 'hbm_total_bytes': '12x' is not an integer"),
+    (HEADER.replace(",step", "") + "1,h,0,10,12x\n", 2, "'12x' is not an integer"),
+    # An overlong field is malformed CSV, reported as such.
+    ("time,host,chip,note,hbm_used_bytes,hbm_total_bytes\n" + "1,h,0," + "n" * 200_000 + ",1,9\n",
+     2, "not valid CSV: field larger than field limit"),
+]
+
+
+@pytest.mark.parametrize("text,line,fragment", MORE_CSV_ERRORS)
+def test_more_csv_errors_name_the_line(text, line, fragment, write_file):
+    path = write_file(text)
+    for read in (lambda: list(read_trace(path)), lambda: read_trace_columns(path)):
+        with pytest.raises(TraceFormatError) as e:
+            read()
+        assert e.value.line == line
+        assert fragment in e.value.message
+
+
+def test_largest_values_are_read_exactly(write_file):
+    big, step = 2**63 - 1, 2**53 - 1
+    path = write_file(HEADER + f"1,h,0,{step},{big},{big}\n")
+    assert list(read_trace(path)) == [TraceRow(1.0, "h", "0", step, big, big)]
+    c = read_trace_columns(path)[("h", "0")]
+    assert (int(c.steps[0]), int(c.used[0]), int(c.total[0])) == (step, big, big)
+
+
+@pytest.mark.parametrize("text,line", [(HEADER + "1,h\r0,0,,10,100\n", 2),
+                                       ("\n" + HEADER.replace(",chip", "\r,chip"), 2)])
+def test_line_breaks_inside_a_line_of_a_stream_are_malformed_csv(text, line):
+    """csv.reader rejects a bare \\r inside a line (a stream that does not split lines on it)."""
+    for read in (lambda: list(read_trace(io.StringIO(text))),
+                 lambda: read_trace_columns(io.StringIO(text))):
+        with pytest.raises(TraceFormatError) as e:
+            read()
+        assert (e.value.line, e.value.path) == (line, "<stream>")
+        assert e.value.message.startswith("not valid CSV: new-line character seen in unquoted")
+
+
+@pytest.mark.parametrize("newline", ["\n", "\r\n", "\r"])
+def test_csv_line_endings(newline, tmp_path):
+    rows = [ROWS[0], ROWS[2], ROWS[3]]
+    buf = io.StringIO()
+    write_trace(rows, buf)
+    path = tmp_path / "t.csv"
+    path.write_bytes(buf.getvalue().replace("\n", newline).encode())
+    assert list(read_trace(path)) == rows
+    assert columns_as_series(read_trace_columns(path)) == as_series(rows)
+
+
+def test_csv_odd_but_valid_values(read_text):
+    text = ("hbm_total_bytes,time,extra,host,chip,step,hbm_used_bytes\n"
+            ' 100 , 5 ,"x, ""y""", h ,0,  ,+7\n'
+            '100,6,,h,0 ,1_0,0\n'
+            '100,7.25,,"h",0,٣,8\n')
+    assert read_text(text) == [TraceRow(5.0, "h", "0", None, 7, 100),
+                               TraceRow(6.0, "h", "0", 10, 0, 100),
+                               TraceRow(7.25, "h", "0", 3, 8, 100)]
+
+
+def test_jsonl_odd_but_valid_values(read_text):
+    text = ('  {"time": 5, "host": " h", "chip": 0, "hbm_used_bytes": 7,'
+            ' "hbm_total_bytes": 100}  \n'
+            '{"time": 6.5, "host": "h", "chip": "0 ", "step": 2, "hbm_used_bytes": 8,'
+            ' "hbm_total_bytes": 100}\r\n')
+    assert read_text(text, "t.jsonl") == [TraceRow(5.0, "h", "0", None, 7, 100),
+                                          TraceRow(6.5, "h", "0", 2, 8, 100)]
+
+
+def test_jsonl_trailing_data_is_an_error(read_text):
+    with pytest.raises(TraceFormatError, match=r":1: not valid JSON: Extra data \(column 80\)"):
+        read_text("{" + GOOD + "} x\n", "t.jsonl")
+
+
+# ---------------------------------------------------------------- fast paths against an oracle
+
+
+def oracle_csv(text):
+    """The CSV rules read plainly: csv.reader, then the general checks for every row."""
+    text = text.removeprefix("\ufeff")  # files are read as utf-8-sig
+    reader = csv.reader(io.StringIO(text, newline=""))
+    series, last = {}, {}
+    try:
+        header = next(r for r in reader if any(f.strip() for f in r))
+        index = {c.strip(): i for i, c in reversed(list(enumerate(header)))}
+        positions = [index.get(c) for c in trace.COLUMNS]
+        for fields in reader:
+            if not fields or (len(fields) == 1 and not fields[0].strip()):
+                continue
+            if len(fields) != len(header):
+                return (reader.line_num,
+                        f"row has {len(fields)} fields but the header has {len(header)}")
+            try:
+                t, host, chip, step, used, total = trace._check_values(
+                    *(None if p is None else fields[p] for p in positions))
+            except trace._FieldError as e:
+                return (reader.line_num, e.args[0])
+            prev = last.get((host, chip))
+            if prev is not None and t < prev[0]:
+                return (reader.line_num,
+                        f"time {t:.3f} is earlier than {prev[0]:.3f} on line {prev[1]} for host "
+                        f"{host!r} chip {chip!r} (times of a series must not go back)")
+            last[(host, chip)] = (t, reader.line_num)
+            series.setdefault((host, chip), []).append((t, step, used, total))
+    except csv.Error as e:
+        return (reader.line_num, f"not valid CSV: {e}")
+    return series
+
+
+def oracle_jsonl(text):
+    """The JSON Lines rules read plainly: json.loads, then the general checks for every line."""
+    series, last = {}, {}
+    text = text.removeprefix("\ufeff")  # files are read as utf-8-sig
+    for line, item in enumerate(io.StringIO(text, newline=""), start=1):
+        if not item.strip():
+            continue
+        try:
+            obj = json.loads(item)
+        except json.JSONDecodeError as e:
+            return (line, f"not valid JSON: {e.msg} (column {e.colno})")
+        if not isinstance(obj, dict):
+            return (line, f"expected a JSON object, got {type(obj).__name__}")
+        missing = [c for c in ("time", "host", "chip", "hbm_used_bytes", "hbm_total_bytes")
+                   if c not in obj]
+        if missing:
+            return (line, f"missing required key {', '.join(repr(c) for c in missing)}")
+        try:
+            t, host, chip, step, used, total = trace._check_values(
+                *(obj.get(c) for c in trace.COLUMNS))
+        except trace._FieldError as e:
+            return (line, e.args[0])
+        prev = last.get((host, chip))
+        if prev is not None and t < prev[0]:
+            return (line, f"time {t:.3f} is earlier than {prev[0]:.3f} on line {prev[1]} for host "
+                          f"{host!r} chip {chip!r} (times of a series must not go back)")
+        last[(host, chip)] = (t, line)
+        series.setdefault((host, chip), []).append((t, step, used, total))
+    return series
+
+
+# Per column: values the fast path takes, odd values that only the general checks take,
+# and bad ones.
+CSV_VALUES = {
+    "host": (["h", "g"], [" h", "h ", '"h"', '"a,b"', '"h\nx"'], ["", " "]),
+    "chip": (["0", "1"], [" 1", "a", '"0"'], ["", " "]),
+    "step": (["", "5", "6"], [" ", " 7", "+8", "٩", "1_0", "9007199254740991", '"5"'],
+             ["-1", "1.5", "x", "9007199254740992"]),
+    "hbm_used_bytes": (["10", "11", "0"], [" 12", "1_000", "9223372036854775807", '"13"'],
+                       ["-1", "1e3", "12.0", "", "x", "9223372036854775808"]),
+    "hbm_total_bytes": (["100", "200"], ["100 ", "١٠٠", "9223372036854775807"],
+                        ["0", "-5", "", "y", "9223372036854775808"]),
+    "extra": (["", "x"], ['"q,""r"""', '"multi\nline"', "  "], []),
+}
+ODD_TIMES = ["{} ", " {}", "{}.0", "{}e0", "{}_0", '"{}"']
+BAD_TIMES = ["nan", "inf", "-inf", "", "abc", "0x10", "-{}"]
+LAYOUTS = [
+    ["time", "host", "chip", "step", "hbm_used_bytes", "hbm_total_bytes"],
+    ["hbm_total_bytes", "extra", "chip", "time", "step", "host", "hbm_used_bytes"],
+    ["time", "host", "chip", "hbm_used_bytes", "hbm_total_bytes"],
+    ["host", "chip", "hbm_used_bytes", "time", "hbm_total_bytes", "step"],
+]
+
+
+def fuzz_value(rng, values, odd, bad):
+    good, odd_values, bad_values = values
+    roll = rng.random()
+    if roll < bad and bad_values:
+        return rng.choice(bad_values)
+    return rng.choice(odd_values if roll < bad + odd else good)
+
+
+def fuzz_csv(rng):
+    layout = rng.choice(LAYOUTS)
+    newline = rng.choice(["\n", "\n", "\r\n"])
+    odd, bad = rng.choice([0.0, 0.05, 0.3]), rng.choice([0.0, 0.002, 0.01, 0.05])
+    lines = [",".join(layout)]
+    t = 1000
+    for _ in range(rng.randrange(1, 40)):
+        if rng.random() < 0.03:
+            lines.append(rng.choice(["", "  ", ","]))
+            continue
+        t += rng.choice([0, 0, 1, 2]) if rng.random() > bad else rng.choice([-1, -10])
+        time = fuzz_value(rng, ([str(t)], ODD_TIMES, BAD_TIMES), odd, bad).format(t)
+        values = [time if c == "time" else fuzz_value(rng, CSV_VALUES[c], odd, bad)
+                  for c in layout]
+        if rng.random() < bad:
+            values.append("7")  # one field too many
+        lines.append(",".join(values))
+    return newline.join(lines) + rng.choice([newline, ""])
+
+
+def test_csv_fast_paths_agree_with_the_general_checks(tmp_path):
+    rng = random.Random(1)
+    path = tmp_path / "t.csv"
+    seen_errors = 0
+    for _ in range(600):
+        text = fuzz_csv(rng)
+        path.write_text(text, newline="")
+        expected = oracle_csv(text)
+        seen_errors += isinstance(expected, tuple)
+        assert outcome(read_trace, path) == expected, text
+        assert outcome(read_trace_columns, path) == expected, text
+        assert outcome(read_trace, io.StringIO(text, newline="")) == expected, text
+        assert outcome(read_trace_columns, io.StringIO(text)) == expected, text
+    assert 150 < seen_errors < 450  # the fuzzing reaches both good files and errors
+
+
+JSON_VALUES = {
+    "host": (['"h"', '"g"'], ['" h"', '"h "'], ['""', '" "', "3", "null", "true", '["h"]']),
+    "chip": (['"0"', "0", "1"], ['" 1"', "-1", '"a"'], ['""', "0.5", "true", "null", "{}"]),
+    "step": (["null", "5", "6"], ["9007199254740991", '"7"', '" 8 "', '""', '" "'],
+             ["-1", "1.5", "true", '"x"', "9007199254740992"]),
+    "hbm_used_bytes": (["10", "11", "0"], ['"13"', '" 14"', "9223372036854775807"],
+                       ["-1", "1e3", "12.0", "true", '"x"', "null", "9223372036854775808"]),
+    "hbm_total_bytes": (["100", "200"], ['"100"', "9223372036854775807"],
+                        ["0", "-5", "100.5", "false", "9223372036854775808"]),
+}
+ODD_JSON_TIMES = ["{}", '"{}"', '" {}"', "{}e0"]
+BAD_JSON_TIMES = ["NaN", "Infinity", "-Infinity", "true", "null", '"x"', "[1]", "1" + "0" * 400]
+
+
+def fuzz_jsonl(rng):
+    odd, bad = rng.choice([0.0, 0.05, 0.3]), rng.choice([0.0, 0.002, 0.01, 0.05])
+    lines = []
+    t = 1000
+    for _ in range(rng.randrange(1, 40)):
+        if rng.random() < 0.03 + bad:
+            lines.append(rng.choice(["", "  ", "[1]", "{", "{} x", "\ufeff{}"]))
+            continue
+        t += rng.choice([0, 0, 1, 2]) if rng.random() > bad else rng.choice([-1, -10])
+        time = fuzz_value(rng, (["{}.0"], ODD_JSON_TIMES, BAD_JSON_TIMES), odd, bad)
+        pairs = [f'"time": {time.format(t)}'] + [
+            f'"{k}": {fuzz_value(rng, v, odd, bad)}' for k, v in JSON_VALUES.items()
+            if not (k == "step" and rng.random() < 0.2)]
+        if rng.random() < bad:
+            pairs.pop(rng.randrange(len(pairs)))
+        rng.shuffle(pairs)
+        lines.append(rng.choice(["", "", " "]) + "{" + ", ".join(pairs) + "}"
+                     + rng.choice(["", "", " ", "\t"]))
+    return "\n".join(lines) + rng.choice(["\n", "", "\r\n"])
+
+
+def test_jsonl_fast_paths_agree_with_the_general_checks(tmp_path):
+    rng = random.Random(2)
+    path = tmp_path / "t.jsonl"
+    seen_errors = 0
+    for _ in range(600):
+        text = fuzz_jsonl(rng)
+        path.write_text(text, newline="")
+        expected = oracle_jsonl(text)
+        seen_errors += isinstance(expected, tuple)
+        assert outcome(read_trace, path) == expected, text
+        assert outcome(read_trace_columns, path) == expected, text
+    assert 150 < seen_errors < 450

@@ -2,9 +2,12 @@
 
 The format is a public contract (docs: shared spec, contracts section 1): CSV
 with a header (column order free, unknown columns ignored) or JSON Lines with
-the same keys. Traces of long runs hold millions of rows, so both the reader
-and the writer stream: nothing here holds more than one row plus the last
-time of each (host, chip) series.
+the same keys. Traces of long runs hold millions of rows, so read_trace and
+the writer stream (nothing held but one row and the last time of each
+(host, chip) series), and read_trace_columns, which ``analyze`` uses, parses
+in one pass straight into numpy arrays per series. Parsing is the cost of
+``analyze``: the CSV reader has a fast path for the common row; see
+bench/trace_read.py.
 
 The reader is strict on purpose. A trace is evidence that a person will act
 on ("chip 3 leaks 40 KB per step"), so a malformed value must stop the
@@ -18,11 +21,18 @@ import json
 import math
 import os
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import IO, Any, Union
+from itertools import chain
+from operator import itemgetter
+from typing import IO, TYPE_CHECKING, Any, NamedTuple, Union
 
-__all__ = ["TraceRow", "TraceFormatError", "read_trace", "write_trace", "COLUMNS"]
+if TYPE_CHECKING:
+    import numpy as np  # imported where used: the agent reads no traces
+
+__all__ = ["TraceRow", "TraceFormatError", "SeriesColumns", "read_trace", "read_trace_columns",
+           "write_trace", "COLUMNS"]
 
 #: Column order used when writing; readers must not depend on it.
 COLUMNS = ("time", "host", "chip", "step", "hbm_used_bytes", "hbm_total_bytes")
@@ -42,6 +52,15 @@ class TraceRow:
     step: int | None
     hbm_used_bytes: int
     hbm_total_bytes: int
+
+
+class _RowBuilder:
+    """A mutable twin of TraceRow that read_trace fills and then turns into a TraceRow by
+    assigning ``__class__`` (allowed between classes with the same slots). That costs a fifth
+    of TraceRow's frozen __init__ (six object.__setattr__ calls), which would cost as much
+    as parsing the row."""
+
+    __slots__ = TraceRow.__slots__
 
 
 class TraceFormatError(ValueError):
@@ -68,6 +87,26 @@ class _FieldError(Exception):
 
 # ---------------------------------------------------------------- reading
 
+#: Byte counts must be below this and steps below _STEP_LIMIT, so that read_trace_columns
+#: holds them exactly: as int64 and as float64. No HBM size or step count comes near either.
+_INT_LIMIT = 2**63
+_STEP_LIMIT = 2**53
+
+#: Rows that read_trace_columns gathers in lists before moving them into arrays.
+_BATCH_ROWS = 1 << 16
+
+#: Python 3.10's csv module rejects NUL characters; 3.11's reads them like any other.
+_CSV_TAKES_NUL = sys.version_info >= (3, 11)
+
+
+class SeriesColumns(NamedTuple):
+    """One (host, chip) series of a trace as arrays, in file order (so in time order)."""
+
+    times: np.ndarray  #: float64, Unix seconds
+    steps: np.ndarray  #: float64, NaN where the row has no step
+    used: np.ndarray   #: int64, hbm_used_bytes
+    total: np.ndarray  #: int64, hbm_total_bytes
+
 
 def read_trace(path: PathOrFile, *, format: str | None = None) -> Iterator[TraceRow]:
     """Yield the rows of a trace file, validating as it goes.
@@ -77,16 +116,82 @@ def read_trace(path: PathOrFile, *, format: str | None = None) -> Iterator[Trace
     ``format`` says. Raises :class:`TraceFormatError` at the first malformed
     row, so rows already yielded are valid and everything after is not read.
     """
+    with _open_trace(path, format) as (stream, name, fmt, lines_are_plain):
+        names: list[tuple[str, str]] = []
+        new, row_class = object.__new__, TraceRow
+        for series, t, step, used, total in _records(stream, name, fmt, lines_are_plain, names):
+            row = new(_RowBuilder)
+            row.time = t
+            row.host, row.chip = names[series]
+            row.step = step
+            row.hbm_used_bytes = used
+            row.hbm_total_bytes = total
+            row.__class__ = row_class
+            yield row
+
+
+def read_trace_columns(path: PathOrFile, *,
+                       format: str | None = None) -> dict[tuple[str, str], SeriesColumns]:
+    """Read a whole trace into arrays per (host, chip) series: what ``analyze`` replays.
+
+    Same arguments, same validation and same errors as :func:`read_trace`: both
+    read through one validating parser. One pass; the dict is in order of first
+    appearance, and a series' arrays hold its rows from :func:`read_trace` in
+    file order, a missing step as NaN. The arrays of all series are views into
+    one array per column: 32 bytes a row, and about twice that at the peak.
+    """
+    import numpy as np
+
+    names: list[tuple[str, str]] = []
+    lists: tuple[list[Any], ...] = ([], [], [], [], [])  # series, times, steps, used, total
+    dtypes = (np.intp, np.float64, np.float64, np.int64, np.int64)
+    chunks: list[list[np.ndarray]] = [[] for _ in lists]
+
+    def move_to_arrays() -> None:
+        for values, dtype, arrays in zip(lists, dtypes, chunks):
+            arrays.append(np.fromiter(values, dtype, len(values)))  # a step of None -> NaN
+            values.clear()
+
+    with _open_trace(path, format) as (stream, name, fmt, lines_are_plain):
+        for _ in _records(stream, name, fmt, lines_are_plain, names, lists):
+            move_to_arrays()  # every _BATCH_ROWS rows
+        move_to_arrays()
+    columns = []
+    for arrays in chunks:  # joined one column at a time, to hold less memory at once
+        columns.append(np.concatenate(arrays))
+        arrays.clear()
+    series_of = columns.pop(0)
+    counts = np.bincount(series_of, minlength=len(names))
+    if len(names) > 1:
+        # Group the rows by series, keeping file order within each: a stable sort, and a
+        # radix sort (linear) when the series numbers fit in 16 bits.
+        keys = series_of.astype(np.uint16) if len(names) <= 1 << 16 else series_of
+        del series_of
+        order = np.argsort(keys, kind="stable")
+        del keys
+        for i, column in enumerate(columns):
+            columns[i] = column[order]  # one copy at a time
+            del column
+    ends = np.cumsum(counts).tolist()
+    return {key: SeriesColumns(*(c[end - count:end] for c in columns))
+            for key, end, count in zip(names, ends, counts.tolist())}
+
+
+@contextmanager
+def _open_trace(path: PathOrFile, format: str | None) -> Iterator[tuple[IO[str], str, str, bool]]:
+    """(stream, name for messages, format, plain lines) of a file name, ``-`` or an open text
+    file. Lines are plain when they can have line breaks (\\r, \\n) only at their end and no NUL
+    that the csv module rejects: files read with newline="" on Python 3.11 and later."""
     if isinstance(path, (str, os.PathLike)) and os.fspath(path) != "-":
         name = os.fspath(path)
         fmt = _resolve_format(format, name)
         with open(name, encoding="utf-8-sig", newline="") as f:
-            yield from _read_stream(f, name, fmt)
+            yield f, name, fmt, _CSV_TAKES_NUL
     else:
         stream = sys.stdin if path == "-" else path
         name = getattr(stream, "name", None)
         name = name if isinstance(name, str) else "<stream>"
-        yield from _read_stream(stream, name, _resolve_format(format, name))
+        yield stream, name, _resolve_format(format, name), False
 
 
 def _resolve_format(format: str | None, name: str) -> str:
@@ -97,43 +202,194 @@ def _resolve_format(format: str | None, name: str) -> str:
     return format
 
 
-def _read_stream(stream: IO[str], name: str, fmt: str) -> Iterator[TraceRow]:
-    raw = _raw_csv(stream) if fmt == "csv" else _raw_jsonl(stream)
-    last: dict[tuple[str, str], tuple[float, int]] = {}
-    line = 1
+# The validating parser. It is the only code that checks trace content: read_trace and
+# read_trace_columns take the same records from it, so they accept and reject the same
+# files with the same messages. Each format has a fast path for the common row (inline
+# checks, no calls but the conversions) that takes only what the general checks,
+# _check_values, would take as is, and hands anything else to them: they decide, and word
+# every message about a value. tests/test_trace.py holds the fast paths to them.
+
+#: (series number, time, step or None, used bytes, total bytes)
+_Record = tuple[int, float, int | None, int, int]
+
+
+def _records(stream: IO[str], name: str, fmt: str, lines_are_plain: bool,
+             names: list[tuple[str, str]],
+             lists: tuple[list[Any], ...] | None = None) -> Iterator[_Record | None]:
+    """The validated rows of a trace in file order; raises TraceFormatError at the first bad one.
+
+    A record is (series, time, step, used, total), where ``series`` indexes ``names``, to which
+    each (host, chip) is appended as it first appears. With ``lists`` (five lists), records are
+    appended to those, column by column, instead, and None is yielded every _BATCH_ROWS rows.
+    """
+    if fmt == "csv":
+        return _csv_records(stream, name, lines_are_plain, names, lists)
+    records = _jsonl_records(stream, name, names)
+    return records if lists is None else _append_records(records, lists)
+
+
+def _append_records(records: Iterator[_Record], lists: tuple[list[Any], ...]) -> Iterator[None]:
+    series, times, steps, used, total = lists
+    for record in records:
+        series.append(record[0])
+        times.append(record[1])
+        steps.append(record[2])
+        used.append(record[3])
+        total.append(record[4])
+        if len(times) >= _BATCH_ROWS:
+            yield None
+
+
+class _Series:
+    """The series seen so far. Per series, a state list [last time, its line, series number],
+    found by (host, chip) as spelled in the file: CSV rows are looked up before their names
+    are stripped, so that names are validated once per series, not once per row."""
+
+    __slots__ = ("names", "by_spelling", "by_name")
+
+    def __init__(self, names: list[tuple[str, str]]) -> None:
+        self.names = names
+        self.by_spelling: dict[tuple[Any, Any], list[Any]] = {}
+        self.by_name: dict[tuple[str, str], list[Any]] = {}
+
+    def add(self, host: Any, chip: Any) -> list[Any]:
+        """The state of a series not yet seen spelled this way; validates the names."""
+        key = (_name_field(host, "host"), _name_field(chip, "chip", numbers=True))
+        state = self.by_name.get(key)
+        if state is None:
+            state = self.by_name[key] = [-math.inf, 0, len(self.names)]
+            self.names.append(key)
+        self.by_spelling[(host, chip)] = state
+        return state
+
+    def went_back(self, state: list[Any], time: float) -> _FieldError:
+        host, chip = self.names[state[2]]
+        return _FieldError(
+            f"time {time:.3f} is earlier than {state[0]:.3f} on line {state[1]} "
+            f"for host {host!r} chip {chip!r} (times of a series must not go back)")
+
+
+def _csv_records(stream: IO[str], name: str, lines_are_plain: bool, names: list[tuple[str, str]],
+                 lists: tuple[list[Any], ...] | None) -> Iterator[_Record | None]:
+    lines = iter(stream)
+    series = _Series(names)
+    get_state, add_series, went_back = series.by_spelling.get, series.add, series.went_back
+    limit, step_limit, field_limit = _INT_LIMIT, _STEP_LIMIT, csv.field_size_limit()
+    csv_reader = csv.reader
+    if lists is not None:
+        out_series, out_times, out_steps, out_used, out_total = lists
+    line = 0  # lines read so far, as csv.reader counts them
+    last_t_s = last_step_s = last_total_s = None  # texts of values known good, and the values
+    last_t = last_step = last_total = None
     try:
-        for line, values in raw:
-            row = _build_row(*values)
-            key = (row.host, row.chip)
-            prev = last.get(key)
-            if prev is not None and row.time < prev[0]:
-                raise _FieldError(
-                    f"time {row.time:.3f} is earlier than {prev[0]:.3f} on line {prev[1]} "
-                    f"for host {row.host!r} chip {row.chip!r} (times of a series must not go back)"
-                )
-            last[key] = (row.time, line)
-            yield row
+        reader = csv_reader(lines)  # reads no further than the record it returns
+        try:
+            header = _first_nonblank(reader)
+        finally:
+            line = reader.line_num
+        if header is None:
+            raise TraceFormatError(name, 1, "empty file: expected a header row naming the columns")
+        index = _header_index([c.strip() for c in header])
+        positions = tuple(index.get(c) for c in COLUMNS)
+        width = len(header)
+        # The usual layout (the writer's) is unpacked as is, which also checks the width.
+        pick = None if positions == tuple(range(6)) and width == 6 else _picker(positions)
+        for text in lines:
+            line += 1
+            if '"' in text or len(text) > field_limit or not (lines_are_plain or _plain(text)):
+                # Quotes (a quoted field may go on over more lines), an overlong field or
+                # odd line breaks: the csv module's parse.
+                reader = csv_reader(chain((text,), lines))
+                try:
+                    fields = next(reader, [])
+                finally:
+                    line += reader.line_num - 1
+                text = ""
+            else:
+                # Without those, str.split gives the fields that csv.reader would, five times
+                # faster, bar the line break that the last one keeps: the fast conversions
+                # below ignore it, and the general checks get it stripped.
+                fields = text.split(",")
+            try:
+                if pick is None:
+                    t_s, host, chip, step_s, used_s, total_s = fields
+                else:
+                    if len(fields) != width:
+                        raise ValueError
+                    t_s, host, chip, step_s, used_s, total_s = pick(fields)
+                used = int(used_s)
+                if used < 0 or used >= limit:
+                    raise ValueError
+                # The rows of one poll share time and step, and HBM totals do not change:
+                # convert those only when the text differs from the last good row's.
+                if t_s == last_t_s:
+                    t = last_t
+                else:
+                    t = float(t_s)
+                    if t - t:  # NaN or infinite (t - t is NaN, which is true)
+                        raise ValueError
+                    last_t_s, last_t = t_s, t
+                if step_s == last_step_s:
+                    step = last_step
+                else:
+                    step = int(step_s) if step_s else None
+                    if step is not None and (step < 0 or step >= step_limit):
+                        raise ValueError
+                    last_step_s, last_step = step_s, step
+                if total_s == last_total_s:
+                    total = last_total
+                else:
+                    total = int(total_s)
+                    if total <= 0 or total >= limit:
+                        raise ValueError
+                    last_total_s, last_total = total_s, total
+            except ValueError:
+                # Not the common row: a blank line, a wrong width, an odd but valid value
+                # (spaces, an all-blank step) or an error. The general checks decide.
+                if text:
+                    fields[-1] = fields[-1].rstrip("\r\n")
+                if not fields or (len(fields) == 1 and not fields[0].strip()):
+                    continue  # blank line
+                t, host, chip, step, used, total = _csv_values(fields, positions, width)
+            state = get_state((host, chip))
+            if state is None:
+                state = add_series(host, chip)
+            if t < state[0]:
+                raise went_back(state, t)
+            state[0] = t
+            state[1] = line
+            if lists is None:
+                yield state[2], t, step, used, total
+            else:
+                out_series.append(state[2])
+                out_times.append(t)
+                out_steps.append(step)
+                out_used.append(used)
+                out_total.append(total)
+                if len(out_times) >= _BATCH_ROWS:
+                    yield None
     except _FieldError as e:
-        # The raw iterators set the line of the header / bad JSON in the error args.
-        at = e.args[1] if len(e.args) > 1 else line
-        raise TraceFormatError(name, at, e.args[0]) from None
+        raise TraceFormatError(name, line, e.args[0]) from None
+    except csv.Error as e:
+        raise TraceFormatError(name, line, f"not valid CSV: {e}") from None
 
 
-def _raw_csv(stream: IO[str]) -> Iterator[tuple[int, tuple[Any, ...]]]:
-    """Yield (line, raw values in COLUMNS order) from CSV; ``None`` for no step column."""
-    reader = csv.reader(stream)
-    header = _first_nonblank(reader)
-    if header is None:
-        raise _FieldError("empty file: expected a header row naming the columns", 1)
-    index = _header_index([c.strip() for c in header], reader.line_num)
-    positions = [index.get(c) for c in COLUMNS]
-    width = len(header)
-    for fields in reader:
-        if not fields or (len(fields) == 1 and not fields[0].strip()):
-            continue  # blank line
-        if len(fields) != width:
-            raise _FieldError(f"row has {len(fields)} fields but the header has {width}", reader.line_num)
-        yield reader.line_num, tuple(None if p is None else fields[p] for p in positions)
+def _plain(text: str) -> bool:
+    """Whether a line has no line break but at its end and no NUL (see _open_trace)."""
+    body = text.rstrip("\r\n")
+    return "\r" not in body and "\n" not in body and "\0" not in body
+
+
+def _picker(positions: tuple[int | None, ...]) -> Callable[[list[str]], tuple[str, ...]]:
+    """CSV fields -> the strings of COLUMNS in order; an empty step if there is no step column."""
+    if positions[3] is not None:
+        return itemgetter(*positions)
+    get = itemgetter(*(p for p in positions if p is not None))
+
+    def pick(fields: list[str]) -> tuple[str, ...]:
+        t, host, chip, used, total = get(fields)
+        return t, host, chip, "", used, total
+    return pick
 
 
 def _first_nonblank(reader: Any) -> list[str] | None:
@@ -143,38 +399,79 @@ def _first_nonblank(reader: Any) -> list[str] | None:
     return None
 
 
-def _header_index(header: list[str], line: int) -> dict[str, int]:
+def _header_index(header: list[str]) -> dict[str, int]:
     index: dict[str, int] = {}
     for i, column in enumerate(header):
         if column in index and column in COLUMNS:
-            raise _FieldError(f"column {column!r} appears twice in the header", line)
+            raise _FieldError(f"column {column!r} appears twice in the header")
         index.setdefault(column, i)
     missing = [c for c in _REQUIRED if c not in index]
     if missing:
         names = ", ".join(repr(c) for c in missing)
-        raise _FieldError(f"missing required column {names} in the header", line)
+        raise _FieldError(f"missing required column {names} in the header")
     return index
 
 
-def _raw_jsonl(stream: IO[str]) -> Iterator[tuple[int, tuple[Any, ...]]]:
-    """Yield (line, raw values in COLUMNS order) from JSON Lines."""
-    for line, text in enumerate(stream, start=1):
-        if not text.strip():
-            continue
-        try:
-            obj = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise _FieldError(f"not valid JSON: {e.msg} (column {e.colno})", line) from None
-        if not isinstance(obj, dict):
-            raise _FieldError(f"expected a JSON object, got {type(obj).__name__}", line)
-        missing = [c for c in _REQUIRED if c not in obj]
-        if missing:
-            raise _FieldError(f"missing required key {', '.join(repr(c) for c in missing)}", line)
-        yield line, tuple(obj.get(c) for c in COLUMNS)
+def _csv_values(fields: list[str], positions: tuple[int | None, ...],
+                width: int) -> tuple[Any, ...]:
+    """The general checks of one CSV row."""
+    if len(fields) != width:
+        raise _FieldError(f"row has {len(fields)} fields but the header has {width}")
+    return _check_values(*(None if p is None else fields[p] for p in positions))
 
 
-def _build_row(time: Any, host: Any, chip: Any, step: Any, used: Any, total: Any) -> TraceRow:
-    """Validate raw values (strings from CSV, JSON scalars) into a TraceRow."""
+def _jsonl_records(stream: IO[str], name: str, names: list[tuple[str, str]]) -> Iterator[_Record]:
+    series = _Series(names)
+    get_state, add_series, went_back = series.by_spelling.get, series.add, series.went_back
+    scan, loads = json.JSONDecoder().scan_once, json.loads
+    limit, step_limit = _INT_LIMIT, _STEP_LIMIT
+    line = 0
+    try:
+        for line, text in enumerate(stream, start=1):
+            try:
+                # json.loads without its Python layers, for a line that is one JSON value
+                # with nothing after it but JSON whitespace; json.loads itself for the rest.
+                obj, end = scan(text, 0)
+                if end != len(text) and text[end:].strip(" \t\n\r"):
+                    raise ValueError
+            except (StopIteration, ValueError, TypeError):
+                try:
+                    obj = loads(text)
+                except json.JSONDecodeError as e:
+                    if not text.strip():
+                        continue  # blank line
+                    raise _FieldError(f"not valid JSON: {e.msg} (column {e.colno})") from None
+            if type(obj) is not dict:
+                raise _FieldError(f"expected a JSON object, got {type(obj).__name__}")
+            try:
+                t, host, chip, step = obj["time"], obj["host"], obj["chip"], obj.get("step")
+                used, total = obj["hbm_used_bytes"], obj["hbm_total_bytes"]
+            except KeyError:
+                missing = ", ".join(repr(c) for c in _REQUIRED if c not in obj)
+                raise _FieldError(f"missing required key {missing}") from None
+            # The common row (names are checked with the series, once), else the general checks.
+            if not (type(t) is float and not t - t and type(host) is str
+                    and (type(chip) is str or type(chip) is int)
+                    and (step is None or (type(step) is int and 0 <= step < step_limit))
+                    and type(used) is int and 0 <= used < limit
+                    and type(total) is int and 0 < total < limit):
+                t, host, chip, step, used, total = _check_values(t, host, chip, step, used, total)
+            state = get_state((host, chip))
+            if state is None:
+                state = add_series(host, chip)
+            if t < state[0]:
+                raise went_back(state, t)
+            state[0] = t
+            state[1] = line
+            yield state[2], t, step, used, total
+    except _FieldError as e:
+        raise TraceFormatError(name, line, e.args[0]) from None
+
+
+def _check_values(time: Any, host: Any, chip: Any, step: Any, used: Any,
+                  total: Any) -> tuple[float, str, str, int | None, int, int]:
+    """Validate raw values (strings from CSV, JSON scalars): the checks, in the order they
+    are reported, and every message about a value."""
     t = _float_field(time, "time")
     used_b = _int_field(used, "hbm_used_bytes")
     total_b = _int_field(total, "hbm_total_bytes")
@@ -183,8 +480,9 @@ def _build_row(time: Any, host: Any, chip: Any, step: Any, used: Any, total: Any
     if total_b <= 0:
         raise _FieldError(f"column 'hbm_total_bytes': {total_b} is not positive")
     # used > total is accepted: runtimes do report it transiently, and it is data.
-    return TraceRow(t, _name_field(host, "host"), _name_field(chip, "chip", numbers=True),
-                    _step_field(step), used_b, total_b)
+    return (t, _name_field(host, "host"), _name_field(chip, "chip", numbers=True),
+            _step_field(step), _below_limit(used_b, "hbm_used_bytes"),
+            _below_limit(total_b, "hbm_total_bytes"))
 
 
 def _float_field(value: Any, column: str) -> float:
@@ -194,7 +492,10 @@ def _float_field(value: Any, column: str) -> float:
         except ValueError:
             raise _FieldError(_not_a(value, column, "number")) from None
     elif isinstance(value, (int, float)) and not isinstance(value, bool):
-        number = float(value)
+        try:
+            number = float(value)
+        except OverflowError:  # a JSON integer beyond float: not finite either
+            number = math.inf
     else:
         raise _FieldError(_not_a(value, column, "number"))
     if not math.isfinite(number):
@@ -214,13 +515,20 @@ def _int_field(value: Any, column: str) -> int:
     raise _FieldError(_not_a(value, column, "integer"))
 
 
+def _below_limit(value: int, column: str, limit: int = _INT_LIMIT) -> int:
+    if value >= limit:
+        raise _FieldError(f"column {column!r}: {value} is too large "
+                          f"(the most is 2**{limit.bit_length() - 1} - 1)")
+    return value
+
+
 def _step_field(value: Any) -> int | None:
     if value is None or (isinstance(value, str) and not value.strip()):
         return None
     step = _int_field(value, "step")
     if step < 0:
         raise _FieldError(f"column 'step': {step} is negative")
-    return step
+    return _below_limit(step, "step", _STEP_LIMIT)
 
 
 def _name_field(value: Any, column: str, *, numbers: bool = False) -> str:
