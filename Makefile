@@ -34,10 +34,12 @@ venv: system-deps-demo $(STAMP)
 demo: venv
 	@echo
 	@echo "  tpumon demo: a simulated TPU v4 VM (4 chips) running scenario '$(DEMO_SCENARIO)',"
-	@echo "  time accelerated 60x. Metrics: http://localhost:$(lastword $(subst :, ,$(DEMO_ADDRESS)))/metrics"
+	@echo "  time accelerated 60x (times shown are simulated). The leak is called after a few"
+	@echo "  minutes: watch '.venv/bin/tpumon status'. Metrics: http://localhost:$(lastword $(subst :, ,$(DEMO_ADDRESS)))/metrics"
 	@echo "  Try 'make demo DEMO_SCENARIO=healthy'; 'tpumon sim --list' lists scenarios. Ctrl-C stops."
 	@echo
-	$(BIN)/tpumon agent --simulate --scenario $(DEMO_SCENARIO) --listen-address $(DEMO_ADDRESS)
+	$(BIN)/tpumon agent --simulate --scenario $(DEMO_SCENARIO) --listen-address $(DEMO_ADDRESS) \
+		--poll-interval 0.25
 
 test: system-deps-test $(STAMP)
 	$(BIN)/python -m pytest -q

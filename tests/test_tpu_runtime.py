@@ -156,3 +156,14 @@ def test_one_connection_is_reused_across_polls(runtime_servers):
         src.poll()
     assert server.runtime.calls == 15
     assert len(set(server.runtime.peers)) == 1  # same client address:port every call
+
+
+def test_runtime_timestamps_are_used_only_when_asked(runtime_servers):
+    from tpumon.sim.server import gauge_metric
+    metrics = {name: [gauge_metric(0, 7, timestamp=1750000123.5)]
+               for name in (USAGE, TOTAL, DUTY_CYCLE)}
+    port = runtime_servers(metrics).port
+    simulated = TpuRuntimeSource("localhost", [port], 1.0, UNKNOWN, clock=lambda: 42.0,
+                                 runtime_clock=True)
+    assert simulated.poll().time == pytest.approx(1750000123.5)
+    assert source([port], UNKNOWN).poll().time == pytest.approx(time.time(), abs=5)

@@ -90,7 +90,8 @@ def build(config: Config, simulate: bool = False,
         owners = OwnerScanner(scan_chip_owners, config["runtime.owners_interval"])
         _log_inventory(inventory, address, ports, origin)
     identity = resolve_identity(configured_identity, tpu_env, env)
-    runtime = TpuRuntimeSource(address, ports, config["runtime.timeout"], inventory)
+    runtime = TpuRuntimeSource(address, ports, config["runtime.timeout"], inventory,
+                               runtime_clock=simulate)
     state = AgentState(identity, inventory, config["agent.history_points"])
     registry = build_registry(lambda: state.snapshot)
     agent = Agent(state, runtime, owners, config["agent.poll_interval"], registry)

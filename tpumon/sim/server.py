@@ -64,11 +64,15 @@ class SampleCache:
             return self._sample
 
 
-def gauge_metric(device_id: int, value: int | float) -> pb.Metric:
-    """One entry of a runtime metric response, keyed by device id as libtpu does."""
+def gauge_metric(device_id: int, value: int | float, timestamp: float | None = None) -> pb.Metric:
+    """One entry of a runtime metric response, keyed by device id as libtpu does; stamped
+    with the (simulated) time it describes when ``timestamp`` is given."""
     gauge = pb.Gauge(as_int=value) if isinstance(value, int) else pb.Gauge(as_double=value)
-    return pb.Metric(attribute=pb.Attribute(key="device-id", value=pb.AttrValue(int_attr=device_id)),
-                     gauge=gauge)
+    metric = pb.Metric(attribute=pb.Attribute(key="device-id",
+                                              value=pb.AttrValue(int_attr=device_id)), gauge=gauge)
+    if timestamp is not None:
+        metric.timestamp.FromNanoseconds(int(timestamp * 1e9))
+    return metric
 
 
 class SimulatedRuntime(pb_grpc.RuntimeMetricServiceServicer):
@@ -89,7 +93,7 @@ class SimulatedRuntime(pb_grpc.RuntimeMetricServiceServicer):
         }.get(request.metric_name)
         if values is None:
             context.abort(grpc.StatusCode.NOT_FOUND, f"unknown metric {request.metric_name}")
-        metrics = [gauge_metric(d, values(d)) for d in self._device_ids]
+        metrics = [gauge_metric(d, values(d), sample.time) for d in self._device_ids]
         return pb.MetricResponse(metric=pb.TPUMetric(name=request.metric_name, metrics=metrics))
 
     def ListSupportedMetrics(self, request: pb.ListSupportedMetricsRequest,

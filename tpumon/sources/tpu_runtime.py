@@ -124,7 +124,11 @@ class TpuRuntimeSource:
     """Polls every configured port of the runtime metric service; one instance per agent."""
 
     def __init__(self, address: str, ports: Iterable[int], timeout: float,
-                 inventory: ChipInventory, clock: Callable[[], float] = time.time) -> None:
+                 inventory: ChipInventory, clock: Callable[[], float] = time.time,
+                 runtime_clock: bool = False) -> None:
+        """``runtime_clock``: date readings by the timestamps the runtime puts on its metrics
+        (the simulator's simulated time) instead of ``clock``. Off for libtpu, whose
+        timestamp semantics are not verified."""
         self.address = address
         self.ports = list(dict.fromkeys(ports))
         self.timeout = timeout
@@ -132,6 +136,8 @@ class TpuRuntimeSource:
         self.malformed_total = 0
         self.ports_up: dict[int, bool] = {port: False for port in self.ports}
         self._clock = clock
+        self._runtime_clock = runtime_clock
+        self._stamps: list[float] = []
         self._seen: set[str] = set()
         self._last_total: dict[str, int] = {}
         self._per_process = False
@@ -156,8 +162,9 @@ class TpuRuntimeSource:
 
     def poll(self) -> RuntimeReading:
         """One reading of every chip; raises SourceUnavailable when no port answers."""
+        self._stamps = []
         answers = self._ask_all_ports()
-        now = self._clock()
+        now = max(self._stamps) if self._runtime_clock and self._stamps else self._clock()
         self.ports_up = {a.port: a.usage is not None for a in answers}
         live = [a for a in answers if a.usage is not None]
         if not live:
@@ -190,6 +197,8 @@ class TpuRuntimeSource:
                 continue
             values, bad = parse_metric(response)
             self.malformed_total += bad
+            self._stamps.extend(m.timestamp.ToNanoseconds() / 1e9 for m in response.metric.metrics
+                                if m.HasField("timestamp"))
             results[(port, name)] = values
         return [_PortAnswer(port, results[(port, USAGE)], results[(port, TOTAL)],
                             results[(port, DUTY_CYCLE)], errors.get(port))
