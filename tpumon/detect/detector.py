@@ -36,7 +36,7 @@ import numpy as np
 from tpumon.detect import jumps as level_shifts
 from tpumon.detect.floors import FloorHistory, group_by_bucket
 from tpumon.detect.jumps import Jump
-from tpumon.detect.robust import lower_quartile, sen_mann_kendall
+from tpumon.detect.robust import PairwiseSlopes, lower_quartiles, sen_mann_kendall
 
 
 class Verdict(str, enum.Enum):
@@ -125,6 +125,39 @@ class _Job:
     leaking: bool = False
     last_floor: float | None = None
     last_step: float = math.nan
+    jump_times: np.ndarray | None = None  # of ``jumps``, for ``corrected``
+    jump_levels: np.ndarray | None = None  # 0, then the cumulative sizes of ``jumps``
+
+    def add_jumps(self, found: list[Jump]) -> None:
+        """Keep the last 1024 jumps; the arrays that correct floors for them change only
+        here, so fits reuse them instead of rebuilding them twice each."""
+        self.jumps.extend(found)
+        del self.jumps[:-1024]
+        if found:
+            self.jump_times = np.array([j.time for j in self.jumps])
+            self.jump_levels = np.concatenate(([0.0], np.cumsum([j.size for j in self.jumps])))
+
+    def corrected(self, data: np.ndarray) -> np.ndarray:
+        """The floors of ``data`` (rows time, step, floor, ...) with the jumps taken out,
+        expressed at today's level."""
+        if not self.jumps:
+            return data[2]
+        levels = self.jump_levels
+        return data[2] - levels.take(self.jump_times.searchsorted(data[0], side="right")) \
+            + levels[-1]
+
+
+_UNFITTED = (Verdict.INSUFFICIENT_DATA, Verdict.WARMING_UP)
+
+
+class _Said(NamedTuple):
+    """What an assessment says; the frozen :class:`Assessment` is built from it only when
+    read. Replaying a series sets thousands of assessments that nobody reads, and
+    building one costs ~5 us (a frozen dataclass sets its 21 fields one by one)."""
+
+    verdict: Verdict
+    reason: str
+    fields: dict
 
 
 class _Bucket(NamedTuple):
@@ -144,15 +177,25 @@ class ChipDetector:
         self.s = settings or DetectorSettings()
         self.width: float | None = None
         self.per_bucket = 1.0  # polls per bucket, from the poll interval
+        self._confirm, self._envelope = self._level_sizes()
         self.total: float | None = None
         self.alert: dict | None = None  # first leak alert: time, step, predicted OOM then
-        self.assessment = Assessment(Verdict.INSUFFICIENT_DATA, "no samples yet")
+        self._said = _Said(Verdict.INSUFFICIENT_DATA, "no samples yet", {})
+        self._assessment: Assessment | None = None  # built from _said when read
         self.restarts = 0
         self._pending: list[np.ndarray] = []
         self._open: tuple[int, float, float, float, float] | None = None
         self._last: tuple[float, float] | None = None  # time, step of the last sample
         self._job: _Job | None = None
         self._after_break = False
+
+    @property
+    def assessment(self) -> Assessment:
+        """What the detector says about the chip now."""
+        if self._assessment is None:
+            self._assessment = Assessment(self._said.verdict, self._said.reason,
+                                          **self._said.fields)
+        return self._assessment
 
     # ------------------------------------------------------------------ input
 
@@ -183,17 +226,15 @@ class ChipDetector:
                     self.s.bucket_max_seconds)
         width = float(math.ceil(width / 60.0) * 60.0) if width >= 60 else width
         self.per_bucket = max(width / interval, 1.0)
+        self._confirm, self._envelope = self._level_sizes()
         return width
 
-    @property
-    def _confirm(self) -> int:
-        """Buckets on each side of a level shift needed to confirm it as a jump."""
-        return max(self.s.jump_confirm_buckets,
-                   math.ceil(self.s.jump_confirm_polls / self.per_bucket))
-
-    @property
-    def _envelope(self) -> int:
-        return max(2, math.ceil(self.s.envelope_polls / self.per_bucket))
+    def _level_sizes(self) -> tuple[int, int]:
+        """Buckets on each side of a level shift needed to confirm it as a jump, and in a
+        lower envelope; fixed with the bucket width, so computed once, not at every fit."""
+        confirm = max(self.s.jump_confirm_buckets,
+                      math.ceil(self.s.jump_confirm_polls / self.per_bucket))
+        return confirm, max(2, math.ceil(self.s.envelope_polls / self.per_bucket))
 
     def _segments(self, batch: np.ndarray) -> Iterator[tuple[np.ndarray, bool]]:
         """Split where time jumps ahead by a restart gap or goes back, or the step goes back;
@@ -211,25 +252,29 @@ class ChipDetector:
             yield batch[:, a:b], bool(cut[a])
 
     def _add_segment(self, seg: np.ndarray) -> None:
+        """Close every bucket of ``seg`` but the last, which later samples may yet join;
+        each is closed by the first sample of the next."""
         assert self.width is not None
         g = group_by_bucket(seg[0], seg[1], seg[2], self.width)
+        ids, floors, peaks = g.ids.tolist(), g.floor.tolist(), g.peak.tolist()
+        first_steps, last_steps = g.first_step.tolist(), g.last_step.tolist()
         trigger_times, trigger_steps = seg[0, g.first].tolist(), seg[1, g.first].tolist()
-        for bucket_id, floor, peak, first_step, last_step, t_time, t_step in zip(
-                g.ids.tolist(), g.floor.tolist(), g.peak.tolist(), g.first_step.tolist(),
-                g.last_step.tolist(), trigger_times, trigger_steps):
-            if self._open is not None and self._open[0] == bucket_id:
-                _, f0, p0, s0, _ = self._open
-                self._open = (bucket_id, min(f0, floor), max(p0, peak), s0, last_step)
-                continue
-            self._close_open(t_time, t_step)
-            self._open = (bucket_id, floor, peak, first_step, last_step)
+        if self._open is not None and self._open[0] == ids[0]:  # the open bucket goes on
+            _, f0, p0, first_steps[0], _ = self._open
+            floors[0], peaks[0] = min(f0, floors[0]), max(p0, peaks[0])
+        else:
+            self._close_open(trigger_times[0], trigger_steps[0])
+        starts = (g.ids * self.width).tolist()
+        for bucket in map(_Bucket._make, zip(starts[:-1], floors, peaks, first_steps, last_steps,
+                                             trigger_times[1:], trigger_steps[1:])):
+            self._on_bucket(bucket)
+        self._open = (ids[-1], floors[-1], peaks[-1], first_steps[-1], last_steps[-1])
 
     def _close_open(self, trigger_time: float, trigger_step: float) -> None:
         if self._open is None:
             return
         bucket_id, floor, peak, first_step, last_step = self._open
         self._open = None
-        assert self.width is not None
         self._on_bucket(_Bucket(bucket_id * self.width, floor, peak, first_step, last_step,
                                 trigger_time, trigger_step))
 
@@ -249,7 +294,8 @@ class ChipDetector:
             self._warm_up(job, b)
         else:
             self._trend_bucket(job, b)
-        self._assess(job, b)
+        if job.trend_start is None or self._fit_due(job, b.start):
+            self._assess(job, b)  # else, between fits, the last assessment stands
 
     def _is_restart(self, job: _Job, b: _Bucket) -> bool:
         """A new job: the step went back, or the floor is far below where it was."""
@@ -295,8 +341,7 @@ class ChipDetector:
                                               job.scanned - offset - begin, k, e,
                                               self._jump_threshold(job))
         job.scanned = next_local + begin + offset
-        job.jumps.extend(found)
-        del job.jumps[:-1024]
+        job.add_jumps(found)
 
     @staticmethod
     def _detrended(job: _Job, rows: np.ndarray) -> np.ndarray:
@@ -309,50 +354,41 @@ class ChipDetector:
     # ------------------------------------------------------------------ assessment
 
     def _assess(self, job: _Job, b: _Bucket) -> None:
-        if job.trend_start is not None and b.start - job.trend_start >= self.s.min_window_seconds \
-                and b.start - job.last_fit < self._refit_interval(job, b.start - job.trend_start) \
-                and self.assessment.verdict not in (Verdict.INSUFFICIENT_DATA, Verdict.WARMING_UP):
-            return  # between fits the last assessment stands
         base = dict(total_bytes=self.total, job_start=job.start, restarts=self.restarts,
                     step=None if math.isnan(b.last_step) else b.last_step, floor_bytes=b.floor)
         if job.trend_start is None:
-            self._set(Assessment(Verdict.WARMING_UP, "job starting: compiling and loading",
-                                 **base), b)
+            self._set(_Said(Verdict.WARMING_UP, "job starting: compiling and loading", base), b)
             return
         span = b.start - job.trend_start
         if span < self.s.min_window_seconds:
-            self._set(Assessment(Verdict.INSUFFICIENT_DATA,
-                                 f"{span / 60:.0f} of {self.s.min_window_seconds / 60:.0f} min of "
-                                 "floors since warm-up", transient_bytes=job.transient, **base), b)
+            self._set(_Said(Verdict.INSUFFICIENT_DATA,
+                            f"{span / 60:.0f} of {self.s.min_window_seconds / 60:.0f} min of "
+                            "floors since warm-up", dict(base, transient_bytes=job.transient)), b)
             return
         job.last_fit = b.start
         self._update_jumps(job)
         self._set(self._fit(job, b, base), b)
 
-    def _refit_interval(self, job: _Job, span: float) -> float:
-        """Refit often while something grows, rarely on a flat floor: bounded CPU."""
-        assert self.width is not None
+    def _fit_due(self, job: _Job, now: float) -> bool:
+        """Whether a bucket at ``now``, in the trend phase, is assessed: at every bucket
+        until a fit gave a verdict; then refit often while something grows, rarely on a
+        flat floor (bounded CPU)."""
+        span = now - job.trend_start
+        if span < self.s.min_window_seconds or self._said.verdict in _UNFITTED:
+            return True
         if job.growing:
-            return min(max(span / 16, self.width), 600.0)
-        return min(max(span / 4, self.width), 3600.0)
+            interval = min(max(span / 16, self.width), 600.0)
+        else:
+            interval = min(max(span / 4, self.width), 3600.0)
+        return now - job.last_fit >= interval
 
-    def _set(self, assessment: Assessment, b: _Bucket) -> None:
-        self.assessment = assessment
-        if assessment.verdict is Verdict.LEAK and self.alert is None:
+    def _set(self, said: _Said, b: _Bucket) -> None:
+        self._said, self._assessment = said, None
+        if said.verdict is Verdict.LEAK and self.alert is None:
             self.alert = {"time": b.trigger_time,
                           "step": None if math.isnan(b.trigger_step) else int(b.trigger_step),
-                          "predicted_oom_time": assessment.predicted_oom_time,
-                          "predicted_oom_step": assessment.predicted_oom_step}
-
-    def _corrected(self, job: _Job, data: np.ndarray) -> np.ndarray:
-        """Floors with the jumps taken out, expressed at today's level."""
-        if not job.jumps:
-            return data[2]
-        times = np.array([j.time for j in job.jumps])
-        sizes = np.cumsum([j.size for j in job.jumps])
-        idx = np.searchsorted(times, data[0], side="right")
-        offset = np.where(idx > 0, sizes[np.maximum(idx - 1, 0)], 0.0)
-        return data[2] - offset + sizes[-1]
+                          "predicted_oom_time": said.fields.get("predicted_oom_time"),
+                          "predicted_oom_step": said.fields.get("predicted_oom_step")}
 
     def _choose_window(self, job: _Job, now: float) -> tuple[float, bool]:
         """The longest window, back to the trend start, whose growth does not accelerate
@@ -360,18 +396,17 @@ class ChipDetector:
         whether growth in it slows down (a cache saturating, not a leak)."""
         assert job.trend_start is not None
         data = job.history.window(job.trend_start, 4096)
-        y_all = self._corrected(job, data)
+        y_all = job.corrected(data)
         length = now - job.trend_start
         while True:
             start = now - length
             shorter = length / 2
-            y = y_all[np.searchsorted(data[0], start):]
+            y = y_all[data[0].searchsorted(start):]
             if len(y) < 9:
                 return start, False
             third = len(y) // 3
             # levels of the thirds as lower quartiles: floors only ever read high
-            l1, l2, l3 = (lower_quartile(part) for part in (y[:third], y[third:len(y) - third],
-                                                            y[-third:]))
+            l1, l2, l3 = lower_quartiles(y, (0, third, len(y) - third, len(y)))
             early, late = l2 - l1, l3 - l2
             # about 3 sigma of (l3 - l2) - (l2 - l1) for levels of n/3 floors each
             noise = 3 * 1.25 * job.sigma * math.sqrt(18.0 / len(y))
@@ -381,16 +416,17 @@ class ChipDetector:
                 return start, early > 0 and slowing
             length = shorter
 
-    def _fit(self, job: _Job, b: _Bucket, base: dict) -> Assessment:
+    def _fit(self, job: _Job, b: _Bucket, base: dict) -> _Said:
         now = b.start
         start, decelerating = self._choose_window(job, now)
         data = job.history.window(start, self.s.fit_points)
-        y = self._corrected(job, data)
-        fit = sen_mann_kendall(data[0], y, now)
+        pairs = PairwiseSlopes(data[0], job.corrected(data))
+        fit = pairs.fit(now)
         if fit is None:
-            return Assessment(Verdict.INSUFFICIENT_DATA, "too few floors", **base)
-        window = now - float(data[0, 0])
-        in_window = [j for j in job.jumps if j.time >= data[0, 0]]
+            return _Said(Verdict.INSUFFICIENT_DATA, "too few floors", base)
+        first = data.item(0, 0)
+        window = now - first
+        in_window = [j for j in job.jumps if j.time >= first]
         continuous = fit.z >= self.s.z_threshold and fit.slope_low > 0
         stair = self._staircase(in_window, now, window)
         if stair and not continuous and not self._significant(data, now):
@@ -399,13 +435,13 @@ class ChipDetector:
         job.slope = fit.slope if continuous else 0.0
         steps_per_second = self._step_rate(data)
         common = dict(base, floor_bytes=fit.level, transient_bytes=job.transient,
-                      window_start=float(data[0, 0]), window_seconds=window, points=fit.n,
+                      window_start=first, window_seconds=window, points=fit.n,
                       z=fit.z, jumps=len(in_window),
                       **self._slopes(fit.slope + stair, fit.slope_low + stair,
                                      fit.slope_high + stair, steps_per_second))
         rate = (fit.slope if continuous else 0.0) + stair
         if rate > 0 and continuous and not decelerating:
-            rate = min(rate, self._recent_rate(data, y, now) + stair)
+            rate = min(rate, self._recent_rate(pairs) + stair)
         if rate > 0 and (not decelerating or job.leaking):
             return self._forecast(common, rate, steps_per_second, fit.level, job, window, b)
         job.leaking = False
@@ -414,12 +450,16 @@ class ChipDetector:
     @staticmethod
     def _step_rate(data: np.ndarray) -> float | None:
         """Training steps per second over the window; None without step numbers."""
-        ok = ~np.isnan(data[1])
-        if ok.sum() < 2:
-            return None
-        steps, times = data[1][ok], data[0][ok]
-        elapsed = float(times[-1] - times[0])
-        rate = float(steps[-1] - steps[0]) / elapsed if elapsed > 0 else 0.0
+        steps = data[1]
+        if math.isnan(steps.item(0)) or math.isnan(steps.item(-1)):  # else known at both ends
+            known = (~np.isnan(steps)).nonzero()[0]
+            if len(known) < 2:
+                return None
+            a, b = int(known[0]), int(known[-1])
+        else:
+            a, b = 0, len(steps) - 1
+        elapsed = data.item(0, b) - data.item(0, a)
+        rate = (data.item(1, b) - data.item(1, a)) / elapsed if elapsed > 0 else 0.0
         return rate if rate > 0 else None
 
     @staticmethod
@@ -452,16 +492,15 @@ class ChipDetector:
         return raw is not None and raw.z >= self.s.z_threshold and raw.slope_low > 0
 
     @staticmethod
-    def _recent_rate(data: np.ndarray, y: np.ndarray, now: float) -> float:
+    def _recent_rate(pairs: PairwiseSlopes) -> float:
         """The slope over the recent half of the window: growth must still be going on."""
-        half = data.shape[1] // 2
-        fit = sen_mann_kendall(data[0, half:], y[half:], now)
-        if fit is None or fit.slope_low <= 0:
+        sen = pairs.tail(pairs.n // 2).sen()
+        if sen is None or sen[1] <= 0:
             return 0.0
-        return fit.slope
+        return sen[0]
 
     def _forecast(self, common: dict, rate: float, steps_per_second: float | None,
-                  level: float, job: _Job, window: float, b: _Bucket) -> Assessment:
+                  level: float, job: _Job, window: float, b: _Bucket) -> _Said:
         """When floor plus the largest transient seen reaches capacity, at this rate."""
         headroom = max((self.total or 0.0) - job.transient - level, 0.0)
         tto = headroom / rate
@@ -469,27 +508,31 @@ class ChipDetector:
         if steps_per_second and not math.isnan(b.last_step):
             oom_step = b.last_step + tto * steps_per_second
         common = dict(common, predicted_oom_time=b.start + tto, predicted_oom_step=oom_step)
+        if not job.leaking:  # hysteresis: a leak stays one while growth stays significant
+            why_not = self._not_a_leak_yet(job, tto, window)
+            if why_not:
+                return _Said(Verdict.OK, why_not, common)
+            job.leaking = True
         per = (f"{rate / steps_per_second / 1e3:.1f} KB/step" if steps_per_second
                else f"{rate * 3.6e3 / 1e6:.1f} MB/h")
-        leak = Assessment(Verdict.LEAK, f"floor grows {per}; OOM in {tto / 3600:.1f} h", **common)
-        if job.leaking:  # hysteresis: a leak stays one while growth stays significant
-            return leak
+        return _Said(Verdict.LEAK, f"floor grows {per}; OOM in {tto / 3600:.1f} h", common)
+
+    def _not_a_leak_yet(self, job: _Job, tto: float, window: float) -> str | None:
+        """Why growth that would OOM in ``tto`` seconds is not (yet) a leak; None if it is."""
         recent = job.history.recent(2 * self._confirm)
         if level_shifts.pending(self._detrended(job, recent), self._confirm, self._envelope,
                                 self._jump_threshold(job)):
-            return Assessment(Verdict.OK, "a level shift is being confirmed", **common)
+            return "a level shift is being confirmed"
         if tto <= self.s.horizon_seconds and tto <= self.s.max_extrapolation * window:
-            job.leaking = True
-            return leak
-        return Assessment(Verdict.OK, f"slow growth: OOM would take {tto / 3600:.0f} h",
-                          **common)
+            return None
+        return f"slow growth: OOM would take {tto / 3600:.0f} h"
 
-    def _no_leak(self, job: _Job, common: dict, decelerating: bool) -> Assessment:
+    def _no_leak(self, job: _Job, common: dict, decelerating: bool) -> _Said:
         big = [j for j in job.jumps if j.size >= self.s.step_change_min_fraction * (self.total or 0)]
         if big:
             size = sum(j.size for j in big)
-            return Assessment(Verdict.STEP_CHANGE,
-                              f"{len(big)} permanent jump(s), {size / 1e9:.2f} GB in all; "
-                              "flat otherwise", **common)
+            return _Said(Verdict.STEP_CHANGE,
+                         f"{len(big)} permanent jump(s), {size / 1e9:.2f} GB in all; "
+                         "flat otherwise", common)
         why = "growth is slowing down (saturating)" if decelerating else "no significant growth"
-        return Assessment(Verdict.OK, why, **common)
+        return _Said(Verdict.OK, why, common)

@@ -10,6 +10,7 @@ chip is fixed however long the run (a few thousand points).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -48,6 +49,7 @@ class _Ring:
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self._data = np.empty((4, 2 * capacity))
+        self._rows = tuple(self._data)  # 1-d views: an element write costs half a 2-d one
         self._end = 0
         self._start = 0
 
@@ -55,18 +57,19 @@ class _Ring:
         return self._end - self._start
 
     def append(self, time: float, step: float, floor: float, peak: float) -> None:
-        if self._end == self._data.shape[1]:
-            keep = self._data[:, self._end - self.capacity + 1:self._end].copy()
+        end = self._end
+        if end == 2 * self.capacity:
+            keep = self._data[:, end - self.capacity + 1:end].copy()
             self._data[:, :keep.shape[1]] = keep
-            self._start, self._end = 0, keep.shape[1]
-        data, end = self._data, self._end
-        data[0, end] = time
-        data[1, end] = step
-        data[2, end] = floor
-        data[3, end] = peak
-        self._end += 1
-        if self._end - self._start > self.capacity:
-            self._start = self._end - self.capacity
+            self._start, end = 0, keep.shape[1]
+        times, steps, floors, peaks = self._rows
+        times[end] = time
+        steps[end] = step
+        floors[end] = floor
+        peaks[end] = peak
+        self._end = end = end + 1
+        if end - self._start > self.capacity:
+            self._start = end - self.capacity
 
     def view(self) -> np.ndarray:
         """Rows time, step, floor, peak; columns oldest first."""
@@ -108,18 +111,39 @@ class FloorHistory:
 
     def window(self, start: float, points: int) -> np.ndarray:
         """Rows time, step, floor, peak over [start, now], at most ``points`` columns."""
+        data = self._since(start)
+        n = data.shape[1]
+        return data if n <= points else _merged(data, -(-n // points))
+
+    def _since(self, start: float) -> np.ndarray:
+        """All buckets from ``start`` on: fine ones, preceded by coarse ones where the fine
+        ring does not reach back that far."""
         fine = self.fine.view()
         if fine.shape[1] and fine[0, 0] <= start:
-            data = fine[:, np.searchsorted(fine[0], start):]
-        else:
-            coarse = self.coarse.view()
-            older = coarse[:, (coarse[0] >= start) & (coarse[0] < (fine[0, 0] if fine.shape[1] else np.inf))]
-            data = np.concatenate([older, fine], axis=1) if older.shape[1] else fine
-        n = data.shape[1]
-        if n <= points:
-            return data
-        size = -(-n // points)
-        starts = np.arange(0, n, size)
-        ends = np.r_[starts[1:], n] - 1
-        return np.vstack([data[0, starts], data[1, ends], np.minimum.reduceat(data[2], starts),
-                          np.maximum.reduceat(data[3], starts)])
+            return fine[:, fine[0].searchsorted(start):]
+        coarse = self.coarse.view()
+        older = coarse[:, (coarse[0] >= start) & (coarse[0] < (fine[0, 0] if fine.shape[1] else np.inf))]
+        return np.concatenate([older, fine], axis=1) if older.shape[1] else fine
+
+
+@lru_cache(maxsize=1024)
+def _runs(n: int, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """First and last index of each run of ``size`` in ``n`` columns (the last run may be
+    shorter); cached, as the same (n, size) recur from fit to fit and series to series."""
+    starts = np.arange(0, n, size)
+    ends = starts + (size - 1)
+    ends[-1] = n - 1
+    starts.flags.writeable = ends.flags.writeable = False  # shared by every later call
+    return starts, ends
+
+
+def _merged(data: np.ndarray, size: int) -> np.ndarray:
+    """Runs of ``size`` consecutive buckets merged into one: the first's time, the last's
+    step, the lowest floor and the highest peak (written in place: few numpy calls)."""
+    starts, ends = _runs(data.shape[1], size)
+    out = np.empty((4, len(starts)))
+    data[0].take(starts, out=out[0])
+    data[1].take(ends, out=out[1])
+    np.minimum.reduceat(data[2], starts, out=out[2])
+    np.maximum.reduceat(data[3], starts, out=out[3])
+    return out

@@ -6,17 +6,19 @@ so levels are lower envelopes (the second-lowest floor of ``k`` buckets, the min
 happen at one boundary, and leave both sides level: a steep but steady ramp moves the
 level as far over ``k`` buckets, only gradually, and stays trend.
 
-Scans are vectorised over all new boundaries at once, so their cost per fit does not
-depend on how many buckets arrived since the last one.
+Scans look only at the boundaries that arrived since the last one, a handful per fit, in
+plain Python over lists: at tens of floors numpy's per-call overhead costs more than the
+work, and the size of the level shift rules out most boundaries before any envelope is
+taken. Floors are finite (bytes, less a finite trend).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 from tpumon.detect.robust import median
 
@@ -38,59 +40,65 @@ def level_noise(floors: np.ndarray, e: int, minimum: float) -> float:
     return max(1.4826 * median(np.abs(diffs - median(diffs))) / math.sqrt(2), minimum)
 
 
-def _left_padded(values: np.ndarray, width: int, reduce) -> np.ndarray:
-    """``out[j] = reduce(values[j - width:j])`` (shorter at the start: padding is +inf)."""
-    padded = np.concatenate((np.full(width, np.inf), values))
-    return reduce(sliding_window_view(padded, width))
+def _second_lowest(values: list[float]) -> float:
+    """The level of a run of floors: one bucket that reads low is not a level."""
+    return sorted(values)[1]
 
 
-def _second_lowest(windows: np.ndarray) -> np.ndarray:
-    return np.partition(windows, 1, axis=1)[:, 1]
+def _tolist(values: Sequence[float]) -> list[float]:
+    return values.tolist() if isinstance(values, np.ndarray) else list(values)
 
 
-def scan(times: np.ndarray, steps: np.ndarray, floors: np.ndarray, first: int, k: int, e: int,
-         threshold: float) -> tuple[list[Jump], int]:
+def scan(times: Sequence[float], steps: Sequence[float], floors: Sequence[float], first: int,
+         k: int, e: int, threshold: float) -> tuple[list[Jump], int]:
     """Jumps at boundaries ``first``.. ``len - k``: ``k`` buckets confirm the new level on
     the right; on the left, up to ``k`` (fewer early in a job, but at least ``e``).
 
     Returns the jumps found and the next boundary to scan. Accepted jumps are at least
     ``k`` buckets apart (the second would be confirmed by the first one's own buckets).
     """
-    n = len(floors)
+    f = _tolist(floors)
     first = max(first, e)
-    last = n - k
+    last = len(f) - k
     if last < first:
         return [], first
-    level = _left_padded(floors, k, _second_lowest)  # level[j]: floors[j-k:j]
-    env = _left_padded(floors, e, lambda w: w.min(axis=1))  # env[j]: floors[j-e:j]
-    c = np.arange(first, last + 1)
-    shift = level[c + k] - level[c]
-    step_up = env[c + e] - env[c]
-    left_rise = env[c] - env[np.maximum(c - k + e, e)]
-    right_rise = env[c + k] - env[c + e]
-    size = np.abs(shift)
-    with np.errstate(invalid="ignore"):
-        ok = ((size > threshold) & (np.abs(step_up) >= 0.6 * size) & (step_up * shift > 0)
-              & (np.abs(left_rise) <= 0.3 * size) & (np.abs(right_rise) <= 0.3 * size))
+    boundaries = range(first, last + 1)
+    # level after minus level before each boundary (levels: second-lowest floors, inline
+    # as this is the loop that runs once per bucket)
+    shifts = [sorted(f[c:c + k])[1] - sorted(f[max(c - k, 0):c])[1] for c in boundaries]
     found: list[Jump] = []
     next_free = first
-    for i in np.flatnonzero(ok):
-        if c[i] >= next_free:
-            found.append(Jump(float(times[c[i]]), float(steps[c[i]]), float(shift[i])))
-            next_free = c[i] + k
+    for c, shift in zip(boundaries, shifts):
+        if c >= next_free and abs(shift) > threshold and _is_jump(f, c, k, e, shift):
+            found.append(Jump(float(times[c]), float(steps[c]), shift))
+            next_free = c + k
     return found, max(last + 1, next_free)
 
 
-def pending(floors: np.ndarray, k: int, e: int, threshold: float) -> bool:
+def _is_jump(f: list[float], c: int, k: int, e: int, shift: float) -> bool:
+    """The level, moving by ``shift`` at boundary ``c``, does so in one step and is level
+    on both sides (the size test, which rules out most boundaries, is the caller's)."""
+    size = abs(shift)
+    before = min(f[c - e:c])
+    step_up = min(f[c:c + e]) - before
+    left_rise = before - min(f[max(c - k, 0):max(c - k, 0) + e])
+    right_rise = min(f[c + k - e:c + k]) - min(f[c:c + e])
+    return (abs(step_up) >= 0.6 * size and step_up * shift > 0
+            and abs(left_rise) <= 0.3 * size and abs(right_rise) <= 0.3 * size)
+
+
+def pending(floors: Sequence[float], k: int, e: int, threshold: float) -> bool:
     """A rise in the last ``k`` buckets, already ``e`` buckets long, that may yet be
     confirmed as a jump: until it is, a fit would mistake it for steep growth. (One
     bucket that reads high is noise, not the start of a jump.)"""
-    n = len(floors)
+    f = _tolist(floors)
+    n = len(f)
     for c in range(max(e, n - k + 1), n - e + 1):
-        left = floors[max(c - k, 0):c]
-        shift = float(np.partition(floors[c:], 1)[1] - np.partition(left, 1)[1])
-        step_up = float(floors[c:c + e].min() - floors[c - e:c].min())
-        left_rise = float(floors[c - e:c].min() - left[:e].min())
+        left = f[max(c - k, 0):c]
+        shift = _second_lowest(f[c:]) - _second_lowest(left)
+        before = min(f[c - e:c])
+        step_up = min(f[c:c + e]) - before
+        left_rise = before - min(left[:e])
         if shift > threshold and step_up >= 0.6 * shift and abs(left_rise) <= 0.3 * shift:
             return True
     return False
