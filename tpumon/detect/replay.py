@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 
 from tpumon.detect.detector import Assessment, ChipDetector, DetectorSettings
-from tpumon.trace import TraceRow, read_trace_columns
+from tpumon.trace import read_trace_columns
 
 
 def _opt(value: float | None, digits: int | None = None) -> float | int | None:
@@ -103,18 +103,3 @@ def analyze_file(path: str, settings: DetectorSettings | None = None) -> list[Se
     return [replay_series(host, chip, c.times, c.steps, c.used, c.total, settings)
             for (host, chip), c in columns.items()]
 
-
-def analyze_rows(rows: Iterable[TraceRow],
-                 settings: DetectorSettings | None = None) -> list[SeriesResult]:
-    """Group rows into series (first-appearance order) and replay each."""
-    columns: dict[tuple[str, str], tuple[list, list, list, list]] = {}
-    for row in rows:
-        cols = columns.get((row.host, row.chip))
-        if cols is None:
-            cols = columns[(row.host, row.chip)] = ([], [], [], [])
-        cols[0].append(row.time)
-        cols[1].append(math.nan if row.step is None else row.step)
-        cols[2].append(row.hbm_used_bytes)
-        cols[3].append(row.hbm_total_bytes)
-    return [replay_series(host, chip, *(np.asarray(c, dtype=float) for c in cols), settings=settings)
-            for (host, chip), cols in columns.items()]
