@@ -37,12 +37,13 @@ log = logging.getLogger("tpumon.agent")
 def command(config_path: str | None, listen_address: str | None, poll_interval: float | None,
             runtime_ports: str | None, log_level: str | None, simulate: bool,
             scenario: str | None, acceleration: float | None) -> None:
-    """Poll every TPU chip's HBM and serve Prometheus metrics until SIGTERM.
+    """Poll every TPU chip's HBM, detect slow leaks, serve Prometheus metrics until SIGTERM.
 
     Reads libtpu's runtime metric service (the one tpu-info reads) on every port in
-    TPU_RUNTIME_METRICS_PORTS and the host's memory; never opens a TPU device, so it
-    runs beside the training job. With --simulate it runs the same agent against the
-    built-in simulator, on any machine.
+    TPU_RUNTIME_METRICS_PORTS and the host's memory, and runs the leak detector on every
+    chip (verdict, growth, OOM forecast: see 'tpumon status' and /metrics). Never opens a
+    TPU device, so it runs beside the training job. With --simulate it runs the same agent
+    against the built-in simulator, on any machine.
     """
     config = load_config(config_path, {
         "exporter.listen_address": listen_address, "agent.poll_interval": poll_interval,
