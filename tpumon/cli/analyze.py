@@ -9,20 +9,13 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from tpumon.detect import describe_growth
 from tpumon.detect.replay import SeriesResult, analyze_file
 from tpumon.trace import TraceFormatError
 
 
 def _when(unix: float | None) -> str:
     return "-" if unix is None else time.strftime("%Y-%m-%d %H:%M", time.gmtime(unix))
-
-
-def _growth(result: SeriesResult) -> str:
-    if result.slope_bytes_per_step is not None:
-        return f"{result.slope_bytes_per_step / 1e3:,.1f} KB/step"
-    if result.slope_bytes_per_hour is not None:
-        return f"{result.slope_bytes_per_hour / 1e6:,.1f} MB/h"
-    return "-"
 
 
 def _with_step(point: dict | None) -> str:
@@ -39,7 +32,8 @@ def render_table(results: list[SeriesResult], console: Console) -> None:
     for r in results:
         style = {"leak": "bold red", "step_change": "yellow"}.get(r.verdict, "")
         table.add_row(r.host, r.chip, f"[{style}]{r.verdict}[/]" if style else r.verdict,
-                      _growth(r), _with_step(r.alert), _with_step(r.predicted_oom))
+                      describe_growth(r.slope_bytes_per_step, r.slope_bytes_per_hour),
+                      _with_step(r.alert), _with_step(r.predicted_oom))
     console.print(table)
     for r in results:
         console.print(f"{r.host} chip {r.chip}: {r.assessment.reason}", highlight=False)

@@ -13,6 +13,7 @@ from rich.table import Table
 from tpumon.bootstrap import build
 from tpumon.cli.options import config_option, ports_value, runtime_ports_option
 from tpumon.config import Config, load_config, parse_listen_address
+from tpumon.detect import describe_growth
 from tpumon.logs import setup_logging
 from tpumon.status import status_document
 
@@ -33,14 +34,6 @@ def _eta(chip: dict[str, Any], now: float) -> str:
     return f"{hours:.1f} h" if hours < 48 else f"{hours / 24:.0f} d"
 
 
-def _growth(chip: dict[str, Any]) -> str:
-    if chip.get("growth_bytes_per_step") is not None:
-        return f"{chip['growth_bytes_per_step'] / 1e3:,.1f} KB/step"
-    if chip.get("growth_bytes_per_hour") is not None:
-        return f"{chip['growth_bytes_per_hour'] / 1e6:,.0f} MB/h"
-    return "-"
-
-
 def render_table(doc: dict[str, Any], console: Console) -> None:
     ident = doc["identity"]
     title = " ".join(f"{k}={v}" for k, v in ident.items() if v) or "tpumon status"
@@ -57,7 +50,9 @@ def render_table(doc: dict[str, Any], console: Console) -> None:
         verdict = chip.get("verdict") or "-"
         if verdict == "leak":
             verdict = "[bold red]leak[/]"
-        table.add_row(chip["chip"], used, _pct(chip["duty_cycle"]), verdict, _growth(chip),
+        table.add_row(chip["chip"], used, _pct(chip["duty_cycle"]), verdict,
+                      describe_growth(chip.get("growth_bytes_per_step"),
+                                      chip.get("growth_bytes_per_hour")),
                       _eta(chip, doc["time"]), owner)
     console.print(table)
     for chip in doc["chips"]:

@@ -6,6 +6,7 @@ the same ``DetectorSettings``, so what analyze replays is what the agent would h
 See ``detector.py`` for the method and docs/detector.md for the reasoning.
 """
 
-from tpumon.detect.detector import Assessment, ChipDetector, DetectorSettings, Verdict
+from tpumon.detect.detector import (Assessment, ChipDetector, DetectorSettings, Verdict,
+                                    describe_growth)
 
-__all__ = ["Assessment", "ChipDetector", "DetectorSettings", "Verdict"]
+__all__ = ["Assessment", "ChipDetector", "DetectorSettings", "Verdict", "describe_growth"]

@@ -39,6 +39,15 @@ from tpumon.detect.jumps import Jump
 from tpumon.detect.robust import PairwiseSlopes, lower_quartiles, sen_mann_kendall
 
 
+def describe_growth(bytes_per_step: float | None, bytes_per_hour: float | None) -> str:
+    """Growth as people read it: per step when steps are known, else per hour."""
+    if bytes_per_step is not None:
+        return f"{bytes_per_step / 1e3:,.1f} KB/step"
+    if bytes_per_hour is not None:
+        return f"{bytes_per_hour / 1e6:,.1f} MB/h"
+    return "-"
+
+
 class Verdict(str, enum.Enum):
     OK = "ok"
     WARMING_UP = "warming_up"
@@ -513,8 +522,7 @@ class ChipDetector:
             if why_not:
                 return _Said(Verdict.OK, why_not, common)
             job.leaking = True
-        per = (f"{rate / steps_per_second / 1e3:.1f} KB/step" if steps_per_second
-               else f"{rate * 3.6e3 / 1e6:.1f} MB/h")
+        per = describe_growth(rate / steps_per_second if steps_per_second else None, rate * 3600)
         return _Said(Verdict.LEAK, f"floor grows {per}; OOM in {tto / 3600:.1f} h", common)
 
     def _not_a_leak_yet(self, job: _Job, tto: float, window: float) -> str | None:

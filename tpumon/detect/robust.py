@@ -46,11 +46,6 @@ def median(values: np.ndarray) -> float:
     return float(ordered[half - 1] + ordered[half]) / 2.0
 
 
-def lower_quartile(values: np.ndarray) -> float:
-    """The 25th percentile (by rank): a level under noise that only ever reads high."""
-    return lower_quartiles(values, (0, len(values)))[0]
-
-
 def lower_quartiles(values: np.ndarray, bounds: Sequence[int]) -> list[float]:
     """Lower quartiles of the consecutive parts ``values[bounds[i]:bounds[i + 1]]``: one
     copy, each part sorted in place."""
