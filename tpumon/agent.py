@@ -23,6 +23,9 @@ from tpumon.sources.health import SourceTracker
 from tpumon.sources.host import HostSource
 from tpumon.sources.tpu_runtime import TpuRuntimeSource
 from tpumon.state import AgentState, Snapshot
+from tpumon.store.checkpoint import dump_detector
+from tpumon.store.database import Sample
+from tpumon.store.writer import PollRecord, StoreWriter
 
 log = logging.getLogger("tpumon.agent")
 
@@ -51,10 +54,15 @@ class Agent:
 
     def __init__(self, state: AgentState, runtime: TpuRuntimeSource, owners: OwnerScanner,
                  interval: float, registry: CollectorRegistry,
-                 detector_settings: DetectorSettings | None = None) -> None:
+                 detector_settings: DetectorSettings | None = None,
+                 detectors: Mapping[str, ChipDetector] | None = None,
+                 store: StoreWriter | None = None, checkpoint_interval: float = 60.0) -> None:
         self.state = state
         self._detector_settings = detector_settings
-        self._detectors: dict[str, ChipDetector] = {}
+        self._detectors: dict[str, ChipDetector] = dict(detectors or {})
+        self._store = store
+        self._checkpoint_interval = checkpoint_interval
+        self._next_checkpoint = time.monotonic() + checkpoint_interval
         self.interval = interval
         self._runtime_source = runtime
         self._owners = owners
@@ -80,10 +88,27 @@ class Agent:
             runtime_ports_up=dict(self._runtime_source.ports_up),
             assessments=self._detect(runtime),
             runtime_malformed_total=self._runtime_source.malformed_total,
-            polls_total=self._polls)
+            polls_total=self._polls,
+            store=None if self._store is None else self._store.health)
         self.state.publish(snapshot)
+        if self._store is not None:
+            self._record(runtime)
         self._poll_seconds.observe(time.monotonic() - started)
         return snapshot
+
+    def _record(self, reading: RuntimeReading | None, final: bool = False) -> None:
+        """Hand the poll's samples to the store (a queue append) and, every
+        ``checkpoint_interval`` or when stopping, the detectors' state after them."""
+        samples = () if reading is None else tuple(
+            (name, Sample(reading.time, None, chip.hbm_used_bytes, chip.hbm_total_bytes))
+            for name, chip in reading.chips.items() if chip.hbm_total_bytes is not None)
+        checkpoints = {}
+        if final or time.monotonic() >= self._next_checkpoint:
+            checkpoints = {name: dump_detector(d) for name, d in self._detectors.items()}
+            self._next_checkpoint = time.monotonic() + self._checkpoint_interval
+        if samples or checkpoints:
+            self._store.submit(PollRecord(self.state.snapshot.identity.host, samples,
+                                          checkpoints))
 
     def _detect(self, reading: RuntimeReading | None) -> dict[str, Assessment]:
         """Feed each chip's sample to its detector (the same code ``tpumon analyze`` runs).
@@ -115,4 +140,6 @@ class Agent:
             if next_tick < now:  # a poll overran: skip the ticks it ate instead of bursting
                 next_tick = now + self.interval - (now - next_tick) % self.interval
             stop.wait(next_tick - now)
+        if self._store is not None:
+            self._record(None, final=True)
         self._runtime_source.close()

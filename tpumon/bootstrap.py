@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sqlite3
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -22,6 +23,9 @@ from tpumon.sim.process import SimulatorProcess, spawn_simulator
 from tpumon.sources.chips import ChipInventory, detect_chips, inventory_for, scan_chip_owners
 from tpumon.sources.tpu_runtime import TpuRuntimeSource
 from tpumon.state import AgentState
+from tpumon.store.database import Retention, open_database
+from tpumon.store.resume import restore_detectors
+from tpumon.store.writer import StoreWriter
 
 log = logging.getLogger("tpumon.bootstrap")
 DEFAULT_RUNTIME_PORT = 8431
@@ -56,11 +60,38 @@ class Assembly:
     identity: Identity
     runtime: TpuRuntimeSource
     simulator: SimulatorProcess | None = None
+    store: StoreWriter | None = None
 
     def close(self) -> None:
+        """Stop in the order data flows: runtime, then the store (writes what is queued)."""
         self.runtime.close()
+        if self.store is not None:
+            self.store.stop()
         if self.simulator is not None:
             self.simulator.stop()
+
+
+def retention_of(config: Config) -> Retention:
+    return Retention(raw_seconds=config["store.raw_retention_hours"] * 3600,
+                     minute_seconds=config["store.minute_retention_days"] * 86400,
+                     max_bytes=int(config["store.max_size_mb"] * 2**20))
+
+
+def open_store(config: Config, simulate: bool, host: str) -> tuple[StoreWriter | None, dict]:
+    """The store's writer and every chip's detector resumed from it. A store that cannot be
+    opened is a reported state (the writer retries), never a reason not to monitor."""
+    state_dir = config["store.state_dir"]
+    if not state_dir or (simulate and config.origins["store.state_dir"] == "default"):
+        log.info("history store off%s", " (--simulate: give --state-dir to keep one)"
+                 if state_dir else "")
+        return None, {}
+    retention = retention_of(config)
+    try:
+        db = open_database(state_dir, retention)
+    except (OSError, sqlite3.Error) as exc:
+        return StoreWriter(state_dir, retention, open_error=exc), {}
+    log.info("history store %s (%.1f MiB)", db.path, db.size_bytes() / 2**20)
+    return StoreWriter(state_dir, retention, db), restore_detectors(db, host)
 
 
 def build(config: Config, simulate: bool = False,
@@ -93,9 +124,14 @@ def build(config: Config, simulate: bool = False,
     runtime = TpuRuntimeSource(address, ports, config["runtime.timeout"], inventory,
                                runtime_clock=simulate)
     state = AgentState(identity, inventory, config["agent.history_points"])
+    store, detectors = open_store(config, simulate, identity.host)
     registry = build_registry(lambda: state.snapshot)
-    agent = Agent(state, runtime, owners, config["agent.poll_interval"], registry)
-    return Assembly(agent, state, registry, identity, runtime, simulator)
+    agent = Agent(state, runtime, owners, config["agent.poll_interval"], registry,
+                  detectors=detectors, store=store,
+                  checkpoint_interval=config["store.checkpoint_interval"])
+    if store is not None:
+        store.start()
+    return Assembly(agent, state, registry, identity, runtime, simulator, store)
 
 
 def _log_inventory(inventory: ChipInventory, address: str, ports: list[int], origin: str) -> None:

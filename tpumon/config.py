@@ -56,6 +56,10 @@ def _positive(value: Any) -> str | None:
     return None if value > 0 else "must be greater than 0"
 
 
+def _at_least_one(value: Any) -> str | None:
+    return None if value >= 1 else "must be at least 1"
+
+
 def _one_of(*choices: str) -> Callable[[Any], str | None]:
     def check(value: Any) -> str | None:
         return None if value in choices else f"must be one of {', '.join(choices)}"
@@ -116,6 +120,21 @@ SCHEMA: tuple[Key, ...] = (
         _one_of("auto", "on", "off")),
     Key("identity", "metadata_timeout", float, 0.5,
         "Seconds to wait for the metadata server at start-up.", _positive),
+    Key("store", "state_dir", str, "/var/lib/tpumon",
+        "Directory of the history store (history.db: samples and detector state, resumed "
+        "after a restart). Empty: no history store. With --simulate only when set "
+        "explicitly."),
+    Key("store", "raw_retention_hours", float, 24.0,
+        "Hours of every poll's samples kept; older ones are rolled up into per-minute "
+        "floors and peaks.", _positive),
+    Key("store", "minute_retention_days", float, 30.0,
+        "Days of per-minute floors and peaks kept.", _positive),
+    Key("store", "max_size_mb", float, 256.0,
+        "Hard cap on the history store's files (MiB); the oldest data goes first.",
+        _at_least_one),
+    Key("store", "checkpoint_interval", float, 60.0,
+        "Seconds between saves of the detectors' state (a restart replays the samples "
+        "stored since).", _positive),
     Key("simulator", "scenario", str, "linear-leak",
         "Workload scenario for --simulate and 'tpumon sim' (see 'tpumon sim --list').",
         _scenario),

@@ -17,6 +17,7 @@ from tpumon.identity import Identity
 from tpumon.samples import HostSample, RuntimeReading, chip_sort_key
 from tpumon.sources.chips import ChipInventory
 from tpumon.sources.health import SourceHealth
+from tpumon.store.writer import StoreHealth
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +45,7 @@ class Snapshot:
     assessments: Mapping[str, Assessment] = field(default_factory=dict)
     runtime_malformed_total: int = 0
     polls_total: int = 0
+    store: StoreHealth | None = None  # None: no history store configured
 
     def chips(self) -> list[str]:
         """Every chip to report: those that answered and those expected but missing."""

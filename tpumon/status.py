@@ -54,10 +54,12 @@ def status_document(snap: Snapshot, source: str = "agent") -> dict[str, Any]:
             **_assessment(snap, name),
         })
     host = snap.host
+    store = snap.store
     return {
         "version": __version__,
         "source": source,
         "time": snap.time,
+        "polls_total": snap.polls_total,
         "identity": snap.identity.labels(),
         "chip_type": snap.inventory.chip_type,
         "sources": {h.name: {"up": h.up, "error": h.error} for h in snap.health},
@@ -67,5 +69,10 @@ def status_document(snap: Snapshot, source: str = "agent") -> dict[str, Any]:
             "memory_total_bytes": host.memory_total_bytes,
             "memory_available_bytes": host.memory_available_bytes,
             "memory_used_bytes": host.memory_used_bytes,
+        },
+        "store": None if store is None else {
+            "path": store.path, "up": store.up, "error": store.error,
+            "size_bytes": store.size_bytes, "polls_written_total": store.polls_written_total,
+            "dropped_polls_total": store.dropped_polls_total,
         },
     }

@@ -9,7 +9,8 @@ import threading
 import click
 
 from tpumon.bootstrap import build
-from tpumon.cli.options import config_option, ports_value, runtime_ports_option
+from tpumon.cli.options import (config_option, ports_value, runtime_ports_option,
+                                state_dir_option)
 from tpumon import __version__
 from tpumon.config import Config, load_config
 from tpumon.exporters.http import MetricsServer
@@ -25,6 +26,7 @@ log = logging.getLogger("tpumon.agent")
 @click.option("--poll-interval", type=float, default=None, metavar="SECONDS",
               help="Seconds between polls [default: 5].")
 @runtime_ports_option
+@state_dir_option
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
               default=None, help="Log level [default: info].")
 @click.option("--simulate", is_flag=True,
@@ -35,19 +37,23 @@ log = logging.getLogger("tpumon.agent")
 @click.option("--acceleration", type=float, default=None,
               help="Simulated seconds per real second with --simulate [default: 60].")
 def command(config_path: str | None, listen_address: str | None, poll_interval: float | None,
-            runtime_ports: str | None, log_level: str | None, simulate: bool,
+            runtime_ports: str | None, state_dir: str | None, log_level: str | None,
+            simulate: bool,
             scenario: str | None, acceleration: float | None) -> None:
     """Poll every TPU chip's HBM, detect slow leaks, serve Prometheus metrics until SIGTERM.
 
     Reads libtpu's runtime metric service (the one tpu-info reads) on every port in
     TPU_RUNTIME_METRICS_PORTS and the host's memory, and runs the leak detector on every
-    chip (verdict, growth, OOM forecast: see 'tpumon status' and /metrics). Never opens a
-    TPU device, so it runs beside the training job. With --simulate it runs the same agent
-    against the built-in simulator, on any machine.
+    chip (verdict, growth, OOM forecast: see 'tpumon status' and /metrics). Keeps the
+    samples and the detectors' state in a history store under --state-dir, so a restart
+    resumes every trend and 'tpumon export' has the data after the job died. Never opens
+    a TPU device, so it runs beside the training job. With --simulate it runs the same
+    agent against the built-in simulator, on any machine.
     """
     config = load_config(config_path, {
         "exporter.listen_address": listen_address, "agent.poll_interval": poll_interval,
         "runtime.ports": ports_value(runtime_ports), "agent.log_level": log_level,
+        "store.state_dir": state_dir,
         "simulator.scenario": scenario, "simulator.acceleration": acceleration})
     setup_logging(config["agent.log_level"])
     stop = threading.Event()

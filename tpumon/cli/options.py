@@ -28,3 +28,8 @@ runtime_ports_option = click.option(
     help="Runtime metric service ports, e.g. 8431-8434 [default: runtime.ports, "
          "TPU_RUNTIME_METRICS_PORTS, tpu-env metadata, 8431].")
 
+
+
+state_dir_option = click.option(
+    "--state-dir", default=None, metavar="DIR",
+    help="Directory of the history store [default: store.state_dir, /var/lib/tpumon].")

@@ -56,6 +56,17 @@ class _Ring:
     def __len__(self) -> int:
         return self._end - self._start
 
+    def __getstate__(self) -> tuple[int, np.ndarray]:
+        """Only the rows in use: ``_rows`` are views of ``_data``, which pickle would copy
+        apart (and a checkpoint would carry the empty half of the storage)."""
+        return self.capacity, self.view().copy()
+
+    def __setstate__(self, state: tuple[int, np.ndarray]) -> None:
+        capacity, rows = state
+        self.__init__(capacity)
+        self._data[:, :rows.shape[1]] = rows
+        self._end = rows.shape[1]
+
     def append(self, time: float, step: float, floor: float, peak: float) -> None:
         end = self._end
         if end == 2 * self.capacity:

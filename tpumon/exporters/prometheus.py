@@ -22,6 +22,7 @@ from tpumon import __version__
 from tpumon.detect import Verdict
 from tpumon.identity import LABELS
 from tpumon.state import Snapshot
+from tpumon.store.writer import StoreHealth
 
 IDENTITY = list(LABELS)
 
@@ -55,6 +56,8 @@ class SnapshotCollector(Collector):
         yield from self._detector_metrics(snap, ident)
         yield from self._host_metrics(snap, ident)
         yield from self._source_metrics(snap, ident)
+        if snap.store is not None:
+            yield from self._store_metrics(snap.store, ident)
         info = _gauge("tpumon_build_info", "tpumon build: always 1, versions in labels.",
                       ["version", "tpu_info_version", "python_version"])
         info.add_metric(ident + self._build, 1)
@@ -172,6 +175,34 @@ class SnapshotCollector(Collector):
                              "Runtime metric entries ignored because they could not be read.", [])
         malformed.add_metric(ident, snap.runtime_malformed_total)
         yield from (up, polls, errors, duration, last_ok, ports, malformed)
+
+
+    @staticmethod
+    def _store_metrics(h: StoreHealth, ident: list[str]) -> Iterator[Metric]:
+        up = _gauge("tpumon_store_up", "1 if the history store's last write succeeded.", [])
+        up.add_metric(ident, 1 if h.up else 0)
+        error = _gauge("tpumon_store_error_info",
+                       "1 while the history store cannot be written, by kind (read_only, "
+                       "disk_full, corrupt, io).", ["kind"])
+        if h.error_kind:
+            error.add_metric(ident + [h.error_kind], 1)
+        size = _gauge("tpumon_store_size_bytes",
+                      "Bytes on disk of the history store (database and WAL).", [])
+        size.add_metric(ident, h.size_bytes)
+        queued = _gauge("tpumon_store_queued_polls", "Polls waiting to be written.", [])
+        queued.add_metric(ident, h.queued_polls)
+        yield from (up, error, size, queued)
+        for name, doc, value in (
+            ("polls_written", "Polls written to the history store.", h.polls_written_total),
+            ("write_errors", "Failed writes to the history store.", h.write_errors_total),
+            ("dropped_polls", "Polls never written: the queue was full while the store "
+             "could not be written.", h.dropped_polls_total),
+            ("write_seconds", "Time spent writing the history store.", h.write_seconds_total),
+            ("moved_aside", "Damaged history databases moved aside.", h.moved_aside_total),
+        ):
+            family = _counter(f"tpumon_store_{name}", doc, [])
+            family.add_metric(ident, value)
+            yield family
 
 
 def build_registry(get_snapshot: Callable[[], Snapshot]) -> CollectorRegistry:

@@ -1,0 +1,216 @@
+"""The history store inside the agent: restart on the simulator, kill -9, full and
+read-only disks. Real agent processes, a real simulator over gRPC, real file systems."""
+
+import json
+import os
+import re
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from test_sim_server import ManualClock
+from tools import wait_for
+from tpumon.agent import Agent, OwnerScanner
+from tpumon.detect import ChipDetector, Verdict
+from tpumon.exporters.prometheus import build_registry
+from tpumon.identity import Identity
+from tpumon.sim.server import Simulator
+from tpumon.sim.workload import Workload
+from tpumon.sources.chips import inventory_for
+from tpumon.sources.tpu_runtime import TpuRuntimeSource
+from tpumon.state import AgentState
+from tpumon.store.database import Retention, database_path, open_database
+from tpumon.store.resume import restore_detectors
+from tpumon.store.writer import StoreWriter
+
+TPUMON = [sys.executable, "-m", "tpumon"]
+HOST = "t1v-n-resume-w-0"
+
+
+def test_restart_mid_run_resumes_verdict_slope_and_forecast(tmp_path):
+    """Two lives of the agent on one simulated job: after the second, every chip's
+    assessment is exactly what one uninterrupted detector says about the same samples."""
+    start = 1750000000.0
+    workload = Workload("linear-leak", chips=2, seed=5, start_time=start,
+                        leak_bytes_per_step=400_000, leak_chip_spread=0.0)
+    clock = ManualClock(start)
+    sim = Simulator(workload, clock, "127.0.0.1", [0], 2)
+    sim.start()
+    inventory = inventory_for("v4", 2)
+    seen: dict[str, list[tuple[float, int, int]]] = {"0": [], "1": []}
+
+    def life(polls: int, checkpoint_interval: float) -> Agent:
+        db = open_database(tmp_path, Retention())
+        detectors = restore_detectors(db, HOST)
+        writer = StoreWriter(tmp_path, Retention(), db)
+        writer.start()
+        state = AgentState(Identity(host=HOST), inventory, history_points=64)
+        source = TpuRuntimeSource("127.0.0.1", sim.ports, 1.0, inventory, clock=clock.now)
+        agent = Agent(state, source, OwnerScanner(dict, 60), 30.0,
+                      build_registry(lambda: state.snapshot), detectors=detectors,
+                      store=writer, checkpoint_interval=checkpoint_interval)
+        for _ in range(polls):
+            snap = agent.poll_once()
+            for chip, sample in snap.runtime.chips.items():
+                seen[chip].append((snap.runtime.time, sample.hbm_used_bytes,
+                                   sample.hbm_total_bytes))
+            clock.t += 30.0
+        source.close()
+        writer.stop()  # what was polled is written; no last checkpoint: as after a crash
+        return agent
+
+    try:
+        first = life(250, checkpoint_interval=0.0)  # a checkpoint at every poll
+        # the first life ended with a fitted trend: the checkpoint has something to carry
+        assert first.state.snapshot.assessments["0"].window_seconds > 1800
+        second = life(250, checkpoint_interval=3600.0)  # none in this life
+    finally:
+        sim.stop()
+    for chip, samples in seen.items():
+        t, used, total = (np.array(c, dtype=float) for c in zip(*samples))
+        reference = ChipDetector()
+        reference.update(t, np.full(len(t), np.nan), used, total)
+        resumed = second.state.snapshot.assessments[chip]
+        assert resumed == reference.assessment, chip
+        assert second._detectors[chip].alert == reference.alert
+    assert resumed.verdict is Verdict.LEAK and resumed.predicted_oom_time is not None
+
+
+class AgentProcess:
+    """``tpumon agent --simulate`` as a child process, optionally behind a command prefix."""
+
+    def __init__(self, tmp: Path, state_dir: Path, *extra: str, prefix: tuple[str, ...] = (),
+                 env: dict | None = None) -> None:
+        self.log_path = tmp / f"agent-{len(list(tmp.glob('agent-*.log')))}.log"
+        full_env = {k: v for k, v in os.environ.items() if not k.startswith("TPUMON_")}
+        full_env.update(env or {})
+        with open(self.log_path, "w") as log:
+            self.proc = subprocess.Popen(
+                [*prefix, *TPUMON, "agent", "--simulate", "--listen-address", "127.0.0.1:0",
+                 "--state-dir", str(state_dir), "--poll-interval", "0.05", *extra],
+                stderr=log, env=full_env)
+        self.url = wait_for(lambda: re.search(r"serving metrics on http://(\S+)/metrics",
+                                              self.log()), timeout=60).group(1)
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def get(self, path: str) -> str:
+        with urllib.request.urlopen(f"http://{self.url}{path}", timeout=5) as r:
+            return r.read().decode()
+
+    def metrics(self) -> dict[tuple[str, tuple], float]:
+        out = {}
+        for family in text_string_to_metric_families(self.get("/metrics")):
+            for s in family.samples:
+                labels = tuple(sorted((k, v) for k, v in s.labels.items()
+                                      if k not in ("host", "worker", "accelerator_type", "slice")))
+                out[(s.name, labels)] = s.value
+        return out
+
+    def value(self, name: str, **labels: str) -> float | None:
+        return self.metrics().get((name, tuple(sorted(labels.items()))))
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=20)
+
+
+def test_kill_9_loses_at_most_the_last_poll_and_the_restart_resumes(tmp_path):
+    state = tmp_path / "state"
+    agent = AgentProcess(tmp_path, state, env={"TPUMON_STORE_CHECKPOINT_INTERVAL": "0.2"})
+    try:
+        wait_for(lambda: (agent.value("tpumon_store_polls_written_total") or 0) >= 60, 60)
+        m = agent.metrics()
+        runtime = (("source", "tpu_runtime"),)
+        polled = m[("tpumon_source_polls_total", runtime)] - m[("tpumon_source_errors_total", runtime)]
+        agent.proc.kill()
+        agent.proc.wait(10)
+    finally:
+        agent.stop()
+    conn = sqlite3.connect(database_path(state))
+    assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    stored = conn.execute("SELECT count(*) FROM samples").fetchone()[0] / 4  # polls of 4 chips
+    assert stored >= polled - 1, (stored, polled)
+    assert conn.execute("SELECT count(*) FROM checkpoints").fetchone()[0] == 4
+    conn.close()
+    again = AgentProcess(tmp_path, state)
+    try:
+        wait_for(lambda: "resumed the trend of 4 chip(s)" in again.log(), 30)
+        assert "4 from checkpoints" in again.log()
+        wait_for(lambda: again.value("tpumon_store_up") == 1.0, 30)
+    finally:
+        assert again.stop() == 0
+    assert "Traceback" not in again.log() + agent.log()
+
+
+def _private_tmpfs_prefix(mountpoint: Path, size: str) -> tuple[str, ...]:
+    """Run a command in its own mount namespace with a small tmpfs on ``mountpoint``,
+    mounted read-only: a real file system that can be made writable and filled up from
+    outside (nsenter, /proc/PID/root) without touching the host's."""
+    if os.geteuid() != 0 or not (shutil.which("unshare") and shutil.which("nsenter")):
+        pytest.skip("needs root, unshare(1) and nsenter(1) for a private tmpfs")
+    mount = f"mount -t tmpfs -o ro,size={size} tmpfs {mountpoint}"
+    probe = subprocess.run(["unshare", "-m", "sh", "-c", mount], capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot mount a private tmpfs here: {probe.stderr.strip()}")
+    return ("unshare", "-m", "sh", "-c", f'{mount} && exec "$@"', "sh")
+
+
+def test_read_only_and_full_disks_are_reported_and_monitoring_goes_on(tmp_path):
+    """The state directory starts on a read-only file system, which then becomes
+    writable, then fills up, then has room again: each state is reported, logged once,
+    and polling and /metrics never stop."""
+    mount = Path(tempfile.mkdtemp(dir=tmp_path))
+    agent = AgentProcess(tmp_path, mount, prefix=_private_tmpfs_prefix(mount, "2m"))
+    inside = Path(f"/proc/{agent.proc.pid}/root{mount}")  # the agent's view of its tmpfs
+
+    def polls() -> float:
+        return agent.value("tpumon_source_polls_total", source="tpu_runtime") or 0
+
+    def outage(kind: str) -> None:
+        wait_for(lambda: agent.value("tpumon_store_error_info", kind=kind) == 1.0, 30)
+        assert agent.value("tpumon_store_up") == 0.0
+        before = polls()
+        wait_for(lambda: polls() > before + 20, 30)  # polling goes on
+        assert agent.value("tpumon_hbm_used_bytes", chip="0") > 0  # and so does exporting
+        doc = json.loads(agent.get("/api/status"))
+        assert doc["store"]["up"] is False and doc["store"]["error"]
+
+    def recovered() -> None:
+        wait_for(lambda: agent.value("tpumon_store_up") == 1.0, 90)
+        written = agent.value("tpumon_store_polls_written_total")
+        wait_for(lambda: agent.value("tpumon_store_polls_written_total") > written + 20, 30)
+
+    try:
+        outage("read_only")
+        subprocess.run(["nsenter", "-t", str(agent.proc.pid), "-m", "mount", "-o",
+                        "remount,rw", str(mount)], check=True)
+        recovered()
+        with open(inside / "filler", "wb") as f:  # fill the disk
+            try:
+                while True:
+                    f.write(b"\0" * 65536)
+                    f.flush()
+            except OSError:
+                pass
+        outage("disk_full")
+        (inside / "filler").unlink()
+        recovered()
+    finally:
+        assert agent.stop() == 0
+    log = agent.log()
+    assert "Traceback" not in log
+    assert len(re.findall(r"cannot open it: read-only", log)) == 1, log
+    assert len(re.findall(r"cannot write: disk full", log)) == 1, log
+    assert len(re.findall(r"writing again", log)) == 2, log

@@ -1,0 +1,90 @@
+"""``tpumon export``: the agent's stored history as a trace file (contracts.md section 1)."""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import sqlite3
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import click
+
+from tpumon.cli.options import config_option, state_dir_option
+from tpumon.config import ConfigError, load_config
+from tpumon.store.database import HistoryDB, Retention, database_path
+from tpumon.store.export import export_rows
+from tpumon.trace import write_trace
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_when(text: str, option: str, now: float | None = None) -> float:
+    """Unix seconds, an ISO 8601 time (UTC unless it says otherwise), or an age such as
+    '90m', '6h', '2d' (that long before now)."""
+    now = time.time() if now is None else now
+    value = text.strip()
+    age = re.fullmatch(r"(\d+(?:\.\d+)?)([smhdw])", value)
+    if age:
+        return now - float(age.group(1)) * _UNITS[age.group(2)]
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    try:
+        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is not a time: use Unix seconds, "
+                                 "2026-11-21T08:00 (UTC) or an age like 6h", param_hint=option)
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    return moment.timestamp()
+
+
+@click.command("export")
+@config_option
+@state_dir_option
+@click.option("--since", default=None, metavar="WHEN",
+              help="Only samples from then on: Unix seconds, ISO 8601 (UTC unless a zone is "
+                   "given) or an age such as 6h or 2d.")
+@click.option("--until", default=None, metavar="WHEN", help="Only samples up to then.")
+@click.option("--host", "hosts", multiple=True, help="Only this host (repeatable).")
+@click.option("--chip", "chips", multiple=True, help="Only this chip (repeatable).")
+@click.option("-o", "--output", default="-", show_default=True, type=click.Path(dir_okay=False,
+              allow_dash=True), help="Output file; '-' is stdout.")
+@click.option("--format", "fmt", type=click.Choice(["csv", "jsonl"]), default=None,
+              help="Trace format [default: jsonl for a .jsonl output, else csv].")
+def command(config_path: str | None, state_dir: str | None, since: str | None,
+            until: str | None, hosts: tuple[str, ...], chips: tuple[str, ...], output: str,
+            fmt: str | None) -> None:
+    """Write the agent's stored HBM history as a trace (the format 'tpumon analyze' reads),
+    for a post-mortem after the job died. Raw polls where they are still kept; older
+    history as each minute's floor and peak. Safe to run while the agent writes.
+    """
+    config = load_config(config_path, {"store.state_dir": state_dir})
+    if not config["store.state_dir"]:
+        raise ConfigError("store.state_dir is empty: no history store to export")
+    start = parse_when(since, "--since") if since else -math.inf
+    end = parse_when(until, "--until") if until else math.inf
+    path = database_path(config["store.state_dir"])
+    if not path.exists():
+        raise click.ClickException(f"{path}: no history store here (is --state-dir right?)")
+    fmt = fmt or ("jsonl" if Path(output).suffix == ".jsonl" else "csv")
+    try:
+        db = HistoryDB(path, Retention(), read_only=True)
+        try:
+            rows = write_trace(export_rows(db, start, end, set(hosts), set(chips)), output, fmt)
+        finally:
+            db.close()
+    except sqlite3.Error as exc:
+        raise click.ClickException(f"{path}: cannot read it: {exc}") from None
+    except BrokenPipeError:  # `tpumon export | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)
+    except OSError as exc:
+        raise click.ClickException(f"{output}: {exc.strerror or exc}") from None
+    if output != "-":
+        click.echo(f"{rows} rows written to {output}", err=True)

@@ -1,0 +1,7 @@
+"""The history store: every poll's chip samples and the detectors' state in SQLite.
+
+``database`` owns the file (schema, retention tiers, size cap, corrupt files moved aside),
+``writer`` the thread that writes it without ever stalling a poll, ``checkpoint`` the
+detector state as bytes, ``resume`` the detectors rebuilt from it at start-up, and
+``export`` the stored samples as a trace. docs/history.md explains the whole.
+"""
