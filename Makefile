@@ -39,7 +39,7 @@ demo: venv
 	@echo "  Try 'make demo DEMO_SCENARIO=healthy'; 'tpumon sim --list' lists scenarios. Ctrl-C stops."
 	@echo
 	$(BIN)/tpumon agent --simulate --scenario $(DEMO_SCENARIO) --listen-address $(DEMO_ADDRESS) \
-		--poll-interval 0.25
+		--poll-interval 0.25 --state-dir .demo-state
 
 test: system-deps-test $(STAMP)
 	$(BIN)/python -m pytest -q
@@ -47,7 +47,8 @@ test: system-deps-test $(STAMP)
 bench: venv
 	$(BIN)/python bench/run.py
 	$(BIN)/python bench/detect.py
+	$(BIN)/python bench/store.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache build *.egg-info
+	rm -rf $(VENV) .pytest_cache build *.egg-info .demo-state
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -20,20 +20,25 @@ from tpumon.identity import Identity
 from tpumon.sources.chips import inventory_for
 from tpumon.sources.tpu_runtime import TpuRuntimeSource
 from tpumon.state import AgentState
+from tpumon.store.database import Retention, open_database
+from tpumon.store.writer import StoreWriter
 
 IDENT = Identity(host="t1v-n-0a1b2c3d-w-3", worker="3", accelerator_type="v4-32", slice="pod-a")
 
 
 @pytest.fixture
-def served(runtime_servers):
-    """An agent that polled a fake runtime once, serving on a free loopback port."""
+def served(runtime_servers, tmp_path):
+    """An agent with a history store that polled a fake runtime once, serving on a free
+    loopback port."""
     server = runtime_servers(chips_metrics({0: 2**30, 1: 2 * 2**30, 3: 3 * 2**30}, duty=50.0))
     inventory = inventory_for("v4", 4)
     state = AgentState(IDENT, inventory, history_points=16)
     registry = build_registry(lambda: state.snapshot)
     runtime = TpuRuntimeSource("127.0.0.1", [server.port], 1.0, inventory)
     owners = OwnerScanner(lambda: {"0": os.getpid(), "1": os.getpid()}, 60)
-    agent = Agent(state, runtime, owners, 1.0, registry)
+    store = StoreWriter(tmp_path, Retention(), open_database(tmp_path, Retention()))
+    store.start()
+    agent = Agent(state, runtime, owners, 1.0, registry, store=store)
     agent.poll_once()
     http = MetricsServer("127.0.0.1:0")
     host, port = http.start()
@@ -41,6 +46,7 @@ def served(runtime_servers):
     yield SimpleNamespace(base=f"http://{host}:{port}", agent=agent, runtime=server)
     http.stop()
     runtime.close()
+    store.stop()
 
 
 def get(url: str) -> tuple[int, str, str]:

@@ -214,3 +214,14 @@ def test_read_only_and_full_disks_are_reported_and_monitoring_goes_on(tmp_path):
     assert len(re.findall(r"cannot open it: read-only", log)) == 1, log
     assert len(re.findall(r"cannot write: disk full", log)) == 1, log
     assert len(re.findall(r"writing again", log)) == 2, log
+
+
+def test_one_off_status_leaves_the_history_store_alone(tmp_path):
+    """`tpumon status --direct` builds an agent for one poll; it must not open (or create)
+    the store the real agent owns."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TPUMON_")}
+    env["TPUMON_STORE_STATE_DIR"] = str(tmp_path / "state")
+    result = subprocess.run([*TPUMON, "status", "--direct", "--runtime-ports", "1"],
+                            capture_output=True, text=True, timeout=60, env=env)
+    assert result.returncode == 0, result.stderr
+    assert not (tmp_path / "state").exists()

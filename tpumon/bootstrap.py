@@ -94,9 +94,10 @@ def open_store(config: Config, simulate: bool, host: str) -> tuple[StoreWriter |
     return StoreWriter(state_dir, retention, db), restore_detectors(db, host)
 
 
-def build(config: Config, simulate: bool = False,
-          env: Mapping[str, str] | None = None) -> Assembly:
-    """Wire sources, state and exporter registry; start the simulator child if asked."""
+def build(config: Config, simulate: bool = False, env: Mapping[str, str] | None = None,
+          history: bool = True) -> Assembly:
+    """Wire sources, state and exporter registry; start the simulator child if asked.
+    ``history`` False (a one-off ``tpumon status``) leaves the history store alone."""
     env = os.environ if env is None else env
     configured_identity = {k: config[f"identity.{k}"]
                            for k in ("hostname", "worker", "accelerator_type", "slice")}
@@ -124,7 +125,7 @@ def build(config: Config, simulate: bool = False,
     runtime = TpuRuntimeSource(address, ports, config["runtime.timeout"], inventory,
                                runtime_clock=simulate)
     state = AgentState(identity, inventory, config["agent.history_points"])
-    store, detectors = open_store(config, simulate, identity.host)
+    store, detectors = open_store(config, simulate, identity.host) if history else (None, {})
     registry = build_registry(lambda: state.snapshot)
     agent = Agent(state, runtime, owners, config["agent.poll_interval"], registry,
                   detectors=detectors, store=store,

@@ -65,6 +65,11 @@ def render_table(doc: dict[str, Any], console: Console) -> None:
     if host:
         console.print(f"host memory: {_gib(host['memory_used_bytes'])} used of "
                       f"{_gib(host['memory_total_bytes'])}", highlight=False)
+    store = doc.get("store")
+    if store:
+        state = "writing" if store["up"] else f"[yellow]not writing: {store['error']}[/]"
+        console.print(f"history: {store['path']} ({store['size_bytes'] / 2**20:.1f} MiB), "
+                      f"{state}", highlight=False)
 
 
 def agent_url(listen_address: str) -> str:
@@ -88,7 +93,7 @@ def from_agent(url: str, timeout: float = 2.0) -> dict[str, Any] | None:
 
 def from_runtime(config: Config) -> dict[str, Any]:
     """One poll of the runtime and the host, as the agent would do it (no history)."""
-    assembly = build(config)
+    assembly = build(config, history=False)
     try:
         return status_document(assembly.agent.poll_once(), source="runtime")
     finally:
