@@ -10,6 +10,8 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 import urllib.request
 from pathlib import Path
 
@@ -17,6 +19,7 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from fake_runtime import chips_metrics
 from test_sim_server import ManualClock
 from tools import wait_for
 from tpumon.agent import Agent, OwnerScanner
@@ -28,7 +31,7 @@ from tpumon.sim.workload import Workload
 from tpumon.sources.chips import inventory_for
 from tpumon.sources.tpu_runtime import TpuRuntimeSource
 from tpumon.state import AgentState
-from tpumon.store.database import Retention, database_path, open_database
+from tpumon.store.database import Retention, Sample, database_path, open_database
 from tpumon.store.resume import restore_detectors
 from tpumon.store.writer import StoreWriter
 
@@ -225,3 +228,60 @@ def test_one_off_status_leaves_the_history_store_alone(tmp_path):
                             capture_output=True, text=True, timeout=60, env=env)
     assert result.returncode == 0, result.stderr
     assert not (tmp_path / "state").exists()
+
+
+def test_another_user_can_export_a_stopped_agents_store(tmp_path):
+    """A person without write access to the state directory (the agent runs as root or
+    its own user) can still export after the agent stopped and removed the WAL index."""
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        pytest.skip("needs root and setpriv(1) to run as another user")
+    state = Path(tempfile.mkdtemp())
+    try:
+        db = open_database(state, Retention())
+        with db.transaction():
+            db.add_samples(HOST, [("0", Sample(1750000000.0, 7, 5, 9))])
+        db.close()
+        state.chmod(0o755)
+        result = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                                 *TPUMON, "export", "--state-dir", str(state)],
+                                capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.splitlines()[1] == f"1750000000.000,{HOST},0,7,5,9"
+        assert not any(p.name.endswith("-shm") for p in state.iterdir())
+    finally:
+        shutil.rmtree(state)
+
+
+def test_a_stalled_disk_never_stalls_polling(tmp_path, runtime_servers):
+    """Another process holds the database locked for 3 s (as a hung disk would hold a
+    write): the agent keeps polling on its cadence meanwhile and writes the queued polls
+    once the lock goes."""
+    server = runtime_servers(chips_metrics({0: 2**30, 1: 2**31}))
+    inventory = inventory_for("v4", 2)
+    state = AgentState(Identity(host=HOST), inventory, history_points=16)
+    writer = StoreWriter(tmp_path, Retention(), open_database(tmp_path, Retention()))
+    writer.start()
+    source = TpuRuntimeSource("127.0.0.1", [server.port], 1.0, inventory)
+    agent = Agent(state, source, OwnerScanner(dict, 60), 0.05,
+                  build_registry(lambda: state.snapshot), store=writer)
+    stop = threading.Event()
+    loop = threading.Thread(target=agent.run, args=(stop,))
+    loop.start()
+    try:
+        wait_for(lambda: writer.health.polls_written_total >= 5, 10)
+        blocker = sqlite3.connect(database_path(tmp_path), isolation_level=None)
+        blocker.execute("BEGIN EXCLUSIVE")
+        before = state.snapshot.polls_total
+        written = writer.health.polls_written_total
+        time.sleep(3.0)
+        during = state.snapshot.polls_total - before
+        assert writer.health.polls_written_total == written  # the writer is stuck...
+        assert during >= 30, during  # ...polling is not: ~60 polls due at 50 ms
+        blocker.execute("ROLLBACK")
+        blocker.close()
+        wait_for(lambda: writer.health.polls_written_total >= written + during, 10)
+    finally:
+        stop.set()
+        loop.join(10)
+        writer.stop()
+    assert writer.health.dropped_polls_total == 0

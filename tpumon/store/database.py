@@ -145,8 +145,7 @@ class HistoryDB:
         self.retention = retention
         self.read_only = read_only
         if read_only:
-            self.conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True,
-                                        isolation_level=None, check_same_thread=False)
+            self.conn = _connect_read_only(path)
         else:
             self.conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False,
                                         timeout=5.0)
@@ -348,6 +347,23 @@ def _minute_row(series: int, minute: int, rows: list[tuple]) -> tuple:
     first, last = rows[0], rows[-1]
     return (series, minute, first[0], first[1], last[0], last[1], min(used), max(used), last[3],
             len(rows))
+
+
+def _connect_read_only(path: Path) -> sqlite3.Connection:
+    """A reader beside the agent. A WAL database wants its shared-memory index, which a
+    reader without write access to the directory cannot create when no agent holds it
+    open; then no one is writing and the file can be read as immutable."""
+    uri = path.resolve().as_uri()
+    try:
+        conn = sqlite3.connect(f"{uri}?mode=ro", uri=True, isolation_level=None,
+                               check_same_thread=False)
+        conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
+        return conn
+    except sqlite3.OperationalError:
+        if not path.exists():
+            raise
+        return sqlite3.connect(f"{uri}?immutable=1", uri=True, isolation_level=None,
+                               check_same_thread=False)
 
 
 class _Transaction:
