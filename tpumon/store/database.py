@@ -275,10 +275,12 @@ class HistoryDB:
         ``minute_seconds``, then shed the oldest data while over the cap. ``now`` is the
         newest sample's time."""
         r = self.retention
+        oldest_minute = math.floor((now - r.minute_seconds) / MINUTE)
         with self.transaction():
             self._roll_up(math.floor((now - r.raw_seconds) / MINUTE) * MINUTE)
-            self.conn.execute("DELETE FROM minutes WHERE minute < ?",
-                              (math.floor((now - r.minute_seconds) / MINUTE),))
+            self.conn.executemany("DELETE FROM minutes WHERE series = ? AND minute < ?",
+                                  ((sid, oldest_minute) for sid, in
+                                   self.conn.execute("SELECT id FROM series").fetchall()))
         self.enforce_cap()
 
     def _roll_up(self, cutoff: float) -> int:
