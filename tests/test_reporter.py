@@ -1,0 +1,171 @@
+"""The reporter transport: tpumon.instrument's datagrams into the agent's reporter socket."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tools import wait_for
+from tpumon.instrument import Reporter
+from tpumon.instrument.protocol import MAX_DATAGRAM, PROTOCOL_VERSION
+from tpumon.sources.reporter import InvalidReport, ReporterSocket, parse_report
+
+
+@pytest.fixture
+def receiver(tmp_path):
+    made = []
+
+    def make(**kwargs):
+        r = ReporterSocket(tmp_path / "run" / "reporter.sock", **kwargs)
+        r.start()
+        made.append(r)
+        return r
+
+    yield make
+    for r in made:
+        r.stop()
+
+
+def send_raw(path, payload: bytes) -> None:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+        s.sendto(payload, str(path))
+
+
+class Fake(Reporter):
+    framework = "fake"
+
+    def __init__(self, *args, live=7, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.live = live
+
+    def framework_fields(self):
+        return {"rank": 3, "ordinal": 1, "live": self.live,
+                "compiles": {"cached": 10, "uncached": 2},
+                "devices": {"1": {"used": 5 * 2**30, "limit": 32 * 2**30, "peak": 6 * 2**30}}}
+
+
+def test_a_report_arrives_whole_with_the_kernels_pid_and_uid(receiver):
+    r = receiver()
+    reporter = Fake(socket=str(r.path))
+    for step in range(10, 20):
+        reporter.step(step)
+    reading = wait_for(lambda: r.poll() if r.poll().reports_total == 10 else None, 5)
+    report = reading.processes[os.getpid()]
+    assert (report.uid, report.framework, report.step, report.rank, report.ordinal) == \
+        (os.getuid(), "fake", 19, 3, 1)
+    assert (report.live, report.compiles_cached, report.compiles_uncached) == (7, 10, 2)
+    assert report.devices == {"1": {"used": 5 * 2**30, "limit": 32 * 2**30, "peak": 6 * 2**30}}
+    assert 10 * 2**20 < report.rss < 4 * 2**30
+    assert abs(report.time - time.time()) < 5 and report.steps_per_second > 0
+    assert reporter.sent == 10 and reporter.dropped == 0
+
+
+def test_the_pid_is_the_senders_not_what_the_report_claims(receiver):
+    r = receiver()
+    claim = json.dumps({"v": PROTOCOL_VERSION, "pid": 1, "framework": "jax", "step": 5,
+                        "time": time.time()})
+    child = subprocess.run([sys.executable, "-c", (
+        "import socket,sys,os; s=socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM);"
+        "s.sendto(sys.argv[2].encode(), sys.argv[1]); print(os.getpid())"),
+        str(r.path), claim], capture_output=True, text=True, check=True)
+    sender = int(child.stdout)
+    reading = wait_for(lambda: r.poll() if r.poll().processes else None, 5)
+    assert list(reading.processes) == [sender] and 1 not in reading.processes
+
+
+@pytest.mark.parametrize("payload, reason", [
+    (b"not json", "malformed"),
+    (b"[1, 2]", "malformed"),
+    (json.dumps({"v": 99, "framework": "jax", "step": 1, "time": 1.0}).encode(), "version"),
+    (json.dumps({"v": PROTOCOL_VERSION, "framework": "jax", "step": -1, "time": 1.0}).encode(),
+     "malformed"),
+    (json.dumps({"v": PROTOCOL_VERSION, "framework": "jax", "step": 1, "time": 1.0,
+                 "devices": {"x": {}}}).encode(), "malformed"),
+    (b"{" + b" " * (MAX_DATAGRAM + 10) + b"}", "oversized"),
+])
+def test_bad_datagrams_are_dropped_and_counted(receiver, payload, reason):
+    r = receiver()
+    send_raw(r.path, payload)
+    Fake(socket=str(r.path)).step(1)  # and the socket still works after it
+    reading = wait_for(lambda: r.poll() if r.poll().reports_total else None, 5)
+    assert reading.dropped_total[reason] == 1
+    assert sum(reading.dropped_total.values()) == 1
+
+
+def test_only_allowed_uids_are_heard(receiver):
+    r = receiver(allowed_uids=[os.getuid() + 12345])
+    Fake(socket=str(r.path)).step(1)
+    wait_for(lambda: r.poll().dropped_total["forbidden"] == 1, 5)
+    assert r.poll().processes == {}
+
+
+def test_no_agent_or_a_full_socket_never_blocks_or_raises(tmp_path):
+    absent = Fake(socket=str(tmp_path / "nobody-listens.sock"))
+    for step in range(100):
+        absent.step(step)
+    assert (absent.sent, absent.dropped) == (0, 100)
+    path = tmp_path / "deaf.sock"
+    deaf = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)  # bound, never read
+    deaf.bind(str(path))
+    reporter = Fake(socket=str(path))
+    started = time.monotonic()
+    for step in range(5000):
+        reporter.step(step)
+    assert time.monotonic() - started < 5
+    assert reporter.sent > 0 and reporter.dropped > 0 and reporter.sent + reporter.dropped == 5000
+    deaf.close()
+
+
+def test_a_failing_framework_read_drops_the_report_not_the_step(receiver):
+    r = receiver()
+
+    class Broken(Reporter):
+        def framework_fields(self):
+            raise RuntimeError("GetAllocatorStats is not supported")
+
+    reporter = Broken(socket=str(r.path))
+    reporter.step(1)
+    assert reporter.dropped == 1 and reporter.sent == 0
+
+
+def test_sampling_every_n_steps(receiver):
+    r = receiver()
+    reporter = Fake(every=10, socket=str(r.path))
+    for step in range(100):
+        reporter.step(step)
+    assert reporter.sent == 10
+    wait_for(lambda: r.poll().reports_total == 10, 5)
+    assert r.poll().processes[os.getpid()].step == 90
+
+
+def test_a_process_not_heard_from_is_forgotten(tmp_path):
+    now = [1000.0]
+    r = ReporterSocket(tmp_path / "r.sock", clock=lambda: now[0])
+    report = parse_report(json.dumps({"v": PROTOCOL_VERSION, "framework": "jax", "step": 1,
+                                      "time": 999.0}).encode(), 42, 0, now[0])
+    r._record(report)
+    assert list(r.poll().processes) == [42]
+    now[0] += 301
+    assert r.poll().processes == {}
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.binary(max_size=300), st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=10),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
+        st.sampled_from(["v", "framework", "step", "time", "live", "compiles", "devices", "rank",
+                         "cached", "used", "0"]), inner, max_size=6),
+    max_leaves=12).map(lambda doc: json.dumps(doc).encode())))
+def test_any_datagram_is_a_report_or_an_invalid_report(payload):
+    try:
+        report = parse_report(payload, 1, 0, 0.0)
+    except InvalidReport as exc:
+        assert str(exc) in ("malformed", "version")
+    else:
+        assert report.step >= 0 and report.framework

@@ -1,0 +1,229 @@
+"""Reports from training processes (tpumon.instrument), received on a Unix datagram socket.
+
+Every datagram is untrusted input from another process: it is read on its own thread,
+checked (size, JSON, protocol version, field types), and anything wrong is dropped and
+counted by reason, never raised. The sender's pid and uid come from the kernel
+(SO_PASSCRED), not from the report, so a process cannot speak for another; with
+``allowed_uids`` only those users' processes are heard.
+
+The socket is made writable by every local user (training jobs rarely run as the agent's
+user); ``allowed_uids`` is how a site narrows that down.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import socket
+import struct
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Collection, Mapping
+
+from tpumon.instrument.protocol import MAX_DATAGRAM, PROTOCOL_VERSION
+
+log = logging.getLogger("tpumon.sources")
+
+_CREDS = struct.Struct("3i")  # struct ucred: pid, uid, gid
+DROP_REASONS = ("oversized", "malformed", "version", "forbidden")
+STALE_SECONDS = 300.0  # a process not heard from this long is forgotten
+RATE_WINDOW_SECONDS = 120.0
+
+
+@dataclass(frozen=True)
+class ProcessReport:
+    """The latest report of one training process, with the kernel's pid and uid."""
+
+    pid: int
+    uid: int
+    framework: str
+    step: int
+    time: float          # the sender's clock
+    received: float      # the agent's clock
+    rank: int | None = None
+    ordinal: int | None = None
+    live: int | None = None
+    compiles_cached: int | None = None
+    compiles_uncached: int | None = None
+    devices: Mapping[str, Mapping[str, int | None]] = field(default_factory=dict)
+    rss: int | None = None
+    steps_per_second: float | None = None
+
+
+class InvalidReport(ValueError):
+    """A datagram that is not a valid report; the message is the drop reason."""
+
+
+def parse_report(payload: bytes, pid: int, uid: int, received: float) -> ProcessReport:
+    """Validate one datagram; InvalidReport('malformed' | 'version') when it is not one."""
+    try:
+        doc = json.loads(payload)
+    except (ValueError, UnicodeDecodeError):
+        raise InvalidReport("malformed") from None
+    if not isinstance(doc, dict):
+        raise InvalidReport("malformed")
+    if doc.get("v") != PROTOCOL_VERSION:
+        raise InvalidReport("version")
+    compiles = doc.get("compiles") or {}
+    if not isinstance(compiles, dict):
+        raise InvalidReport("malformed")
+    return ProcessReport(
+        pid=pid, uid=uid, received=received,
+        framework=_text(doc.get("framework"), required=True),
+        step=_count(doc.get("step"), required=True),
+        time=_number(doc.get("time")),
+        rank=_count(doc.get("rank")), ordinal=_count(doc.get("ordinal")),
+        live=_count(doc.get("live")),
+        compiles_cached=_count(compiles.get("cached")),
+        compiles_uncached=_count(compiles.get("uncached")),
+        devices=_devices(doc.get("devices")), rss=_count(doc.get("rss")))
+
+
+def _count(value: Any, required: bool = False) -> int | None:
+    if value is None and not required:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
+        raise InvalidReport("malformed")
+    return value
+
+
+def _number(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise InvalidReport("malformed")
+    return float(value)
+
+
+def _text(value: Any, required: bool = False) -> str:
+    if not isinstance(value, str) or not 0 < len(value) <= 32 or not value.isprintable():
+        raise InvalidReport("malformed")
+    return value
+
+
+def _devices(value: Any) -> dict[str, dict[str, int | None]]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or len(value) > 64:
+        raise InvalidReport("malformed")
+    out = {}
+    for device, stats in value.items():
+        if not isinstance(stats, dict) or not str(device).isdigit():
+            raise InvalidReport("malformed")
+        out[str(device)] = {k: _count(stats.get(k)) for k in ("used", "limit", "peak")}
+    return out
+
+
+@dataclass(frozen=True)
+class ReporterReading:
+    """What the reporter socket knows now: each live process's latest report, and counts."""
+
+    processes: Mapping[int, ProcessReport]
+    reports_total: int
+    dropped_total: Mapping[str, int]
+
+
+class ReporterSocket:
+    """Binds the socket, receives on a thread, keeps each process's latest report."""
+
+    def __init__(self, path: str | os.PathLike[str], allowed_uids: Collection[int] = (),
+                 max_processes: int = 256, clock=time.time) -> None:
+        self.path = Path(path)
+        self.allowed_uids = frozenset(allowed_uids)
+        self._max_processes = max_processes
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._latest: dict[int, ProcessReport] = {}
+        self._steps: dict[int, deque[tuple[float, int]]] = {}
+        self._reports = 0
+        self._dropped = dict.fromkeys(DROP_REASONS, 0)
+        self._sock: socket.socket | None = None
+        self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+
+    def start(self) -> None:
+        """Bind (replacing a stale socket file from a previous agent) and start receiving."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.path.is_socket():
+            self.path.unlink()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+        sock.bind(str(self.path))
+        sock.settimeout(0.25)  # the receive loop looks at the stop flag this often
+        os.chmod(self.path, 0o666)
+        self._sock = sock
+        self._thread = threading.Thread(target=self._receive, name="tpumon-reporter",
+                                        daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join(2.0)
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        try:
+            self.path.unlink()
+        except OSError:
+            pass
+
+    def poll(self) -> ReporterReading:
+        """Each process heard from in the last STALE_SECONDS, with its step rate."""
+        now = self._clock()
+        with self._lock:
+            for pid in [p for p, r in self._latest.items() if now - r.received > STALE_SECONDS]:
+                del self._latest[pid]
+                self._steps.pop(pid, None)
+            return ReporterReading(dict(self._latest), self._reports, dict(self._dropped))
+
+    def _receive(self) -> None:
+        space = socket.CMSG_SPACE(_CREDS.size)
+        sock = self._sock
+        while not self._stopping.is_set():
+            try:
+                data, ancillary, flags, _ = sock.recvmsg(MAX_DATAGRAM, space)
+            except OSError:  # the timeout, or a transient error: look at the flag again
+                continue
+            self.handle(data, ancillary, flags)
+
+    def handle(self, data: bytes, ancillary: list, flags: int) -> None:
+        """Validate one datagram and record it, or count why it was dropped."""
+        pid = uid = -1
+        for level, kind, value in ancillary:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
+                pid, uid, _ = _CREDS.unpack(value[:_CREDS.size])
+        try:
+            if flags & socket.MSG_TRUNC:
+                raise InvalidReport("oversized")
+            if pid <= 0 or (self.allowed_uids and uid not in self.allowed_uids):
+                raise InvalidReport("forbidden")
+            report = parse_report(data, pid, uid, self._clock())
+        except InvalidReport as exc:
+            with self._lock:
+                self._dropped[str(exc)] += 1
+            return
+        self._record(report)
+
+    def _record(self, report: ProcessReport) -> None:
+        with self._lock:
+            if report.pid not in self._latest and len(self._latest) >= self._max_processes:
+                self._dropped["forbidden"] += 1
+                return
+            steps = self._steps.setdefault(report.pid, deque(maxlen=512))
+            if steps and report.step < steps[-1][1]:
+                steps.clear()  # the process restarted its count (a new run in the same pid)
+            steps.append((report.time, report.step))
+            while steps[0][0] < report.time - RATE_WINDOW_SECONDS and len(steps) > 2:
+                steps.popleft()
+            rate = None
+            (t0, s0), (t1, s1) = steps[0], steps[-1]
+            if t1 > t0 and s1 > s0:
+                rate = (s1 - s0) / (t1 - t0)
+            self._latest[report.pid] = ProcessReport(**{**report.__dict__,
+                                                        "steps_per_second": rate})
+            self._reports += 1
