@@ -12,13 +12,14 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from fake_runtime import V4_TOTAL, chips_metrics
-from tools import require_tool
+from tools import FakeReporter, require_tool, wait_for
 from tpumon.agent import Agent, OwnerScanner
 from tpumon.exporters.http import ListenError, MetricsServer
 from tpumon.exporters.prometheus import build_registry
 from tpumon.identity import Identity
 from tpumon.sources.chips import inventory_for
 from tpumon.sources.tpu_runtime import TpuRuntimeSource
+from tpumon.sources.reporter import ReporterSocket
 from tpumon.state import AgentState
 from tpumon.store.database import Retention, open_database
 from tpumon.store.writer import StoreWriter
@@ -38,7 +39,13 @@ def served(runtime_servers, tmp_path):
     owners = OwnerScanner(lambda: {"0": os.getpid(), "1": os.getpid()}, 60)
     store = StoreWriter(tmp_path, Retention(), open_database(tmp_path, Retention()))
     store.start()
-    agent = Agent(state, runtime, owners, 1.0, registry, store=store)
+    reporters = ReporterSocket(tmp_path / "reporter.sock")
+    reporters.start()
+    sender = FakeReporter(socket=str(reporters.path))
+    for step in range(3):
+        sender.step(step)
+    wait_for(lambda: reporters.poll().reports_total == 3, 5)
+    agent = Agent(state, runtime, owners, 1.0, registry, store=store, reporters=reporters)
     agent.poll_once()
     http = MetricsServer("127.0.0.1:0")
     host, port = http.start()
@@ -47,6 +54,7 @@ def served(runtime_servers, tmp_path):
     http.stop()
     runtime.close()
     store.stop()
+    reporters.stop()
 
 
 def get(url: str) -> tuple[int, str, str]:

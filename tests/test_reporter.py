@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tools import wait_for
+from tools import FakeReporter, wait_for
 from tpumon.instrument import Reporter
 from tpumon.instrument.protocol import MAX_DATAGRAM, PROTOCOL_VERSION
 from tpumon.sources.reporter import InvalidReport, ReporterSocket, parse_report
@@ -37,22 +37,9 @@ def send_raw(path, payload: bytes) -> None:
         s.sendto(payload, str(path))
 
 
-class Fake(Reporter):
-    framework = "fake"
-
-    def __init__(self, *args, live=7, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.live = live
-
-    def framework_fields(self):
-        return {"rank": 3, "ordinal": 1, "live": self.live,
-                "compiles": {"cached": 10, "uncached": 2},
-                "devices": {"1": {"used": 5 * 2**30, "limit": 32 * 2**30, "peak": 6 * 2**30}}}
-
-
 def test_a_report_arrives_whole_with_the_kernels_pid_and_uid(receiver):
     r = receiver()
-    reporter = Fake(socket=str(r.path))
+    reporter = FakeReporter(socket=str(r.path))
     for step in range(10, 20):
         reporter.step(step)
     reading = wait_for(lambda: r.poll() if r.poll().reports_total == 10 else None, 5)
@@ -92,7 +79,7 @@ def test_the_pid_is_the_senders_not_what_the_report_claims(receiver):
 def test_bad_datagrams_are_dropped_and_counted(receiver, payload, reason):
     r = receiver()
     send_raw(r.path, payload)
-    Fake(socket=str(r.path)).step(1)  # and the socket still works after it
+    FakeReporter(socket=str(r.path)).step(1)  # and the socket still works after it
     reading = wait_for(lambda: r.poll() if r.poll().reports_total else None, 5)
     assert reading.dropped_total[reason] == 1
     assert sum(reading.dropped_total.values()) == 1
@@ -100,20 +87,20 @@ def test_bad_datagrams_are_dropped_and_counted(receiver, payload, reason):
 
 def test_only_allowed_uids_are_heard(receiver):
     r = receiver(allowed_uids=[os.getuid() + 12345])
-    Fake(socket=str(r.path)).step(1)
+    FakeReporter(socket=str(r.path)).step(1)
     wait_for(lambda: r.poll().dropped_total["forbidden"] == 1, 5)
     assert r.poll().processes == {}
 
 
 def test_no_agent_or_a_full_socket_never_blocks_or_raises(tmp_path):
-    absent = Fake(socket=str(tmp_path / "nobody-listens.sock"))
+    absent = FakeReporter(socket=str(tmp_path / "nobody-listens.sock"))
     for step in range(100):
         absent.step(step)
     assert (absent.sent, absent.dropped) == (0, 100)
     path = tmp_path / "deaf.sock"
     deaf = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)  # bound, never read
     deaf.bind(str(path))
-    reporter = Fake(socket=str(path))
+    reporter = FakeReporter(socket=str(path))
     started = time.monotonic()
     for step in range(5000):
         reporter.step(step)
@@ -136,7 +123,7 @@ def test_a_failing_framework_read_drops_the_report_not_the_step(receiver):
 
 def test_sampling_every_n_steps(receiver):
     r = receiver()
-    reporter = Fake(every=10, socket=str(r.path))
+    reporter = FakeReporter(every=10, socket=str(r.path))
     for step in range(100):
         reporter.step(step)
     assert reporter.sent == 10

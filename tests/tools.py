@@ -10,6 +10,8 @@ from typing import Callable
 
 import pytest
 
+from tpumon.instrument import Reporter
+
 
 def require_tool(name: str) -> str:
     """Path of an external tool; skip without it locally, but fail in CI, where
@@ -37,3 +39,20 @@ def wait_for(predicate: Callable[[], object], timeout: float, interval: float = 
             return value
         time.sleep(interval)
     raise AssertionError(f"condition not met within {timeout} s")
+
+
+
+class FakeReporter(Reporter):
+    """A reporter with made-up framework fields: for testing the transport, the agent and
+    the exporter without a framework (tests/frameworks/ runs the real ones)."""
+
+    framework = "fake"
+
+    def __init__(self, *args, live: int = 7, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.live = live
+
+    def framework_fields(self) -> dict:
+        return {"rank": 3, "ordinal": 1, "live": self.live,
+                "compiles": {"cached": 10, "uncached": 2},
+                "devices": {"1": {"used": 5 * 2**30, "limit": 32 * 2**30, "peak": 6 * 2**30}}}

@@ -22,6 +22,8 @@ from tpumon.samples import RuntimeReading
 from tpumon.sources.health import SourceTracker
 from tpumon.sources.host import HostSource
 from tpumon.sources.tpu_runtime import TpuRuntimeSource
+from tpumon.processes import ProcessState, ProcessTracker, chip_processes
+from tpumon.sources.reporter import ReporterReading, ReporterSocket
 from tpumon.state import AgentState, Snapshot
 from tpumon.store.checkpoint import dump_detector
 from tpumon.store.database import Sample
@@ -29,6 +31,7 @@ from tpumon.store.writer import PollRecord, StoreWriter
 
 log = logging.getLogger("tpumon.agent")
 
+FRESH_SECONDS = 60.0  # a chip's step comes from a report at most this old
 POLL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 
@@ -56,7 +59,8 @@ class Agent:
                  interval: float, registry: CollectorRegistry,
                  detector_settings: DetectorSettings | None = None,
                  detectors: Mapping[str, ChipDetector] | None = None,
-                 store: StoreWriter | None = None, checkpoint_interval: float = 60.0) -> None:
+                 store: StoreWriter | None = None, checkpoint_interval: float = 60.0,
+                 reporters: ReporterSocket | None = None) -> None:
         self.state = state
         self._detector_settings = detector_settings
         self._detectors: dict[str, ChipDetector] = dict(detectors or {})
@@ -68,6 +72,8 @@ class Agent:
         self._owners = owners
         self._runtime = SourceTracker("tpu_runtime", runtime.poll)
         self._host = SourceTracker("host", HostSource(owners).poll)
+        self._reporters = None if reporters is None else SourceTracker("reporter", reporters.poll)
+        self._processes = ProcessTracker()
         self._polls = 0
         self._poll_seconds = Histogram(
             "tpumon_poll_duration_seconds", "Time taken by one poll of all sources.",
@@ -79,28 +85,46 @@ class Agent:
         started = time.monotonic()
         runtime = self._runtime.poll()
         host = self._host.poll()
+        reported = None if self._reporters is None else self._reporters.poll()
+        processes = self._processes.update(reported)
+        owners = self._owners()
+        attributed = chip_processes(runtime.chips if runtime else (), owners, processes)
+        steps = self._steps(attributed, processes)
         self._polls += 1
         previous = self.state.snapshot
+        health = (self._runtime.health, self._host.health) + (
+            () if self._reporters is None else (self._reporters.health,))
         snapshot = Snapshot(
             time=time.time(), identity=previous.identity, inventory=previous.inventory,
-            runtime=runtime, host=host, owners=self._owners(),
-            health=(self._runtime.health, self._host.health),
+            runtime=runtime, host=host, owners=owners, health=health,
             runtime_ports_up=dict(self._runtime_source.ports_up),
-            assessments=self._detect(runtime),
+            assessments=self._detect(runtime, steps),
             runtime_malformed_total=self._runtime_source.malformed_total,
             polls_total=self._polls,
-            store=None if self._store is None else self._store.health)
+            store=None if self._store is None else self._store.health,
+            processes=processes, chip_processes=attributed, chip_steps=steps,
+            reporter=reported)
         self.state.publish(snapshot)
         if self._store is not None:
             self._record(runtime)
         self._poll_seconds.observe(time.monotonic() - started)
         return snapshot
 
+    @staticmethod
+    def _steps(attributed: Mapping[str, int],
+               processes: Mapping[int, ProcessState]) -> dict[str, int]:
+        """Each chip's training step now: its process's latest report, if one came within
+        FRESH_SECONDS (a report older than that is a stalled or finished job)."""
+        now = time.time()
+        return {chip: processes[pid].report.step for chip, pid in attributed.items()
+                if now - processes[pid].report.received <= FRESH_SECONDS}
+
     def _record(self, reading: RuntimeReading | None, final: bool = False) -> None:
         """Hand the poll's samples to the store (a queue append) and, every
         ``checkpoint_interval`` or when stopping, the detectors' state after them."""
         samples = () if reading is None else tuple(
-            (name, Sample(reading.time, None, chip.hbm_used_bytes, chip.hbm_total_bytes))
+            (name, Sample(reading.time, self.state.snapshot.chip_steps.get(name),
+                          chip.hbm_used_bytes, chip.hbm_total_bytes))
             for name, chip in reading.chips.items() if chip.hbm_total_bytes is not None)
         checkpoints = {}
         if final or time.monotonic() >= self._next_checkpoint:
@@ -110,7 +134,8 @@ class Agent:
             self._store.submit(PollRecord(self.state.snapshot.identity.host, samples,
                                           checkpoints))
 
-    def _detect(self, reading: RuntimeReading | None) -> dict[str, Assessment]:
+    def _detect(self, reading: RuntimeReading | None,
+                steps: Mapping[str, int]) -> dict[str, Assessment]:
         """Feed each chip's sample to its detector (the same code ``tpumon analyze`` runs).
 
         A chip that does not answer gets no sample: to its detector that is a poll gap,
@@ -123,7 +148,8 @@ class Agent:
                 detector = self._detectors.get(name)
                 if detector is None:
                     detector = self._detectors[name] = ChipDetector(self._detector_settings)
-                detector.update((reading.time,), (math.nan,), (chip.hbm_used_bytes,),
+                detector.update((reading.time,), (steps.get(name, math.nan),),
+                                (chip.hbm_used_bytes,),
                                 (chip.hbm_total_bytes,))
         return {name: d.assessment for name, d in self._detectors.items()}
 

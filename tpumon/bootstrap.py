@@ -21,6 +21,7 @@ from tpumon.exporters.prometheus import build_registry
 from tpumon.identity import Identity, discover_tpu_env, resolve_identity
 from tpumon.sim.process import SimulatorProcess, spawn_simulator
 from tpumon.sources.chips import ChipInventory, detect_chips, inventory_for, scan_chip_owners
+from tpumon.sources.reporter import ReporterSocket
 from tpumon.sources.tpu_runtime import TpuRuntimeSource
 from tpumon.state import AgentState
 from tpumon.store.database import Retention, open_database
@@ -61,14 +62,34 @@ class Assembly:
     runtime: TpuRuntimeSource
     simulator: SimulatorProcess | None = None
     store: StoreWriter | None = None
+    reporters: ReporterSocket | None = None
 
     def close(self) -> None:
         """Stop in the order data flows: runtime, then the store (writes what is queued)."""
         self.runtime.close()
+        if self.reporters is not None:
+            self.reporters.stop()
         if self.store is not None:
             self.store.stop()
         if self.simulator is not None:
             self.simulator.stop()
+
+
+def open_reporter_socket(config: Config, simulate: bool) -> ReporterSocket | None:
+    """The reporters' socket, bound; a path that cannot be bound is logged and the agent
+    runs without reports (the runtime and the host are still watched)."""
+    path = config["reporter.socket"]
+    if not path or (simulate and config.origins["reporter.socket"] == "default"):
+        return None
+    reporters = ReporterSocket(path, config["reporter.allowed_uids"])
+    try:
+        reporters.start()
+    except OSError as exc:
+        log.error("reporter socket %s: cannot listen: %s; running without in-process "
+                  "reports", path, exc.strerror or exc)
+        return None
+    log.info("in-process reports on %s", path)
+    return reporters
 
 
 def retention_of(config: Config) -> Retention:
@@ -97,7 +118,8 @@ def open_store(config: Config, simulate: bool, host: str) -> tuple[StoreWriter |
 def build(config: Config, simulate: bool = False, env: Mapping[str, str] | None = None,
           history: bool = True) -> Assembly:
     """Wire sources, state and exporter registry; start the simulator child if asked.
-    ``history`` False (a one-off ``tpumon status``) leaves the history store alone."""
+    ``history`` False (a one-off ``tpumon status``) leaves the history store and the
+    reporter socket (both the running agent's) alone."""
     env = os.environ if env is None else env
     configured_identity = {k: config[f"identity.{k}"]
                            for k in ("hostname", "worker", "accelerator_type", "slice")}
@@ -127,12 +149,13 @@ def build(config: Config, simulate: bool = False, env: Mapping[str, str] | None 
     state = AgentState(identity, inventory, config["agent.history_points"])
     store, detectors = open_store(config, simulate, identity.host) if history else (None, {})
     registry = build_registry(lambda: state.snapshot)
+    reporters = open_reporter_socket(config, simulate) if history else None
     agent = Agent(state, runtime, owners, config["agent.poll_interval"], registry,
                   detectors=detectors, store=store,
-                  checkpoint_interval=config["store.checkpoint_interval"])
+                  checkpoint_interval=config["store.checkpoint_interval"], reporters=reporters)
     if store is not None:
         store.start()
-    return Assembly(agent, state, registry, identity, runtime, simulator, store)
+    return Assembly(agent, state, registry, identity, runtime, simulator, store, reporters)
 
 
 def _log_inventory(inventory: ChipInventory, address: str, ports: list[int], origin: str) -> None:

@@ -135,6 +135,12 @@ SCHEMA: tuple[Key, ...] = (
     Key("store", "checkpoint_interval", float, 60.0,
         "Seconds between saves of the detectors' state (a restart replays the samples "
         "stored since).", _positive),
+    Key("reporter", "socket", str, "/run/tpumon/reporter.sock",
+        "Unix datagram socket for the in-process reporters (tpumon.instrument). Empty: "
+        "none. With --simulate only when set explicitly."),
+    Key("reporter", "allowed_uids", list, [],
+        "Only reports from processes of these user ids are taken (the kernel vouches for "
+        "the uid). Empty: any local user's."),
     Key("simulator", "scenario", str, "linear-leak",
         "Workload scenario for --simulate and 'tpumon sim' (see 'tpumon sim --list').",
         _scenario),

@@ -17,6 +17,8 @@ from tpumon.identity import Identity
 from tpumon.samples import HostSample, RuntimeReading, chip_sort_key
 from tpumon.sources.chips import ChipInventory
 from tpumon.sources.health import SourceHealth
+from tpumon.processes import ProcessState
+from tpumon.sources.reporter import ReporterReading
 from tpumon.store.writer import StoreHealth
 
 
@@ -46,6 +48,10 @@ class Snapshot:
     runtime_malformed_total: int = 0
     polls_total: int = 0
     store: StoreHealth | None = None  # None: no history store configured
+    processes: Mapping[int, ProcessState] = field(default_factory=dict)  # reporting, by pid
+    chip_processes: Mapping[str, int] = field(default_factory=dict)  # chip -> reporting pid
+    chip_steps: Mapping[str, int] = field(default_factory=dict)  # chip -> its training step
+    reporter: ReporterReading | None = None  # None: no reporter socket configured
 
     def chips(self) -> list[str]:
         """Every chip to report: those that answered and those expected but missing."""

@@ -9,14 +9,20 @@ from __future__ import annotations
 from typing import Any
 
 from tpumon import __version__
+from tpumon.processes import ProcessState
 from tpumon.state import Snapshot
 
 
 def _assessment(snap: Snapshot, chip: str) -> dict[str, Any]:
     a = snap.assessments.get(chip)
+    pid = snap.chip_processes.get(chip)
+    process = snap.processes.get(pid) if pid is not None else None
+    hbm_leak = a is not None and a.verdict.value == "leak"
+    reported = {"step": snap.chip_steps.get(chip), "reporting_pid": pid,
+                "diagnosis": process.diagnosis(hbm_leak) if process else None}
     if a is None:
-        return {"verdict": None, "reason": None}
-    return {
+        return {"verdict": None, "reason": None, **reported}
+    return {**reported,
         "verdict": a.verdict.value,
         "reason": a.reason,
         "floor_bytes": a.floor_bytes,
@@ -70,9 +76,20 @@ def status_document(snap: Snapshot, source: str = "agent") -> dict[str, Any]:
             "memory_available_bytes": host.memory_available_bytes,
             "memory_used_bytes": host.memory_used_bytes,
         },
+        "processes": [_process(pid, state) for pid, state in sorted(snap.processes.items())],
         "store": None if store is None else {
             "path": store.path, "up": store.up, "error": store.error,
             "size_bytes": store.size_bytes, "polls_written_total": store.polls_written_total,
             "dropped_polls_total": store.dropped_polls_total,
         },
     }
+
+
+def _process(pid: int, state: ProcessState) -> dict[str, Any]:
+    r = state.report
+    return {"pid": pid, "uid": r.uid, "framework": r.framework, "rank": r.rank,
+            "step": r.step, "steps_per_second": r.steps_per_second, "live_tensors": r.live,
+            "live_tensors_per_step": state.live.per_step, "verdict": state.verdict,
+            "compiles_cached": r.compiles_cached, "compiles_uncached": r.compiles_uncached,
+            "recompiling": state.compiles.growing, "rss_bytes": r.rss,
+            "devices": dict(r.devices), "diagnosis": state.diagnosis()}

@@ -58,6 +58,8 @@ class SnapshotCollector(Collector):
         yield from self._source_metrics(snap, ident)
         if snap.store is not None:
             yield from self._store_metrics(snap.store, ident)
+        if snap.reporter is not None:
+            yield from self._process_metrics(snap, ident)
         info = _gauge("tpumon_build_info", "tpumon build: always 1, versions in labels.",
                       ["version", "tpu_info_version", "python_version"])
         info.add_metric(ident + self._build, 1)
@@ -176,6 +178,60 @@ class SnapshotCollector(Collector):
         malformed.add_metric(ident, snap.runtime_malformed_total)
         yield from (up, polls, errors, duration, last_ok, ports, malformed)
 
+
+    @staticmethod
+    def _process_metrics(snap: Snapshot, ident: list[str]) -> Iterator[Metric]:
+        """Per reporting training process (tpumon.instrument), and the socket's counts."""
+        labels = ["pid", "framework", "rank"]
+        families = {
+            "step": _gauge("tpumon_process_step", "Training step of the last report.", labels),
+            "rate": _gauge("tpumon_process_steps_per_second",
+                           "Training steps per second over the last two minutes.", labels),
+            "live": _gauge("tpumon_process_live_tensors",
+                           "Live XLA tensors (torch_xla) or arrays (JAX) after the last step.",
+                           labels),
+            "growth": _gauge("tpumon_process_live_tensors_growth_per_step",
+                             "Growth of the live tensor count per step since warm-up (Sen's "
+                             "slope); absent before a trend is fitted.", labels),
+            "leak": _gauge("tpumon_process_leak_suspected",
+                           "1 when live tensors grow steadily with steps: tensors kept alive "
+                           "across steps.", labels),
+            "rss": _gauge("tpumon_process_resident_memory_bytes",
+                          "Resident host memory of the process, as it reports it.", labels),
+        }
+        compiles = _counter("tpumon_process_compiles",
+                            "XLA compilations by the process; uncached ones growing after "
+                            "warm-up mean recompilation.", labels + ["cache"])
+        device = _gauge("tpumon_process_device_memory_bytes",
+                        "Device memory as the framework reports it (where it can).",
+                        labels + ["device", "kind"])
+        for pid, state in snap.processes.items():
+            r = state.report
+            key = ident + [str(pid), r.framework, "" if r.rank is None else str(r.rank)]
+            families["step"].add_metric(key, r.step)
+            for name, value in (("rate", r.steps_per_second), ("live", r.live),
+                                ("growth", state.live.per_step), ("rss", r.rss)):
+                if value is not None:
+                    families[name].add_metric(key, value)
+            families["leak"].add_metric(key, 1 if state.live.growing else 0)
+            for cache, value in (("hit", r.compiles_cached), ("miss", r.compiles_uncached)):
+                if value is not None:
+                    compiles.add_metric(key + [cache], value)
+            for dev, stats in r.devices.items():
+                for kind, value in stats.items():
+                    if value is not None:
+                        device.add_metric(key + [dev, kind], value)
+        yield from families.values()
+        yield from (compiles, device)
+        received = _counter("tpumon_reporter_reports", "Reports received from training "
+                            "processes.", [])
+        received.add_metric(ident, snap.reporter.reports_total)
+        dropped = _counter("tpumon_reporter_dropped_reports", "Datagrams dropped by the "
+                           "agent, by reason (oversized, malformed, version, forbidden).",
+                           ["reason"])
+        for reason, count in snap.reporter.dropped_total.items():
+            dropped.add_metric(ident + [reason], count)
+        yield from (received, dropped)
 
     @staticmethod
     def _store_metrics(h: StoreHealth, ident: list[str]) -> Iterator[Metric]:

@@ -23,7 +23,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Collection, Mapping
+from typing import Any, Collection, Mapping, NamedTuple
 
 from tpumon.instrument.protocol import MAX_DATAGRAM, PROTOCOL_VERSION
 
@@ -33,6 +33,7 @@ _CREDS = struct.Struct("3i")  # struct ucred: pid, uid, gid
 DROP_REASONS = ("oversized", "malformed", "version", "forbidden")
 STALE_SECONDS = 300.0  # a process not heard from this long is forgotten
 RATE_WINDOW_SECONDS = 120.0
+PENDING_POINTS = 4096  # per process between two polls; beyond, the oldest go
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,7 @@ def parse_report(payload: bytes, pid: int, uid: int, received: float) -> Process
         raise InvalidReport("malformed")
     return ProcessReport(
         pid=pid, uid=uid, received=received,
-        framework=_text(doc.get("framework"), required=True),
+        framework=_text(doc.get("framework")),
         step=_count(doc.get("step"), required=True),
         time=_number(doc.get("time")),
         rank=_count(doc.get("rank")), ordinal=_count(doc.get("ordinal")),
@@ -98,7 +99,7 @@ def _number(value: Any) -> float:
     return float(value)
 
 
-def _text(value: Any, required: bool = False) -> str:
+def _text(value: Any) -> str:
     if not isinstance(value, str) or not 0 < len(value) <= 32 or not value.isprintable():
         raise InvalidReport("malformed")
     return value
@@ -117,11 +118,21 @@ def _devices(value: Any) -> dict[str, dict[str, int | None]]:
     return out
 
 
+class CountPoint(NamedTuple):
+    """One report's counts, kept for the trend of live tensors and compiles."""
+
+    step: int
+    live: int | None
+    compiles_uncached: int | None
+
+
 @dataclass(frozen=True)
 class ReporterReading:
-    """What the reporter socket knows now: each live process's latest report, and counts."""
+    """What the reporter socket knows now: each live process's latest report, every
+    report's counts since the last poll, and totals."""
 
     processes: Mapping[int, ProcessReport]
+    points: Mapping[int, list[CountPoint]]
     reports_total: int
     dropped_total: Mapping[str, int]
 
@@ -138,6 +149,7 @@ class ReporterSocket:
         self._lock = threading.Lock()
         self._latest: dict[int, ProcessReport] = {}
         self._steps: dict[int, deque[tuple[float, int]]] = {}
+        self._points: dict[int, deque[CountPoint]] = {}
         self._reports = 0
         self._dropped = dict.fromkeys(DROP_REASONS, 0)
         self._sock: socket.socket | None = None
@@ -179,7 +191,9 @@ class ReporterSocket:
             for pid in [p for p, r in self._latest.items() if now - r.received > STALE_SECONDS]:
                 del self._latest[pid]
                 self._steps.pop(pid, None)
-            return ReporterReading(dict(self._latest), self._reports, dict(self._dropped))
+            points = {pid: list(q) for pid, q in self._points.items() if q}
+            self._points = {pid: deque(maxlen=PENDING_POINTS) for pid in self._latest}
+            return ReporterReading(dict(self._latest), points, self._reports, dict(self._dropped))
 
     def _receive(self) -> None:
         space = socket.CMSG_SPACE(_CREDS.size)
@@ -226,4 +240,6 @@ class ReporterSocket:
                 rate = (s1 - s0) / (t1 - t0)
             self._latest[report.pid] = ProcessReport(**{**report.__dict__,
                                                         "steps_per_second": rate})
+            self._points.setdefault(report.pid, deque(maxlen=PENDING_POINTS)).append(
+                CountPoint(report.step, report.live, report.compiles_uncached))
             self._reports += 1

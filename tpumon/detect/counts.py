@@ -1,0 +1,115 @@
+"""Trends of what the training process counts: live tensors (or arrays) and compiles.
+
+The reporters give exact counts per step, with none of the HBM sawtooth: a tensor kept
+alive across steps (``losses.append(loss)``) adds exactly one per step, a healthy loop
+comes back to the same count after every step. So a steady rise of the live count over
+steps is the most direct evidence of a leak there is, and combined with a growing HBM
+floor it makes a leak verdict certain; and uncached compiles that keep coming after
+warm-up mean recompilation.
+
+Method, as for HBM floors (detector.py), on (step, count) points: ignore the first
+``warmup_steps`` of a run (model, optimizer state, first compiles), then Sen's slope and
+Mann-Kendall over the window since, kept to at most ``max_points`` points by thinning
+(every other point, so cost and memory stay bounded over any run). Growing: significant
+(z >= ``z_threshold``, lower end of the slope interval above 0), still rising in the
+recent half of the window, and by at least ``min_growth`` over the window. Pure
+computation, like the rest of ``detect``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from tpumon.detect.robust import PairwiseSlopes
+
+
+@dataclass(frozen=True)
+class CountSettings:
+    warmup_steps: int = 20
+    min_points: int = 24
+    min_steps: int = 40
+    max_points: int = 256
+    z_threshold: float = 4.0
+    min_growth: float = 8.0
+
+
+@dataclass(frozen=True)
+class CountTrend:
+    """Whether a per-step count is growing, and how fast."""
+
+    growing: bool
+    per_step: float | None = None
+    per_step_low: float | None = None
+    z: float | None = None
+    points: int = 0
+    window_steps: int = 0
+    reason: str = ""
+
+
+class CountTracker:
+    """One count of one process; feed (step, value) with :meth:`update`."""
+
+    def __init__(self, settings: CountSettings | None = None) -> None:
+        self.s = settings or CountSettings()
+        self._first_step: int | None = None
+        self._steps: list[int] = []
+        self._values: list[float] = []
+        self._stride = 1  # keep every ``stride``-th step once thinned
+        self._last_step: int | None = None
+
+    def update(self, step: int, value: float | None) -> None:
+        if value is None:
+            return
+        if self._last_step is not None and step < self._last_step:
+            self.__init__(self.s)  # the step went back: a new run
+        if self._last_step is not None and step == self._last_step:
+            return
+        self._last_step = step
+        if self._first_step is None:
+            self._first_step = step
+        if step - self._first_step < self.s.warmup_steps or step % self._stride:
+            return
+        self._steps.append(step)
+        self._values.append(float(value))
+        if len(self._steps) > self.s.max_points:
+            self._stride *= 2
+            keep = [i for i, s in enumerate(self._steps) if s % self._stride == 0]
+            self._steps = [self._steps[i] for i in keep]
+            self._values = [self._values[i] for i in keep]
+
+    def trend(self) -> CountTrend:
+        n = len(self._steps)
+        if n < self.s.min_points or self._steps[-1] - self._steps[0] < self.s.min_steps:
+            return CountTrend(False, points=n, reason="too few steps since warm-up")
+        x = np.array(self._steps, dtype=float)
+        y = np.array(self._values)
+        pairs = PairwiseSlopes(x, y)
+        fit = pairs.fit(x[-1])
+        recent = pairs.tail(n // 2).sen()
+        window = int(x[-1] - x[0])
+        if fit is None or recent is None:
+            return CountTrend(False, points=n, window_steps=window, reason="too few points")
+        growth = fit.slope * (x[-1] - x[0])
+        growing = (fit.z >= self.s.z_threshold and fit.slope_low > 0 and recent[0] > 0
+                   and growth >= self.s.min_growth)
+        reason = (f"+{fit.slope:.2f} per step over {window} steps" if growing else
+                  "flat" if abs(growth) < self.s.min_growth else "not a steady rise")
+        return CountTrend(growing, fit.slope, fit.slope_low, fit.z, n, window, reason)
+
+
+def describe(live: CountTrend | None, compiles: CountTrend | None, hbm_leak: bool) -> str | None:
+    """The likely cause, in words a person acts on; None when nothing points anywhere."""
+    if live is not None and live.growing:
+        return (f"live tensors grow {live.per_step:+.2f} per step: tensors are kept alive "
+                "across steps (a list of losses or outputs, a metric accumulating tensors, "
+                "an in-place sharding helper keeping gradients alive)")
+    if compiles is not None and compiles.growing:
+        return (f"uncached compiles keep coming ({compiles.per_step:.2f} per step after "
+                "warm-up): the graph changes between steps (recompilation)")
+    if hbm_leak and live is not None and not live.growing and live.points:
+        return ("HBM grows while live tensors and compiles stay flat: allocator "
+                "fragmentation or the executable cache, not retained tensors")
+    return None
+
