@@ -9,11 +9,12 @@ STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 DEMO_ADDRESS ?= :9847
 DEMO_SCENARIO ?= linear-leak
 
-.PHONY: help demo test bench venv system-deps-demo system-deps-test clean
+.PHONY: help demo test test-frameworks bench venv system-deps-demo system-deps-test clean
 
 help:
 	@echo "make demo    run the agent on the TPU simulator (metrics on $(DEMO_ADDRESS))"
 	@echo "make test    install test dependencies and run the whole suite"
+	@echo "make test-frameworks   the reporters against real PyTorch/XLA and JAX (CPU)"
 	@echo "make bench   run the benchmarks (figures go to docs/benchmarks.md)"
 	@echo "make clean   remove the virtual environment and caches"
 
@@ -44,11 +45,16 @@ demo: venv
 test: system-deps-test $(STAMP)
 	$(BIN)/python -m pytest -q
 
+# Real PyTorch/XLA and JAX on CPU against the agent (a separate ~7 GB venv).
+test-frameworks:
+	scripts/frameworks-venv
+	TPUMON_FRAMEWORK_TESTS=1 .venv-frameworks/bin/python -m pytest -q tests/frameworks
+
 bench: venv
 	$(BIN)/python bench/run.py
 	$(BIN)/python bench/detect.py
 	$(BIN)/python bench/store.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache build *.egg-info .demo-state
+	rm -rf $(VENV) .venv-frameworks .pytest_cache build *.egg-info .demo-state
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

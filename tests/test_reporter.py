@@ -39,7 +39,7 @@ def send_raw(path, payload: bytes) -> None:
 
 def test_a_report_arrives_whole_with_the_kernels_pid_and_uid(receiver):
     r = receiver()
-    reporter = FakeReporter(socket=str(r.path))
+    reporter = FakeReporter(socket=str(r.path), min_interval=0)
     for step in range(10, 20):
         reporter.step(step)
     reading = wait_for(lambda: r.poll() if r.poll().reports_total == 10 else None, 5)
@@ -93,14 +93,14 @@ def test_only_allowed_uids_are_heard(receiver):
 
 
 def test_no_agent_or_a_full_socket_never_blocks_or_raises(tmp_path):
-    absent = FakeReporter(socket=str(tmp_path / "nobody-listens.sock"))
+    absent = FakeReporter(socket=str(tmp_path / "nobody-listens.sock"), min_interval=0)
     for step in range(100):
         absent.step(step)
     assert (absent.sent, absent.dropped) == (0, 100)
     path = tmp_path / "deaf.sock"
     deaf = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)  # bound, never read
     deaf.bind(str(path))
-    reporter = FakeReporter(socket=str(path))
+    reporter = FakeReporter(socket=str(path), min_interval=0)
     started = time.monotonic()
     for step in range(5000):
         reporter.step(step)
@@ -123,12 +123,25 @@ def test_a_failing_framework_read_drops_the_report_not_the_step(receiver):
 
 def test_sampling_every_n_steps(receiver):
     r = receiver()
-    reporter = FakeReporter(every=10, socket=str(r.path))
+    reporter = FakeReporter(every=10, socket=str(r.path), min_interval=0)
     for step in range(100):
         reporter.step(step)
     assert reporter.sent == 10
     wait_for(lambda: r.poll().reports_total == 10, 5)
     assert r.poll().processes[os.getpid()].step == 90
+
+
+def test_a_fast_loop_is_sampled_at_most_every_min_interval(receiver):
+    r = receiver()
+    reporter = FakeReporter(socket=str(r.path), min_interval=0.05)
+    started = time.monotonic()
+    step = 0
+    while time.monotonic() - started < 0.5:
+        step += 1
+        reporter.step(step)
+    assert step > 100  # many steps...
+    assert 5 <= reporter.sent <= 12 and reporter.dropped == 0  # ...about 10 reports
+    assert reporter.last_sent_step <= step
 
 
 def test_a_process_not_heard_from_is_forgotten(tmp_path):

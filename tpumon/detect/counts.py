@@ -92,7 +92,7 @@ class CountTracker:
         if fit is None or recent is None:
             return CountTrend(False, points=n, window_steps=window, reason="too few points")
         growth = fit.slope * (x[-1] - x[0])
-        growing = (fit.z >= self.s.z_threshold and fit.slope_low > 0 and recent[0] > 0
+        growing = bool(fit.z >= self.s.z_threshold and fit.slope_low > 0 and recent[0] > 0
                    and growth >= self.s.min_growth)
         reason = (f"+{fit.slope:.2f} per step over {window} steps" if growing else
                   "flat" if abs(growth) < self.s.min_growth else "not a steady rise")

@@ -21,12 +21,23 @@ _PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
 class Reporter:
-    """Call :meth:`step` once per training step; every ``every``-th call sends a report."""
+    """Call :meth:`step` once per training step; every ``every``-th call sends a report,
+    and never more often than every ``min_interval`` seconds.
+
+    The interval keeps a fast loop (a small model can take a few ms per step) from
+    flooding the agent: the kernel queues only a handful of datagrams per Unix socket
+    (net.unix.max_dgram_qlen, 10 by default) and drops beyond. Trends need steady
+    sampling, not every step.
+    """
 
     framework = "python"
 
-    def __init__(self, every: int = 1, socket: str | None = None) -> None:
+    def __init__(self, every: int = 1, socket: str | None = None,
+                 min_interval: float = 0.05) -> None:
         self.every = max(int(every), 1)
+        self.min_interval = min_interval
+        self.last_sent_step: int | None = None
+        self._next_send = 0.0
         self._sender = DatagramSender(socket_path(socket))
         self._calls = 0
         self._pid = os.getpid()
@@ -48,12 +59,18 @@ class Reporter:
         self._calls += 1
         if (self._calls - 1) % self.every:
             return
+        now = time.monotonic()
+        if now < self._next_send:
+            return
+        self._next_send = now + self.min_interval
+        step = self._calls if step is None else int(step)
         try:
-            payload = self.encode(self._calls if step is None else int(step))
+            payload = self.encode(step)
         except Exception:  # noqa: BLE001 - never break the training loop
             self._sender.dropped += 1
             return
-        self._sender.send(payload)
+        if self._sender.send(payload):
+            self.last_sent_step = step
 
     def encode(self, step: int) -> bytes:
         """This step's report as a datagram (the fields of tpumon.instrument.protocol)."""

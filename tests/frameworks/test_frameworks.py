@@ -1,0 +1,123 @@
+"""Real PyTorch/XLA and JAX training loops on CPU, reporting to a real tpumon agent.
+
+Run by `make test-frameworks` in .venv-frameworks (scripts/frameworks-venv). Each loop
+runs as its own process with tpumon.instrument's reporter, planted bug or not; the agent
+(no TPU here: its runtime source reports "down", which is a normal state) must tell them
+apart from the reports alone: a loop that keeps its losses leaks one live tensor per step,
+a loop fed a new shape every few steps recompiles, a clean loop does neither.
+"""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+from tools import free_port, wait_for  # noqa: E402
+
+#: Steps per run: enough reports (at most 20 a second) for a trend after warm-up. A
+#: recompiling run is slow per step (a compile every 10 steps), so it needs fewer.
+STEPS = {"torch_xla": 3000, "jax": 12000}
+RECOMPILE_STEPS = 600
+
+
+@pytest.fixture
+def agent(tmp_path):
+    """`tpumon agent` on this CPU machine: reporter socket on, history store off."""
+    socket_path = tmp_path / "reporter.sock"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TPUMON_")}
+    env.update(TPUMON_REPORTER_SOCKET=str(socket_path), TPUMON_STORE_STATE_DIR="")
+    log_path = tmp_path / "agent.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "tpumon", "agent", "--listen-address",
+                                 "127.0.0.1:0", "--poll-interval", "0.2", "--runtime-ports",
+                                 str(free_port())], stderr=log, env=env)
+    url = wait_for(lambda: re.search(r"serving metrics on (http://\S+)/metrics",
+                                     log_path.read_text()), 60).group(1)
+    yield url, socket_path
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(20) == 0
+    assert "Traceback" not in log_path.read_text()
+
+
+def train(framework: str, socket_path: Path, *flags: str) -> int:
+    """Run a loop to its end; the step of its last report."""
+    steps = RECOMPILE_STEPS if "--recompile" in flags else STEPS[framework]
+    env = dict(os.environ, TPUMON_REPORTER_SOCKET=str(socket_path), PJRT_DEVICE="CPU",
+               JAX_PLATFORMS="cpu")
+    done = subprocess.run([sys.executable, str(HERE / f"train_{framework}.py"), "--steps",
+                           str(steps), *flags], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    sent, dropped, last = re.search(r"sent=(\d+) dropped=(\d+) last=(\d+)", done.stdout).groups()
+    assert int(dropped) == 0 and int(sent) >= 60, done.stdout
+    return int(last)
+
+
+def process_status(url: str, framework: str, last_step: int, exclude: int = -1) -> dict:
+    """The agent's view of the process that reported ``last_step``, once it has it."""
+    def ready():
+        with urllib.request.urlopen(f"{url}/api/status", timeout=5) as r:
+            doc = json.loads(r.read())
+        found = [p for p in doc["processes"]
+                 if p["framework"] == framework and p["pid"] != exclude]
+        return found[0] if found and found[0]["step"] == last_step else None
+
+    return wait_for(ready, 30)
+
+
+@pytest.mark.parametrize("framework", ["torch_xla", "jax"])
+def test_a_leaking_loop_is_told_from_a_clean_one(agent, framework):
+    url, socket_path = agent
+    clean = process_status(url, framework, train(framework, socket_path))
+    assert clean["verdict"] == "ok" and clean["diagnosis"] is None
+    assert clean["live_tensors_per_step"] == 0 and not clean["recompiling"]
+    leaky = process_status(url, framework, train(framework, socket_path, "--leak"),
+                           exclude=clean["pid"])  # the second run reports under its own pid
+    assert leaky["verdict"] == "leak", leaky
+    assert leaky["live_tensors_per_step"] == pytest.approx(1.0, abs=0.05)
+    assert leaky["live_tensors"] >= clean["live_tensors"] + 0.9 * STEPS[framework]
+    assert "kept alive across steps" in leaky["diagnosis"]
+    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as r:
+        metrics = r.read().decode()
+    for pid, value in ((clean["pid"], "0.0"), (leaky["pid"], "1.0")):
+        assert re.search(rf'tpumon_process_leak_suspected\{{[^}}]*pid="{pid}"[^}}]*\}} {value}',
+                         metrics), pid
+
+
+@pytest.mark.parametrize("framework", ["torch_xla", "jax"])
+def test_recompilation_is_named(agent, framework):
+    url, socket_path = agent
+    status = process_status(url, framework, train(framework, socket_path, "--recompile"))
+    assert status["recompiling"] and status["verdict"] == "ok"
+    assert status["compiles_uncached"] >= RECOMPILE_STEPS // 10 - 5
+    assert "recompilation" in status["diagnosis"]
+
+
+def test_torch_xla_memory_info_is_tried_once_on_cpu(tmp_path):
+    """get_memory_info raises on CPU (as under SPMD): the reporter stops asking and its
+    reports simply have no device memory; training is not disturbed."""
+    code = (
+        "import torch, torch_xla\n"
+        "from tpumon.instrument import TorchXlaReporter\n"
+        "r = TorchXlaReporter(socket=%r, min_interval=0)\n"
+        "calls = []\n"
+        "real = r._xm.get_memory_info\n"
+        "r._xm = type('XM', (), {'get_memory_info': staticmethod("
+        "lambda d: calls.append(1) or real(d))})()\n"
+        "for step in range(5):\n"
+        "    x = torch.ones(2, device=torch_xla.device()) * step\n"
+        "    torch_xla.sync()\n"
+        "    r.step(step)\n"
+        "print(len(calls), r.dropped)\n" % str(tmp_path / "none.sock"))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=dict(os.environ, PJRT_DEVICE="CPU"), timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["1", "5"]  # asked once; 5 reports dropped: no agent

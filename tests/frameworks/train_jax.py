@@ -1,0 +1,55 @@
+"""A small JAX training loop on CPU with the tpumon reporter, and optionally a planted
+leak (every step's loss array kept in a list) or recompilation (a new batch shape every
+few steps).
+
+    python train_jax.py --steps 300 [--leak | --recompile]
+"""
+
+import argparse
+import os
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+from tpumon.instrument import JaxReporter  # noqa: E402
+
+
+def loss_fn(params, x, y):
+    w, b = params
+    return jnp.mean((x @ w + b - y) ** 2)
+
+
+@jax.jit
+def train_step(params, x, y):
+    loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
+    return [p - 0.01 * g for p, g in zip(params, grads)], loss
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--leak", action="store_true")
+    parser.add_argument("--recompile", action="store_true")
+    args = parser.parse_args()
+    key = jax.random.PRNGKey(0)
+    params = [jnp.zeros((32, 1)), jnp.zeros((1,))]
+    reporter = JaxReporter()
+    kept = []
+    for step in range(1, args.steps + 1):
+        batch = 16 + step // 10 if args.recompile else 16  # a new shape every 10 steps
+        key, kx, ky = jax.random.split(key, 3)
+        x = jax.random.normal(kx, (batch, 32))
+        y = jax.random.normal(ky, (batch, 1))
+        params, loss = train_step(params, x, y)
+        loss.block_until_ready()
+        if args.leak:
+            kept.append(loss)  # the bug: a device array alive for the rest of the run
+        reporter.step(step)
+    print(f"sent={reporter.sent} dropped={reporter.dropped} last={reporter.last_sent_step}",
+          flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,70 @@
+"""Reporter for JAX: live arrays, backend compiles and, on TPU, each device's memory.
+
+``jax.live_arrays()`` lists every live array (on CPU too): flat in a healthy loop, +1 per
+step for a loss kept in a list. Backend compiles are counted through ``jax.monitoring``
+(each one is an event); a count that keeps growing after warm-up is recompilation.
+``Device.memory_stats()`` gives bytes in use, peak and limit on TPU and None on CPU.
+
+Usage, once per step::
+
+    reporter = JaxReporter()
+    ...
+    reporter.step(step)
+
+``jax.live_arrays()`` walks every live array, so with very large models report every N
+steps (``JaxReporter(every=N)``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tpumon.instrument.reporter import Reporter
+
+COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+
+
+class JaxReporter(Reporter):
+    framework = "jax"
+
+    def __init__(self, every: int = 1, socket: str | None = None, min_interval: float = 0.05) -> None:
+        import jax
+        import jax.monitoring
+
+        super().__init__(every, socket, min_interval)
+        self._jax = jax
+        self._compiles = 0
+        jax.monitoring.register_event_duration_secs_listener(self._on_duration)
+        self._devices = jax.local_devices()
+        self._rank = jax.process_index()
+        self._memory = True
+
+    def _on_duration(self, event: str, duration: float, **kwargs: Any) -> None:
+        if event == COMPILE_EVENT:
+            self._compiles += 1
+
+    def framework_fields(self) -> dict[str, Any]:
+        fields: dict[str, Any] = {
+            "rank": self._rank, "ordinal": self._devices[0].id if self._devices else None,
+            "live": len(self._jax.live_arrays()),
+            "compiles": {"cached": None, "uncached": self._compiles},
+        }
+        if self._memory:
+            fields["devices"] = self._device_memory()
+        return fields
+
+    def _device_memory(self) -> dict[str, dict[str, int | None]] | None:
+        stats = {}
+        for device in self._devices:
+            try:
+                s = device.memory_stats()
+            except Exception:  # noqa: BLE001 - a backend without allocator stats
+                s = None
+            if s:
+                stats[str(device.id)] = {"used": s.get("bytes_in_use"),
+                                         "limit": s.get("bytes_limit"),
+                                         "peak": s.get("peak_bytes_in_use")}
+        if not stats:
+            self._memory = False  # CPU: None every time, so stop asking
+            return None
+        return stats
