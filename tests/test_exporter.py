@@ -41,7 +41,7 @@ def served(runtime_servers, tmp_path):
     store.start()
     reporters = ReporterSocket(tmp_path / "reporter.sock")
     reporters.start()
-    sender = FakeReporter(socket=str(reporters.path))
+    sender = FakeReporter(socket=str(reporters.path), min_interval=0)
     for step in range(3):
         sender.step(step)
     wait_for(lambda: reporters.poll().reports_total == 3, 5)
