@@ -169,3 +169,60 @@ def test_any_datagram_is_a_report_or_an_invalid_report(payload):
         assert str(exc) in ("malformed", "version")
     else:
         assert report.step >= 0 and report.framework
+
+
+def test_instrument_imports_nothing_but_the_standard_library():
+    """A training job adds the reporter without the agent's dependencies."""
+    code = ("import sys, tpumon.instrument as i; i.Reporter; "
+            "heavy = {'numpy', 'grpc', 'prometheus_client', 'psutil', 'click', 'rich', "
+            "'torch', 'jax', 'tpu_info'} & {m.split('.')[0] for m in sys.modules}; "
+            "print(sorted(heavy))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True)
+    assert done.stdout.strip() == "[]"
+
+
+def test_the_agent_gives_each_chip_its_process_step(tmp_path, receiver, runtime_servers):
+    """A reporting process that owns the chips: their samples get its step, in the HBM
+    detector and in the history store, and the process is exported."""
+    from prometheus_client import generate_latest
+
+    from fake_runtime import chips_metrics
+    from tpumon.agent import Agent, OwnerScanner
+    from tpumon.exporters.prometheus import build_registry
+    from tpumon.identity import Identity
+    from tpumon.sources.chips import inventory_for
+    from tpumon.sources.tpu_runtime import TpuRuntimeSource
+    from tpumon.state import AgentState
+    from tpumon.store.database import Retention, open_database
+    from tpumon.store.export import export_rows
+    from tpumon.store.writer import StoreWriter
+
+    r = receiver()
+    server = runtime_servers(chips_metrics({0: 2**30, 1: 2**31}))
+    inventory = inventory_for("v4", 2)
+    state = AgentState(Identity(host="h"), inventory, history_points=16)
+    registry = build_registry(lambda: state.snapshot)
+    store = StoreWriter(tmp_path, Retention(), open_database(tmp_path, Retention()))
+    store.start()
+    source = TpuRuntimeSource("127.0.0.1", [server.port], 1.0, inventory)
+    agent = Agent(state, source, OwnerScanner(lambda: {"0": os.getpid(), "1": os.getpid()}, 60),
+                  1.0, registry, store=store, reporters=r)
+    reporter = FakeReporter(socket=str(r.path), min_interval=0)
+    try:
+        for step in (100, 101, 102):
+            reporter.step(step)
+            wait_for(lambda: r.poll().processes.get(os.getpid()) and
+                     r.poll().processes[os.getpid()].step == step, 5)
+            snap = agent.poll_once()
+            assert snap.chip_steps == {"0": step, "1": step}
+            assert agent._detectors["0"]._last[1] == step  # the step the detector was fed
+        assert store.flush()
+        rows = list(export_rows(store._db))
+        assert [r.step for r in rows if r.chip == "0"] == [100, 101, 102]
+        text = generate_latest(registry).decode()
+        assert f'tpumon_process_step{{accelerator_type="",framework="fake",host="h",pid="{os.getpid()}",rank="3",slice="",worker=""}} 102.0' in text
+        assert 'tpumon_process_compiles_total{' in text and 'cache="miss"' in text
+    finally:
+        source.close()
+        store.stop()
