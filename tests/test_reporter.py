@@ -210,18 +210,19 @@ def test_the_agent_gives_each_chip_its_process_step(tmp_path, receiver, runtime_
                   1.0, registry, store=store, reporters=r)
     reporter = FakeReporter(socket=str(r.path), min_interval=0)
     try:
-        for step in (100, 101, 102):
+        steps = list(range(100, 112))
+        for step in steps:
             reporter.step(step)
             wait_for(lambda: r.poll().processes.get(os.getpid()) and
                      r.poll().processes[os.getpid()].step == step, 5)
             snap = agent.poll_once()
             assert snap.chip_steps == {"0": step, "1": step}
-            assert agent._detectors["0"]._last[1] == step  # the step the detector was fed
+        assert agent._detectors["0"]._last[1] == 111  # the detector was fed the steps
         assert store.flush()
         rows = list(export_rows(store._db))
-        assert [r.step for r in rows if r.chip == "0"] == [100, 101, 102]
+        assert [r.step for r in rows if r.chip == "0"] == steps
         text = generate_latest(registry).decode()
-        assert f'tpumon_process_step{{accelerator_type="",framework="fake",host="h",pid="{os.getpid()}",rank="3",slice="",worker=""}} 102.0' in text
+        assert f'tpumon_process_step{{accelerator_type="",framework="fake",host="h",pid="{os.getpid()}",rank="3",slice="",worker=""}} 111.0' in text
         assert 'tpumon_process_compiles_total{' in text and 'cache="miss"' in text
     finally:
         source.close()
