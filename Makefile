@@ -54,6 +54,9 @@ bench: venv
 	$(BIN)/python bench/run.py
 	$(BIN)/python bench/detect.py
 	$(BIN)/python bench/store.py
+	$(BIN)/python bench/reporters.py
+	@if [ -x .venv-frameworks/bin/python ]; then .venv-frameworks/bin/python bench/reporters.py; \
+	else echo "(make test-frameworks first for the PyTorch/XLA and JAX loop overhead)"; fi
 
 clean:
 	rm -rf $(VENV) .venv-frameworks .pytest_cache build *.egg-info .demo-state

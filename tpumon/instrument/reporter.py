@@ -77,13 +77,14 @@ class Reporter:
         now = time.time()
         if now >= self._rss_due:
             self._rss_value, self._rss_due = self._rss(), now + 1.0
-        extra = self.framework_fields()
-        devices = extra.pop("devices", None)
-        tail = "".join(f',"{k}":{_scalar(v)}' for k, v in extra.items())
-        if devices:
-            tail += ',"devices":' + json.dumps(devices, separators=(",", ":"))
-        return (f'{self._head},"step":{int(step)},"time":{now!r},'
-                f'"rss":{_scalar(self._rss_value)}{tail}}}').encode()
+        f = self.framework_fields()
+        c = f.get("compiles") or {}
+        devices = f.get("devices")
+        tail = ',"devices":' + json.dumps(devices, separators=(",", ":")) if devices else ""
+        return (f'{self._head},"step":{int(step)},"time":{now!r},"rss":{_int(self._rss_value)},'
+                f'"rank":{_int(f.get("rank"))},"ordinal":{_int(f.get("ordinal"))},'
+                f'"live":{_int(f.get("live"))},"compiles":{{"cached":{_int(c.get("cached"))},'
+                f'"uncached":{_int(c.get("uncached"))}}}{tail}}}').encode()
 
     def framework_fields(self) -> dict[str, Any]:
         """rank, ordinal, live, compiles ({"cached", "uncached"}), devices: whatever the
@@ -113,9 +114,5 @@ def _open_statm() -> int | None:
         return None
 
 
-def _scalar(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, dict):
-        return json.dumps(value, separators=(",", ":"))
-    return str(int(value))
+def _int(value: Any) -> str:
+    return "null" if value is None else str(int(value))

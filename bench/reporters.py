@@ -1,0 +1,176 @@
+"""In-process reporter overhead (`make bench`; the framework part with .venv-frameworks).
+
+1. ``Reporter.step()`` alone, building and sending a report at every call
+   (``min_interval=0``, the worst case) and with the defaults (at most 20 reports a
+   second), with an agent-side socket draining in another process, and with no agent.
+2. Real training loops on CPU, PyTorch/XLA and JAX (when importable): the median step
+   time of the bare loop, and what ``reporter.step()`` adds to it, with the defaults and
+   when it reports at every step; bare and reported steps are interleaved one by one, so
+   drift in the loop's own speed falls on both alike.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("PJRT_DEVICE", "CPU")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+
+def drain(path: str) -> subprocess.Popen:
+    """An agent-side socket in another process that reads and discards datagrams."""
+    code = ("import socket,sys; s=socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM); "
+            "s.bind(sys.argv[1]); print('ready', flush=True)\nwhile True: s.recv(65536)")
+    proc = subprocess.Popen([sys.executable, "-c", code, path], stdout=subprocess.PIPE,
+                            text=True)
+    proc.stdout.readline()
+    return proc
+
+
+def timed_calls(fn, n: int) -> list[float]:
+    out = []
+    for i in range(n):
+        t0 = time.perf_counter()
+        fn(i)
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def us(values: list[float]) -> str:
+    return f"{statistics.median(values) * 1e6:.1f} us"
+
+
+def base_reporter() -> None:
+    from tpumon.instrument import Reporter
+
+    class Counts(Reporter):  # what a framework reporter adds: a few ints and a dict
+        framework = "bench"
+
+        def framework_fields(self):
+            return {"rank": 0, "ordinal": 0, "live": 1234,
+                    "compiles": {"cached": 99, "uncached": 3}}
+
+    path = os.path.join(tempfile.mkdtemp(), "r.sock")
+    print("\n## Reporter.step() alone (median of 20,000 calls)")
+    print("| case | agent listening | no agent |")
+    print("|---|---|---|")
+    listener = drain(path)
+    try:
+        rows = {}
+        for label, interval in (("report every step (min_interval=0)", 0.0),
+                                ("defaults (at most 20 reports/s)", 0.05)):
+            rows[label] = [us(timed_calls(Counts(socket=path, min_interval=interval).step, 20000))]
+    finally:
+        listener.kill()
+    os.unlink(path)
+    for label, interval in (("report every step (min_interval=0)", 0.0),
+                            ("defaults (at most 20 reports/s)", 0.05)):
+        rows[label].append(us(timed_calls(Counts(socket=path, min_interval=interval).step, 20000)))
+        print(f"| {label} | {rows[label][0]} | {rows[label][1]} |")
+
+
+def loop_overhead(name: str, make_step, make_reporter, steps: int) -> None:
+    """Steps with and without the reporter interleaved one by one (so drift in the loop's
+    own speed falls on both alike), plus the reporter reporting at every step."""
+    path = os.path.join(tempfile.mkdtemp(), "r.sock")
+    listener = drain(path)
+    try:
+        step_fn = make_step()
+        for i in range(200):  # compile and warm up
+            step_fn(i)
+        times: dict[str, list[float]] = {"bare": [], "default": [], "every": []}
+        cpu: dict[str, list[float]] = {"bare": [], "default": [], "every": []}
+        reporters = {"default": make_reporter(path, 0.05), "every": make_reporter(path, 0.0)}
+        for i in range(3 * steps):
+            kind = ("bare", "default", "every")[i % 3]
+            t0, c0 = time.perf_counter(), time.thread_time()
+            step_fn(i)
+            if kind != "bare":
+                reporters[kind].step(i)
+            times[kind].append(time.perf_counter() - t0)
+            cpu[kind].append(time.thread_time() - c0)
+    finally:
+        listener.kill()
+    med = {k: statistics.median(v) for k, v in times.items()}
+    cmed = {k: statistics.median(v) for k, v in cpu.items()}
+    print(f"| {name} | {med['bare'] * 1e3:.3f} ms | "
+          f"{(med['default'] - med['bare']) * 1e6:+.1f} / {(cmed['default'] - cmed['bare']) * 1e6:+.1f} us | "
+          f"{(med['every'] - med['bare']) * 1e6:+.1f} / {(cmed['every'] - cmed['bare']) * 1e6:+.1f} us |")
+
+
+def torch_xla_loop():
+    import torch
+    import torch_xla
+
+    device = torch_xla.device()
+    model = torch.nn.Linear(32, 1).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(16, 32).to(device), torch.randn(16, 1).to(device)
+
+    def step(i: int) -> None:
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        torch_xla.sync()
+
+    return step
+
+
+def jax_loop():
+    import jax
+    import jax.numpy as jnp
+
+    @jax.jit
+    def update(w, x, y):
+        grad = jax.grad(lambda w: jnp.mean((x @ w - y) ** 2))(w)
+        return w - 0.01 * grad
+
+    state = {"w": jnp.zeros((32, 1))}
+    x, y = jnp.ones((16, 32)), jnp.ones((16, 1))
+
+    def step(i: int) -> None:
+        state["w"] = update(state["w"], x, y)
+        state["w"].block_until_ready()
+
+    return step
+
+
+def frameworks() -> None:
+    loops = []
+    try:
+        import torch_xla  # noqa: F401
+
+        from tpumon.instrument import TorchXlaReporter
+        loops.append(("PyTorch/XLA 2.9 (CPU)", torch_xla_loop,
+                      lambda p, m: TorchXlaReporter(socket=p, min_interval=m)))
+    except ImportError:
+        pass
+    try:
+        import jax  # noqa: F401
+
+        from tpumon.instrument import JaxReporter
+        loops.append(("JAX (CPU)", jax_loop, lambda p, m: JaxReporter(socket=p, min_interval=m)))
+    except ImportError:
+        pass
+    if not loops:
+        print("\n(no torch_xla or jax here: run with .venv-frameworks/bin/python for the "
+              "framework loops)")
+        return
+    print("\n## Training loop: median step time, bare, and what reporter.step() adds to it "
+          "(steps interleaved one by one, 10,000 of each kind); wall / training thread's CPU")
+    print("| loop | bare step | + reporter (defaults: at most 20 reports/s) | "
+          "+ reporter reporting every step |")
+    print("|---|---|---|---|")
+    for name, make_step, make_reporter in loops:
+        loop_overhead(name, make_step, make_reporter, steps=10000)
+
+
+if __name__ == "__main__":
+    base_reporter()
+    frameworks()
