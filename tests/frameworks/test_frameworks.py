@@ -90,6 +90,11 @@ def test_a_leaking_loop_is_told_from_a_clean_one(agent, framework):
     for pid, value in ((clean["pid"], "0.0"), (leaky["pid"], "1.0")):
         assert re.search(rf'tpumon_process_leak_suspected\{{[^}}]*pid="{pid}"[^}}]*\}} {value}',
                          metrics), pid
+    table = subprocess.run([sys.executable, "-m", "tpumon", "status", "--agent", url],
+                           capture_output=True, text=True, timeout=60,
+                           env=dict(os.environ, COLUMNS="100"))
+    assert table.returncode == 0, table.stderr
+    assert f"pid {leaky['pid']}: live tensors grow +1.00 per step" in table.stdout
 
 
 @pytest.mark.parametrize("framework", ["torch_xla", "jax"])

@@ -58,6 +58,10 @@ def render_table(doc: dict[str, Any], console: Console) -> None:
     for chip in doc["chips"]:
         if chip.get("verdict") in ("leak", "step_change"):
             console.print(f"chip {chip['chip']}: {chip['reason']}", highlight=False)
+        if chip.get("diagnosis"):
+            console.print(f"chip {chip['chip']}: likely cause: {chip['diagnosis']}",
+                          highlight=False)
+    render_processes(doc.get("processes") or [], console)
     for name, source in doc["sources"].items():
         if not source["up"]:
             console.print(f"[yellow]{name}: down: {source['error']}[/]", highlight=False)
@@ -70,6 +74,29 @@ def render_table(doc: dict[str, Any], console: Console) -> None:
         state = "writing" if store["up"] else f"[yellow]not writing: {store['error']}[/]"
         console.print(f"history: {store['path']} ({store['size_bytes'] / 2**20:.1f} MiB), "
                       f"{state}", highlight=False)
+
+
+def render_processes(processes: list[dict[str, Any]], console: Console) -> None:
+    """The reporting training processes (tpumon.instrument), when there are any."""
+    if not processes:
+        return
+    table = Table(title="training processes (reporters)", title_justify="left")
+    for column in ("PID", "Framework", "Rank", "Step", "Steps/s", "Live", "Compiles", "Verdict"):
+        table.add_column(column)
+    for p in processes:
+        growth = p["live_tensors_per_step"]
+        live = "-" if p["live_tensors"] is None else f"{p['live_tensors']:,}" + (
+            f" {growth:+.1f}/step" if growth else "")
+        rate = "-" if p["steps_per_second"] is None else f"{p['steps_per_second']:.1f}"
+        compiles = f"{p['compiles_uncached'] if p['compiles_uncached'] is not None else '-'}" + (
+            " [yellow]recompiling[/]" if p["recompiling"] else "")
+        verdict = "[bold red]leak[/]" if p["verdict"] == "leak" else p["verdict"]
+        table.add_row(str(p["pid"]), p["framework"], "-" if p["rank"] is None else str(p["rank"]),
+                      f"{p['step']:,}", rate, live, compiles, verdict)
+    console.print(table)
+    for p in processes:
+        if p["diagnosis"]:
+            console.print(f"pid {p['pid']}: {p['diagnosis']}", highlight=False)
 
 
 def agent_url(listen_address: str) -> str:
