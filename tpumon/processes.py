@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
-from tpumon.detect.counts import CountSettings, CountTracker, CountTrend, describe
+from tpumon.detect.counts import Cause, CountSettings, CountTracker, CountTrend, diagnose
 from tpumon.sources.reporter import ProcessReport, ReporterReading
 
 
@@ -31,8 +31,8 @@ class ProcessState:
             return "leak"
         return "ok" if self.live.per_step is not None else "warming_up"
 
-    def diagnosis(self, hbm_leak: bool = False) -> str | None:
-        return describe(self.live, self.compiles, hbm_leak)
+    def diagnosis(self, hbm_leak: bool = False) -> Cause | None:
+        return diagnose(self.live, self.compiles, hbm_leak)
 
 
 class ProcessTracker:

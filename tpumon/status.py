@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from tpumon import __version__
+from tpumon.detect.counts import Cause
 from tpumon.processes import ProcessState
 from tpumon.state import Snapshot
 
@@ -19,7 +20,7 @@ def _assessment(snap: Snapshot, chip: str) -> dict[str, Any]:
     process = snap.processes.get(pid) if pid is not None else None
     hbm_leak = a is not None and a.verdict.value == "leak"
     reported = {"step": snap.chip_steps.get(chip), "reporting_pid": pid,
-                "diagnosis": process.diagnosis(hbm_leak) if process else None}
+                **_cause(process.diagnosis(hbm_leak) if process else None)}
     if a is None:
         return {"verdict": None, "reason": None, **reported}
     return {**reported,
@@ -92,4 +93,8 @@ def _process(pid: int, state: ProcessState) -> dict[str, Any]:
             "live_tensors_per_step": state.live.per_step, "verdict": state.verdict,
             "compiles_cached": r.compiles_cached, "compiles_uncached": r.compiles_uncached,
             "recompiling": state.compiles.growing, "rss_bytes": r.rss,
-            "devices": dict(r.devices), "diagnosis": state.diagnosis()}
+            "devices": dict(r.devices), **_cause(state.diagnosis())}
+
+
+def _cause(cause: Cause | None) -> dict[str, str | None]:
+    return {"cause": cause.code if cause else None, "diagnosis": cause.text if cause else None}

@@ -5,7 +5,6 @@ few steps).
     python train_jax.py --steps 300 [--leak | --recompile]
 """
 
-import argparse
 import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -13,6 +12,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
+import loop_args  # noqa: E402
 from tpumon.instrument import JaxReporter  # noqa: E402
 
 
@@ -28,11 +28,7 @@ def train_step(params, x, y):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--leak", action="store_true")
-    parser.add_argument("--recompile", action="store_true")
-    args = parser.parse_args()
+    args = loop_args.parse()
     key = jax.random.PRNGKey(0)
     params = [jnp.zeros((32, 1)), jnp.zeros((1,))]
     reporter = JaxReporter()

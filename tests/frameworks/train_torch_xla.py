@@ -5,7 +5,6 @@ classic slow accumulation) or recompilation (a new batch shape every 10 steps).
     PJRT_DEVICE=CPU python train_torch_xla.py --steps 300 [--leak | --recompile]
 """
 
-import argparse
 import os
 
 os.environ.setdefault("PJRT_DEVICE", "CPU")
@@ -13,15 +12,12 @@ os.environ.setdefault("PJRT_DEVICE", "CPU")
 import torch  # noqa: E402
 import torch_xla  # noqa: E402
 
+import loop_args  # noqa: E402
 from tpumon.instrument import TorchXlaReporter  # noqa: E402
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--leak", action="store_true")
-    parser.add_argument("--recompile", action="store_true")
-    args = parser.parse_args()
+    args = loop_args.parse()
     device = torch_xla.device()
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(),

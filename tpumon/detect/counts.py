@@ -19,6 +19,7 @@ computation, like the rest of ``detect``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -99,17 +100,26 @@ class CountTracker:
         return CountTrend(growing, fit.slope, fit.slope_low, fit.z, n, window, reason)
 
 
-def describe(live: CountTrend | None, compiles: CountTrend | None, hbm_leak: bool) -> str | None:
-    """The likely cause, in words a person acts on; None when nothing points anywhere."""
-    if live is not None and live.growing:
-        return (f"live tensors grow {live.per_step:+.2f} per step: tensors are kept alive "
-                "across steps (a list of losses or outputs, a metric accumulating tensors, "
-                "an in-place sharding helper keeping gradients alive)")
-    if compiles is not None and compiles.growing:
-        return (f"uncached compiles keep coming ({compiles.per_step:.2f} per step after "
-                "warm-up): the graph changes between steps (recompilation)")
-    if hbm_leak and live is not None and not live.growing and live.points:
-        return ("HBM grows while live tensors and compiles stay flat: allocator "
-                "fragmentation or the executable cache, not retained tensors")
-    return None
+class Cause(NamedTuple):
+    """A likely cause: a short code (for metrics and alert rules) and words for people."""
 
+    code: str
+    text: str
+
+
+def diagnose(live: CountTrend | None, compiles: CountTrend | None,
+             hbm_leak: bool) -> Cause | None:
+    """The likely cause of growth; None when nothing points anywhere."""
+    if live is not None and live.growing:
+        return Cause("retained_tensors", (
+            f"live tensors grow {live.per_step:+.2f} per step: tensors are kept alive "
+            "across steps (a list of losses or outputs, a metric accumulating tensors, "
+            "an in-place sharding helper keeping gradients alive)"))
+    if compiles is not None and compiles.growing:
+        return Cause("recompilation", (
+            f"uncached compiles keep coming ({compiles.per_step:.2f} per step after "
+            "warm-up): the graph changes between steps (recompilation)"))
+    if hbm_leak and live is not None and not live.growing and live.points:
+        return Cause("allocator", "HBM grows while live tensors and compiles stay flat: "
+                     "allocator fragmentation or the executable cache, not retained tensors")
+    return None

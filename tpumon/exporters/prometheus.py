@@ -223,6 +223,15 @@ class SnapshotCollector(Collector):
                         device.add_metric(key + [dev, kind], value)
         yield from families.values()
         yield from (compiles, device)
+        cause = _gauge("tpumon_leak_cause_info", "1 for a chip's likely cause of growth, from "
+                       "its training process's reports: retained_tensors, recompilation, "
+                       "allocator (HBM grows, tensors and compiles flat).", ["chip", "cause"])
+        for chip, pid in snap.chip_processes.items():
+            a = snap.assessments.get(chip)
+            found = snap.processes[pid].diagnosis(a is not None and a.verdict is Verdict.LEAK)
+            if found is not None:
+                cause.add_metric(ident + [chip, found.code], 1)
+        yield cause
         received = _counter("tpumon_reporter_reports", "Reports received from training "
                             "processes.", [])
         received.add_metric(ident, snap.reporter.reports_total)
