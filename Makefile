@@ -48,7 +48,7 @@ test: system-deps-test $(STAMP)
 # Real PyTorch/XLA and JAX on CPU against the agent (a separate ~7 GB venv).
 test-frameworks:
 	scripts/frameworks-venv
-	TPUMON_FRAMEWORK_TESTS=1 .venv-frameworks/bin/python -m pytest -q tests/frameworks
+	RUN_FRAMEWORK_TESTS=1 .venv-frameworks/bin/python -m pytest -q tests/frameworks
 
 bench: venv
 	$(BIN)/python bench/run.py

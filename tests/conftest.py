@@ -7,8 +7,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 # tests/frameworks/ needs PyTorch/XLA and JAX (.venv-frameworks): `make test-frameworks`
-# runs it with TPUMON_FRAMEWORK_TESTS=1; `make test` leaves it out.
-collect_ignore = [] if os.environ.get("TPUMON_FRAMEWORK_TESTS") else ["frameworks"]
+# runs it with RUN_FRAMEWORK_TESTS=1; `make test` leaves it out.
+collect_ignore = [] if os.environ.get("RUN_FRAMEWORK_TESTS") else ["frameworks"]
 
 from fake_runtime import FakeRuntime, RuntimeServer  # noqa: E402
 
