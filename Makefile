@@ -40,7 +40,7 @@ demo: venv
 	@echo "  Try 'make demo DEMO_SCENARIO=healthy'; 'tpumon sim --list' lists scenarios. Ctrl-C stops."
 	@echo
 	$(BIN)/tpumon agent --simulate --scenario $(DEMO_SCENARIO) --listen-address $(DEMO_ADDRESS) \
-		--poll-interval 0.25 --state-dir .demo-state
+		--poll-interval 0.25 --state-dir .demo-state --reporter-socket .demo-state/reporter.sock
 
 test: system-deps-test $(STAMP)
 	$(BIN)/python -m pytest -q

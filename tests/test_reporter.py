@@ -227,3 +227,25 @@ def test_the_agent_gives_each_chip_its_process_step(tmp_path, receiver, runtime_
     finally:
         source.close()
         store.stop()
+
+
+def test_the_simulated_job_reports_its_step_to_the_agent(tmp_path):
+    """`tpumon agent --simulate --reporter-socket`: the simulator reports its step like an
+    instrumented job, and the agent gives each chip that step."""
+    from test_store_agent import AgentProcess
+
+    agent = AgentProcess(tmp_path, tmp_path / "state", "--reporter-socket",
+                         str(tmp_path / "reporter.sock"), "--acceleration", "600")
+    try:
+        def stepped():
+            doc = json.loads(agent.get("/api/status"))
+            steps = [c["step"] for c in doc["chips"]]
+            return doc if doc["processes"] and all(s is not None for s in steps) else None
+
+        doc = wait_for(stepped, 30)
+        sim = doc["processes"][0]
+        assert sim["framework"] == "sim" and sim["verdict"] == "unknown"
+        assert {c["reporting_pid"] for c in doc["chips"]} == {sim["pid"]}
+        assert {c["owner_pid"] for c in doc["chips"]} == {sim["pid"]}  # attributed as owner
+    finally:
+        assert agent.stop() == 0

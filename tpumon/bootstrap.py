@@ -124,10 +124,12 @@ def build(config: Config, simulate: bool = False, env: Mapping[str, str] | None 
     configured_identity = {k: config[f"identity.{k}"]
                            for k in ("hostname", "worker", "accelerator_type", "slice")}
     simulator = None
+    reporters = open_reporter_socket(config, simulate) if history else None
     if simulate:
         simulator = spawn_simulator(config["simulator.scenario"], config["simulator.chips"],
                                     config["simulator.chip_type"], config["simulator.acceleration"],
-                                    config["simulator.seed"])
+                                    config["simulator.seed"],
+                                    report_to=str(reporters.path) if reporters else None)
         inventory = inventory_for(config["simulator.chip_type"], config["simulator.chips"])
         address, ports, tpu_env = "127.0.0.1", simulator.ports, {}
         sim_pid = simulator.pid
@@ -149,7 +151,6 @@ def build(config: Config, simulate: bool = False, env: Mapping[str, str] | None 
     state = AgentState(identity, inventory, config["agent.history_points"])
     store, detectors = open_store(config, simulate, identity.host) if history else (None, {})
     registry = build_registry(lambda: state.snapshot)
-    reporters = open_reporter_socket(config, simulate) if history else None
     agent = Agent(state, runtime, owners, config["agent.poll_interval"], registry,
                   detectors=detectors, store=store,
                   checkpoint_interval=config["store.checkpoint_interval"], reporters=reporters)

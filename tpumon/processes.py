@@ -26,7 +26,9 @@ class ProcessState:
     @property
     def verdict(self) -> str:
         """``leak`` when live tensors grow steadily, ``ok`` when a trend was fitted and they
-        do not, ``warming_up`` before that (or when the framework gives no live count)."""
+        do not, ``warming_up`` before that, ``unknown`` without a live count."""
+        if self.report.live is None:
+            return "unknown"
         if self.live.growing:
             return "leak"
         return "ok" if self.live.per_step is not None else "warming_up"

@@ -27,6 +27,9 @@ log = logging.getLogger("tpumon.agent")
               help="Seconds between polls [default: 5].")
 @runtime_ports_option
 @state_dir_option
+@click.option("--reporter-socket", default=None, metavar="PATH",
+              help="Unix socket for the in-process reporters; '' for none "
+                   "[default: reporter.socket, /run/tpumon/reporter.sock].")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
               default=None, help="Log level [default: info].")
 @click.option("--simulate", is_flag=True,
@@ -37,8 +40,8 @@ log = logging.getLogger("tpumon.agent")
 @click.option("--acceleration", type=float, default=None,
               help="Simulated seconds per real second with --simulate [default: 60].")
 def command(config_path: str | None, listen_address: str | None, poll_interval: float | None,
-            runtime_ports: str | None, state_dir: str | None, log_level: str | None,
-            simulate: bool,
+            runtime_ports: str | None, state_dir: str | None, reporter_socket: str | None,
+            log_level: str | None, simulate: bool,
             scenario: str | None, acceleration: float | None) -> None:
     """Poll every TPU chip's HBM, detect slow leaks, serve Prometheus metrics until SIGTERM.
 
@@ -53,7 +56,7 @@ def command(config_path: str | None, listen_address: str | None, poll_interval: 
     config = load_config(config_path, {
         "exporter.listen_address": listen_address, "agent.poll_interval": poll_interval,
         "runtime.ports": ports_value(runtime_ports), "agent.log_level": log_level,
-        "store.state_dir": state_dir,
+        "store.state_dir": state_dir, "reporter.socket": reporter_socket,
         "simulator.scenario": scenario, "simulator.acceleration": acceleration})
     setup_logging(config["agent.log_level"])
     stop = threading.Event()

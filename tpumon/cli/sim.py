@@ -14,6 +14,7 @@ import click
 
 from tpumon.cli.options import config_option, ports_value
 from tpumon.config import ConfigError, load_config
+from tpumon.instrument import Reporter
 from tpumon.logs import setup_logging
 from tpumon.sim.process import READY_PREFIX
 
@@ -63,11 +64,15 @@ def hbm_total_bytes(chip_type: str) -> int:
               help="Simulated length of the trace with --write-trace.")
 @click.option("--poll-interval", type=float, default=5.0, show_default=True,
               help="Seconds between trace rows with --write-trace.")
+@click.option("--report-to", default=None, metavar="SOCKET",
+              help="Also act as the training process: send its step to this reporter socket "
+                   "four times a second (tpumon.instrument's protocol).")
 @click.option("--exit-with-parent", is_flag=True, hidden=True)
 def command(config_path: str | None, scenario: str | None, chips: int | None,
             chip_type: str | None, acceleration: float | None, seed: int | None,
             listen_host: str, ports: str, list_scenarios: bool, write_trace: str | None,
-            duration: str, poll_interval: float, exit_with_parent: bool) -> None:
+            duration: str, poll_interval: float, report_to: str | None,
+            exit_with_parent: bool) -> None:
     """Simulate a TPU VM's chips for a training workload, on loopback, with no TPU.
 
     Serves libtpu's RuntimeMetricService so that 'tpumon agent --runtime-ports PORT' (or
@@ -97,7 +102,7 @@ def command(config_path: str | None, scenario: str | None, chips: int | None,
     workload = Workload(config["simulator.scenario"], chips=chip_count, hbm_total_bytes=total,
                         seed=config["simulator.seed"], start_time=clock.now())
     _serve(workload, clock, listen_host, ports_value(ports) or [8431], chip_count,
-           exit_with_parent)
+           exit_with_parent, report_to)
 
 
 def _write_trace(scenario: str, path: str, duration_s: float, poll_interval: float,
@@ -116,7 +121,7 @@ def _write_trace(scenario: str, path: str, duration_s: float, poll_interval: flo
 
 
 def _serve(workload: "Workload", clock: "SimClock", host: str, ports: list[int], chips: int,
-           exit_with_parent: bool) -> None:
+           exit_with_parent: bool, report_to: str | None = None) -> None:
     from tpumon.sim.server import Simulator
 
     if len(ports) > chips:
@@ -133,8 +138,20 @@ def _serve(workload: "Workload", clock: "SimClock", host: str, ports: list[int],
     log.info("simulating %d chips (scenario %s, %gx time) on %s port(s) %s", chips,
              workload.scenario.name, clock.acceleration, host, ",".join(map(str, bound)))
     parent = os.getppid()
-    while not stop.wait(1.0):
+    reporter = _StepReporter(socket=report_to, min_interval=0) if report_to else None
+    while not stop.wait(0.25 if reporter else 1.0):
         if exit_with_parent and os.getppid() != parent:
             log.info("parent exited; stopping")
             break
+        if reporter is not None:
+            sample = simulator.samples.current()
+            if sample.runtime_up:
+                reporter.step(sample.step)
     simulator.stop()
+
+
+class _StepReporter(Reporter):
+    """The simulated training process's reporter: its step only (the simulator models
+    bytes, not tensors or compiles)."""
+
+    framework = "sim"
