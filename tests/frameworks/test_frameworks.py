@@ -17,6 +17,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
@@ -126,3 +127,47 @@ def test_torch_xla_memory_info_is_tried_once_on_cpu(tmp_path):
                           env=dict(os.environ, PJRT_DEVICE="CPU"), timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["1", "5"]  # asked once; 5 reports dropped: no agent
+
+
+def test_device_memory_where_the_framework_gives_it(agent):
+    """What a CPU cannot give, faked at the framework's own call: a TPU's allocator stats
+    (torch_xla's get_memory_info outside SPMD; JAX's Device.memory_stats). The rest of the
+    path (real reporter, real socket, real agent) is real; the agent exports them."""
+    url, socket_path = agent
+    fake_tpu = {
+        "torch_xla": (
+            "from tpumon.instrument import TorchXlaReporter\n"
+            "r = TorchXlaReporter(socket=sys.argv[1], min_interval=0)\n"
+            "r._xm = types.SimpleNamespace(get_memory_info=lambda d: {'bytes_used': 5 << 30,"
+            " 'bytes_limit': 32 << 30, 'peak_bytes_used': 6 << 30})\n"),
+        "jax": (
+            "from tpumon.instrument import JaxReporter\n"
+            "r = JaxReporter(socket=sys.argv[1], min_interval=0)\n"
+            "class Dev:\n"
+            "    id = 7\n"
+            "    def memory_stats(self):\n"
+            "        return {'bytes_in_use': 3 << 30, 'bytes_limit': 16 << 30,"
+            " 'peak_bytes_in_use': 4 << 30}\n"
+            "r._devices = [Dev()]\n"),
+    }
+    for framework, setup in fake_tpu.items():  # one process each: one reporter per pid
+        done = subprocess.run(
+            [sys.executable, "-c", f"import sys, types\n{setup}r.step(1)\nprint(r.sent)\n",
+             str(socket_path)], capture_output=True, text=True, timeout=300,
+            env=dict(os.environ, PJRT_DEVICE="CPU", JAX_PLATFORMS="cpu"))
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert done.stdout.strip() == "1", framework
+
+    def exported():
+        with urllib.request.urlopen(f"{url}/metrics", timeout=5) as r:
+            text = r.read().decode()
+        found = {(s.labels["device"], s.labels["framework"], s.labels["kind"]): s.value
+                 for family in text_string_to_metric_families(text)
+                 if family.name == "tpumon_process_device_memory_bytes"
+                 for s in family.samples}
+        return found if len(found) == 6 else None
+
+    found = wait_for(exported, 30)
+    assert found[("0", "torch_xla", "used")] == 5 * 2**30
+    assert found[("0", "torch_xla", "limit")] == 32 * 2**30
+    assert found[("7", "jax", "peak")] == 4 * 2**30
