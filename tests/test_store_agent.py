@@ -280,7 +280,7 @@ def test_a_stalled_disk_never_stalls_polling(tmp_path, runtime_servers):
         during = state.snapshot.polls_total - before
         assert writer.health.polls_written_total == written  # the writer is stuck...
         # ...polling is not: as many polls as in the 3 s before (~60 due at 50 ms)
-        assert during >= max(unlocked * 0.6, 10), (during, unlocked)
+        assert during >= max(unlocked * 0.6, 3), (during, unlocked)
         blocker.execute("ROLLBACK")
         blocker.close()
         wait_for(lambda: writer.health.polls_written_total >= written + during, 10)
