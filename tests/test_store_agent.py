@@ -253,9 +253,11 @@ def test_another_user_can_export_a_stopped_agents_store(tmp_path):
 
 
 def test_a_stalled_disk_never_stalls_polling(tmp_path, runtime_servers):
-    """Another process holds the database locked for 3 s (as a hung disk would hold a
-    write): the agent keeps polling at the cadence it kept just before, and writes the
-    queued polls once the lock goes."""
+    """Another process holds the database locked (as a hung disk would hold a write) for
+    longer than the whole test: polls still complete, one after another, each in far less
+    time than the lock lasts, with the store's queue growing; the queued polls are written
+    once the lock goes. (How fast a poll is does not matter here, only that none waits
+    for the writer: bench/store.py measures latency.)"""
     server = runtime_servers(chips_metrics({0: 2**30, 1: 2**31}))
     inventory = inventory_for("v4", 2)
     state = AgentState(Identity(host=HOST), inventory, history_points=16)
@@ -264,28 +266,22 @@ def test_a_stalled_disk_never_stalls_polling(tmp_path, runtime_servers):
     source = TpuRuntimeSource("127.0.0.1", [server.port], 1.0, inventory)
     agent = Agent(state, source, OwnerScanner(dict, 60), 0.05,
                   build_registry(lambda: state.snapshot), store=writer)
-    stop = threading.Event()
-    loop = threading.Thread(target=agent.run, args=(stop,))
-    loop.start()
     try:
-        wait_for(lambda: writer.health.polls_written_total >= 5, 10)
-        before = state.snapshot.polls_total
-        time.sleep(3.0)
-        unlocked = state.snapshot.polls_total - before  # the cadence this machine keeps now
-        blocker = sqlite3.connect(database_path(tmp_path), isolation_level=None)
-        blocker.execute("BEGIN EXCLUSIVE")
-        before = state.snapshot.polls_total
+        agent.poll_once()
+        assert writer.flush()
         written = writer.health.polls_written_total
-        time.sleep(3.0)
-        during = state.snapshot.polls_total - before
-        assert writer.health.polls_written_total == written  # the writer is stuck...
-        # ...polling is not: as many polls as in the 3 s before (~60 due at 50 ms)
-        assert during >= max(unlocked * 0.6, 3), (during, unlocked)
+        blocker = sqlite3.connect(database_path(tmp_path), isolation_level=None)
+        blocker.execute("BEGIN EXCLUSIVE")  # the writer now waits (busy timeout 5 s, retries)
+        started = time.monotonic()
+        for _ in range(10):
+            agent.poll_once()
+        assert time.monotonic() - started < 20.0  # writer-bound, they would take >= 50 s
+        assert writer.health.polls_written_total == written  # the writer is stuck
+        assert writer.health.queued_polls >= 9
         blocker.execute("ROLLBACK")
         blocker.close()
-        wait_for(lambda: writer.health.polls_written_total >= written + during, 10)
+        wait_for(lambda: writer.health.polls_written_total == written + 10, 90)
     finally:
-        stop.set()
-        loop.join(10)
+        source.close()
         writer.stop()
     assert writer.health.dropped_polls_total == 0
