@@ -75,11 +75,17 @@ class Assembly:
             self.simulator.stop()
 
 
+def _path_for(config: Config, key: str, simulate: bool) -> str:
+    """A path setting, or '' for "off": with --simulate only one set explicitly counts,
+    so a simulation never touches the real agent's state or socket."""
+    return "" if simulate and config.origins[key] == "default" else config[key]
+
+
 def open_reporter_socket(config: Config, simulate: bool) -> ReporterSocket | None:
     """The reporters' socket, bound; a path that cannot be bound is logged and the agent
     runs without reports (the runtime and the host are still watched)."""
-    path = config["reporter.socket"]
-    if not path or (simulate and config.origins["reporter.socket"] == "default"):
+    path = _path_for(config, "reporter.socket", simulate)
+    if not path:
         return None
     reporters = ReporterSocket(path, config["reporter.allowed_uids"])
     try:
@@ -101,10 +107,10 @@ def retention_of(config: Config) -> Retention:
 def open_store(config: Config, simulate: bool, host: str) -> tuple[StoreWriter | None, dict]:
     """The store's writer and every chip's detector resumed from it. A store that cannot be
     opened is a reported state (the writer retries), never a reason not to monitor."""
-    state_dir = config["store.state_dir"]
-    if not state_dir or (simulate and config.origins["store.state_dir"] == "default"):
+    state_dir = _path_for(config, "store.state_dir", simulate)
+    if not state_dir:
         log.info("history store off%s", " (--simulate: give --state-dir to keep one)"
-                 if state_dir else "")
+                 if simulate and config["store.state_dir"] else "")
         return None, {}
     retention = retention_of(config)
     try:

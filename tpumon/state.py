@@ -12,7 +12,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from tpumon.detect import Assessment
+from tpumon.detect import Assessment, Verdict
+from tpumon.detect.counts import Cause
 from tpumon.identity import Identity
 from tpumon.samples import HostSample, RuntimeReading, chip_sort_key
 from tpumon.sources.chips import ChipInventory
@@ -52,6 +53,15 @@ class Snapshot:
     chip_processes: Mapping[str, int] = field(default_factory=dict)  # chip -> reporting pid
     chip_steps: Mapping[str, int] = field(default_factory=dict)  # chip -> its training step
     reporter: ReporterReading | None = None  # None: no reporter socket configured
+
+    def chip_cause(self, chip: str) -> Cause | None:
+        """The likely cause of the chip's growth, from the reports of the process that
+        drives it (knowing whether its HBM floor leaks); None without one."""
+        pid = self.chip_processes.get(chip)
+        if pid is None:
+            return None
+        a = self.assessments.get(chip)
+        return self.processes[pid].diagnosis(a is not None and a.verdict is Verdict.LEAK)
 
     def chips(self) -> list[str]:
         """Every chip to report: those that answered and those expected but missing."""

@@ -16,11 +16,8 @@ from tpumon.state import Snapshot
 
 def _assessment(snap: Snapshot, chip: str) -> dict[str, Any]:
     a = snap.assessments.get(chip)
-    pid = snap.chip_processes.get(chip)
-    process = snap.processes.get(pid) if pid is not None else None
-    hbm_leak = a is not None and a.verdict.value == "leak"
-    reported = {"step": snap.chip_steps.get(chip), "reporting_pid": pid,
-                **_cause(process.diagnosis(hbm_leak) if process else None)}
+    reported = {"step": snap.chip_steps.get(chip), "reporting_pid": snap.chip_processes.get(chip),
+                **_cause(snap.chip_cause(chip))}
     if a is None:
         return {"verdict": None, "reason": None, **reported}
     return {**reported,

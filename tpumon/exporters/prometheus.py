@@ -226,9 +226,8 @@ class SnapshotCollector(Collector):
         cause = _gauge("tpumon_leak_cause_info", "1 for a chip's likely cause of growth, from "
                        "its training process's reports: retained_tensors, recompilation, "
                        "allocator (HBM grows, tensors and compiles flat).", ["chip", "cause"])
-        for chip, pid in snap.chip_processes.items():
-            a = snap.assessments.get(chip)
-            found = snap.processes[pid].diagnosis(a is not None and a.verdict is Verdict.LEAK)
+        for chip in snap.chip_processes:
+            found = snap.chip_cause(chip)
             if found is not None:
                 cause.add_metric(ident + [chip, found.code], 1)
         yield cause
