@@ -90,6 +90,7 @@ class Agent:
         owners = self._owners()
         attributed = chip_processes(runtime.chips if runtime else (), owners, processes)
         steps = self._steps(attributed, processes)
+        samples = self._samples(runtime, steps)
         self._polls += 1
         previous = self.state.snapshot
         health = (self._runtime.health, self._host.health) + (
@@ -98,7 +99,7 @@ class Agent:
             time=time.time(), identity=previous.identity, inventory=previous.inventory,
             runtime=runtime, host=host, owners=owners, health=health,
             runtime_ports_up=dict(self._runtime_source.ports_up),
-            assessments=self._detect(runtime, steps),
+            assessments=self._detect(samples),
             runtime_malformed_total=self._runtime_source.malformed_total,
             polls_total=self._polls,
             store=None if self._store is None else self._store.health,
@@ -106,7 +107,7 @@ class Agent:
             reporter=reported)
         self.state.publish(snapshot)
         if self._store is not None:
-            self._record(runtime)
+            self._record(samples)
         self._poll_seconds.observe(time.monotonic() - started)
         return snapshot
 
@@ -119,38 +120,39 @@ class Agent:
         return {chip: processes[pid].report.step for chip, pid in attributed.items()
                 if now - processes[pid].report.received <= FRESH_SECONDS}
 
-    def _record(self, reading: RuntimeReading | None, final: bool = False) -> None:
+    @staticmethod
+    def _samples(reading: RuntimeReading | None, steps: Mapping[str, int]) -> dict[str, Sample]:
+        """This poll's sample of each chip that reported its capacity, with its step: what
+        the detectors are fed and the store keeps."""
+        if reading is None:
+            return {}
+        return {name: Sample(reading.time, steps.get(name), chip.hbm_used_bytes,
+                             chip.hbm_total_bytes)
+                for name, chip in reading.chips.items() if chip.hbm_total_bytes is not None}
+
+    def _record(self, samples: Mapping[str, Sample], final: bool = False) -> None:
         """Hand the poll's samples to the store (a queue append) and, every
         ``checkpoint_interval`` or when stopping, the detectors' state after them."""
-        samples = () if reading is None else tuple(
-            (name, Sample(reading.time, self.state.snapshot.chip_steps.get(name),
-                          chip.hbm_used_bytes, chip.hbm_total_bytes))
-            for name, chip in reading.chips.items() if chip.hbm_total_bytes is not None)
         checkpoints = {}
         if final or time.monotonic() >= self._next_checkpoint:
             checkpoints = {name: dump_detector(d) for name, d in self._detectors.items()}
             self._next_checkpoint = time.monotonic() + self._checkpoint_interval
         if samples or checkpoints:
-            self._store.submit(PollRecord(self.state.snapshot.identity.host, samples,
-                                          checkpoints))
+            self._store.submit(PollRecord(self.state.snapshot.identity.host,
+                                          tuple(samples.items()), checkpoints))
 
-    def _detect(self, reading: RuntimeReading | None,
-                steps: Mapping[str, int]) -> dict[str, Assessment]:
+    def _detect(self, samples: Mapping[str, Sample]) -> dict[str, Assessment]:
         """Feed each chip's sample to its detector (the same code ``tpumon analyze`` runs).
 
         A chip that does not answer gets no sample: to its detector that is a poll gap,
         and a gap followed by memory back at baseline is a job restart.
         """
-        if reading is not None:
-            for name, chip in reading.chips.items():
-                if chip.hbm_total_bytes is None:
-                    continue
-                detector = self._detectors.get(name)
-                if detector is None:
-                    detector = self._detectors[name] = ChipDetector(self._detector_settings)
-                detector.update((reading.time,), (steps.get(name, math.nan),),
-                                (chip.hbm_used_bytes,),
-                                (chip.hbm_total_bytes,))
+        for name, s in samples.items():
+            detector = self._detectors.get(name)
+            if detector is None:
+                detector = self._detectors[name] = ChipDetector(self._detector_settings)
+            detector.update((s.time,), (math.nan if s.step is None else s.step,), (s.used,),
+                            (s.total,))
         return {name: d.assessment for name, d in self._detectors.items()}
 
     def run(self, stop: threading.Event) -> None:
@@ -167,5 +169,5 @@ class Agent:
                 next_tick = now + self.interval - (now - next_tick) % self.interval
             stop.wait(next_tick - now)
         if self._store is not None:
-            self._record(None, final=True)
+            self._record({}, final=True)
         self._runtime_source.close()
