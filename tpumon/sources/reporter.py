@@ -203,9 +203,9 @@ class ReporterSocket:
                 data, ancillary, flags, _ = sock.recvmsg(MAX_DATAGRAM, space)
             except OSError:  # the timeout, or a transient error: look at the flag again
                 continue
-            self.handle(data, ancillary, flags)
+            self._handle(data, ancillary, flags)
 
-    def handle(self, data: bytes, ancillary: list, flags: int) -> None:
+    def _handle(self, data: bytes, ancillary: list, flags: int) -> None:
         """Validate one datagram and record it, or count why it was dropped."""
         pid = uid = -1
         for level, kind, value in ancillary:

@@ -255,9 +255,6 @@ class HistoryDB:
             "SELECT time, step, used, total FROM samples WHERE series = ? AND time >= ? "
             "AND time <= ? ORDER BY time, id", (series, since, until)))
 
-    def newest_time(self) -> float | None:
-        return self.conn.execute("SELECT max(time) FROM samples").fetchone()[0]
-
     def size_bytes(self) -> int:
         """Bytes on disk: the database, its WAL and shared-memory index."""
         total = 0
