@@ -144,14 +144,22 @@ def test_a_fast_loop_is_sampled_at_most_every_min_interval(receiver):
     assert reporter.last_sent_step <= step
 
 
-def test_a_process_not_heard_from_is_forgotten(tmp_path):
+def test_a_silent_process_is_forgotten_once_it_exited_or_after_a_day(tmp_path):
+    """A process that stops reporting but lives is kept (a step stuck in a collective is
+    what the stall alert looks for); one that exited goes after STALE_SECONDS."""
+    exited = subprocess.Popen(["true"])
+    exited.wait()
     now = [1000.0]
     r = ReporterSocket(tmp_path / "r.sock", clock=lambda: now[0])
-    report = parse_report(json.dumps({"v": PROTOCOL_VERSION, "framework": "jax", "step": 1,
-                                      "time": 999.0}).encode(), 42, 0, now[0])
-    r._record(report)
-    assert list(r.poll().processes) == [42]
-    now[0] += 301
+    for pid in (exited.pid, os.getpid()):
+        r._record(parse_report(json.dumps({"v": PROTOCOL_VERSION, "framework": "jax",
+                                           "step": 1, "time": 999.0}).encode(), pid, 0, now[0]))
+    assert sorted(r.poll().processes) == sorted([exited.pid, os.getpid()])
+    now[0] += 200
+    assert len(r.poll().processes) == 2
+    now[0] += 101
+    assert list(r.poll().processes) == [os.getpid()]
+    now[0] += 86400
     assert r.poll().processes == {}
 
 

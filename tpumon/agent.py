@@ -22,6 +22,7 @@ from tpumon.samples import RuntimeReading
 from tpumon.sources.health import SourceTracker
 from tpumon.sources.host import HostSource
 from tpumon.sources.tpu_runtime import TpuRuntimeSource
+from tpumon.notify.health import NotifierHealth
 from tpumon.processes import ProcessState, ProcessTracker, chip_processes
 from tpumon.sources.reporter import ReporterReading, ReporterSocket
 from tpumon.state import AgentState, Snapshot
@@ -60,7 +61,8 @@ class Agent:
                  detector_settings: DetectorSettings | None = None,
                  detectors: Mapping[str, ChipDetector] | None = None,
                  store: StoreWriter | None = None, checkpoint_interval: float = 60.0,
-                 reporters: ReporterSocket | None = None) -> None:
+                 reporters: ReporterSocket | None = None,
+                 notifier_health: Callable[[], NotifierHealth] | None = None) -> None:
         self.state = state
         self._detector_settings = detector_settings
         self._detectors: dict[str, ChipDetector] = dict(detectors or {})
@@ -74,6 +76,7 @@ class Agent:
         self._host = SourceTracker("host", HostSource(owners).poll)
         self._reporters = None if reporters is None else SourceTracker("reporter", reporters.poll)
         self._processes = ProcessTracker()
+        self._notifier_health = notifier_health
         self._polls = 0
         self._poll_seconds = Histogram(
             "tpumon_poll_duration_seconds", "Time taken by one poll of all sources.",
@@ -104,7 +107,8 @@ class Agent:
             polls_total=self._polls,
             store=None if self._store is None else self._store.health,
             processes=processes, chip_processes=attributed, chip_steps=steps,
-            reporter=reported)
+            reporter=reported,
+            notifier=None if self._notifier_health is None else self._notifier_health())
         self.state.publish(snapshot)
         if self._store is not None:
             self._record(samples)

@@ -16,11 +16,17 @@ from typing import Mapping
 from prometheus_client import CollectorRegistry
 
 from tpumon.agent import Agent, OwnerScanner
-from tpumon.config import Config, parse_ports
+from tpumon.config import Config, ConfigError, parse_ports
 from tpumon.exporters.prometheus import build_registry
 from tpumon.identity import Identity, discover_tpu_env, resolve_identity
 from tpumon.sim.process import SimulatorProcess, spawn_simulator
 from tpumon.sources.chips import ChipInventory, detect_chips, inventory_for, scan_chip_owners
+from tpumon.notify.alerts import AlertSettings, AlertTracker
+from tpumon.notify.notifier import Channel, Notifier
+from tpumon.notify.outbox import open_outbox
+from tpumon.notify.pagerduty import PagerDutyChannel
+from tpumon.notify.secrets import read_secret
+from tpumon.notify.slack import SlackChannel
 from tpumon.sources.reporter import ReporterSocket
 from tpumon.sources.tpu_runtime import TpuRuntimeSource
 from tpumon.state import AgentState
@@ -63,14 +69,18 @@ class Assembly:
     simulator: SimulatorProcess | None = None
     store: StoreWriter | None = None
     reporters: ReporterSocket | None = None
+    notifier: Notifier | None = None
 
     def close(self) -> None:
-        """Stop in the order data flows: runtime, then the store (writes what is queued)."""
+        """Stop in the order data flows: runtime, then the store (writes what is queued)
+        and the notifier (finishes the request in flight; the outbox keeps the rest)."""
         self.runtime.close()
         if self.reporters is not None:
             self.reporters.stop()
         if self.store is not None:
             self.store.stop()
+        if self.notifier is not None:
+            self.notifier.stop()
         if self.simulator is not None:
             self.simulator.stop()
 
@@ -121,6 +131,41 @@ def open_store(config: Config, simulate: bool, host: str) -> tuple[StoreWriter |
     return StoreWriter(state_dir, retention, db), restore_detectors(db, host)
 
 
+SEVERITIES = ("warning", "critical")
+
+
+def notification_channels(config: Config, env: Mapping[str, str] | None = None) -> list[Channel]:
+    """The channels whose secret is configured (value, file or systemd credential)."""
+    def at_least(level: str) -> tuple[str, ...]:
+        return SEVERITIES[SEVERITIES.index(level):]
+
+    channels: list[Channel] = []
+    url = read_secret(config, "slack.webhook_url", "slack-webhook-url", env)
+    if url:
+        if not url.startswith(("https://", "http://")):
+            raise ConfigError("slack.webhook_url (from its file): must be an http(s) URL")
+        channels.append(SlackChannel(url, at_least(config["slack.min_severity"])))
+    key = read_secret(config, "pagerduty.routing_key", "pagerduty-routing-key", env)
+    if key:
+        channels.append(PagerDutyChannel(config["pagerduty.url"], key,
+                                         at_least(config["pagerduty.min_severity"])))
+    return channels
+
+
+def open_notifier(config: Config, simulate: bool, state: AgentState,
+                  env: Mapping[str, str]) -> Notifier | None:
+    """The notifier with its outbox beside the history store, resuming the alerts that
+    were active; None when no channel is configured."""
+    channels = notification_channels(config, env)
+    if not channels:
+        return None
+    outbox = open_outbox(_path_for(config, "store.state_dir", simulate))
+    tracker = AlertTracker(AlertSettings.from_config(config), outbox.active())
+    log.info("notifications to %s (%d alert(s) active from before)",
+             ", ".join(c.name for c in channels), len(tracker.active))
+    return Notifier(lambda: state.snapshot, tracker, outbox, channels)
+
+
 def build(config: Config, simulate: bool = False, env: Mapping[str, str] | None = None,
           history: bool = True) -> Assembly:
     """Wire sources, state and exporter registry; start the simulator child if asked.
@@ -155,14 +200,19 @@ def build(config: Config, simulate: bool = False, env: Mapping[str, str] | None 
     runtime = TpuRuntimeSource(address, ports, config["runtime.timeout"], inventory,
                                runtime_clock=simulate)
     state = AgentState(identity, inventory, config["agent.history_points"])
+    notifier = open_notifier(config, simulate, state, env) if history else None
     store, detectors = open_store(config, simulate, identity.host) if history else (None, {})
-    registry = build_registry(lambda: state.snapshot)
+    registry = build_registry(lambda: state.snapshot, AlertSettings.from_config(config))
     agent = Agent(state, runtime, owners, config["agent.poll_interval"], registry,
                   detectors=detectors, store=store,
-                  checkpoint_interval=config["store.checkpoint_interval"], reporters=reporters)
+                  checkpoint_interval=config["store.checkpoint_interval"], reporters=reporters,
+                  notifier_health=None if notifier is None else notifier.health)
     if store is not None:
         store.start()
-    return Assembly(agent, state, registry, identity, runtime, simulator, store, reporters)
+    if notifier is not None:
+        notifier.start()
+    return Assembly(agent, state, registry, identity, runtime, simulator, store, reporters,
+                    notifier)
 
 
 def _log_inventory(inventory: ChipInventory, address: str, ports: list[int], origin: str) -> None:

@@ -42,6 +42,7 @@ class Key:
     default: Any
     doc: str
     check: Callable[[Any], str | None] | None = None
+    secret: bool = False  # never echoed: `config show` and error messages redact it
 
     @property
     def dotted(self) -> str:
@@ -70,6 +71,15 @@ def _one_of(*choices: str) -> Callable[[Any], str | None]:
 def _ports(value: list[int]) -> str | None:
     bad = [p for p in value if not 0 < p < 65536]
     return f"has invalid port(s) {bad}" if bad else None
+
+
+def _fraction(value: Any) -> str | None:
+    return None if 0 < value <= 1 else "must be in (0, 1]"
+
+
+def _url(value: str) -> str | None:
+    ok = value == "" or value.startswith(("https://", "http://"))
+    return None if ok else "must be an http(s) URL"
 
 
 def _scenario(value: str) -> str | None:
@@ -141,6 +151,41 @@ SCHEMA: tuple[Key, ...] = (
     Key("reporter", "allowed_uids", list, [],
         "Only reports from processes of these user ids are taken (the kernel vouches for "
         "the uid). Empty: any local user's."),
+    Key("alerts", "oom_horizon_hours", float, 6.0,
+        "Critical alert when a leaking chip's forecast OOM is nearer than this. Exported as "
+        "tpumon_alert_oom_horizon_seconds, which the Prometheus rules read too.", _positive),
+    Key("alerts", "hbm_used_ratio_threshold", float, 0.95,
+        "Warning when a chip's HBM floor stays above this fraction of its capacity. Exported "
+        "as tpumon_alert_hbm_used_ratio_threshold.", _fraction),
+    Key("alerts", "training_stall_minutes", float, 10.0,
+        "Warning when a reporting training process has sent no step for this long while it "
+        "is alive and its chips hold memory.", _positive),
+    Key("alerts", "resolve_after_minutes", float, 10.0,
+        "An alert resolves after its condition has been false this long (no flapping).",
+        _positive),
+    Key("alerts", "dashboard_url", str, "",
+        "Link in every notification; {host}, {worker}, {slice} and {chip} are filled in. "
+        "Empty: no link."),
+    Key("slack", "webhook_url", str, "",
+        "Slack incoming webhook URL (a secret: prefer webhook_url_file or the environment). "
+        "Empty, with no file: no Slack notifications.", _url, secret=True),
+    Key("slack", "webhook_url_file", str, "",
+        "File holding the webhook URL. Empty: $CREDENTIALS_DIRECTORY/slack-webhook-url "
+        "when systemd passes credentials."),
+    Key("slack", "min_severity", str, "warning",
+        "Least severity sent to Slack: warning or critical.", _one_of("warning", "critical")),
+    Key("pagerduty", "routing_key", str, "",
+        "PagerDuty Events API v2 routing (integration) key (a secret: prefer "
+        "routing_key_file or the environment). Empty, with no file: no PagerDuty events.",
+        secret=True),
+    Key("pagerduty", "routing_key_file", str, "",
+        "File holding the routing key. Empty: $CREDENTIALS_DIRECTORY/pagerduty-routing-key "
+        "when systemd passes credentials."),
+    Key("pagerduty", "min_severity", str, "critical",
+        "Least severity sent to PagerDuty: warning or critical.",
+        _one_of("warning", "critical")),
+    Key("pagerduty", "url", str, "https://events.pagerduty.com/v2/enqueue",
+        "Events API v2 endpoint.", _url),
     Key("simulator", "scenario", str, "linear-leak",
         "Workload scenario for --simulate and 'tpumon sim' (see 'tpumon sim --list').",
         _scenario),
@@ -173,7 +218,8 @@ class Config:
         value = _coerce(key, value, origin)
         problem = key.check(value) if key.check else None
         if problem:
-            raise ConfigError(f"{origin}: {dotted} {problem} (got {value!r})")
+            shown = "a secret, not shown" if key.secret else repr(value)
+            raise ConfigError(f"{origin}: {dotted} {problem} (got {shown})")
         self.values[dotted] = value
         self.origins[dotted] = origin
 
@@ -191,7 +237,8 @@ def _coerce(key: Key, value: Any, origin: str) -> Any:
     if not ok:
         expected = {float: "a number", int: "an integer", str: "a string", bool: "true or false",
                     list: "a list of integers"}[key.type]
-        raise ConfigError(f"{origin}: {key.dotted} must be {expected}, got {value!r}")
+        shown = "a secret, not shown" if key.secret else repr(value)
+        raise ConfigError(f"{origin}: {key.dotted} must be {expected}, got {shown}")
     return float(value) if key.type is float else value
 
 
@@ -308,7 +355,11 @@ def render_toml(config: Config, with_docs: bool = True) -> str:
                 lines.append(f"# {key.doc} Default: {_toml_value(key.default)}."
                              f" Env: {key.env_var}.")
                 lines.append(f"#   (now from {config.origins[key.dotted]})")
-            lines.append(f"{key.name} = {_toml_value(config[key.dotted])}")
+            value = config[key.dotted]
+            if key.secret and value:  # set, but never printed: show where it came from
+                lines.append(f"# {key.name} is set ({config.origins[key.dotted]}); not shown")
+                continue
+            lines.append(f"{key.name} = {_toml_value(value)}")
         lines.append("")
     return "\n".join(lines)
 

@@ -18,6 +18,7 @@ from tpumon.identity import Identity
 from tpumon.samples import HostSample, RuntimeReading, chip_sort_key
 from tpumon.sources.chips import ChipInventory
 from tpumon.sources.health import SourceHealth
+from tpumon.notify.health import NotifierHealth
 from tpumon.processes import ProcessState
 from tpumon.sources.reporter import ReporterReading
 from tpumon.store.writer import StoreHealth
@@ -53,6 +54,7 @@ class Snapshot:
     chip_processes: Mapping[str, int] = field(default_factory=dict)  # chip -> reporting pid
     chip_steps: Mapping[str, int] = field(default_factory=dict)  # chip -> its training step
     reporter: ReporterReading | None = None  # None: no reporter socket configured
+    notifier: NotifierHealth | None = None  # None: no Slack or PagerDuty configured
 
     def chip_cause(self, chip: str) -> Cause | None:
         """The likely cause of the chip's growth, from the reports of the process that

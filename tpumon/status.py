@@ -75,6 +75,7 @@ def status_document(snap: Snapshot, source: str = "agent") -> dict[str, Any]:
             "memory_used_bytes": host.memory_used_bytes,
         },
         "processes": [_process(pid, state) for pid, state in sorted(snap.processes.items())],
+        "notifications": _notifications(snap),
         "store": None if store is None else {
             "path": store.path, "up": store.up, "error": store.error,
             "size_bytes": store.size_bytes, "polls_written_total": store.polls_written_total,
@@ -95,3 +96,16 @@ def _process(pid: int, state: ProcessState) -> dict[str, Any]:
 
 def _cause(cause: Cause | None) -> dict[str, str | None]:
     return {"cause": cause.code if cause else None, "diagnosis": cause.text if cause else None}
+
+
+def _notifications(snap: Snapshot) -> dict[str, Any] | None:
+    """Active alerts and each channel's delivery state; no URL or key ever."""
+    h = snap.notifier
+    if h is None:
+        return None
+    return {"active_alerts": [dict(a) for a in h.active],
+            "channels": [{"name": c.name, "up": c.up, "pending": c.pending,
+                          "delivered_total": c.delivered_total, "last_error": c.last_error,
+                          "last_delivery": c.last_delivery,
+                          "given_up_total": sum(c.given_up_total.values())}
+                         for c in h.channels]}

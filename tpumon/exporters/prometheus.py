@@ -10,6 +10,7 @@ dashboards group by them without joins. docs/metrics.md lists every metric.
 from __future__ import annotations
 
 import platform
+from collections import Counter
 from importlib import metadata
 from typing import Callable, Iterator
 
@@ -21,6 +22,9 @@ from prometheus_client.registry import Collector
 from tpumon import __version__
 from tpumon.detect import Verdict
 from tpumon.identity import LABELS
+from tpumon.notify.alerts import AlertSettings
+from tpumon.notify.health import NotifierHealth
+from tpumon.notify.notifier import FAILURE_REASONS, GIVE_UP_REASONS
 from tpumon.state import Snapshot
 from tpumon.store.writer import StoreHealth
 
@@ -45,8 +49,10 @@ def package_version(name: str) -> str:
 class SnapshotCollector(Collector):
     """Yields tpumon's metrics from whatever snapshot ``get_snapshot`` returns now."""
 
-    def __init__(self, get_snapshot: Callable[[], Snapshot]) -> None:
+    def __init__(self, get_snapshot: Callable[[], Snapshot],
+                 alert_settings: AlertSettings | None = None) -> None:
         self._get_snapshot = get_snapshot
+        self._alerts = alert_settings or AlertSettings()
         self._build = [__version__, package_version("tpu-info"), platform.python_version()]
 
     def collect(self) -> Iterator[Metric]:
@@ -60,6 +66,7 @@ class SnapshotCollector(Collector):
             yield from self._store_metrics(snap.store, ident)
         if snap.reporter is not None:
             yield from self._process_metrics(snap, ident)
+        yield from self._alert_metrics(snap, ident)
         info = _gauge("tpumon_build_info", "tpumon build: always 1, versions in labels.",
                       ["version", "tpu_info_version", "python_version"])
         info.add_metric(ident + self._build, 1)
@@ -198,6 +205,9 @@ class SnapshotCollector(Collector):
                            "across steps.", labels),
             "rss": _gauge("tpumon_process_resident_memory_bytes",
                           "Resident host memory of the process, as it reports it.", labels),
+            "heard": _gauge("tpumon_process_last_report_timestamp_seconds",
+                            "When the agent received the process's latest report (a process "
+                            "is kept while it lives: old values mean a stalled step).", labels),
         }
         compiles = _counter("tpumon_process_compiles",
                             "XLA compilations by the process; uncached ones growing after "
@@ -209,6 +219,7 @@ class SnapshotCollector(Collector):
             r = state.report
             key = ident + [str(pid), r.framework, "" if r.rank is None else str(r.rank)]
             families["step"].add_metric(key, r.step)
+            families["heard"].add_metric(key, r.received)
             for name, value in (("rate", r.steps_per_second), ("live", r.live),
                                 ("growth", state.live.per_step), ("rss", r.rss)):
                 if value is not None:
@@ -241,6 +252,50 @@ class SnapshotCollector(Collector):
             dropped.add_metric(ident + [reason], count)
         yield from (received, dropped)
 
+    def _alert_metrics(self, snap: Snapshot, ident: list[str]) -> Iterator[Metric]:
+        """The alert thresholds this agent uses (the Prometheus rules compare against them,
+        so one configuration drives both paths) and its direct notifiers' counts."""
+        for name, doc, value in (
+            ("tpumon_alert_oom_horizon_seconds", "Critical alert when a forecast OOM is "
+             "nearer than this (alerts.oom_horizon_hours).", self._alerts.oom_horizon_seconds),
+            ("tpumon_alert_hbm_used_ratio_threshold", "Warning when a chip's HBM floor stays "
+             "above this fraction of capacity (alerts.hbm_used_ratio_threshold).",
+             self._alerts.hbm_used_ratio_threshold)):
+            family = _gauge(name, doc, [])
+            family.add_metric(ident, value)
+            yield family
+        if snap.notifier is not None:
+            yield from self._notifier_metrics(snap.notifier, ident)
+
+    @staticmethod
+    def _notifier_metrics(h: NotifierHealth, ident: list[str]) -> Iterator[Metric]:
+        up = _gauge("tpumon_notifier_up", "1 if the notifier's last delivery attempt "
+                    "succeeded (or none was needed).", ["notifier"])
+        pending = _gauge("tpumon_notifier_pending_notifications", "Notifications waiting in "
+                         "the outbox.", ["notifier"])
+        delivered = _counter("tpumon_notifier_deliveries", "Requests the service accepted.",
+                             ["notifier"])
+        failures = _counter("tpumon_notifier_failures", "Failed delivery attempts, retried: "
+                            "rate_limited, server_error, network.", ["notifier", "reason"])
+        given_up = _counter("tpumon_notifier_given_up_notifications", "Notifications "
+                            "abandoned: rejected (a 4xx), expired (undeliverable for a day).",
+                            ["notifier", "reason"])
+        for c in h.channels:
+            key = ident + [c.name]
+            up.add_metric(key, 1 if c.up else 0)
+            pending.add_metric(key, c.pending)
+            delivered.add_metric(key, c.delivered_total)
+            for reason in FAILURE_REASONS:
+                failures.add_metric(key + [reason], c.failures_total.get(reason, 0))
+            for reason in GIVE_UP_REASONS:
+                given_up.add_metric(key + [reason], c.given_up_total.get(reason, 0))
+        active = _gauge("tpumon_alerts_active", "Alerts this agent has raised and not yet "
+                        "resolved, by alert and severity.", ["alert", "severity"])
+        counts = Counter((a["name"], a["severity"]) for a in h.active)
+        for (name, severity), n in sorted(counts.items()):
+            active.add_metric(ident + [name, severity], n)
+        yield from (up, pending, delivered, failures, given_up, active)
+
     @staticmethod
     def _store_metrics(h: StoreHealth, ident: list[str]) -> Iterator[Metric]:
         up = _gauge("tpumon_store_up", "1 if the history store's last write succeeded.", [])
@@ -269,11 +324,12 @@ class SnapshotCollector(Collector):
             yield family
 
 
-def build_registry(get_snapshot: Callable[[], Snapshot]) -> CollectorRegistry:
+def build_registry(get_snapshot: Callable[[], Snapshot],
+                   alert_settings: AlertSettings | None = None) -> CollectorRegistry:
     """A registry with tpumon's metrics and the agent's own process and platform metrics."""
     disable_created_metrics()  # *_created gauges per histogram: noise for a per-VM agent
     registry = CollectorRegistry()
-    registry.register(SnapshotCollector(get_snapshot))
+    registry.register(SnapshotCollector(get_snapshot, alert_settings))
     ProcessCollector(registry=registry)
     PlatformCollector(registry=registry)
     return registry

@@ -31,7 +31,8 @@ log = logging.getLogger("tpumon.sources")
 
 _CREDS = struct.Struct("3i")  # struct ucred: pid, uid, gid
 DROP_REASONS = ("oversized", "malformed", "version", "forbidden")
-STALE_SECONDS = 300.0  # a process not heard from this long is forgotten
+STALE_SECONDS = 300.0  # a process not heard from this long is forgotten once it has exited
+SILENT_MAX_SECONDS = 86400.0  # ... and even while alive (a pid reused, a job parked for a day)
 RATE_WINDOW_SECONDS = 120.0
 PENDING_POINTS = 4096  # per process between two polls; beyond, the oldest go
 
@@ -58,6 +59,17 @@ class ProcessReport:
 
 class InvalidReport(ValueError):
     """A datagram that is not a valid report; the message is the drop reason."""
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists (signal 0 checks without sending anything)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's: it exists
+        return True
+    return True
 
 
 def parse_report(payload: bytes, pid: int, uid: int, received: float) -> ProcessReport:
@@ -185,15 +197,22 @@ class ReporterSocket:
             pass
 
     def poll(self) -> ReporterReading:
-        """Each process heard from in the last STALE_SECONDS, with its step rate."""
+        """Each process heard from in the last STALE_SECONDS, or still alive (a training
+        step stuck in a collective is the stall the alerts look for), with its step rate."""
         now = self._clock()
         with self._lock:
-            for pid in [p for p, r in self._latest.items() if now - r.received > STALE_SECONDS]:
+            for pid in [p for p, r in self._latest.items() if self._forgotten(p, now - r.received)]:
                 del self._latest[pid]
                 self._steps.pop(pid, None)
             points = {pid: list(q) for pid, q in self._points.items() if q}
             self._points = {pid: deque(maxlen=PENDING_POINTS) for pid in self._latest}
             return ReporterReading(dict(self._latest), points, self._reports, dict(self._dropped))
+
+    @staticmethod
+    def _forgotten(pid: int, silent: float) -> bool:
+        if silent <= STALE_SECONDS:
+            return False
+        return silent > SILENT_MAX_SECONDS or not pid_alive(pid)
 
     def _receive(self) -> None:
         space = socket.CMSG_SPACE(_CREDS.size)

@@ -1,0 +1,216 @@
+"""Which alerts hold on this host now, and when one is raised or resolved.
+
+The agent's direct notifiers page on the same conditions, under the same names, as the
+Prometheus rules in deploy/prometheus/ (docs/alerts.md): a site that routes through
+Alertmanager and a small team whose agents post to Slack themselves read the same alerts.
+Everything here is computed from a Snapshot and the times in it, so it is deterministic
+and testable without clocks; hold-downs keep a condition that flickers at its threshold
+from paging twice.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Iterable, Mapping
+
+from tpumon.config import Config
+from tpumon.detect import Assessment, Verdict, describe_growth
+from tpumon.state import Snapshot
+
+LEAK = "TPUMonHBMLeakSuspected"
+OOM = "TPUMonOOMForecast"
+HIGH = "TPUMonHBMHigh"
+STALLED = "TPUMonTrainingStalled"
+SEVERITY = {LEAK: "warning", OOM: "critical", HIGH: "warning", STALLED: "warning"}
+RAISE_AFTER = {HIGH: 300.0}  # seconds a condition must hold first; the others are sustained
+# by construction (a leak verdict needs 30 min of evidence; a stall is a duration itself)
+
+
+@dataclass(frozen=True)
+class AlertSettings:
+    """Thresholds from the [alerts] configuration section."""
+
+    oom_horizon_seconds: float = 6 * 3600.0
+    hbm_used_ratio_threshold: float = 0.95
+    training_stall_seconds: float = 600.0
+    resolve_after_seconds: float = 600.0
+    dashboard_url: str = ""
+
+    @classmethod
+    def from_config(cls, config: Config) -> "AlertSettings":
+        return cls(oom_horizon_seconds=config["alerts.oom_horizon_hours"] * 3600,
+                   hbm_used_ratio_threshold=config["alerts.hbm_used_ratio_threshold"],
+                   training_stall_seconds=config["alerts.training_stall_minutes"] * 60,
+                   resolve_after_seconds=config["alerts.resolve_after_minutes"] * 60,
+                   dashboard_url=config["alerts.dashboard_url"])
+
+
+@dataclass(frozen=True)
+class Alert:
+    """One alert as a person and a pager read it. ``key`` is stable for the life of the
+    condition (host, alert, chip or pid): PagerDuty's dedup_key, the outbox's identity."""
+
+    name: str
+    severity: str
+    key: str
+    host: str
+    worker: str
+    slice: str
+    accelerator_type: str
+    subject: str                 # "chip 2" or "pid 4242"
+    summary: str                 # one line
+    details: Mapping[str, Any] = field(default_factory=dict)  # numbers, cause, step
+    dashboard: str = ""
+    raised: float = 0.0          # when it was raised (the tracker sets it)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "Alert":
+        return cls(**data)
+
+    @property
+    def where(self) -> str:
+        """Host, worker and slice as a person locates a VM of a pod."""
+        parts = (f"worker {self.worker}" if self.worker else "", self.slice,
+                 self.accelerator_type)
+        extra = ", ".join(p for p in parts if p)
+        return f"{self.host} ({extra})" if extra else self.host
+
+
+def describe_duration(seconds: float) -> str:
+    """'45 min', '3 h 12 min', '2.5 d': how long until an OOM reads at 3 a.m."""
+    seconds = max(seconds, 0.0)
+    if seconds < 3600:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 48 * 3600:
+        hours, rest = divmod(seconds, 3600)
+        return f"{hours:.0f} h {rest / 60:.0f} min"
+    return f"{seconds / 86400:.1f} d"
+
+
+def evaluate(snap: Snapshot, settings: AlertSettings) -> dict[str, Alert]:
+    """Every condition that holds in this snapshot, by key (before any hold-down)."""
+    found: dict[str, Alert] = {}
+    answered = snap.runtime.chips if snap.runtime is not None else {}
+    now = snap.runtime.time if snap.runtime is not None else snap.time  # the samples' clock
+    for chip, a in snap.assessments.items():
+        if chip in answered:  # a chip that stopped answering holds no condition
+            for alert in _chip_alerts(snap, chip, a, now, settings):
+                found[alert.key] = alert
+    for alert in _stalls(snap, settings):
+        found[alert.key] = alert
+    return found
+
+
+def _alert(snap: Snapshot, name: str, subject: str, summary: str, details: dict,
+           settings: AlertSettings, chip: str = "") -> Alert:
+    ident = snap.identity
+    dashboard = settings.dashboard_url.format(host=ident.host, worker=ident.worker,
+                                              slice=ident.slice, chip=chip) \
+        if settings.dashboard_url else ""
+    return Alert(name=name, severity=SEVERITY[name],
+                 key=f"tpumon/{ident.host}/{name}/{subject.replace(' ', '')}",
+                 host=ident.host, worker=ident.worker, slice=ident.slice,
+                 accelerator_type=ident.accelerator_type, subject=subject, summary=summary,
+                 details={k: v for k, v in details.items() if v is not None},
+                 dashboard=dashboard)
+
+
+def _chip_alerts(snap: Snapshot, chip: str, a: Assessment, now: float,
+                 settings: AlertSettings) -> Iterable[Alert]:
+    cause = snap.chip_cause(chip)
+    details = {"chip": chip, "verdict": a.verdict.value, "step": snap.chip_steps.get(chip),
+               "hbm_floor_bytes": a.floor_bytes, "hbm_total_bytes": a.total_bytes,
+               "growth_bytes_per_step": a.slope_bytes_per_step,
+               "growth_bytes_per_hour": a.slope_bytes_per_hour,
+               "predicted_oom_time": a.predicted_oom_time,
+               "predicted_oom_step": a.predicted_oom_step,
+               "cause": cause.code if cause else None, "cause_text": cause.text if cause else None}
+    if a.verdict is Verdict.LEAK:
+        growth = describe_growth(a.slope_bytes_per_step, a.slope_bytes_per_hour)
+        eta = None if a.predicted_oom_time is None else a.predicted_oom_time - now
+        details["time_to_oom_seconds"] = eta
+        at_step = "" if a.predicted_oom_step is None else f" (~step {a.predicted_oom_step:,.0f})"
+        oom = "" if eta is None else f"; OOM in {describe_duration(eta)}{at_step}"
+        yield _alert(snap, LEAK, f"chip {chip}", f"HBM leak on chip {chip}: floor grows "
+                     f"{growth}{oom}", details, settings, chip)
+        if eta is not None and eta <= settings.oom_horizon_seconds:
+            yield _alert(snap, OOM, f"chip {chip}", f"OOM forecast on chip {chip} in "
+                         f"{describe_duration(eta)}{at_step}: floor grows {growth}", details,
+                         settings, chip)
+    if a.floor_bytes is not None and a.total_bytes:
+        ratio = a.floor_bytes / a.total_bytes
+        if ratio >= settings.hbm_used_ratio_threshold and math.isfinite(ratio):
+            details = {**details, "hbm_used_ratio": ratio}
+            yield _alert(snap, HIGH, f"chip {chip}", f"HBM floor of chip {chip} at "
+                         f"{100 * ratio:.1f}% of capacity", details, settings, chip)
+
+
+def _stalls(snap: Snapshot, settings: AlertSettings) -> Iterable[Alert]:
+    """Reporting processes with no step for the stall time while their chips (or, when
+    none is attributed, this host's chips) hold memory."""
+    chips = snap.runtime.chips if snap.runtime is not None else {}
+    for pid, state in snap.processes.items():
+        silent = snap.time - state.report.received
+        if silent < settings.training_stall_seconds:
+            continue
+        mine = [c for c, p in snap.chip_processes.items() if p == pid] or list(chips)
+        held = sum(chips[c].hbm_used_bytes for c in mine if c in chips)
+        if held > 0:
+            yield _alert(snap, STALLED, f"pid {pid}", f"training process {pid} "
+                         f"({state.report.framework}) stuck at step {state.report.step} for "
+                         f"{describe_duration(silent)} while its chips hold "
+                         f"{held / 2**30:.1f} GiB",
+                         {"pid": pid, "step": state.report.step, "silent_seconds": silent,
+                          "hbm_held_bytes": held, "chips": ",".join(mine)}, settings)
+
+
+@dataclass(frozen=True)
+class Transition:
+    """An alert raised or resolved: what the outbox turns into deliveries."""
+
+    action: str  # "trigger" or "resolve"
+    alert: Alert
+    time: float
+
+
+class AlertTracker:
+    """Turns each snapshot's conditions into triggers and resolves, with hold-downs.
+
+    ``active`` is what was last raised (and not resolved): restored from the outbox after
+    a restart, so an alert that still holds is not raised twice and one that cleared while
+    the agent was down is resolved.
+    """
+
+    def __init__(self, settings: AlertSettings, active: Mapping[str, Alert] | None = None) -> None:
+        self.settings = settings
+        self.active: dict[str, Alert] = dict(active or {})
+        self._pending: dict[str, float] = {}  # key -> since when its condition holds
+        self._clearing: dict[str, float] = {}  # key -> since when an active one is false
+
+    def update(self, snap: Snapshot) -> list[Transition]:
+        now = snap.time
+        holding = evaluate(snap, self.settings)
+        out: list[Transition] = []
+        for key in list(self._pending):
+            if key not in holding:
+                del self._pending[key]
+        for key, alert in holding.items():
+            self._clearing.pop(key, None)
+            if key in self.active:  # newest numbers, for the resolve's message
+                self.active[key] = replace(alert, raised=self.active[key].raised)
+                continue
+            since = self._pending.setdefault(key, now)
+            if now - since >= RAISE_AFTER.get(alert.name, 0.0):
+                del self._pending[key]
+                alert = self.active[key] = replace(alert, raised=now)
+                out.append(Transition("trigger", alert, now))
+        for key in [k for k in self.active if k not in holding]:
+            since = self._clearing.setdefault(key, now)
+            if now - since >= self.settings.resolve_after_seconds:
+                del self._clearing[key]
+                out.append(Transition("resolve", self.active.pop(key), now))
+        return out

@@ -1,0 +1,172 @@
+"""The persistent outbox: every notification is written down before it is sent.
+
+An alert raised while Slack or PagerDuty is unreachable, or just before the agent
+restarts, waits here until it is delivered, once, in order, followed by its resolve. The
+file (STATE_DIR/outbox.db, beside the history store) also remembers which alerts are
+active, so a restarted agent neither raises them again nor forgets to resolve them.
+
+Per channel, events leave strictly in the order they were recorded: a resolve never
+overtakes its trigger. Delivered and given-up events are kept a week for `tpumon status`
+and post-mortems, then purged. The one window left is a kill -9 between the service's
+"accepted" and the commit that marks it: that event is sent again after the restart
+(PagerDuty folds it into the same incident by its dedup_key; Slack would show it twice).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Mapping
+
+from tpumon.notify.alerts import Alert, Transition
+from tpumon.store.database import is_corruption, move_aside
+
+log = logging.getLogger("tpumon.notify")
+
+OUTBOX_NAME = "outbox.db"
+KEEP_DONE_SECONDS = 7 * 86400.0
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS active (key TEXT PRIMARY KEY, alert TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    channel TEXT NOT NULL,
+    action TEXT NOT NULL,
+    alert TEXT NOT NULL,
+    raised REAL NOT NULL,
+    created REAL NOT NULL,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    state TEXT NOT NULL DEFAULT 'pending',
+    done REAL,
+    error TEXT
+);
+CREATE INDEX IF NOT EXISTS events_by_state ON events (channel, state, id);
+"""
+
+
+@dataclass(frozen=True)
+class Event:
+    """One notification for one channel: a trigger or a resolve of one alert."""
+
+    id: int
+    channel: str
+    action: str
+    alert: Alert
+    raised: float   # when the transition happened (the snapshot's time)
+    created: float  # when it was written down
+    attempts: int
+
+
+class Outbox:
+    """SQLite outbox; ``path`` None keeps it in memory (no state directory: an agent
+    restart then loses what was not yet delivered, which the log says at start-up)."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self.conn = self._open(path)
+
+    @staticmethod
+    def _connect(path: Path | None) -> sqlite3.Connection:
+        conn = sqlite3.connect(":memory:" if path is None else str(path), timeout=5.0,
+                               isolation_level=None, check_same_thread=False)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=FULL")  # few writes, each one a promise to a person
+        conn.executescript(SCHEMA)
+        return conn
+
+    def _open(self, path: Path | None) -> sqlite3.Connection:
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o750)
+        try:
+            return self._connect(path)
+        except sqlite3.DatabaseError as exc:
+            if path is None or not is_corruption(exc):
+                raise
+            aside = move_aside(path)
+            log.error("notification outbox %s is unreadable (%s); moved it to %s and started "
+                      "a fresh one", path, exc, aside)
+            return self._connect(path)
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def active(self) -> dict[str, Alert]:
+        """The alerts raised and not yet resolved, as the last run left them."""
+        return {key: Alert.from_json(json.loads(raw))
+                for key, raw in self.conn.execute("SELECT key, alert FROM active")}
+
+    def record(self, transitions: Iterable[Transition],
+               channels: Mapping[str, tuple[str, ...]]) -> int:
+        """Write transitions down (the active set and one event per channel that takes the
+        alert's severity) in one transaction; the number of events written."""
+        written = 0
+        with self.conn:
+            self.conn.execute("BEGIN IMMEDIATE")
+            for t in transitions:
+                raw = json.dumps(t.alert.to_json(), sort_keys=True)
+                if t.action == "trigger":
+                    self.conn.execute("INSERT OR REPLACE INTO active VALUES (?, ?)",
+                                      (t.alert.key, raw))
+                else:
+                    self.conn.execute("DELETE FROM active WHERE key = ?", (t.alert.key,))
+                for channel, severities in channels.items():
+                    if t.alert.severity in severities:
+                        self.conn.execute(
+                            "INSERT INTO events (channel, action, alert, raised, created) "
+                            "VALUES (?, ?, ?, ?, ?)", (channel, t.action, raw, t.time, time.time()))
+                        written += 1
+        return written
+
+    def pending(self, channel: str, limit: int) -> list[Event]:
+        """The oldest undelivered events of a channel, in the order they were recorded."""
+        rows = self.conn.execute(
+            "SELECT id, channel, action, alert, raised, created, attempts FROM events "
+            "WHERE channel = ? AND state = 'pending' ORDER BY id LIMIT ?", (channel, limit))
+        return [Event(i, c, a, Alert.from_json(json.loads(raw)), r, cr, n)
+                for i, c, a, raw, r, cr, n in rows]
+
+    def pending_count(self, channel: str) -> int:
+        return self.conn.execute("SELECT count(*) FROM events WHERE channel = ? AND "
+                                 "state = 'pending'", (channel,)).fetchone()[0]
+
+    def attempted(self, ids: Iterable[int], error: str) -> None:
+        self._update(ids, "attempts = attempts + 1, error = ?", (error,))
+
+    def delivered(self, ids: Iterable[int]) -> None:
+        self._update(ids, "attempts = attempts + 1, state = 'delivered', done = ?, error = NULL",
+                     (time.time(),))
+
+    def given_up(self, ids: Iterable[int], why: str) -> None:
+        self._update(ids, "state = 'given_up', done = ?, error = ?", (time.time(), why))
+
+    def _update(self, ids: Iterable[int], assignments: str, args: tuple) -> None:
+        ids = list(ids)
+        marks = ",".join("?" * len(ids))
+        with self.conn:
+            self.conn.execute(f"UPDATE events SET {assignments} WHERE id IN ({marks})",
+                              args + tuple(ids))
+
+    def purge(self, now: float) -> None:
+        """Forget delivered and given-up events after a week (bounded file size)."""
+        with self.conn:
+            self.conn.execute("DELETE FROM events WHERE state != 'pending' AND done < ?",
+                              (now - KEEP_DONE_SECONDS,))
+
+
+def open_outbox(state_dir: str) -> Outbox:
+    """The outbox under the state directory, or in memory without one or when the
+    directory cannot hold it (logged: undelivered alerts then do not survive a restart)."""
+    if not state_dir:
+        log.info("notification outbox in memory (no state directory): alerts not yet "
+                 "delivered are lost if the agent restarts")
+        return Outbox(None)
+    path = Path(state_dir) / OUTBOX_NAME
+    try:
+        return Outbox(path)
+    except (OSError, sqlite3.Error) as exc:
+        log.error("notification outbox %s cannot be opened (%s); keeping it in memory: alerts "
+                  "not yet delivered are lost if the agent restarts", path, exc)
+        return Outbox(None)

@@ -1,0 +1,55 @@
+"""PagerDuty Events API v2: one event per alert transition, deduplicated per host, alert
+and chip, so a trigger sent twice is one incident and the resolve closes it."""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any, Sequence
+
+from tpumon.notify.outbox import Event
+
+MAX_SUMMARY = 1024
+MAX_DEDUP_KEY = 255
+
+
+class PagerDutyChannel:
+    """Formats outbox events as Events API v2 bodies."""
+
+    name = "pagerduty"
+    batch = 1            # the API takes one event per request
+    min_interval = 0.5   # well under the API's 120 events a minute per routing key
+    group_wait = 0.0     # PagerDuty groups incidents itself
+
+    def __init__(self, url: str, routing_key: str, severities: tuple[str, ...]) -> None:
+        self.url = url
+        self.routing_key = routing_key
+        self.severities = severities
+
+    def requests(self, events: Sequence[Event]) -> list[tuple[list[Event], Any]]:
+        return [([e], self.body(e)) for e in events]
+
+    def body(self, event: Event) -> dict[str, Any]:
+        a = event.alert
+        body: dict[str, Any] = {"routing_key": self.routing_key,
+                                "event_action": event.action,
+                                "dedup_key": a.key[:MAX_DEDUP_KEY]}
+        if event.action == "resolve":
+            return body
+        summary = f"{a.name} on {a.where}: {a.summary}"
+        if a.details.get("cause_text"):
+            summary += f". Likely cause: {a.details['cause_text']}"
+        body["payload"] = {
+            "summary": summary[:MAX_SUMMARY],
+            "source": a.host,
+            "severity": a.severity,
+            "timestamp": datetime.datetime.fromtimestamp(
+                event.raised, datetime.timezone.utc).isoformat(),
+            "component": a.subject,
+            "group": a.slice or a.host,
+            "class": a.name,
+            "custom_details": {"worker": a.worker, "slice": a.slice,
+                               "accelerator_type": a.accelerator_type, **a.details},
+        }
+        if a.dashboard:
+            body["links"] = [{"href": a.dashboard, "text": "tpumon dashboard"}]
+        return body
