@@ -41,10 +41,11 @@ class Received:
 class FakeAlertAPI:
     """``with FakeAlertAPI("slack") as api: ... api.url ... api.requests``."""
 
-    def __init__(self, kind: str, port: int = 0) -> None:
+    def __init__(self, kind: str, port: int = 0, path: str | None = None) -> None:
         if kind not in PATHS:
             raise ValueError(kind)
         self.kind = kind
+        self.path = path or PATHS[kind]  # a Slack webhook's path is its secret
         self.requests: list[Received] = []
         self.accepted: list[Received] = []
         self._script: deque[int] = deque()
@@ -56,7 +57,7 @@ class FakeAlertAPI:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}{PATHS[self.kind]}"
+        return f"http://127.0.0.1:{self._server.server_address[1]}{self.path}"
 
     def __enter__(self) -> "FakeAlertAPI":
         self._thread.start()
@@ -158,7 +159,7 @@ class FakeAlertAPI:
                 except ValueError:
                     body = None
                 request = Received(self.path, dict(self.headers), raw, body)
-                if self.path != PATHS[api.kind]:
+                if self.path != api.path:
                     status, reply, headers = api._error(404, "no_service")
                 else:
                     status, reply, headers = api._answer(request)

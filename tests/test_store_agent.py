@@ -5,23 +5,18 @@ import json
 import os
 import re
 import shutil
-import signal
 import sqlite3
 import subprocess
-import sys
 import tempfile
-import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from fake_runtime import chips_metrics
 from test_sim_server import ManualClock
-from tools import wait_for
+from tools import TPUMON, AgentProcess, wait_for
 from tpumon.agent import Agent, OwnerScanner
 from tpumon.detect import ChipDetector, Verdict
 from tpumon.exporters.prometheus import build_registry
@@ -35,7 +30,6 @@ from tpumon.store.database import Retention, Sample, database_path, open_databas
 from tpumon.store.resume import restore_detectors
 from tpumon.store.writer import StoreWriter
 
-TPUMON = [sys.executable, "-m", "tpumon"]
 HOST = "t1v-n-resume-w-0"
 
 
@@ -86,47 +80,6 @@ def test_restart_mid_run_resumes_verdict_slope_and_forecast(tmp_path):
         assert resumed == reference.assessment, chip
         assert second._detectors[chip].alert == reference.alert
     assert resumed.verdict is Verdict.LEAK and resumed.predicted_oom_time is not None
-
-
-class AgentProcess:
-    """``tpumon agent --simulate`` as a child process, optionally behind a command prefix."""
-
-    def __init__(self, tmp: Path, state_dir: Path, *extra: str, prefix: tuple[str, ...] = (),
-                 env: dict | None = None) -> None:
-        self.log_path = tmp / f"agent-{len(list(tmp.glob('agent-*.log')))}.log"
-        full_env = {k: v for k, v in os.environ.items() if not k.startswith("TPUMON_")}
-        full_env.update(env or {})
-        with open(self.log_path, "w") as log:
-            self.proc = subprocess.Popen(
-                [*prefix, *TPUMON, "agent", "--simulate", "--listen-address", "127.0.0.1:0",
-                 "--state-dir", str(state_dir), "--poll-interval", "0.05", *extra],
-                stderr=log, env=full_env)
-        self.url = wait_for(lambda: re.search(r"serving metrics on http://(\S+)/metrics",
-                                              self.log()), timeout=60).group(1)
-
-    def log(self) -> str:
-        return self.log_path.read_text()
-
-    def get(self, path: str) -> str:
-        with urllib.request.urlopen(f"http://{self.url}{path}", timeout=5) as r:
-            return r.read().decode()
-
-    def metrics(self) -> dict[tuple[str, tuple], float]:
-        out = {}
-        for family in text_string_to_metric_families(self.get("/metrics")):
-            for s in family.samples:
-                labels = tuple(sorted((k, v) for k, v in s.labels.items()
-                                      if k not in ("host", "worker", "accelerator_type", "slice")))
-                out[(s.name, labels)] = s.value
-        return out
-
-    def value(self, name: str, **labels: str) -> float | None:
-        return self.metrics().get((name, tuple(sorted(labels.items()))))
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout=20)
 
 
 def test_kill_9_loses_at_most_the_last_poll_and_the_restart_resumes(tmp_path):

@@ -3,14 +3,23 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import signal
 import socket
+import subprocess
+import sys
 import time
+import urllib.request
+from pathlib import Path
 from typing import Callable
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tpumon.instrument import Reporter
+
+TPUMON = [sys.executable, "-m", "tpumon"]
 
 
 def require_tool(name: str) -> str:
@@ -56,3 +65,45 @@ class FakeReporter(Reporter):
         return {"rank": 3, "ordinal": 1, "live": self.live,
                 "compiles": {"cached": 10, "uncached": 2},
                 "devices": {"1": {"used": 5 * 2**30, "limit": 32 * 2**30, "peak": 6 * 2**30}}}
+
+
+class AgentProcess:
+    """``tpumon agent --simulate`` as a child process, optionally behind a command prefix."""
+
+    def __init__(self, tmp: Path, state_dir: Path | None, *extra: str,
+                 prefix: tuple[str, ...] = (), env: dict | None = None) -> None:
+        self.log_path = tmp / f"agent-{len(list(tmp.glob('agent-*.log')))}.log"
+        full_env = {k: v for k, v in os.environ.items() if not k.startswith("TPUMON_")}
+        full_env.update(env or {})
+        with open(self.log_path, "w") as log:
+            self.proc = subprocess.Popen(
+                [*prefix, *TPUMON, "agent", "--simulate", "--listen-address", "127.0.0.1:0",
+                 *(() if state_dir is None else ("--state-dir", str(state_dir))),
+                 "--poll-interval", "0.05", *extra],
+                stderr=log, env=full_env)
+        self.url = wait_for(lambda: re.search(r"serving metrics on http://(\S+)/metrics",
+                                              self.log()), timeout=60).group(1)
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def get(self, path: str) -> str:
+        with urllib.request.urlopen(f"http://{self.url}{path}", timeout=5) as r:
+            return r.read().decode()
+
+    def metrics(self) -> dict[tuple[str, tuple], float]:
+        out = {}
+        for family in text_string_to_metric_families(self.get("/metrics")):
+            for s in family.samples:
+                labels = tuple(sorted((k, v) for k, v in s.labels.items()
+                                      if k not in ("host", "worker", "accelerator_type", "slice")))
+                out[(s.name, labels)] = s.value
+        return out
+
+    def value(self, name: str, **labels: str) -> float | None:
+        return self.metrics().get((name, tuple(sorted(labels.items()))))
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=20)

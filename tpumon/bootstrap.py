@@ -153,10 +153,9 @@ def notification_channels(config: Config, env: Mapping[str, str] | None = None) 
 
 
 def open_notifier(config: Config, simulate: bool, state: AgentState,
-                  env: Mapping[str, str]) -> Notifier | None:
+                  channels: list[Channel]) -> Notifier | None:
     """The notifier with its outbox beside the history store, resuming the alerts that
     were active; None when no channel is configured."""
-    channels = notification_channels(config, env)
     if not channels:
         return None
     outbox = open_outbox(_path_for(config, "store.state_dir", simulate))
@@ -175,7 +174,8 @@ def build(config: Config, simulate: bool = False, env: Mapping[str, str] | None 
     configured_identity = {k: config[f"identity.{k}"]
                            for k in ("hostname", "worker", "accelerator_type", "slice")}
     simulator = None
-    reporters = open_reporter_socket(config, simulate) if history else None
+    channels = notification_channels(config, env) if history else []  # a bad secret file
+    reporters = open_reporter_socket(config, simulate) if history else None  # fails first
     if simulate:
         simulator = spawn_simulator(config["simulator.scenario"], config["simulator.chips"],
                                     config["simulator.chip_type"], config["simulator.acceleration"],
@@ -200,7 +200,7 @@ def build(config: Config, simulate: bool = False, env: Mapping[str, str] | None 
     runtime = TpuRuntimeSource(address, ports, config["runtime.timeout"], inventory,
                                runtime_clock=simulate)
     state = AgentState(identity, inventory, config["agent.history_points"])
-    notifier = open_notifier(config, simulate, state, env) if history else None
+    notifier = open_notifier(config, simulate, state, channels)
     store, detectors = open_store(config, simulate, identity.host) if history else (None, {})
     registry = build_registry(lambda: state.snapshot, AlertSettings.from_config(config))
     agent = Agent(state, runtime, owners, config["agent.poll_interval"], registry,

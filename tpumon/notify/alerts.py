@@ -82,13 +82,14 @@ class Alert:
 
 def describe_duration(seconds: float) -> str:
     """'45 min', '3 h 12 min', '2.5 d': how long until an OOM reads at 3 a.m."""
-    seconds = max(seconds, 0.0)
-    if seconds < 3600:
-        return f"{seconds / 60:.0f} min"
-    if seconds < 48 * 3600:
-        hours, rest = divmod(seconds, 3600)
-        return f"{hours:.0f} h {rest / 60:.0f} min"
-    return f"{seconds / 86400:.1f} d"
+    if seconds < 60:
+        return f"{max(seconds, 0.0):.0f} s"
+    minutes = round(max(seconds, 0.0) / 60)
+    if minutes < 60:
+        return f"{minutes} min"
+    if minutes < 48 * 60:
+        return "%d h %d min" % divmod(minutes, 60)
+    return f"{minutes / 1440:.1f} d"
 
 
 def evaluate(snap: Snapshot, settings: AlertSettings) -> dict[str, Alert]:

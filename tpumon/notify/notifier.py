@@ -139,7 +139,7 @@ class Notifier:
     def _save(self) -> bool:
         """Record transitions; on a full or read-only disk keep them in memory and retry."""
         try:
-            self.outbox.record(self._unsaved, self._severities)
+            self.outbox.record(self._unsaved, self._severities, self._clock())
         except sqlite3.Error as exc:
             if str(exc) != self._outbox_error:
                 log.error("notification outbox: cannot write (%s); %d alert change(s) held "
@@ -194,6 +194,7 @@ class Notifier:
             log.warning("%s: gave up %d notification(s) older than %.0f h", channel.name,
                         len(stale), self._max_age / 3600)
             events = self.outbox.pending(channel.name, channel.batch)
+            self._progress[channel.name].pending = self.outbox.pending_count(channel.name)
         return events
 
     def _delivered(self, channel: Channel, p: _Progress, batch: list[Event],

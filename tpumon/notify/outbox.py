@@ -99,7 +99,7 @@ class Outbox:
                 for key, raw in self.conn.execute("SELECT key, alert FROM active")}
 
     def record(self, transitions: Iterable[Transition],
-               channels: Mapping[str, tuple[str, ...]]) -> int:
+               channels: Mapping[str, tuple[str, ...]], now: float) -> int:
         """Write transitions down (the active set and one event per channel that takes the
         alert's severity) in one transaction; the number of events written."""
         written = 0
@@ -116,7 +116,7 @@ class Outbox:
                     if t.alert.severity in severities:
                         self.conn.execute(
                             "INSERT INTO events (channel, action, alert, raised, created) "
-                            "VALUES (?, ?, ?, ?, ?)", (channel, t.action, raw, t.time, time.time()))
+                            "VALUES (?, ?, ?, ?, ?)", (channel, t.action, raw, t.time, now))
                         written += 1
         return written
 

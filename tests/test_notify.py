@@ -1,0 +1,360 @@
+"""Direct notifiers: alert conditions and hold-downs, the outbox, and delivery to loopback
+servers that answer as Slack and PagerDuty do (tests/fake_alert_apis.py)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fake_alert_apis import FakeAlertAPI
+from tpumon.detect import Assessment, ChipDetector, Verdict
+from tpumon.detect.counts import CountTrend
+from tpumon.identity import Identity
+from tpumon.notify.alerts import HIGH, LEAK, OOM, STALLED, AlertSettings, AlertTracker
+from tpumon.notify.notifier import Notifier
+from tpumon.notify.outbox import Outbox
+from tpumon.notify.pagerduty import PagerDutyChannel
+from tpumon.notify.slack import SlackChannel
+from tpumon.processes import ProcessState
+from tpumon.samples import ChipSample, RuntimeReading
+from tpumon.sim.tracegen import generate_trace
+from tpumon.sources.chips import inventory_for
+from tpumon.sources.reporter import ProcessReport
+from tpumon.state import Snapshot
+
+GiB = 2**30
+TOTAL = 32 * GiB
+IDENT = Identity("t1v-n-0a1b2c3d-w-3", "3", "v4-32", "llama-pod-a")
+SETTINGS = AlertSettings(dashboard_url="https://grafana.example/d/tpumon?var-host={host}"
+                         "&var-chip={chip}")
+
+
+def leak(eta_hours: float, now: float, per_step: float | None = 150e3) -> Assessment:
+    return Assessment(Verdict.LEAK, "floor grows", floor_bytes=20 * GiB, total_bytes=TOTAL,
+                      slope_bytes_per_second=3e5, slope_bytes_per_step=per_step,
+                      predicted_oom_time=now + eta_hours * 3600,
+                      predicted_oom_step=None if per_step is None else 48_200)
+
+
+def healthy(floor: float = 20 * GiB) -> Assessment:
+    return Assessment(Verdict.OK, "flat", floor_bytes=floor, total_bytes=TOTAL,
+                      slope_bytes_per_second=0.0)
+
+
+def snap(t: float, assessments: dict, answering=None, processes=None, polls: int = 1,
+         used: int = 20 * GiB) -> Snapshot:
+    answering = assessments if answering is None else answering
+    chips = {c: ChipSample(c, used, TOTAL, 0.9, int(c), 8431) for c in answering}
+    return Snapshot(time=t, identity=IDENT, inventory=inventory_for("v4", 4),
+                    runtime=RuntimeReading(t, chips), assessments=assessments,
+                    processes=processes or {}, polls_total=polls)
+
+
+def actions(transitions) -> list[tuple[str, str, str]]:
+    return [(t.action, t.alert.name, t.alert.subject) for t in transitions]
+
+
+# --- conditions and hold-downs -------------------------------------------------------
+
+
+def test_a_leak_warns_and_a_near_oom_is_critical():
+    tracker = AlertTracker(SETTINGS)
+    got = tracker.update(snap(1000.0, {"0": leak(2.0, 1000.0), "1": leak(30.0, 1000.0),
+                                       "2": healthy()}))
+    assert sorted(actions(got)) == [("trigger", LEAK, "chip 0"), ("trigger", LEAK, "chip 1"),
+                                    ("trigger", OOM, "chip 0")]
+    oom = next(t.alert for t in got if t.alert.name == OOM)
+    assert oom.severity == "critical" and oom.key == f"tpumon/{IDENT.host}/{OOM}/chip0"
+    assert "in 2 h 0 min (~step 48,200)" in oom.summary and "150.0 KB/step" in oom.summary
+    assert oom.details["time_to_oom_seconds"] == pytest.approx(7200)
+    assert oom.dashboard == f"https://grafana.example/d/tpumon?var-host={IDENT.host}&var-chip=0"
+    assert oom.where == f"{IDENT.host} (worker 3, llama-pod-a, v4-32)"
+
+
+def test_the_horizon_is_the_configured_one():
+    tracker = AlertTracker(AlertSettings(oom_horizon_seconds=48 * 3600))
+    got = tracker.update(snap(1000.0, {"1": leak(30.0, 1000.0)}))
+    assert ("trigger", OOM, "chip 1") in actions(got)
+
+
+def test_a_healthy_chip_raises_nothing():
+    tracker = AlertTracker(SETTINGS)
+    for i in range(100):
+        assert tracker.update(snap(1000.0 + 60 * i, {"0": healthy(), "1": healthy()})) == []
+
+
+def test_high_hbm_must_hold_five_minutes_and_a_resolve_waits_for_the_hold():
+    tracker = AlertTracker(SETTINGS)
+    full = {"0": healthy(0.97 * TOTAL)}
+    assert tracker.update(snap(0.0, full)) == []
+    assert tracker.update(snap(299.0, full)) == []
+    assert actions(tracker.update(snap(300.0, full))) == [("trigger", HIGH, "chip 0")]
+    assert tracker.update(snap(360.0, full)) == []  # raised once
+    assert tracker.update(snap(400.0, {"0": healthy()})) == []
+    assert tracker.update(snap(999.0, {"0": healthy()})) == []  # 599 s false: still active
+    assert tracker.update(snap(1000.0, full)) == []  # back: the clearing starts over
+    assert tracker.update(snap(1100.0, {"0": healthy()})) == []
+    assert actions(tracker.update(snap(1700.0, {"0": healthy()}))) == [
+        ("resolve", HIGH, "chip 0")]
+
+
+def test_a_chip_that_stops_answering_resolves_after_the_hold():
+    tracker = AlertTracker(SETTINGS)
+    tracker.update(snap(0.0, {"0": leak(30.0, 0.0)}))
+    gone = {"0": leak(30.0, 0.0)}  # the detector keeps its last word; the chip is silent
+    assert tracker.update(snap(100.0, gone, answering={})) == []
+    assert actions(tracker.update(snap(700.0, gone, answering={}))) == [
+        ("resolve", LEAK, "chip 0")]
+
+
+def process(pid: int, received: float, step: int = 1200) -> ProcessState:
+    report = ProcessReport(pid=pid, uid=0, framework="jax", step=step, time=received,
+                           received=received)
+    trend = CountTrend(None, None, False, 0)
+    return ProcessState(report, trend, trend)
+
+
+def test_a_training_step_stalled_while_chips_hold_memory():
+    tracker = AlertTracker(SETTINGS)
+    assert tracker.update(snap(1000.0, {"0": healthy()}, processes={7: process(7, 500.0)})) == []
+    got = tracker.update(snap(1200.0, {"0": healthy()}, processes={7: process(7, 500.0)}))
+    assert actions(got) == [("trigger", STALLED, "pid 7")]
+    assert "stuck at step 1200 for 12 min" in got[0].alert.summary
+    # chips empty (the job freed them): no stall alert for a process that merely lingers
+    idle = AlertTracker(SETTINGS)
+    assert idle.update(snap(1200.0, {"0": healthy()}, processes={7: process(7, 500.0)},
+                            used=0)) == []
+
+
+def test_a_restored_tracker_does_not_raise_again():
+    first = AlertTracker(SETTINGS)
+    first.update(snap(0.0, {"0": leak(2.0, 0.0)}))
+    again = AlertTracker(SETTINGS, active=first.active)
+    assert again.update(snap(60.0, {"0": leak(1.9, 60.0)})) == []
+    assert sorted(actions(again.update(snap(61.0, {"0": healthy()})) +
+                          again.update(snap(700.0, {"0": healthy()})))) == [
+        ("resolve", LEAK, "chip 0"), ("resolve", OOM, "chip 0")]
+
+
+def test_a_real_detector_on_a_leaking_trace_raises_a_leak_with_its_forecast():
+    rows = list(generate_trace("linear-leak", duration_s=10 * 3600, chips=1, seed=3))
+    detector = ChipDetector()
+    detector.update(np.array([r.time for r in rows]), np.array([r.step for r in rows], float),
+                    np.array([r.hbm_used_bytes for r in rows], float),
+                    np.array([r.hbm_total_bytes for r in rows], float))
+    now = rows[-1].time
+    got = AlertTracker(AlertSettings(oom_horizon_seconds=1e9)).update(
+        snap(now, {"0": detector.assessment}))
+    assert sorted(actions(got)) == [("trigger", LEAK, "chip 0"), ("trigger", OOM, "chip 0")]
+    details = got[0].alert.details
+    assert details["growth_bytes_per_step"] > 0 and math.isfinite(details["time_to_oom_seconds"])
+
+
+# --- delivery --------------------------------------------------------------------------
+
+
+class Feed:
+    """The snapshot a notifier reads: set by the test, as the poll loop would publish it."""
+
+    def __init__(self) -> None:
+        self.current = snap(time.time(), {}, polls=0)
+        self.polls = 0
+
+    def publish(self, assessments: dict, **kw) -> None:
+        self.polls += 1
+        self.current = snap(time.time(), assessments, polls=self.polls, **kw)
+
+
+def notifier(feed: Feed, outbox: Outbox, *channels, tracker=None, **kw) -> Notifier:
+    kw.setdefault("backoff_base", 0.05)
+    return Notifier(lambda: feed.current, tracker or AlertTracker(SETTINGS, outbox.active()),
+                    outbox, channels, timeout=2.0, **kw)
+
+
+def run_until(n: Notifier, condition, timeout: float = 20.0) -> None:
+    """Step the notifier (as its thread would) until ``condition()`` holds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met"
+        time.sleep(min(n.step(), 0.05))
+
+
+def slack_channel(api: FakeAlertAPI) -> SlackChannel:
+    channel = SlackChannel(api.url, ("warning", "critical"))
+    channel.group_wait = 0.3
+    channel.min_interval = 0.05
+    return channel
+
+
+def pd_channel(api: FakeAlertAPI, key: str = "R0UT1NGKEY") -> PagerDutyChannel:
+    channel = PagerDutyChannel(api.url, key, ("critical",))
+    channel.min_interval = 0.01
+    return channel
+
+
+def test_slack_gets_one_message_naming_host_worker_chip_growth_eta_and_link():
+    feed = Feed()
+    with FakeAlertAPI("slack") as api:
+        n = notifier(feed, Outbox(None), slack_channel(api))
+        now = time.time()
+        feed.publish({"0": leak(2.0, now), "1": leak(30.0, now)})
+        run_until(n, lambda: api.accepted)
+        n.step()
+        assert len(api.requests) == 1  # three alerts raised together: one message
+        text = api.requests[0].body["text"]
+        for expected in (IDENT.host, "worker 3", "llama-pod-a", "chip 0", "chip 1", OOM, LEAK,
+                         "150.0 KB/step", "OOM in 2 h", "grafana.example"):
+            assert expected in text
+        assert len(api.requests[0].body["blocks"]) == 3
+        assert n.health().channels[0].delivered_total == 1
+
+
+def test_pagerduty_trigger_then_resolve_with_one_dedup_key():
+    feed = Feed()
+    with FakeAlertAPI("pagerduty") as api:
+        n = notifier(feed, Outbox(None), pd_channel(api),
+                     tracker=AlertTracker(replace(SETTINGS, resolve_after_seconds=0.2)))
+        feed.publish({"0": leak(2.0, time.time())})
+        run_until(n, lambda: api.accepted)  # critical only: the leak warning is not paged
+        feed.publish({"0": healthy()})
+        n.step()  # the condition clears...
+        time.sleep(0.3)
+        feed.publish({"0": healthy()})  # ...and stays clear for longer than the hold
+        run_until(n, lambda: len(api.accepted) == 2)
+        trigger, resolve = (r.body for r in api.requests)
+        assert trigger["event_action"] == "trigger" and resolve["event_action"] == "resolve"
+        assert trigger["dedup_key"] == resolve["dedup_key"] == f"tpumon/{IDENT.host}/{OOM}/chip0"
+        assert set(resolve) == {"routing_key", "dedup_key", "event_action"}
+        payload = trigger["payload"]
+        assert payload["severity"] == "critical" and payload["source"] == IDENT.host
+        assert payload["component"] == "chip 0" and payload["group"] == "llama-pod-a"
+        assert payload["custom_details"]["predicted_oom_step"] == 48_200
+        assert trigger["links"][0]["href"].startswith("https://grafana.example/")
+
+
+@pytest.mark.parametrize("failures,reason", [((500, 503), "server_error"),
+                                             ((429,), "rate_limited")])
+def test_delivered_once_after_the_service_recovers(failures, reason):
+    feed = Feed()
+    with FakeAlertAPI("pagerduty") as api:
+        api.respond(*failures)
+        n = notifier(feed, Outbox(None), pd_channel(api))
+        feed.publish({"0": leak(2.0, time.time())})
+        run_until(n, lambda: api.accepted)
+        for _ in range(10):
+            n.step()
+        assert [r.status for r in api.requests] == [*failures, 202]
+        assert len({r.body["dedup_key"] for r in api.requests}) == 1
+        h = n.health().channels[0]
+        assert h.failures_total[reason] == len(failures) and h.up and h.pending == 0
+    if reason == "rate_limited":  # the fake says Retry-After: 1
+        assert api.requests[1].time - api.requests[0].time >= 0.95
+
+
+def test_network_errors_are_retried_until_delivered():
+    feed = Feed()
+    with FakeAlertAPI("slack") as api:
+        api.stop_answering()
+        n = notifier(feed, Outbox(None), slack_channel(api))
+        feed.publish({"0": leak(30.0, time.time())})
+        run_until(n, lambda: n.health().channels[0].failures_total.get("network", 0) >= 2)
+        assert not n.health().channels[0].up and n.health().channels[0].pending == 1
+        api.stop_answering(False)
+        run_until(n, lambda: api.accepted)
+        assert len(api.accepted) == 1 and n.health().channels[0].pending == 0
+
+
+def test_a_rejected_notification_is_not_retried_and_the_next_goes_on():
+    feed = Feed()
+    with FakeAlertAPI("slack") as api:
+        api.respond(403)
+        channel = slack_channel(api)
+        channel.group_wait = 0.0
+        n = notifier(feed, Outbox(None), channel)
+        feed.publish({"0": leak(30.0, time.time())})
+        run_until(n, lambda: api.requests)
+        feed.publish({"0": leak(30.0, time.time()), "1": leak(30.0, time.time())})
+        run_until(n, lambda: api.accepted)
+        for _ in range(5):
+            n.step()
+        assert [r.status for r in api.requests] == [403, 200]
+        assert "chip 1" in api.requests[1].body["text"]
+        assert "chip 0" not in api.requests[1].body["text"]  # given up, not sent again
+        assert n.health().channels[0].given_up_total == {"rejected": 1}
+
+
+def test_an_alert_raised_during_an_outage_survives_a_restart_and_is_sent_once(tmp_path):
+    path = tmp_path / "outbox.db"
+    feed = Feed()
+    with FakeAlertAPI("pagerduty") as api:
+        api.stop_answering()
+        first = notifier(feed, Outbox(path), pd_channel(api))
+        feed.publish({"0": leak(2.0, time.time())})
+        run_until(first, lambda: first.health().channels[0].failures_total.get("network"))
+        first.stop()  # the agent restarts; PagerDuty still down for a moment
+        api.stop_answering(False)
+        outbox = Outbox(path)
+        assert sorted(outbox.active()) == [f"tpumon/{IDENT.host}/{LEAK}/chip0",
+                                           f"tpumon/{IDENT.host}/{OOM}/chip0"]
+        second = notifier(feed, outbox, pd_channel(api))
+        feed.publish({"0": leak(1.9, time.time())})  # the detector resumed: still leaking
+        run_until(second, lambda: api.accepted)
+        for _ in range(10):
+            second.step()
+        assert [r.body["event_action"] for r in api.accepted] == ["trigger"]
+        second.stop()
+        # a third life, after the chip recovered: the resolve follows, once
+        third = notifier(feed, Outbox(path), pd_channel(api),
+                         tracker=AlertTracker(AlertSettings(resolve_after_seconds=0.0),
+                                              Outbox(path).active()))
+        feed.publish({"0": healthy()})
+        run_until(third, lambda: len(api.accepted) == 2)
+        for _ in range(10):
+            third.step()
+        assert [r.body["event_action"] for r in api.accepted] == ["trigger", "resolve"]
+        third.stop()
+
+
+def test_a_resolve_never_overtakes_its_trigger(tmp_path):
+    feed = Feed()
+    with FakeAlertAPI("pagerduty") as api:
+        api.stop_answering()
+        n = notifier(feed, Outbox(tmp_path / "o.db"), pd_channel(api),
+                     tracker=AlertTracker(AlertSettings(resolve_after_seconds=0.0)))
+        feed.publish({"0": leak(2.0, time.time())})
+        n.step()
+        feed.publish({"0": healthy()})
+        n.step()
+        assert n.health().channels[0].pending == 2
+        api.stop_answering(False)
+        run_until(n, lambda: len(api.accepted) == 2)
+        assert [r.body["event_action"] for r in api.accepted] == ["trigger", "resolve"]
+
+
+def test_notifications_older_than_max_age_are_given_up():
+    feed = Feed()
+    clock = [time.time()]
+    with FakeAlertAPI("slack") as api:
+        api.stop_answering()
+        channel = slack_channel(api)
+        channel.group_wait = 0.0  # the notifier's clock stands still here
+        n = notifier(feed, Outbox(None), channel, max_age=3600, clock=lambda: clock[0])
+        feed.publish({"0": leak(30.0, time.time())})
+        run_until(n, lambda: n.health().channels[0].failures_total.get("network"))
+        clock[0] += 7200
+        n.step()
+        h = n.health().channels[0]
+        assert h.given_up_total == {"expired": 1} and h.pending == 0
+
+
+def test_outbox_on_a_damaged_file_is_moved_aside(tmp_path: Path):
+    path = tmp_path / "outbox.db"
+    path.write_bytes(b"this is not sqlite" * 100)
+    outbox = Outbox(path)
+    assert outbox.active() == {}
+    assert list(tmp_path.glob("outbox.db.corrupt-*"))

@@ -1,0 +1,104 @@
+"""The agent's direct notifiers, end to end: `tpumon agent --simulate` with Slack and
+PagerDuty configured through the environment, a real reporter going silent (a stalled
+training step), and loopback services answering as Slack and PagerDuty do. Secrets must
+not appear in logs, metrics, status or `tpumon config show`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+
+from fake_alert_apis import FakeAlertAPI
+from tools import TPUMON, AgentProcess, FakeReporter, wait_for
+
+WEBHOOK_SECRET = "/services/T0SECRET/B0SECRET/s3cr3tW3bh00kT0k3n"
+ROUTING_KEY = "R0UT1NGK3Y5ECRETR0UT1NGK3Y5ECRET"
+
+
+def keep_stepping(reporter: FakeReporter, done: threading.Event) -> None:
+    step = 1201
+    while not done.wait(0.2):
+        reporter.step(step)
+        step += 1
+
+
+def test_a_stalled_step_is_paged_and_resolved_without_leaking_secrets(tmp_path):
+    socket_path = tmp_path / "reporter.sock"
+    with FakeAlertAPI("slack", path=WEBHOOK_SECRET) as slack, \
+            FakeAlertAPI("pagerduty") as pagerduty:
+        env = {"TPUMON_SLACK_WEBHOOK_URL": slack.url,
+               "TPUMON_PAGERDUTY_ROUTING_KEY": ROUTING_KEY,
+               "TPUMON_PAGERDUTY_URL": pagerduty.url,
+               "TPUMON_PAGERDUTY_MIN_SEVERITY": "warning",
+               "TPUMON_ALERTS_TRAINING_STALL_MINUTES": "0.05",   # 3 s
+               "TPUMON_ALERTS_RESOLVE_AFTER_MINUTES": "0.05",
+               "TPUMON_ALERTS_DASHBOARD_URL": "https://grafana.example/d/x?var-host={host}"}
+        agent = AgentProcess(tmp_path, tmp_path / "state", "--reporter-socket",
+                             str(socket_path), env=env)
+        reporter = FakeReporter(socket=str(socket_path), min_interval=0)
+        done = threading.Event()
+        stepping = threading.Thread(target=keep_stepping, args=(reporter, done))
+        try:
+            reporter.step(1200)  # then nothing: this process is alive, its step stuck
+            trigger = pagerduty.wait_for_requests(1, 60)[0].body
+            assert trigger["event_action"] == "trigger"
+            assert trigger["payload"]["class"] == "TPUMonTrainingStalled"
+            assert trigger["dedup_key"].endswith(f"TPUMonTrainingStalled/pid{os.getpid()}")
+            message = slack.wait_for_requests(1, 30)[0].body["text"]
+            assert f"training process {os.getpid()} (fake) stuck at step 1200" in message
+            assert "grafana.example" in message
+            stepping.start()  # the job moves again: resolved, once, after the trigger
+            resolve = pagerduty.wait_for_requests(2, 60)[1].body
+            assert resolve == {"routing_key": ROUTING_KEY, "event_action": "resolve",
+                               "dedup_key": trigger["dedup_key"]}
+            assert "Resolved" in slack.wait_for_requests(2, 30)[1].body["text"]
+            for name in ("pagerduty", "slack"):  # the snapshot after the deliveries
+                wait_for(lambda: agent.value("tpumon_notifier_deliveries_total",
+                                             notifier=name) == 2, 30)
+                wait_for(lambda: agent.value("tpumon_notifier_pending_notifications",
+                                             notifier=name) == 0, 30)
+            assert agent.value("tpumon_notifier_up", notifier="slack") == 1
+            status = json.loads(agent.get("/api/status"))
+            assert {c["name"] for c in status["notifications"]["channels"]} == {
+                "slack", "pagerduty"}
+            shown = subprocess.run([*TPUMON, "config", "show"], capture_output=True, text=True,
+                                   env={**os.environ, **env}, timeout=60)
+            assert shown.returncode == 0 and "webhook_url is set (environment" in shown.stdout
+            exposed = {"log": agent.log(), "metrics": agent.get("/metrics"),
+                       "status": json.dumps(status), "config show": shown.stdout}
+        finally:
+            done.set()
+            if stepping.is_alive():
+                stepping.join()
+            assert agent.stop() == 0
+        exposed["log"] = agent.log()
+        for where, text in exposed.items():
+            assert "s3cr3tW3bh00kT0k3n" not in text and ROUTING_KEY not in text, where
+        assert len(slack.requests) == 2 and len(pagerduty.requests) == 2  # nothing twice
+        assert "Traceback" not in exposed["log"]
+
+
+def test_an_unreadable_secret_file_is_one_line_and_exit_1(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TPUMON_")}
+    env["TPUMON_PAGERDUTY_ROUTING_KEY_FILE"] = str(tmp_path / "missing")
+    done = subprocess.run([*TPUMON, "agent", "--simulate", "--listen-address", "127.0.0.1:0"],
+                          capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode != 0
+    assert done.stderr.strip().splitlines()[-1].endswith(
+        f"pagerduty.routing_key_file {tmp_path / 'missing'}: cannot read it: "
+        "No such file or directory")
+    assert "Traceback" not in done.stderr
+
+
+def test_systemd_credentials_are_found_without_configuration(tmp_path):
+    """LoadCredential=slack-webhook-url:... in the unit: no key needed in the config."""
+    from tpumon.bootstrap import notification_channels
+    from tpumon.config import load_config
+
+    (tmp_path / "slack-webhook-url").write_text("https://hooks.slack.com/services/A/B/C\n")
+    channels = notification_channels(load_config(env={}),
+                                     env={"CREDENTIALS_DIRECTORY": str(tmp_path)})
+    assert [(c.name, c.url) for c in channels] == [
+        ("slack", "https://hooks.slack.com/services/A/B/C")]
