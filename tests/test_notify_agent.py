@@ -49,6 +49,11 @@ def test_a_stalled_step_is_paged_and_resolved_without_leaking_secrets(tmp_path):
             message = slack.wait_for_requests(1, 30)[0].body["text"]
             assert f"training process {os.getpid()} (fake) stuck at step 1200" in message
             assert "grafana.example" in message
+            table = subprocess.run([*TPUMON, "status", "--agent", f"http://{agent.url}"],
+                                   capture_output=True, text=True, timeout=60,
+                                   env={**os.environ, "COLUMNS": "120"})
+            assert "warning TPUMonTrainingStalled: training process" in table.stdout
+            assert "pagerduty: ok, 0 waiting, 1 sent" in table.stdout
             stepping.start()  # the job moves again: resolved, once, after the trigger
             resolve = pagerduty.wait_for_requests(2, 60)[1].body
             assert resolve == {"routing_key": ROUTING_KEY, "event_action": "resolve",
@@ -67,7 +72,8 @@ def test_a_stalled_step_is_paged_and_resolved_without_leaking_secrets(tmp_path):
                                    env={**os.environ, **env}, timeout=60)
             assert shown.returncode == 0 and "webhook_url is set (environment" in shown.stdout
             exposed = {"log": agent.log(), "metrics": agent.get("/metrics"),
-                       "status": json.dumps(status), "config show": shown.stdout}
+                       "status": json.dumps(status), "config show": shown.stdout,
+                       "status table": table.stdout}
         finally:
             done.set()
             if stepping.is_alive():

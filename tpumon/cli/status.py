@@ -74,6 +74,21 @@ def render_table(doc: dict[str, Any], console: Console) -> None:
         state = "writing" if store["up"] else f"[yellow]not writing: {store['error']}[/]"
         console.print(f"history: {store['path']} ({store['size_bytes'] / 2**20:.1f} MiB), "
                       f"{state}", highlight=False)
+    render_notifications(doc.get("notifications"), console)
+
+
+def render_notifications(notes: dict[str, Any] | None, console: Console) -> None:
+    """Active alerts and each notifier's delivery state (never its URL or key)."""
+    if not notes:
+        return
+    for alert in notes["active_alerts"]:
+        color = "red" if alert["severity"] == "critical" else "yellow"
+        console.print(f"[{color}]{alert['severity']}[/] {alert['name']}: {alert['summary']}",
+                      highlight=False)
+    for c in notes["channels"]:
+        state = "ok" if c["up"] else f"[yellow]failing: {c['last_error']}[/]"
+        console.print(f"{c['name']}: {state}, {c['pending']} waiting, "
+                      f"{c['delivered_total']} sent", highlight=False)
 
 
 def render_processes(processes: list[dict[str, Any]], console: Console) -> None:
