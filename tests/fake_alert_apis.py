@@ -2,8 +2,8 @@
 API v2 do (../shared/spec/reference.md, "Alert delivery"), for the notifier and end-to-end
 tests.
 
-Each validates a request the way the real service does (Slack: a JSON object with `text`
-or `blocks`, else 400 `invalid_payload`; PagerDuty: routing_key, event_action, dedup_key
+Each validates a request the way the real service does (Slack: a JSON object with `text`,
+`blocks` or legacy `attachments` (what Alertmanager sends), else 400 `invalid_payload`; PagerDuty: routing_key, event_action, dedup_key
 length, and summary/source/severity on a trigger, else 400 "invalid event"), records it,
 and answers success unless a test scripted other answers with ``respond``. ``stop_answering``
 makes it drop connections, as an unreachable service would.
@@ -112,7 +112,8 @@ class FakeAlertAPI:
     @staticmethod
     def _slack_problem(request: Received) -> str | None:
         body = request.body
-        if not isinstance(body, dict) or not (body.get("text") or body.get("blocks")):
+        if not isinstance(body, dict) or not (body.get("text") or body.get("blocks")
+                                              or body.get("attachments")):
             return "invalid_payload"
         if "blocks" in body and not isinstance(body["blocks"], list):
             return "invalid_blocks"

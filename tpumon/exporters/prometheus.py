@@ -260,7 +260,10 @@ class SnapshotCollector(Collector):
              "nearer than this (alerts.oom_horizon_hours).", self._alerts.oom_horizon_seconds),
             ("tpumon_alert_hbm_used_ratio_threshold", "Warning when a chip's HBM floor stays "
              "above this fraction of capacity (alerts.hbm_used_ratio_threshold).",
-             self._alerts.hbm_used_ratio_threshold)):
+             self._alerts.hbm_used_ratio_threshold),
+            ("tpumon_alert_training_stall_seconds", "Warning when a live training process "
+             "has reported no step for this long (alerts.training_stall_minutes).",
+             self._alerts.training_stall_seconds)):
             family = _gauge(name, doc, [])
             family.add_metric(ident, value)
             yield family
