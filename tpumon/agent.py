@@ -159,12 +159,16 @@ class Agent:
                             (s.total,))
         return {name: d.assessment for name, d in self._detectors.items()}
 
-    def run(self, stop: threading.Event) -> None:
-        """Poll on a fixed monotonic cadence until ``stop`` is set; overruns skip ticks."""
+    def run(self, stop: threading.Event,
+            after_poll: Callable[[Snapshot], None] | None = None) -> None:
+        """Poll on a fixed monotonic cadence until ``stop`` is set; overruns skip ticks.
+        ``after_poll`` (systemd's READY and watchdog) runs after each poll that published."""
         next_tick = time.monotonic()
         while not stop.is_set():
             try:
-                self.poll_once()
+                snap = self.poll_once()
+                if after_poll is not None:
+                    after_poll(snap)
             except Exception:  # noqa: BLE001 - last line of defence: log and keep polling
                 log.exception("poll failed unexpectedly; continuing")
             next_tick += self.interval

@@ -15,6 +15,7 @@ from tpumon import __version__
 from tpumon.config import Config, load_config
 from tpumon.exporters.http import MetricsServer
 from tpumon.logs import setup_logging
+from tpumon.systemd import SystemdNotify
 
 log = logging.getLogger("tpumon.agent")
 
@@ -79,8 +80,10 @@ def run_agent(config: Config, simulate: bool, stop: threading.Event) -> None:
         shown = f"[{host}]" if ":" in host else host
         log.info("tpumon %s serving metrics on http://%s:%d/metrics (%s)", __version__,
                  shown, port, ", ".join(f"{k}={v or '?'}" for k, v in assembly.identity.labels().items()))
-        assembly.agent.run(stop)
+        systemd = SystemdNotify()
+        assembly.agent.run(stop, after_poll=systemd.after_poll)
         log.info("stopping")
+        systemd.stopping()
     finally:
         server.stop()
         assembly.close()
