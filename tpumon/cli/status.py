@@ -18,15 +18,15 @@ from tpumon.logs import setup_logging
 from tpumon.status import status_document
 
 
-def _gib(value: int | None) -> str:
+def format_gib(value: int | None) -> str:
     return "-" if value is None else f"{value / 2**30:.2f} GiB"
 
 
-def _pct(value: float | None) -> str:
+def format_pct(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.1f} %"
 
 
-def _eta(chip: dict[str, Any], now: float) -> str:
+def format_eta(chip: dict[str, Any], now: float) -> str:
     oom = chip.get("predicted_oom_time")
     if oom is None or chip.get("verdict") != "leak":
         return "-"
@@ -43,17 +43,17 @@ def render_table(doc: dict[str, Any], console: Console) -> None:
     for chip in doc["chips"]:
         owner = "-"
         if chip["owner_pid"] is not None:
-            rss = f" {_gib(chip['owner_rss_bytes'])}" if chip["owner_rss_bytes"] else ""
+            rss = f" {format_gib(chip['owner_rss_bytes'])}" if chip["owner_rss_bytes"] else ""
             owner = f"{chip['owner_pid']} {chip['owner_process'] or ''}{rss}".strip()
         used = "[yellow]no data[/]" if not chip["up"] else \
-            f"{_gib(chip['hbm_used_bytes'])} {_pct(chip['hbm_used_ratio'])}"
+            f"{format_gib(chip['hbm_used_bytes'])} {format_pct(chip['hbm_used_ratio'])}"
         verdict = chip.get("verdict") or "-"
         if verdict == "leak":
             verdict = "[bold red]leak[/]"
-        table.add_row(chip["chip"], used, _pct(chip["duty_cycle"]), verdict,
+        table.add_row(chip["chip"], used, format_pct(chip["duty_cycle"]), verdict,
                       describe_growth(chip.get("growth_bytes_per_step"),
                                       chip.get("growth_bytes_per_hour")),
-                      _eta(chip, doc["time"]), owner)
+                      format_eta(chip, doc["time"]), owner)
     console.print(table)
     for chip in doc["chips"]:
         if chip.get("verdict") in ("leak", "step_change"):
@@ -67,8 +67,8 @@ def render_table(doc: dict[str, Any], console: Console) -> None:
             console.print(f"[yellow]{name}: down: {source['error']}[/]", highlight=False)
     host = doc["host"]
     if host:
-        console.print(f"host memory: {_gib(host['memory_used_bytes'])} used of "
-                      f"{_gib(host['memory_total_bytes'])}", highlight=False)
+        console.print(f"host memory: {format_gib(host['memory_used_bytes'])} used of "
+                      f"{format_gib(host['memory_total_bytes'])}", highlight=False)
     store = doc.get("store")
     if store:
         state = "writing" if store["up"] else f"[yellow]not writing: {store['error']}[/]"

@@ -1,0 +1,111 @@
+"""`tpumon watch` in a real terminal: tmux at 80 columns, keys sent, the screen captured."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tools import TPUMON, AgentProcess, free_port, require_tool, wait_for
+
+COLUMNS, ROWS = 80, 30
+
+
+class Tmux:
+    """A private tmux server with one 80x30 session running ``command``."""
+
+    def __init__(self, tmp: Path, command: str) -> None:
+        self.tmux = require_tool("tmux")
+        self.name = f"tpumon-test-{os.getpid()}-{len(list(tmp.iterdir()))}"
+        self.exit_file = tmp / "exit-status"
+        self.raw = tmp / "raw-output"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TPUMON_")}
+        env.update(TERM="xterm-256color")
+        self.run("new-session", "-d", "-s", "w", "-x", str(COLUMNS), "-y", str(ROWS),
+                 f"{command}; echo $? > {self.exit_file}; sleep 60", env=env)
+
+    def run(self, *args: str, env: dict | None = None) -> str:
+        return subprocess.run([self.tmux, "-L", self.name, *args], capture_output=True,
+                              text=True, env=env, timeout=30, check=True).stdout
+
+    def screen(self) -> str:
+        return self.run("capture-pane", "-p", "-t", "w")
+
+    def record(self) -> None:
+        """Everything the program writes from now on, escape codes and all."""
+        self.run("pipe-pane", "-t", "w", "-o", f"cat >> {self.raw}")
+
+    def close(self) -> None:
+        subprocess.run([self.tmux, "-L", self.name, "kill-server"], capture_output=True)
+
+
+@pytest.fixture
+def agent(tmp_path):
+    a = AgentProcess(tmp_path, None, "--reporter-socket", str(tmp_path / "r.sock"))
+    yield a
+    a.stop()
+
+
+def test_watch_shows_every_chip_in_80_columns_without_flicker_and_quits_on_ctrl_c(
+        tmp_path, agent):
+    term = Tmux(tmp_path, f"{sys.executable} -m tpumon watch --agent http://{agent.url} "
+                          "--interval 0.2")
+    try:
+        reporting = re.compile(r"^\s*\d+\s+sim\s+[\d,]+\s+[\d.]+", re.M)  # pid, step, rate
+        screen = wait_for(lambda: (s := term.screen()) and reporting.search(s) and s, 60)
+        term.record()
+        lines = screen.splitlines()
+        assert all(len(line) <= COLUMNS for line in lines)
+        assert "…" not in screen, screen  # nothing cut short at 80 columns
+        header = next(line for line in lines if line.startswith("Chip"))
+        for column in ("HBM used", "Floor", "/step", "/hour", "OOM in", "Verdict", "Duty"):
+            assert column in header
+        rows = [line for line in lines if re.match(r"\s+[0-3]\s+\S+ \d+\.\dG/\d+\.\dG", line)]
+        assert len(rows) == 4, screen
+        time.sleep(2)  # ~10 refreshes, recorded
+        assert term.screen() != screen  # it is live: the clock and the step moved on
+        raw = term.raw.read_bytes()
+        assert raw.count(b"\x1b[H") >= 3  # each refresh redraws in place from the top ...
+        assert b"\x1b[2J" not in raw and b"\x1b[J" not in raw  # ... never clears the screen
+        term.run("send-keys", "-t", "w", "C-c")
+        wait_for(term.exit_file.exists, 20)
+        assert term.exit_file.read_text().strip() == "0"
+        assert "Traceback" not in term.screen()
+    finally:
+        term.close()
+
+
+def test_watch_without_an_agent_polls_the_runtime(tmp_path):
+    port = free_port()
+    sim = subprocess.Popen([*TPUMON, "sim", "--port", str(port), "--chips", "2"],
+                           stderr=subprocess.DEVNULL)
+    term = Tmux(tmp_path, f"{sys.executable} -m tpumon watch --direct --runtime-ports {port} "
+                          "--interval 0.2")
+    try:
+        screen = wait_for(lambda: (s := term.screen()) and re.search(r"^\s+1\s+\S+ \d", s, re.M)
+                          and s, 60)
+        assert "runtime (no agent)" in screen
+        term.run("send-keys", "-t", "w", "C-c")
+        wait_for(term.exit_file.exists, 20)
+        assert term.exit_file.read_text().strip() == "0"
+    finally:
+        term.close()
+        sim.terminate()
+        sim.wait(10)
+
+
+def test_watch_keeps_going_when_the_agent_is_away(tmp_path):
+    term = Tmux(tmp_path, f"{sys.executable} -m tpumon watch --agent "
+                          f"http://127.0.0.1:{free_port()} --interval 0.2")
+    try:
+        wait_for(lambda: "no agent answering" in term.screen(), 60)
+        term.run("send-keys", "-t", "w", "C-c")
+        wait_for(term.exit_file.exists, 20)
+        assert term.exit_file.read_text().strip() == "0"
+    finally:
+        term.close()

@@ -1,0 +1,180 @@
+"""``tpumon watch``: what people ran `watch -n0 tpu-info` for, with the trend beside it.
+
+A full-screen view redrawn in place (rich's Live on the alternate screen: the cursor goes
+home and lines are overwritten, never a clear-and-repaint, so nothing flickers), sized for
+an 80-column terminal. It reads the local agent's status document, which carries the
+verdicts; with no agent it polls the runtime itself (verdicts then build up from the
+samples of this session). Ctrl-C leaves the screen as it was and exits with status 0.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import click
+from rich import box
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
+from rich.progress_bar import ProgressBar
+from rich.table import Table
+from rich.text import Text
+
+from tpumon.bootstrap import Assembly, build
+from tpumon.cli.options import config_option, ports_value, runtime_ports_option
+from tpumon.cli.status import agent_url, format_eta, format_pct, from_agent
+from tpumon.config import load_config
+from tpumon.logs import setup_logging
+from tpumon.status import status_document
+
+VERDICT_STYLE = {"leak": "bold red", "step_change": "yellow", "warming_up": "dim",
+                 "insufficient_data": "dim", "ok": "green"}
+VERDICT_SHORT = {"warming_up": "warm-up", "insufficient_data": "sparse",
+                 "step_change": "step chg"}  # 80 columns; `tpumon status` has the reasons
+
+
+def _size(value: float | None) -> str:
+    """Bytes in the fewest characters that still read well: 31.7G, 812M, 4.1K."""
+    if value is None:
+        return "-"
+    for unit, scale in (("G", 2**30), ("M", 2**20), ("K", 2**10)):
+        if abs(value) >= scale:
+            return f"{value / scale:.1f}{unit}"
+    return f"{value:.0f}B"
+
+
+def _growth(value: float | None, per: str) -> str:
+    return "-" if value is None else f"{'+' if value >= 0 else '-'}{_size(abs(value))}/{per}"
+
+
+def _hbm(chip: dict[str, Any]) -> RenderableType:
+    if not chip["up"]:
+        return Text("no data", style="yellow")
+    used, total = chip["hbm_used_bytes"], chip["hbm_total_bytes"] or 0
+    bar = ProgressBar(total=total or 1, completed=used, width=10,
+                      complete_style="red" if total and used / total > 0.9 else "cyan")
+    table = Table.grid(padding=(0, 1))
+    table.add_row(bar, f"{_size(used)}/{_size(total)}")
+    return table
+
+
+def chip_table(doc: dict[str, Any]) -> Table:
+    """One row per chip: HBM bar, floor, growth per step and per hour, OOM, verdict, duty."""
+    table = Table(box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0), show_edge=False)
+    for name, justify in (("Chip", "right"), ("HBM used", "left"), ("Floor", "right"),
+                          ("/step", "right"), ("/hour", "right"), ("OOM in", "right"),
+                          ("Verdict", "left"), ("Duty", "right")):
+        table.add_column(name, justify=justify, no_wrap=True)
+    for chip in doc["chips"]:
+        verdict = chip.get("verdict") or "-"
+        shown = VERDICT_SHORT.get(verdict, verdict)
+        table.add_row(chip["chip"], _hbm(chip), _size(chip.get("floor_bytes")),
+                      _growth(chip.get("growth_bytes_per_step"), "st"),
+                      _growth(chip.get("growth_bytes_per_hour"), "h"),
+                      format_eta(chip, doc["time"]),
+                      Text(shown, style=VERDICT_STYLE.get(verdict, "")),
+                      format_pct(chip["duty_cycle"]).replace(" ", ""))
+    return table
+
+
+def process_table(doc: dict[str, Any]) -> Table | None:
+    """The reporting training processes: step, rate, live tensors, compiles."""
+    if not doc.get("processes"):
+        return None
+    table = Table(box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0), show_edge=False)
+    for name in ("PID", "Framework", "Step", "Steps/s", "Live tensors", "Compiles", "Verdict"):
+        table.add_column(name, no_wrap=True, justify="left" if name == "Framework" else "right")
+    for p in doc["processes"]:
+        growth = p["live_tensors_per_step"]
+        live = "-" if p["live_tensors"] is None else f"{p['live_tensors']:,}" + (
+            f" {growth:+.1f}/st" if growth else "")
+        rate = "-" if p["steps_per_second"] is None else f"{p['steps_per_second']:.1f}"
+        compiles = "-" if p["compiles_uncached"] is None else str(p["compiles_uncached"])
+        table.add_row(str(p["pid"]), p["framework"], f"{p['step']:,}", rate, live,
+                      compiles + (" recompiling" if p["recompiling"] else ""),
+                      Text(p["verdict"], style=VERDICT_STYLE.get(p["verdict"], "")))
+    return table
+
+
+def screen(doc: dict[str, Any] | None, where: str, problem: str | None = None) -> Group:
+    """The whole view for one status document (or a line saying why there is none)."""
+    header = Text(f"tpumon watch  {where}  {time.strftime('%H:%M:%S')}  (Ctrl-C to quit)",
+                  style="bold")
+    if doc is None:
+        return Group(header, Text(problem or "waiting for data", style="yellow"))
+    ident = " ".join(f"{k}={v}" for k, v in doc["identity"].items() if v)
+    parts: list[RenderableType] = [header, Text(ident, style="dim"), chip_table(doc)]
+    processes = process_table(doc)
+    if processes is not None:
+        parts += [Text(""), processes]
+    for chip in doc["chips"]:
+        if chip.get("diagnosis"):
+            parts.append(Text(f"chip {chip['chip']}: {chip['diagnosis']}", style="yellow"))
+    for alert in (doc.get("notifications") or {}).get("active_alerts", []):
+        parts.append(Text(f"{alert['severity']}: {alert['summary']}",
+                          style="red" if alert["severity"] == "critical" else "yellow"))
+    for name, source in doc["sources"].items():
+        if not source["up"]:
+            parts.append(Text(f"{name}: down: {source['error']}", style="yellow"))
+    return Group(*parts)
+
+
+class RuntimeFeed:
+    """Status documents from polling the runtime in this process (no agent running)."""
+
+    def __init__(self, assembly: Assembly) -> None:
+        self.assembly = assembly
+
+    def __call__(self) -> tuple[dict[str, Any] | None, str | None]:
+        return status_document(self.assembly.agent.poll_once(), source="runtime"), None
+
+
+def agent_feed(url: str) -> Callable[[], tuple[dict[str, Any] | None, str | None]]:
+    def read() -> tuple[dict[str, Any] | None, str | None]:
+        doc = from_agent(url)
+        return doc, None if doc else f"no agent answering at {url}; retrying"
+    return read
+
+
+@click.command("watch")
+@config_option
+@runtime_ports_option
+@click.option("--agent", "agent", default=None, metavar="URL",
+              help="The agent to watch [default: this host, at exporter.listen_address].")
+@click.option("--direct", is_flag=True,
+              help="Poll the runtime directly, even if an agent runs.")
+@click.option("--interval", type=click.FloatRange(min=0.1), default=1.0, show_default=True,
+              help="Seconds between refreshes.")
+def command(config_path: str | None, runtime_ports: str | None, agent: str | None,
+            direct: bool, interval: float) -> None:
+    """Live full-screen view of every chip: HBM bar, floor, growth per step and per hour,
+    time to OOM, verdict, duty cycle, and the training processes' step, step rate and live
+    tensors. Reads the local agent; with none running (or --direct) polls the runtime
+    itself. Fits an 80-column terminal; Ctrl-C quits."""
+    config = load_config(config_path, {"runtime.ports": ports_value(runtime_ports)})
+    setup_logging("error")
+    url = agent or agent_url(config["exporter.listen_address"])
+    assembly = None
+    if direct or (agent is None and from_agent(url) is None):
+        assembly = build(config, history=False)
+        feed, where = RuntimeFeed(assembly), "runtime (no agent)"
+    else:
+        feed, where = agent_feed(url), url
+    try:
+        _loop(feed, where, interval)
+    finally:
+        if assembly is not None:
+            assembly.close()
+
+
+def _loop(feed: Callable[[], tuple[dict[str, Any] | None, str | None]], where: str,
+          interval: float) -> None:
+    console = Console()
+    try:
+        with Live(console=console, screen=True, auto_refresh=False) as live:
+            while True:
+                doc, problem = feed()
+                live.update(screen(doc, where, problem), refresh=True)
+                time.sleep(interval)
+    except KeyboardInterrupt:
+        pass
