@@ -32,17 +32,14 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
-import subprocess
 import sys
-import urllib.request
 from pathlib import Path
 
 import pytest
 import yaml
 
 from fake_alert_apis import FakeAlertAPI
-from tools import free_port, require_tool, wait_for
+from tools import Processes, free_port, get, ready, require_tool, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 HOST = "t1v-n-e2e0pod-w-0"
@@ -51,58 +48,11 @@ ROUTING_KEY = "e2e0routing0key0000000000000000"
 FOR = {"TPUMonHBMLeakSuspected": "1s", "TPUMonOOMForecast": "15s"}
 
 
-class Processes:
-    """Child processes with their logs; all stopped (SIGTERM, then SIGKILL) at teardown."""
-
-    def __init__(self, tmp: Path) -> None:
-        self.tmp = tmp
-        self.procs: dict[str, subprocess.Popen] = {}
-
-    def start(self, name: str, argv: list[str], env: dict | None = None) -> subprocess.Popen:
-        log = open(self.tmp / f"{name}.log", "w")
-        with log:
-            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                    cwd=self.tmp, start_new_session=True)
-        self.procs[name] = proc
-        return proc
-
-    def log(self, name: str) -> str:
-        return (self.tmp / f"{name}.log").read_text(errors="replace")
-
-    def check_alive(self) -> None:
-        for name, proc in self.procs.items():
-            assert proc.poll() is None, f"{name} exited {proc.returncode}:\n{self.log(name)[-3000:]}"
-
-    def stop_all(self) -> None:
-        for proc in reversed(list(self.procs.values())):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.procs.values():
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)  # its own session: the sim child too
-                proc.wait(timeout=10)
-
-
 @pytest.fixture
 def processes(tmp_path):
     procs = Processes(tmp_path)
     yield procs
     procs.stop_all()
-
-
-def get(url: str) -> bytes:
-    with urllib.request.urlopen(url, timeout=5) as r:
-        return r.read()
-
-
-def ready(url: str) -> bool:
-    try:
-        get(url)
-        return True
-    except OSError:
-        return False
 
 
 def prometheus_config(tmp: Path, agent: str, alertmanager: str) -> Path:
