@@ -39,7 +39,7 @@ import pytest
 import yaml
 
 from fake_alert_apis import FakeAlertAPI
-from tools import Processes, free_port, get, ready, require_tool, wait_for
+from tools import Processes, free_port, get, prometheus_config, ready, require_tool, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 HOST = "t1v-n-e2e0pod-w-0"
@@ -53,26 +53,6 @@ def processes(tmp_path):
     procs = Processes(tmp_path)
     yield procs
     procs.stop_all()
-
-
-def prometheus_config(tmp: Path, agent: str, alertmanager: str) -> Path:
-    """The shipped prometheus.yml and rules, pointed at loopback, with short `for`s."""
-    rules = yaml.safe_load((ROOT / "deploy/prometheus/tpumon.rules.yml").read_text())
-    for group in rules["groups"]:
-        for rule in group["rules"]:
-            if rule.get("alert") in FOR:
-                rule["for"] = FOR[rule["alert"]]
-    (tmp / "tpumon.rules.yml").write_text(yaml.safe_dump(rules, sort_keys=False))
-    config = yaml.safe_load((ROOT / "deploy/prometheus/prometheus.yml").read_text())
-    config["global"].update(scrape_interval="1s", evaluation_interval="1s", scrape_timeout="1s")
-    assert config["rule_files"] == ["tpumon.rules.yml"]
-    config["alerting"]["alertmanagers"][0]["static_configs"] = [{"targets": [alertmanager]}]
-    [job] = config["scrape_configs"]
-    assert job["job_name"] == "tpumon"
-    job["static_configs"] = [{"targets": [agent]}]
-    path = tmp / "prometheus.yml"
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
-    return path
 
 
 def alertmanager_config(tmp: Path, slack: FakeAlertAPI, pagerduty: FakeAlertAPI) -> Path:
@@ -129,9 +109,10 @@ def test_leak_reaches_slack_and_pagerduty_through_prometheus_and_alertmanager(tm
             f"--storage.path={tmp_path / 'am-data'}",
             f"--web.listen-address=127.0.0.1:{am_port}", "--cluster.listen-address=",
             "--log.level=warn"])
+        config = prometheus_config(tmp_path, [f"127.0.0.1:{agent_port}"], FOR,
+                                   f"127.0.0.1:{am_port}")
         processes.start("prometheus", [
-            prometheus,
-            f"--config.file={prometheus_config(tmp_path, f'127.0.0.1:{agent_port}', f'127.0.0.1:{am_port}')}",
+            prometheus, f"--config.file={config}",
             f"--storage.tsdb.path={tmp_path / 'prom-data'}",
             f"--web.listen-address=127.0.0.1:{prom_port}", "--log.level=warn"])
 

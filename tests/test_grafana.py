@@ -36,7 +36,8 @@ import promql_parser
 import pytest
 import yaml
 
-from tools import FakeReporter, Processes, free_port, get, ready, require_tool, wait_for
+from tools import (FakeReporter, Processes, free_port, get, prometheus_config, ready,
+                   require_tool, wait_for)
 
 ROOT = Path(__file__).resolve().parent.parent
 GRAFANA = ROOT / "grafana"
@@ -365,26 +366,6 @@ class TrainingProcess(FakeReporter):
             self.step(self._last_step)
 
 
-def prometheus_config(tmp: Path, agents: list[str]) -> Path:
-    """The shipped prometheus.yml and rules, pointed at the agents on loopback."""
-    rules = yaml.safe_load((ROOT / "deploy/prometheus/tpumon.rules.yml").read_text())
-    for group in rules["groups"]:
-        for rule in group["rules"]:
-            if rule.get("alert") in FOR:
-                rule["for"] = FOR[rule["alert"]]
-    (tmp / "tpumon.rules.yml").write_text(yaml.safe_dump(rules, sort_keys=False))
-    config = yaml.safe_load((ROOT / "deploy/prometheus/prometheus.yml").read_text())
-    config["global"].update(scrape_interval="1s", evaluation_interval="1s", scrape_timeout="1s")
-    assert config["rule_files"] == ["tpumon.rules.yml"]
-    del config["alerting"]
-    [job] = config["scrape_configs"]
-    assert job["job_name"] == "tpumon"
-    job["static_configs"] = [{"targets": agents}]
-    path = tmp / "prometheus.yml"
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
-    return path
-
-
 @pytest.fixture
 def processes(tmp_path):
     procs = Processes(tmp_path)
@@ -436,7 +417,7 @@ def test_every_query_returns_data_from_a_simulated_pod(tmp_path, processes, trai
             "--reporter-socket", str(tmp_path / f"reporter-w{worker}.sock")], env=env)
     agents = [f"127.0.0.1:{port}" for port in ports]
     processes.start("prometheus", [
-        prometheus, f"--config.file={prometheus_config(tmp_path, agents)}",
+        prometheus, f"--config.file={prometheus_config(tmp_path, agents, FOR)}",
         f"--storage.tsdb.path={tmp_path / 'prom-data'}",
         f"--web.listen-address=127.0.0.1:{prom_port}", "--log.level=warn"])
     api = f"http://127.0.0.1:{prom_port}/api/v1"

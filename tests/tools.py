@@ -153,3 +153,32 @@ class AgentProcess:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
         return self.proc.wait(timeout=20)
+
+
+def prometheus_config(tmp: Path, targets: list[str], for_overrides: dict[str, str],
+                      alertmanager: str | None = None) -> Path:
+    """The shipped deploy/prometheus/ configuration and rules, pointed at agents on
+    loopback: 1 s scrapes and evaluations, the given alerts' `for:` shortened (nothing
+    else of the rules changed), alerts sent to ``alertmanager`` (or nowhere)."""
+    import yaml
+
+    root = Path(__file__).resolve().parent.parent / "deploy/prometheus"
+    rules = yaml.safe_load((root / "tpumon.rules.yml").read_text())
+    for group in rules["groups"]:
+        for rule in group["rules"]:
+            if rule.get("alert") in for_overrides:
+                rule["for"] = for_overrides[rule["alert"]]
+    (tmp / "tpumon.rules.yml").write_text(yaml.safe_dump(rules, sort_keys=False))
+    config = yaml.safe_load((root / "prometheus.yml").read_text())
+    config["global"].update(scrape_interval="1s", evaluation_interval="1s", scrape_timeout="1s")
+    assert config["rule_files"] == ["tpumon.rules.yml"]
+    if alertmanager is None:
+        del config["alerting"]
+    else:
+        config["alerting"]["alertmanagers"][0]["static_configs"] = [{"targets": [alertmanager]}]
+    [job] = config["scrape_configs"]
+    assert job["job_name"] == "tpumon"
+    job["static_configs"] = [{"targets": targets}]
+    path = tmp / "prometheus.yml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path

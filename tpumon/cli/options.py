@@ -28,7 +28,14 @@ runtime_ports_option = click.option(
     help="Runtime metric service ports, e.g. 8431-8434 [default: runtime.ports, "
          "TPU_RUNTIME_METRICS_PORTS, tpu-env metadata, 8431].")
 
+agent_option = click.option(
+    "--agent", "agent", default=None, metavar="URL",
+    help="The agent to ask [default: this host, at exporter.listen_address].")
 
+direct_option = click.option(
+    "--direct", is_flag=True,
+    help="Read the runtime directly, even if an agent runs (verdicts then build up from "
+         "this command's own polls only).")
 
 state_dir_option = click.option(
     "--state-dir", default=None, metavar="DIR",

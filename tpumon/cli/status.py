@@ -11,7 +11,8 @@ from rich.console import Console
 from rich.table import Table
 
 from tpumon.bootstrap import build
-from tpumon.cli.options import config_option, ports_value, runtime_ports_option
+from tpumon.cli.options import (agent_option, config_option, direct_option, ports_value,
+                                runtime_ports_option)
 from tpumon.config import Config, load_config, parse_listen_address
 from tpumon.detect import describe_growth
 from tpumon.logs import setup_logging
@@ -145,10 +146,8 @@ def from_runtime(config: Config) -> dict[str, Any]:
 @click.command("status")
 @config_option
 @runtime_ports_option
-@click.option("--agent", "agent", default=None, metavar="URL",
-              help="The agent to ask [default: this host, at exporter.listen_address].")
-@click.option("--direct", is_flag=True,
-              help="Read the runtime directly, even if an agent runs (no leak verdicts then).")
+@agent_option
+@direct_option
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table",
               show_default=True, help="Output format.")
 def command(config_path: str | None, runtime_ports: str | None, agent: str | None,

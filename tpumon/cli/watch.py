@@ -21,7 +21,8 @@ from rich.table import Table
 from rich.text import Text
 
 from tpumon.bootstrap import Assembly, build
-from tpumon.cli.options import config_option, ports_value, runtime_ports_option
+from tpumon.cli.options import (agent_option, config_option, direct_option, ports_value,
+                                runtime_ports_option)
 from tpumon.cli.status import agent_url, format_eta, format_pct, from_agent
 from tpumon.config import load_config
 from tpumon.logs import setup_logging
@@ -139,10 +140,8 @@ def agent_feed(url: str) -> Callable[[], tuple[dict[str, Any] | None, str | None
 @click.command("watch")
 @config_option
 @runtime_ports_option
-@click.option("--agent", "agent", default=None, metavar="URL",
-              help="The agent to watch [default: this host, at exporter.listen_address].")
-@click.option("--direct", is_flag=True,
-              help="Poll the runtime directly, even if an agent runs.")
+@agent_option
+@direct_option
 @click.option("--interval", type=click.FloatRange(min=0.1), default=1.0, show_default=True,
               help="Seconds between refreshes.")
 def command(config_path: str | None, runtime_ports: str | None, agent: str | None,
