@@ -2,6 +2,7 @@
 
 import logging
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -20,7 +21,7 @@ from tpumon.sources.host import HostSource
 from tpumon.sources.tpu_runtime import TpuRuntimeSource
 from tpumon.state import AgentState
 from fake_runtime import chips_metrics
-from tools import free_port
+from tools import free_port, wait_for
 
 
 def test_inventory_for_chip_types():
@@ -51,13 +52,28 @@ def test_owner_scan_failure_is_an_empty_answer():
 
 
 def test_real_owner_scan_finds_a_process_holding_a_device():
-    """tpu-info's scan over the real /proc: a child holding /dev/null is not an owner."""
-    holder = subprocess.Popen([sys.executable, "-c", "import time; f=open('/dev/null'); time.sleep(30)"])
+    """The walk over the real /proc (where some processes' fd tables are unreadable, like
+    PID 1's in a container): a child holding /dev/null is found when /dev/null is what we
+    look for, and is no chip owner."""
+    holder = subprocess.Popen([sys.executable, "-c",
+                               "import time; f=open('/dev/null'); time.sleep(30)"])
     try:
-        assert str(holder.pid) not in {str(p) for p in scan_chip_owners().values()}
+        wait_for(lambda: holder.pid in chips.device_owners(re.compile("/dev/null")).values(), 10)
+        assert holder.pid not in scan_chip_owners().values()
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_an_unreadable_process_hides_no_other_owner(tmp_path):
+    proc = tmp_path / "proc"
+    (proc / "1").mkdir(parents=True)
+    (proc / "1" / "fd").write_text("not a directory: reading it fails")  # like EACCES
+    (proc / "42" / "fd").mkdir(parents=True)
+    os.symlink("/dev/accel2", proc / "42" / "fd" / "7")
+    os.symlink("/dev/null", proc / "42" / "fd" / "0")
+    (proc / "self").mkdir()
+    assert chips.device_owners(proc=str(proc)) == {"/dev/accel2": 42}
 
 
 def test_host_source_reports_owner_rss_and_forgets_exited_pids():

@@ -7,6 +7,7 @@ can own a chip and it must be the training job.
 from __future__ import annotations
 
 import logging
+import os
 import re
 from dataclasses import dataclass
 from typing import Callable
@@ -64,8 +65,32 @@ def _vfio_chip_index() -> dict[str, int]:
             for core in chip.cores.values()}
 
 
-def scan_chip_owners(
-        owners: Callable[[], dict[str, int]] = tpu_device.get_chip_owners) -> dict[str, int]:
+TPU_DEVICE = re.compile(r"/dev/(accel\d+|vfio/\d+)")
+
+
+def device_owners(pattern: re.Pattern[str] = TPU_DEVICE, proc: str = "/proc") -> dict[str, int]:
+    """Device path -> PID of a process holding it open, from /proc/PID/fd links.
+
+    tpu-info's get_chip_owners does the same walk but gives up on the first process whose
+    fd table it may not read (PID 1 in a container, or any process under AppArmor), so
+    one unreadable process hid every owner. Here such a process is skipped.
+    """
+    found: dict[str, int] = {}
+    for entry in os.scandir(proc):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with os.scandir(f"{entry.path}/fd") as fds:
+                for fd in fds:
+                    target = os.readlink(fd.path)
+                    if pattern.fullmatch(target):
+                        found[target] = int(entry.name)
+        except OSError:  # exited meanwhile, or not ours to read
+            continue
+    return found
+
+
+def scan_chip_owners(owners: Callable[[], dict[str, int]] = device_owners) -> dict[str, int]:
     """Chip index (as a string) -> PID of the process holding its device file open.
 
     Only processes whose /proc/PID/fd we may read are seen: as root, all of them; as
