@@ -51,14 +51,17 @@ def test_owner_scan_failure_is_an_empty_answer():
     assert scan_chip_owners(broken) == {}
 
 
-def test_real_owner_scan_finds_a_process_holding_a_device():
+def test_real_owner_scan_finds_a_process_holding_a_device(tmp_path):
     """The walk over the real /proc (where some processes' fd tables are unreadable, like
-    PID 1's in a container): a child holding /dev/null is found when /dev/null is what we
-    look for, and is no chip owner."""
+    PID 1's in a container) finds a child holding a file open, when that file is what we
+    look for; such a file is no chip."""
+    device = tmp_path / "accel-like"
+    device.touch()
     holder = subprocess.Popen([sys.executable, "-c",
-                               "import time; f=open('/dev/null'); time.sleep(30)"])
+                               f"import time; f=open({str(device)!r}); time.sleep(30)"])
     try:
-        wait_for(lambda: holder.pid in chips.device_owners(re.compile("/dev/null")).values(), 10)
+        pattern = re.compile(re.escape(str(device)))
+        wait_for(lambda: chips.device_owners(pattern).get(str(device)) == holder.pid, 10)
         assert holder.pid not in scan_chip_owners().values()
     finally:
         holder.kill()
