@@ -625,3 +625,10 @@ def fuzz_jsonl(rng):
 
 def test_jsonl_fast_paths_agree_with_the_general_checks(tmp_path):
     check_fast_paths(tmp_path / "t.jsonl", 2, fuzz_jsonl, oracle_jsonl, streams=False)
+
+
+def test_a_binary_file_is_a_format_error_not_a_crash(tmp_path):
+    path = tmp_path / "history.db"
+    path.write_bytes(b"SQLite format 3\x00" + bytes(range(256)) * 4)
+    with pytest.raises(TraceFormatError, match="history.db: not UTF-8 text"):
+        list(read_trace(path))

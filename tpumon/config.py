@@ -106,6 +106,10 @@ SCHEMA: tuple[Key, ...] = (
     Key("exporter", "listen_address", str, f":{DEFAULT_PORT}",
         "HOST:PORT for /metrics; ':PORT' listens on all interfaces, '[::1]:PORT' on IPv6.",
         _listen_address),
+    Key("exporter", "web_config_file", str, "",
+        "Web configuration file in the Prometheus exporter-toolkit format (node_exporter's "
+        "--web.config.file): TLS, client certificates and basic auth for every path. Empty: "
+        "plain HTTP, no authentication."),
     Key("runtime", "address", str, "localhost",
         "Host of libtpu's runtime metric service."),
     Key("runtime", "ports", list, [],

@@ -70,8 +70,8 @@ class TraceFormatError(ValueError):
     as is on stderr and a person must be able to open the file at that line.
     """
 
-    def __init__(self, path: str, line: int, message: str) -> None:
-        super().__init__(f"{path}:{line}: {message}")
+    def __init__(self, path: str, line: int | None, message: str) -> None:
+        super().__init__(f"{path}: {message}" if line is None else f"{path}:{line}: {message}")
         self.path = path
         self.line = line
         self.message = message
@@ -185,13 +185,24 @@ def _open_trace(path: PathOrFile, format: str | None) -> Iterator[tuple[IO[str],
     if isinstance(path, (str, os.PathLike)) and os.fspath(path) != "-":
         name = os.fspath(path)
         fmt = _resolve_format(format, name)
-        with open(name, encoding="utf-8-sig", newline="") as f:
+        with open(name, encoding="utf-8-sig", newline="") as f, _text_only(name):
             yield f, name, fmt, _CSV_TAKES_NUL
     else:
         stream = sys.stdin if path == "-" else path
         name = getattr(stream, "name", None)
         name = name if isinstance(name, str) else "<stream>"
-        yield stream, name, _resolve_format(format, name), False
+        with _text_only(name):
+            yield stream, name, _resolve_format(format, name), False
+
+
+@contextmanager
+def _text_only(name: str) -> Iterator[None]:
+    """A binary file (a database, a PNG given by mistake) is a format error, not a crash."""
+    try:
+        yield
+    except UnicodeDecodeError:
+        raise TraceFormatError(name, None, "not UTF-8 text (a trace is CSV or JSON Lines)") \
+            from None
 
 
 def _resolve_format(format: str | None, name: str) -> str:

@@ -24,6 +24,10 @@ log = logging.getLogger("tpumon.agent")
 @config_option
 @click.option("--listen-address", default=None, metavar="HOST:PORT",
               help="Where to serve /metrics [default: :9847, all interfaces].")
+@click.option("--web-config-file", default=None, metavar="FILE",
+              help="TLS, client certificates and basic auth, in the exporter-toolkit's web "
+                   "configuration format (like node_exporter's --web.config.file) "
+                   "[default: exporter.web_config_file; none: plain HTTP].")
 @click.option("--poll-interval", type=float, default=None, metavar="SECONDS",
               help="Seconds between polls [default: 5].")
 @runtime_ports_option
@@ -40,9 +44,9 @@ log = logging.getLogger("tpumon.agent")
                    "[default: linear-leak].")
 @click.option("--acceleration", type=float, default=None,
               help="Simulated seconds per real second with --simulate [default: 60].")
-def command(config_path: str | None, listen_address: str | None, poll_interval: float | None,
-            runtime_ports: str | None, state_dir: str | None, reporter_socket: str | None,
-            log_level: str | None, simulate: bool,
+def command(config_path: str | None, listen_address: str | None, web_config_file: str | None,
+            poll_interval: float | None, runtime_ports: str | None, state_dir: str | None,
+            reporter_socket: str | None, log_level: str | None, simulate: bool,
             scenario: str | None, acceleration: float | None) -> None:
     """Poll every TPU chip's HBM, detect slow leaks, serve Prometheus metrics until SIGTERM.
 
@@ -55,7 +59,8 @@ def command(config_path: str | None, listen_address: str | None, poll_interval: 
     agent against the built-in simulator, on any machine.
     """
     config = load_config(config_path, {
-        "exporter.listen_address": listen_address, "agent.poll_interval": poll_interval,
+        "exporter.listen_address": listen_address, "exporter.web_config_file": web_config_file,
+        "agent.poll_interval": poll_interval,
         "runtime.ports": ports_value(runtime_ports), "agent.log_level": log_level,
         "store.state_dir": state_dir, "reporter.socket": reporter_socket,
         "simulator.scenario": scenario, "simulator.acceleration": acceleration})
@@ -68,7 +73,7 @@ def command(config_path: str | None, listen_address: str | None, poll_interval: 
 
 def run_agent(config: Config, simulate: bool, stop: threading.Event) -> None:
     """Bind the exporter first (a port clash fails before a simulator starts), then poll."""
-    server = MetricsServer(config["exporter.listen_address"])
+    server = MetricsServer(config["exporter.listen_address"], config["exporter.web_config_file"])
     host, port = server.start()
     try:
         assembly = build(config, simulate=simulate)
@@ -78,8 +83,10 @@ def run_agent(config: Config, simulate: bool, stop: threading.Event) -> None:
     try:
         server.attach(assembly.registry, lambda: assembly.state.snapshot)
         shown = f"[{host}]" if ":" in host else host
-        log.info("tpumon %s serving metrics on http://%s:%d/metrics (%s)", __version__,
-                 shown, port, ", ".join(f"{k}={v or '?'}" for k, v in assembly.identity.labels().items()))
+        labels = ", ".join(f"{k}={v or '?'}" for k, v in assembly.identity.labels().items())
+        secured = f"; {server.describe()}" if server.describe() else ""
+        log.info("tpumon %s serving metrics on %s://%s:%d/metrics (%s%s)", __version__,
+                 server.scheme, shown, port, labels, secured)
         systemd = SystemdNotify()
         assembly.agent.run(stop, after_poll=systemd.after_poll)
         log.info("stopping")

@@ -156,6 +156,17 @@ class _Job:
             + levels[-1]
 
 
+@dataclass(frozen=True)
+class JobView:
+    """The detector's current job, read-only (``tpumon report`` draws it): when it began,
+    when its trend phase began (None while warming up), and the level shifts found in it
+    (the last 1024)."""
+
+    start: float
+    trend_start: float | None
+    jumps: tuple[Jump, ...]
+
+
 _UNFITTED = (Verdict.INSUFFICIENT_DATA, Verdict.WARMING_UP)
 
 
@@ -205,6 +216,12 @@ class ChipDetector:
             self._assessment = Assessment(self._said.verdict, self._said.reason,
                                           **self._said.fields)
         return self._assessment
+
+    @property
+    def job(self) -> JobView | None:
+        """A read-only copy of the current job; None before its first bucket closed."""
+        job = self._job
+        return None if job is None else JobView(job.start, job.trend_start, tuple(job.jumps))
 
     # ------------------------------------------------------------------ input
 

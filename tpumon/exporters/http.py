@@ -3,6 +3,11 @@ and /-/healthy for probes, served by prometheus-client's threading WSGI server.
 
 Scrapes run on their own threads and only read the published snapshot, so a slow
 scraper can never delay a poll, and a poll in progress never delays a scrape.
+
+With a web configuration file (exporter.web_config_file, see webconfig.py) the endpoint
+speaks TLS, optionally asks for client certificates, and requires basic auth on every
+path. The TLS handshake runs on the connection's own thread, not in accept(), so a client
+that connects and sends nothing cannot stall the others.
 """
 
 from __future__ import annotations
@@ -10,7 +15,10 @@ from __future__ import annotations
 import errno
 import html
 import json
+import logging
 import socket
+import ssl
+import sys
 import threading
 from typing import Callable, Iterable
 from wsgiref.simple_server import WSGIRequestHandler, make_server
@@ -20,8 +28,18 @@ from prometheus_client.exposition import ThreadingWSGIServer
 
 from tpumon import __version__
 from tpumon.config import parse_listen_address
+from tpumon.exporters.webconfig import LiveWebConfig, protect
 from tpumon.state import Snapshot
 from tpumon.status import status_document
+
+
+log = logging.getLogger("tpumon.exporter")
+
+# Per socket operation on a TLS connection, the handshake included.
+TLS_TIMEOUT = 10.0
+# What Go's net/http answers a plain HTTP request on a TLS port.
+PLAIN_HTTP_ON_TLS = (b"HTTP/1.0 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\n"
+                     b"Connection: close\r\n\r\nClient sent an HTTP request to an HTTPS server.\n")
 
 
 class ListenError(Exception):
@@ -88,14 +106,91 @@ def _app(registry: CollectorRegistry, get_snapshot: Callable[[], Snapshot]) -> C
     return app
 
 
+class _Server(ThreadingWSGIServer):
+    """prometheus-client's threading WSGI server, with TLS per connection when the web
+    configuration has it, and quiet about clients that go away."""
+
+    web: LiveWebConfig | None = None
+
+    def finish_request(self, request: socket.socket, client_address: tuple) -> None:
+        context = self.web.current()[1] if self.web is not None else None
+        if context is None:
+            super().finish_request(request, client_address)
+            return
+        conn = _tls_accept(context, request, client_address)
+        if conn is None:
+            return
+        try:
+            super().finish_request(conn, client_address)
+        finally:
+            _tls_close(conn)
+
+    def handle_error(self, request: object, client_address: tuple) -> None:
+        exc = sys.exc_info()[1]
+        if isinstance(exc, OSError):  # a reset, a timeout, a TLS alert: the client's business
+            log.debug("connection from %s: %s", client_address[0], exc)
+            return
+        super().handle_error(request, client_address)
+
+
+def _tls_accept(context: ssl.SSLContext, sock: socket.socket,
+                client_address: tuple) -> ssl.SSLSocket | None:
+    """The TLS handshake on this connection's thread; None (logged at debug) if it fails.
+    A plain HTTP request gets Go's 400 answer, so curl and browsers say what is wrong."""
+    sock.settimeout(TLS_TIMEOUT)
+    try:
+        first = sock.recv(1, socket.MSG_PEEK)
+        if not first:  # connected and closed: a port check
+            return None
+        if first != b"\x16":  # not a TLS handshake record
+            log.debug("not a TLS handshake from %s", client_address[0])
+            if first.isalpha():
+                sock.sendall(PLAIN_HTTP_ON_TLS)
+                sock.shutdown(socket.SHUT_WR)
+                sock.settimeout(1.0)
+                for _ in range(16):  # read the request, so that closing does not reset
+                    if not sock.recv(65536):
+                        break
+            return None
+        return context.wrap_socket(sock, server_side=True)
+    except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
+        log.debug("TLS handshake with %s failed: %s", client_address[0], exc)
+        return None
+
+
+def _tls_close(conn: ssl.SSLSocket) -> None:
+    """Send TLS close_notify without waiting for the client's, then close."""
+    try:
+        conn.setblocking(False)
+        conn.unwrap()
+    except (OSError, ValueError):
+        pass
+    finally:
+        conn.close()
+
+
 class MetricsServer:
     """Binds HOST:PORT first (so a clash fails before anything else starts), serves at once
-    (503 until :meth:`attach` supplies the registry), and stops on :meth:`stop`."""
+    (503 until :meth:`attach` supplies the registry), and stops on :meth:`stop`.
 
-    def __init__(self, address: str) -> None:
+    ``web_config_file``: an exporter-toolkit web configuration (TLS, client certificates,
+    basic auth), read and checked in :meth:`start` before binding (ConfigError)."""
+
+    def __init__(self, address: str, web_config_file: str = "") -> None:
         self._address = address
+        self._web_config_file = web_config_file
+        self._web: LiveWebConfig | None = None
         self._app: Callable | None = None
         self._server: ThreadingWSGIServer | None = None
+
+    @property
+    def scheme(self) -> str:
+        """'https' when serving TLS."""
+        return "https" if self._web is not None and self._web.context is not None else "http"
+
+    def describe(self) -> str:
+        """How the endpoint is protected, for the start-up line ('' when it is not)."""
+        return self._web.config.describe() if self._web is not None else ""
 
     def attach(self, registry: CollectorRegistry, get_snapshot: Callable[[], Snapshot]) -> None:
         self._app = _app(registry, get_snapshot)
@@ -109,15 +204,21 @@ class MetricsServer:
     def start(self) -> tuple[str, int]:
         """Bind and serve on a daemon thread; returns the bound (host, port)."""
         host, port = parse_listen_address(self._address)
-        server_class = type("Server", (ThreadingWSGIServer,), {
-            "address_family": socket.AF_INET6 if ":" in host else socket.AF_INET})
+        if self._web_config_file:
+            self._web = LiveWebConfig(self._web_config_file)
+        app = self._dispatch if self._web is None else protect(self._dispatch, self._web)
+        server_class = type("Server", (_Server,), {
+            "address_family": socket.AF_INET6 if ":" in host else socket.AF_INET,
+            "web": self._web})
         try:
-            self._server = make_server(host or "0.0.0.0", port, self._dispatch, server_class,
+            self._server = make_server(host or "0.0.0.0", port, app, server_class,
                                        handler_class=_QuietHandler)
         except OSError as exc:
             reason = "address already in use" if exc.errno == errno.EADDRINUSE else exc.strerror
             raise ListenError(f"cannot listen on {self._address} (exporter.listen_address): "
                               f"{reason or exc}") from None
+        if self.scheme == "https":
+            self._server.base_environ["HTTPS"] = "on"  # wsgi.url_scheme
         threading.Thread(target=self._server.serve_forever, name="tpumon-http",
                          daemon=True).start()
         bound = self._server.server_address

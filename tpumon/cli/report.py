@@ -1,0 +1,105 @@
+"""``tpumon report``: a picture and a self-contained HTML page per host, from a trace or
+from the agent's history store, of what the leak detector saw."""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+import time
+from pathlib import Path
+
+import click
+
+from tpumon import __version__
+from tpumon.cli.export import parse_when
+from tpumon.cli.options import config_option, state_dir_option
+from tpumon.config import ConfigError, load_config
+from tpumon.trace import TraceFormatError
+
+
+@click.command("report")
+@click.argument("trace", required=False, type=click.Path(dir_okay=False, allow_dash=True))
+@config_option
+@state_dir_option
+@click.option("--since", default=None, metavar="WHEN",
+              help="Only samples from then on: Unix seconds, ISO 8601 (UTC unless a zone is "
+                   "given) or an age such as 6h or 2d.")
+@click.option("--until", default=None, metavar="WHEN", help="Only samples up to then.")
+@click.option("--host", "hosts", multiple=True, help="Only this host (repeatable).")
+@click.option("--chip", "chips", multiple=True, help="Only this chip (repeatable).")
+@click.option("-o", "--outdir", default=".", show_default=True,
+              type=click.Path(file_okay=False), help="Directory for the PNG and HTML files.")
+def command(trace: str | None, config_path: str | None, state_dir: str | None,
+            since: str | None, until: str | None, hosts: tuple[str, ...],
+            chips: tuple[str, ...], outdir: str) -> None:
+    """Draw what the leak detector saw, per host: tpumon-report-HOST.png (one panel per
+    chip: raw samples, the floor, the fitted trend and its 95% band, the OOM forecast,
+    restarts, level jumps, the leak alert) and tpumon-report-HOST.html (the picture and a
+    summary table per chip, in one self-contained file). Reads TRACE (CSV, or JSON Lines
+    for .jsonl; '-' is stdin) or, without TRACE, the agent's history store. Prints the
+    paths written.
+    """
+    start = parse_when(since, "--since") if since else -math.inf
+    end = parse_when(until, "--until") if until else math.inf
+    from tpumon.report import build_reports, write_report
+    from tpumon.report.data import select, series_from_rows
+
+    if trace is not None:
+        if state_dir is not None:
+            raise click.UsageError("give a TRACE or --state-dir, not both")
+        source = "standard input" if trace == "-" else str(Path(trace).resolve())
+        series = select(_read_trace(trace), hosts, chips, start, end)
+    else:
+        state, source = _store(config_path, state_dir)
+        series = series_from_rows(_store_rows(state, start, end, hosts, chips))
+    if not series:
+        raise click.ClickException(f"{source}: no samples" + (
+            " for the given --host/--chip/--since/--until" if hosts or chips or since or until
+            else ""))
+    reports = build_reports(series, source, __version__, time.time())
+    try:
+        Path(outdir).mkdir(parents=True, exist_ok=True)
+        for report in reports:
+            for path in write_report(report, outdir):
+                click.echo(str(path))
+    except OSError as exc:
+        raise click.ClickException(f"{outdir}: {exc.strerror or exc}") from None
+
+
+def _read_trace(trace: str) -> dict:
+    from tpumon.trace import read_trace_columns
+
+    try:
+        return read_trace_columns(trace)
+    except TraceFormatError as exc:
+        raise click.ClickException(str(exc)) from None
+    except OSError as exc:
+        raise click.ClickException(f"{trace}: {exc.strerror or exc}") from None
+
+
+def _store(config_path: str | None, state_dir: str | None) -> tuple[Path, str]:
+    """The history store's database (as ``tpumon export`` finds it) and its name."""
+    from tpumon.store.database import database_path
+
+    config = load_config(config_path, {"store.state_dir": state_dir})
+    if not config["store.state_dir"]:
+        raise ConfigError("store.state_dir is empty: no history store to report on")
+    path = database_path(config["store.state_dir"])
+    if not path.exists():
+        raise click.ClickException(f"{path}: no history store here (is --state-dir right?)")
+    return path, str(path)
+
+
+def _store_rows(path: Path, start: float, end: float, hosts: tuple[str, ...],
+                chips: tuple[str, ...]) -> list:
+    from tpumon.store.database import HistoryDB, Retention
+    from tpumon.store.export import export_rows
+
+    try:
+        db = HistoryDB(path, Retention(), read_only=True)
+        try:
+            return list(export_rows(db, start, end, set(hosts), set(chips)))
+        finally:
+            db.close()
+    except sqlite3.Error as exc:
+        raise click.ClickException(f"{path}: cannot read it: {exc}") from None

@@ -1,0 +1,398 @@
+"""What a report shows, computed by replaying the agent's detector over the samples.
+
+Each (host, chip) series is fed to a :class:`~tpumon.detect.ChipDetector` with the agent's
+default settings, in time slices, exactly as the agent would have seen it poll by poll
+(the detector gives the same result however its input is batched, so the verdict at the
+end is what ``tpumon analyze`` says). Between slices the report notes what the detector
+said then: its verdict over time, each job's start and warm-up, the level shifts it found.
+At the end it takes the evidence window, the fitted trend with its 95 % interval and the
+OOM forecast from the final :class:`~tpumon.detect.Assessment`.
+
+Everything here is numbers; ``render.py`` draws them and ``html.py`` tabulates them.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping
+
+import numpy as np
+
+from tpumon.detect import Assessment, ChipDetector, DetectorSettings, describe_growth
+from tpumon.detect.floors import group_by_bucket
+from tpumon.detect.jumps import Jump
+from tpumon.trace import SeriesColumns, TraceRow
+
+#: Bins of the raw-sample envelope: about one per pixel of the PNG's plot width.
+ENVELOPE_BINS = 1400
+#: The detector is replayed in slices of this many seconds (its state changes only when a
+#: bucket of 1-3 minutes closes), or longer to stay within MAX_SLICES per series: the
+#: resolution of the verdict over time. Each slice costs an update call (~0.2 ms).
+SLICE_SECONDS = 180.0
+MAX_SLICES = 1000
+#: A bucket whose in-step transient is this many times the job's typical transient (and
+#: at least EXCURSION_MIN_FRACTION of HBM above it) is drawn as an excursion.
+EXCURSION_FACTOR = 1.5
+EXCURSION_MIN_FRACTION = 0.02
+
+
+@dataclass(frozen=True)
+class JobSpan:
+    """One run of the training process as the detector saw it."""
+
+    start: float
+    trend_start: float | None  # end of warm-up; None if it never ended
+    end: float
+    start_step: float | None
+
+
+@dataclass(frozen=True)
+class Excursion:
+    """A bucket whose peak stands far above the usual sawtooth (an eval, a checkpoint,
+    a spike); or, with ``drop``, whose floor fell far below the level around it."""
+
+    time: float
+    value: float  # the peak (or the floor, for a drop)
+    drop: bool = False
+
+
+@dataclass(frozen=True)
+class Trend:
+    """The fitted floor over the evidence window (level shifts put back where the detector
+    took them out, when that fits the floors better than a straight line) and the band of
+    the slope's 95 % interval, through the level at the last fit."""
+
+    times: np.ndarray
+    value: np.ndarray
+    low: np.ndarray
+    high: np.ndarray
+    now: float  # the last fit
+    level: float
+    with_jumps: bool
+
+
+@dataclass(frozen=True)
+class Forecast:
+    """Floor plus the largest transient reaching HBM capacity: the detector's OOM."""
+
+    now: float
+    level: float
+    time: float
+    step: float | None
+    limit: float  # the floor at which it happens: total less the largest transient
+    earliest: float | None  # the same with the interval's slopes (None: never)
+    latest: float | None
+
+
+@dataclass
+class ChipReport:
+    host: str
+    chip: str
+    samples: int
+    start: float
+    end: float
+    total: float
+    assessment: Assessment
+    alert: dict | None
+    envelope_times: np.ndarray  # bin centres; NaN bounds where a bin has no sample
+    envelope_low: np.ndarray
+    envelope_high: np.ndarray
+    floor_times: np.ndarray  # bucket starts
+    floors: np.ndarray
+    peaks: np.ndarray
+    jobs: list[JobSpan]
+    jumps: list[Jump]
+    excursions: list[Excursion]
+    verdicts: list[tuple[float, float, str]]  # (from, to, verdict) as the detector said
+    step_times: np.ndarray  # (time, step) where steps are known, for the step axis
+    step_values: np.ndarray
+    gaps: list[tuple[float, float]] = field(default_factory=list)  # no samples from, to
+    trend: Trend | None = None
+    forecast: Forecast | None = None
+
+    @property
+    def verdict(self) -> str:
+        return self.assessment.verdict.value
+
+    @property
+    def restarts(self) -> list[JobSpan]:
+        return self.jobs[1:]
+
+    @property
+    def growth(self) -> str:
+        a = self.assessment
+        return describe_growth(a.slope_bytes_per_step, a.slope_bytes_per_hour)
+
+    def step_at(self, t: float, slack: float = 0.0) -> float | None:
+        """The training step at time ``t`` (nearest sample with a step), within the data
+        (give or take ``slack`` seconds)."""
+        if not len(self.step_times) or not self.start - slack <= t <= self.end + slack:
+            return None
+        i = int(np.clip(self.step_times.searchsorted(t), 0, len(self.step_times) - 1))
+        if i > 0 and abs(self.step_times[i - 1] - t) < abs(self.step_times[i] - t):
+            i -= 1
+        return float(self.step_values[i])
+
+
+@dataclass
+class HostReport:
+    host: str
+    chips: list[ChipReport]
+    source: str
+    version: str
+    generated_at: float
+    start: float = field(init=False)
+    end: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.start = min(c.start for c in self.chips)
+        self.end = max(c.end for c in self.chips)
+
+    @property
+    def worker(self) -> str | None:
+        """TPU VM host names end in '-w-N': N is the worker of the slice."""
+        match = re.search(r"-w-(\d+)$", self.host)
+        return match.group(1) if match else None
+
+    @property
+    def samples(self) -> int:
+        return sum(c.samples for c in self.chips)
+
+
+# ---------------------------------------------------------------------------- replay
+
+
+def _chip_sort_key(chip: str) -> tuple:
+    return (0, int(chip), "") if chip.isdigit() else (1, 0, chip)
+
+
+def build_reports(series: Mapping[tuple[str, str], SeriesColumns], source: str, version: str,
+                  generated_at: float,
+                  settings: DetectorSettings | None = None) -> list[HostReport]:
+    """One report per host, chips in numeric order; series without samples are left out."""
+    by_host: dict[str, list[ChipReport]] = {}
+    for (host, chip), columns in series.items():
+        if len(columns.times):
+            by_host.setdefault(host, []).append(chip_report(host, chip, columns, settings))
+    return [HostReport(host, sorted(chips, key=lambda c: _chip_sort_key(c.chip)), source,
+                       version, generated_at)
+            for host, chips in sorted(by_host.items())]
+
+
+def chip_report(host: str, chip: str, columns: SeriesColumns,
+                settings: DetectorSettings | None = None) -> ChipReport:
+    times = np.asarray(columns.times, dtype=float)
+    steps = np.asarray(columns.steps, dtype=float)
+    used = np.asarray(columns.used, dtype=float)
+    totals = np.asarray(columns.total, dtype=float)
+    detector = ChipDetector(settings)
+    verdicts: list[tuple[float, float, str]] = []
+    job_starts: dict[float, float | None] = {}  # job start -> trend start (as last seen)
+    jumps: dict[tuple[float, float], Jump] = {}
+    previous = float(times[0])
+    for a, b in _slices(times):
+        detector.update(times[a:b], steps[a:b], used[a:b], totals[a:b])
+        now = float(times[b - 1])
+        verdict = detector.assessment.verdict.value
+        if verdicts and verdicts[-1][2] == verdict and verdicts[-1][1] == previous:
+            verdicts[-1] = (verdicts[-1][0], now, verdict)
+        else:
+            alert = detector.alert
+            if verdicts and alert and previous < alert["time"] <= now:  # changed right there
+                verdicts[-1] = (verdicts[-1][0], alert["time"], verdicts[-1][2])
+                previous = alert["time"]
+            verdicts.append((previous, now, verdict))
+        previous = now
+        job = detector.job
+        if job is not None:
+            job_starts[job.start] = job.trend_start
+            for j in job.jumps:
+                jumps[(j.time, j.size)] = j
+    assessment = detector.assessment
+    end = float(times[-1])
+    total = float(totals[-1])
+    jobs = _jobs(job_starts, end, times, steps)
+    width = detector.width or 60.0
+    groups = group_by_bucket(times, steps, used, width)
+    floor_times = groups.ids * width
+    known = ~np.isnan(steps)
+    report = ChipReport(
+        host, chip, len(times), float(times[0]), end, total, assessment, detector.alert,
+        *_envelope(times, used), floor_times.astype(float), groups.floor, groups.peak, jobs,
+        sorted(jumps.values(), key=lambda j: j.time),
+        _excursions(floor_times, groups.floor, groups.peak, jobs, total), verdicts,
+        times[known], steps[known])
+    report.gaps = _gaps(times, settings or DetectorSettings())
+    report.trend = _trend(report)
+    report.forecast = _forecast(report)
+    return report
+
+
+def _slices(times: np.ndarray) -> Iterable[tuple[int, int]]:
+    """Index ranges of consecutive time slices of SLICE_SECONDS, or longer for long
+    series, so that a series is replayed in at most MAX_SLICES updates."""
+    span = float(times[-1] - times[0])
+    width = max(SLICE_SECONDS, span / MAX_SLICES)
+    edges = times[0] + width * np.arange(1, math.ceil(span / width) + 1)
+    bounds = np.unique(np.r_[0, times.searchsorted(edges, side="right"), len(times)])
+    return [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+
+
+def _jobs(starts: dict[float, float | None], end: float, times: np.ndarray,
+          steps: np.ndarray) -> list[JobSpan]:
+    ordered = sorted(starts.items())
+    out = []
+    for i, (start, trend_start) in enumerate(ordered):
+        until = ordered[i + 1][0] if i + 1 < len(ordered) else end
+        k = min(int(times.searchsorted(start)), len(times) - 1)
+        step = steps[k]
+        # the detector dates a job from its first bucket's start; the job's first sample
+        # is where it is seen to begin
+        first = max(start, float(times[k]))
+        out.append(JobSpan(first, trend_start, until, None if math.isnan(step) else float(step)))
+    return out
+
+
+def _gaps(times: np.ndarray, settings: DetectorSettings) -> list[tuple[float, float]]:
+    """Times without samples (runtime gone, agent down) as long as the detector's restart
+    gap, or several poll intervals where polls are slower than that."""
+    dt = np.diff(times)
+    if not len(dt):
+        return []
+    gap = max(settings.restart_gap_seconds, 3 * float(np.median(dt)))
+    return [(float(times[i]), float(times[i + 1])) for i in np.flatnonzero(dt >= gap)]
+
+
+def _envelope(times: np.ndarray, used: np.ndarray,
+              bins: int = ENVELOPE_BINS) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Min and max of the raw samples per time bin: every sample's extent, at the cost of
+    a few thousand points whatever the length of the series. Bins without samples are NaN
+    (a gap is drawn as a gap)."""
+    t0, t1 = float(times[0]), float(times[-1])
+    width = max((t1 - t0) / bins, 1e-9)
+    ids = np.minimum(((times - t0) / width).astype(np.int64), bins - 1)
+    first = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
+    centres = t0 + (np.arange(bins) + 0.5) * width
+    low = np.full(bins, np.nan)
+    high = np.full(bins, np.nan)
+    low[ids[first]] = np.minimum.reduceat(used, first)
+    high[ids[first]] = np.maximum.reduceat(used, first)
+    return centres, low, high
+
+
+def _excursions(times: np.ndarray, floors: np.ndarray, peaks: np.ndarray, jobs: list[JobSpan],
+                total: float) -> list[Excursion]:
+    """Buckets, in each job's trend phase, whose peak stands far above the job's usual
+    sawtooth, or whose floor drops far below its neighbours' (and comes back)."""
+    out: list[Excursion] = []
+    margin = EXCURSION_MIN_FRACTION * total
+    for job in jobs:
+        if job.trend_start is None:
+            continue
+        sel = np.flatnonzero((times >= job.trend_start) & (times < job.end))
+        if len(sel) < 16:
+            continue
+        f, p = floors[sel], peaks[sel]
+        transient = p - f
+        usual = float(np.median(transient))
+        for i in np.flatnonzero(transient > max(EXCURSION_FACTOR * usual, usual + margin)):
+            out.append(Excursion(float(times[sel[i]]), float(p[i])))
+        # a drop: the floor far below the lower of the floors just before and after
+        around = np.minimum(np.r_[f[:1], f[:-1]], np.r_[f[1:], f[-1:]])
+        for i in np.flatnonzero(f < around - margin):
+            out.append(Excursion(float(times[sel[i]]), float(f[i]), drop=True))
+    return sorted(out, key=lambda e: e.time)
+
+
+def _trend(r: ChipReport) -> Trend | None:
+    """The fitted floor over the evidence window, with the 95 % band of its slope."""
+    a = r.assessment
+    if a.window_start is None or a.slope_bytes_per_second is None or a.floor_bytes is None:
+        return None
+    now = a.window_start + (a.window_seconds or 0.0)
+    level, slope = a.floor_bytes, a.slope_bytes_per_second
+    inside = [j for j in r.jumps if a.window_start <= j.time <= now]
+    knots = [t for j in inside for t in (j.time - 1e-3, j.time)]
+    times = np.unique(np.r_[np.linspace(a.window_start, now, 64), knots])
+    straight = level + slope * (times - now)
+    # the detector fits floors with the jumps taken out: put them back, if that matches the
+    # floors (a step change) better than one straight line (a staircase, whose jumps are
+    # its growth and are in the slope already)
+    shifted = straight - _later_jumps(inside, times)
+    with_jumps = bool(inside) and _misfit(r, shifted, times) < _misfit(r, straight, times)
+    value = shifted if with_jumps else straight
+    low = value + (a.slope_bytes_per_second_low - slope) * (times - now)
+    high = value + (a.slope_bytes_per_second_high - slope) * (times - now)
+    return Trend(times, value, np.minimum(low, high), np.maximum(low, high), now, level,
+                 with_jumps)
+
+
+def _later_jumps(jumps: list[Jump], times: np.ndarray) -> np.ndarray:
+    """Sum of the sizes of the jumps after each time (what correcting for them added)."""
+    out = np.zeros(len(times))
+    for j in jumps:
+        out += np.where(times < j.time, j.size, 0.0)
+    return out
+
+
+def _misfit(r: ChipReport, model: np.ndarray, times: np.ndarray) -> float:
+    sel = (r.floor_times >= times[0]) & (r.floor_times <= times[-1])
+    if not sel.any():
+        return math.inf
+    return float(np.mean(np.abs(r.floors[sel] - np.interp(r.floor_times[sel], times, model))))
+
+
+def _forecast(r: ChipReport) -> Forecast | None:
+    a = r.assessment
+    if a.predicted_oom_time is None or r.trend is None:
+        return None
+    limit = r.total - (a.transient_bytes or 0.0)
+    headroom = max(limit - r.trend.level, 0.0)
+
+    def reach(slope: float | None) -> float | None:
+        return None if not slope or slope <= 0 else r.trend.now + headroom / slope
+
+    return Forecast(r.trend.now, r.trend.level, a.predicted_oom_time, a.predicted_oom_step,
+                    limit, reach(a.slope_bytes_per_second_high),
+                    reach(a.slope_bytes_per_second_low))
+
+
+# ---------------------------------------------------------------------------- input
+
+
+def series_from_rows(rows: Iterable[TraceRow]) -> dict[tuple[str, str], SeriesColumns]:
+    """Trace rows (e.g. the history store's, as ``tpumon export`` reads them) as arrays
+    per (host, chip) series, in order of first appearance."""
+    lists: dict[tuple[str, str], tuple[list, list, list, list]] = {}
+    for r in rows:
+        key = (r.host, r.chip)
+        columns = lists.get(key)
+        if columns is None:
+            columns = lists[key] = ([], [], [], [])
+        columns[0].append(r.time)
+        columns[1].append(math.nan if r.step is None else r.step)
+        columns[2].append(r.hbm_used_bytes)
+        columns[3].append(r.hbm_total_bytes)
+    return {key: SeriesColumns(np.array(t, dtype=float), np.array(s, dtype=float),
+                               np.array(u, dtype=np.int64), np.array(n, dtype=np.int64))
+            for key, (t, s, u, n) in lists.items()}
+
+
+def select(series: Mapping[tuple[str, str], SeriesColumns], hosts: Iterable[str] = (),
+           chips: Iterable[str] = (), since: float = -math.inf,
+           until: float = math.inf) -> dict[tuple[str, str], SeriesColumns]:
+    """The series of the given hosts and chips (all when empty), cut to [since, until];
+    series left without samples are dropped."""
+    hosts, chips = set(hosts), set(chips)
+    out = {}
+    for (host, chip), c in series.items():
+        if (hosts and host not in hosts) or (chips and chip not in chips):
+            continue
+        if since > -math.inf or until < math.inf:
+            keep = (c.times >= since) & (c.times <= until)
+            c = SeriesColumns(*(column[keep] for column in c))
+        if len(c.times):
+            out[(host, chip)] = c
+    return out
