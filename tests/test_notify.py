@@ -32,7 +32,7 @@ GiB = 2**30
 TOTAL = 32 * GiB
 IDENT = Identity("t1v-n-0a1b2c3d-w-3", "3", "v4-32", "llama-pod-a")
 SETTINGS = AlertSettings(dashboard_url="https://grafana.example/d/tpumon?var-host={host}"
-                         "&var-chip={chip}")
+                         "&var-chip={chip}", report_url="http://{host}:9847/report")
 
 
 def leak(eta_hours: float, now: float, per_step: float | None = 150e3) -> Assessment:
@@ -209,7 +209,8 @@ def test_slack_gets_one_message_naming_host_worker_chip_growth_eta_and_link():
         assert len(api.requests) == 1  # three alerts raised together: one message
         text = api.requests[0].body["text"]
         for expected in (IDENT.host, "worker 3", "llama-pod-a", "chip 0", "chip 1", OOM, LEAK,
-                         "150.0 KB/step", "OOM in 2 h", "grafana.example"):
+                         "150.0 KB/step", "OOM in 2 h", "grafana.example",
+                         f"<http://{IDENT.host}:9847/report|Report>"):
             assert expected in text
         assert len(api.requests[0].body["blocks"]) == 3
         assert n.health().channels[0].delivered_total == 1
@@ -236,6 +237,8 @@ def test_pagerduty_trigger_then_resolve_with_one_dedup_key():
         assert payload["component"] == "chip 0" and payload["group"] == "llama-pod-a"
         assert payload["custom_details"]["predicted_oom_step"] == 48_200
         assert trigger["links"][0]["href"].startswith("https://grafana.example/")
+        assert trigger["links"][1] == {"href": f"http://{IDENT.host}:9847/report",
+                                       "text": "tpumon report"}
 
 
 @pytest.mark.parametrize("failures,reason", [((500, 503), "server_error"),

@@ -108,3 +108,24 @@ def test_systemd_credentials_are_found_without_configuration(tmp_path):
                                      env={"CREDENTIALS_DIRECTORY": str(tmp_path)})
     assert [(c.name, c.url) for c in channels] == [
         ("slack", "https://hooks.slack.com/services/A/B/C")]
+
+
+def test_the_agent_serves_its_report_for_notification_links(tmp_path):
+    agent = AgentProcess(tmp_path, tmp_path / "state")
+    try:
+        wait_for(lambda: (agent.value("tpumon_store_polls_written_total") or 0) >= 100, 60)
+        page = agent.get("/report")
+        assert page.startswith("<!DOCTYPE html>") and "data:image/png;base64," in page
+        assert "<title>tpumon report: vm</title>" in page  # the simulated host ...
+        assert "<th>Chips</th><td>0, 1, 2, 3</td>" in page  # ... and its chips
+        assert agent.get("/report") == page  # drawn once, kept a minute
+    finally:
+        assert agent.stop() == 0
+
+
+def test_a_link_template_with_an_unknown_placeholder_is_refused(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TPUMON_")}
+    env["TPUMON_ALERTS_REPORT_URL"] = "http://{hostname}:9847/report"
+    done = subprocess.run([*TPUMON, "config", "show"], capture_output=True, text=True,
+                          env=env, timeout=60)
+    assert done.returncode == 1 and "alerts.report_url may use only {host}" in done.stderr

@@ -82,6 +82,15 @@ def _url(value: str) -> str | None:
     return None if ok else "must be an http(s) URL"
 
 
+def _link_template(value: str) -> str | None:
+    """Notification links are filled in per alert: a typo must fail at start-up, not then."""
+    try:
+        value.format(host="h", worker="w", slice="s", chip="0")
+    except (KeyError, IndexError, ValueError) as exc:
+        return f"may use only {{host}}, {{worker}}, {{slice}} and {{chip}} ({exc!r})"
+    return None
+
+
 def _scenario(value: str) -> str | None:
     from tpumon.sim.workload import SCENARIOS  # lazy: numpy only when this key is checked
 
@@ -169,7 +178,11 @@ SCHEMA: tuple[Key, ...] = (
         _positive),
     Key("alerts", "dashboard_url", str, "",
         "Link in every notification; {host}, {worker}, {slice} and {chip} are filled in. "
-        "Empty: no link."),
+        "Empty: no link.", _link_template),
+    Key("alerts", "report_url", str, "",
+        "Link to the host's report in every notification, e.g. "
+        "'http://{host}:9847/report' (the agent serves it from its history store); "
+        "{host}, {worker}, {slice} and {chip} are filled in. Empty: no link.", _link_template),
     Key("slack", "webhook_url", str, "",
         "Slack incoming webhook URL (a secret: prefer webhook_url_file or the environment). "
         "Empty, with no file: no Slack notifications.", _url, secret=True),

@@ -14,6 +14,7 @@ from tpumon.cli.options import (config_option, ports_value, runtime_ports_option
 from tpumon import __version__
 from tpumon.config import Config, load_config
 from tpumon.exporters.http import MetricsServer
+from tpumon.exporters.report_page import ReportPage
 from tpumon.logs import setup_logging
 from tpumon.systemd import SystemdNotify
 
@@ -81,7 +82,9 @@ def run_agent(config: Config, simulate: bool, stop: threading.Event) -> None:
         server.stop()
         raise
     try:
-        server.attach(assembly.registry, lambda: assembly.state.snapshot)
+        report = None if assembly.store is None else \
+            ReportPage(assembly.store.state_dir, assembly.identity.host)
+        server.attach(assembly.registry, lambda: assembly.state.snapshot, report)
         shown = f"[{host}]" if ":" in host else host
         labels = ", ".join(f"{k}={v or '?'}" for k, v in assembly.identity.labels().items())
         secured = f"; {server.describe()}" if server.describe() else ""

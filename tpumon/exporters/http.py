@@ -76,13 +76,15 @@ def landing_page(snap: Snapshot) -> str:
     return (
         "<!DOCTYPE html><html><head><meta charset='utf-8'><title>tpumon</title></head><body>"
         f"<h1>tpumon {html.escape(__version__)}</h1><p>{ident}</p>"
-        "<p><a href='/metrics'>Metrics</a> &middot; <a href='/api/status'>status (JSON)</a></p>"
+        "<p><a href='/metrics'>Metrics</a> &middot; <a href='/api/status'>status (JSON)</a>"
+        " &middot; <a href='/report'>report</a></p>"
         "<h2>Chips</h2><table><tr><th>chip</th><th>HBM</th><th>used</th><th>leak detector</th>"
         f"</tr>{''.join(rows)}"
         f"</table><h2>Sources</h2><ul>{sources}</ul></body></html>")
 
 
-def _app(registry: CollectorRegistry, get_snapshot: Callable[[], Snapshot]) -> Callable:
+def _app(registry: CollectorRegistry, get_snapshot: Callable[[], Snapshot],
+         report: Callable[[], tuple[str, bytes]] | None = None) -> Callable:
     metrics_app = make_wsgi_app(registry)
 
     def app(environ: dict, start_response: Callable) -> Iterable[bytes]:
@@ -100,6 +102,14 @@ def _app(registry: CollectorRegistry, get_snapshot: Callable[[], Snapshot]) -> C
         if path == "/-/healthy":
             start_response("200 OK", [("Content-Type", "text/plain")])
             return [b"OK\n"]
+        if path == "/report" and report is not None:
+            status, body = report()
+            kind = "text/html; charset=utf-8" if status.startswith("200") else "text/plain"
+            start_response(status, [("Content-Type", kind)])
+            return [body]
+        if path == "/report":
+            start_response("404 Not Found", [("Content-Type", "text/plain")])
+            return [b"No history store: the agent keeps one with --state-dir.\n"]
         start_response("404 Not Found", [("Content-Type", "text/plain")])
         return [b"Not found. Metrics are at /metrics.\n"]
 
@@ -192,8 +202,11 @@ class MetricsServer:
         """How the endpoint is protected, for the start-up line ('' when it is not)."""
         return self._web.config.describe() if self._web is not None else ""
 
-    def attach(self, registry: CollectorRegistry, get_snapshot: Callable[[], Snapshot]) -> None:
-        self._app = _app(registry, get_snapshot)
+    def attach(self, registry: CollectorRegistry, get_snapshot: Callable[[], Snapshot],
+               report: Callable[[], tuple[str, bytes]] | None = None) -> None:
+        """Serve the agent: its registry, its snapshots, and ``report`` at /report (the
+        HTML of ``tpumon report``, when the agent keeps a history store)."""
+        self._app = _app(registry, get_snapshot, report)
 
     def _dispatch(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
         if self._app is None:

@@ -36,6 +36,7 @@ class AlertSettings:
     training_stall_seconds: float = 600.0
     resolve_after_seconds: float = 600.0
     dashboard_url: str = ""
+    report_url: str = ""
 
     @classmethod
     def from_config(cls, config: Config) -> "AlertSettings":
@@ -43,7 +44,8 @@ class AlertSettings:
                    hbm_used_ratio_threshold=config["alerts.hbm_used_ratio_threshold"],
                    training_stall_seconds=config["alerts.training_stall_minutes"] * 60,
                    resolve_after_seconds=config["alerts.resolve_after_minutes"] * 60,
-                   dashboard_url=config["alerts.dashboard_url"])
+                   dashboard_url=config["alerts.dashboard_url"],
+                   report_url=config["alerts.report_url"])
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,7 @@ class Alert:
     summary: str                 # one line
     details: Mapping[str, Any] = field(default_factory=dict)  # numbers, cause, step
     dashboard: str = ""
+    report: str = ""
     raised: float = 0.0          # when it was raised (the tracker sets it)
 
     def to_json(self) -> dict[str, Any]:
@@ -109,15 +112,14 @@ def evaluate(snap: Snapshot, settings: AlertSettings) -> dict[str, Alert]:
 def _alert(snap: Snapshot, name: str, subject: str, summary: str, details: dict,
            settings: AlertSettings, chip: str = "") -> Alert:
     ident = snap.identity
-    dashboard = settings.dashboard_url.format(host=ident.host, worker=ident.worker,
-                                              slice=ident.slice, chip=chip) \
-        if settings.dashboard_url else ""
+    fill = dict(host=ident.host, worker=ident.worker, slice=ident.slice, chip=chip)
     return Alert(name=name, severity=SEVERITY[name],
                  key=f"tpumon/{ident.host}/{name}/{subject.replace(' ', '')}",
                  host=ident.host, worker=ident.worker, slice=ident.slice,
                  accelerator_type=ident.accelerator_type, subject=subject, summary=summary,
                  details={k: v for k, v in details.items() if v is not None},
-                 dashboard=dashboard)
+                 dashboard=settings.dashboard_url.format(**fill),
+                 report=settings.report_url.format(**fill))
 
 
 def _chip_alerts(snap: Snapshot, chip: str, a: Assessment, now: float,

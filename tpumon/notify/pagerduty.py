@@ -50,6 +50,8 @@ class PagerDutyChannel:
             "custom_details": {"worker": a.worker, "slice": a.slice,
                                "accelerator_type": a.accelerator_type, **a.details},
         }
-        if a.dashboard:
-            body["links"] = [{"href": a.dashboard, "text": "tpumon dashboard"}]
+        links = [{"href": url, "text": text} for text, url in (
+            ("tpumon dashboard", a.dashboard), ("tpumon report", a.report)) if url]
+        if links:
+            body["links"] = links
         return body

@@ -47,5 +47,7 @@ class SlackChannel:
         text = f"{icon} *{a.name}* ({a.severity}) on {a.where}: {a.summary}."
         if a.details.get("cause_text"):
             text += f" Likely cause: {a.details['cause_text']}."
-        return text + (f" <{a.dashboard}|Dashboard>" if a.dashboard else "")
+        links = [f"<{url}|{name}>" for name, url in (("Dashboard", a.dashboard),
+                                                      ("Report", a.report)) if url]
+        return " ".join([text, *links])
 
