@@ -126,6 +126,17 @@ def test_staircase_leak_is_a_leak():
     assert d.alert is not None and d.alert["time"] < workload.oom_time
 
 
+def test_a_coarse_staircase_over_a_cache_filling_early_is_still_a_leak():
+    """Half a gigabyte every ~45 minutes: the growth between the stairs slows (a cache
+    filling in the first hour), the staircase goes on to the OOM. Once called a step
+    change with no forecast."""
+    arrays, workload = scenario_series("staircase-leak", 16, poll=5, seed=2,
+                                       stair_bytes=(5e8, 6e8), stair_every_steps=(4000, 4500))
+    d = run(arrays)
+    assert d.alert is not None and d.alert["time"] < workload.oom_time
+    assert d.assessment.verdict is Verdict.LEAK and d.assessment.predicted_oom_time is not None
+
+
 def test_leak_starting_mid_run_is_found_with_its_own_rate():
     arrays, workload = scenario_series("linear-leak", 40, seed=3, leak_bytes_per_step=120_000,
                                        leak_chip_spread=0.0, leak_onset_step=20_000)

@@ -23,6 +23,7 @@ from tpumon.sources.health import SourceTracker
 from tpumon.sources.host import HostSource
 from tpumon.sources.tpu_runtime import TpuRuntimeSource
 from tpumon.notify.health import NotifierHealth
+from tpumon.notify.settings import AlertSettings
 from tpumon.processes import ProcessState, ProcessTracker, chip_processes
 from tpumon.sources.reporter import ReporterReading, ReporterSocket
 from tpumon.state import AgentState, Snapshot
@@ -62,7 +63,8 @@ class Agent:
                  detectors: Mapping[str, ChipDetector] | None = None,
                  store: StoreWriter | None = None, checkpoint_interval: float = 60.0,
                  reporters: ReporterSocket | None = None,
-                 notifier_health: Callable[[], NotifierHealth] | None = None) -> None:
+                 notifier_health: Callable[[], NotifierHealth] | None = None,
+                 alert_settings: AlertSettings | None = None) -> None:
         self.state = state
         self._detector_settings = detector_settings
         self._detectors: dict[str, ChipDetector] = dict(detectors or {})
@@ -77,6 +79,7 @@ class Agent:
         self._reporters = None if reporters is None else SourceTracker("reporter", reporters.poll)
         self._processes = ProcessTracker()
         self._notifier_health = notifier_health
+        self.alert_settings = alert_settings or AlertSettings()  # swapped by a reload
         self._polls = 0
         self._poll_seconds = Histogram(
             "tpumon_poll_duration_seconds", "Time taken by one poll of all sources.",
@@ -108,7 +111,8 @@ class Agent:
             store=None if self._store is None else self._store.health,
             processes=processes, chip_processes=attributed, chip_steps=steps,
             reporter=reported,
-            notifier=None if self._notifier_health is None else self._notifier_health())
+            notifier=None if self._notifier_health is None else self._notifier_health(),
+            alert_settings=self.alert_settings)
         self.state.publish(snapshot)
         if self._store is not None:
             self._record(samples)

@@ -202,11 +202,12 @@ def build(config: Config, simulate: bool = False, env: Mapping[str, str] | None 
     state = AgentState(identity, inventory, config["agent.history_points"])
     notifier = open_notifier(config, simulate, state, channels)
     store, detectors = open_store(config, simulate, identity.host) if history else (None, {})
-    registry = build_registry(lambda: state.snapshot, AlertSettings.from_config(config))
+    registry = build_registry(lambda: state.snapshot)
     agent = Agent(state, runtime, owners, config["agent.poll_interval"], registry,
                   detectors=detectors, store=store,
                   checkpoint_interval=config["store.checkpoint_interval"], reporters=reporters,
-                  notifier_health=None if notifier is None else notifier.health)
+                  notifier_health=None if notifier is None else notifier.health,
+                  alert_settings=AlertSettings.from_config(config))
     if store is not None:
         store.start()
     if notifier is not None:

@@ -19,6 +19,7 @@ from tpumon.samples import HostSample, RuntimeReading, chip_sort_key
 from tpumon.sources.chips import ChipInventory
 from tpumon.sources.health import SourceHealth
 from tpumon.notify.health import NotifierHealth
+from tpumon.notify.settings import AlertSettings
 from tpumon.processes import ProcessState
 from tpumon.sources.reporter import ReporterReading
 from tpumon.store.writer import StoreHealth
@@ -55,6 +56,7 @@ class Snapshot:
     chip_steps: Mapping[str, int] = field(default_factory=dict)  # chip -> its training step
     reporter: ReporterReading | None = None  # None: no reporter socket configured
     notifier: NotifierHealth | None = None  # None: no Slack or PagerDuty configured
+    alert_settings: AlertSettings = field(default_factory=AlertSettings)  # [alerts], reloadable
 
     def chip_cause(self, chip: str) -> Cause | None:
         """The likely cause of the chip's growth, from the reports of the process that

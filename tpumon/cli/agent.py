@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+from typing import Callable
 
 import click
 
@@ -16,6 +17,8 @@ from tpumon.config import Config, load_config
 from tpumon.exporters.http import MetricsServer
 from tpumon.exporters.report_page import ReportPage
 from tpumon.logs import setup_logging
+from tpumon.reload import reload_config
+from tpumon.state import Snapshot
 from tpumon.systemd import SystemdNotify
 
 log = logging.getLogger("tpumon.agent")
@@ -59,21 +62,27 @@ def command(config_path: str | None, listen_address: str | None, web_config_file
     a TPU device, so it runs beside the training job. With --simulate it runs the same
     agent against the built-in simulator, on any machine.
     """
-    config = load_config(config_path, {
+    flags = {
         "exporter.listen_address": listen_address, "exporter.web_config_file": web_config_file,
         "agent.poll_interval": poll_interval,
         "runtime.ports": ports_value(runtime_ports), "agent.log_level": log_level,
         "store.state_dir": state_dir, "reporter.socket": reporter_socket,
-        "simulator.scenario": scenario, "simulator.acceleration": acceleration})
+        "simulator.scenario": scenario, "simulator.acceleration": acceleration}
+    config = load_config(config_path, flags)
     setup_logging(config["agent.log_level"])
-    stop = threading.Event()
+    stop, reload = threading.Event(), threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: stop.set())
-    run_agent(config, simulate, stop)
+    signal.signal(signal.SIGHUP, lambda signum, frame: reload.set())
+    run_agent(config, simulate, stop, reload, lambda: load_config(config_path, flags))
 
 
-def run_agent(config: Config, simulate: bool, stop: threading.Event) -> None:
-    """Bind the exporter first (a port clash fails before a simulator starts), then poll."""
+def run_agent(config: Config, simulate: bool, stop: threading.Event,
+              reload: threading.Event | None = None,
+              load: Callable[[], Config] | None = None) -> None:
+    """Bind the exporter first (a port clash fails before a simulator starts), then poll.
+    When ``reload`` is set (SIGHUP), the configuration is read again with ``load`` after
+    the poll in progress, and what can change while running is applied (tpumon.reload)."""
     server = MetricsServer(config["exporter.listen_address"], config["exporter.web_config_file"])
     host, port = server.start()
     try:
@@ -91,7 +100,15 @@ def run_agent(config: Config, simulate: bool, stop: threading.Event) -> None:
         log.info("tpumon %s serving metrics on %s://%s:%d/metrics (%s%s)", __version__,
                  server.scheme, shown, port, labels, secured)
         systemd = SystemdNotify()
-        assembly.agent.run(stop, after_poll=systemd.after_poll)
+        running = [config]
+
+        def after_poll(snap: Snapshot) -> None:
+            systemd.after_poll(snap)
+            if reload is not None and load is not None and reload.is_set():
+                reload.clear()
+                running[0] = reload_config(assembly, running[0], load)
+
+        assembly.agent.run(stop, after_poll=after_poll)
         log.info("stopping")
         systemd.stopping()
     finally:

@@ -468,7 +468,11 @@ class ChipDetector:
         rate = (fit.slope if continuous else 0.0) + stair
         if rate > 0 and continuous and not decelerating:
             rate = min(rate, self._recent_rate(pairs) + stair)
-        if rate > 0 and (not decelerating or job.leaking):
+        if decelerating and stair > 0 and not job.leaking:
+            # what slows is the growth between the stairs (a cache filling early in the
+            # job); the staircase itself goes on, so it alone is the leak's rate
+            rate = stair
+        if rate > 0 and (not decelerating or job.leaking or stair > 0):
             return self._forecast(common, rate, steps_per_second, fit.level, job, window, b)
         job.leaking = False
         return self._no_leak(job, common, decelerating)

@@ -22,7 +22,6 @@ from prometheus_client.registry import Collector
 from tpumon import __version__
 from tpumon.detect import Verdict
 from tpumon.identity import LABELS
-from tpumon.notify.alerts import AlertSettings
 from tpumon.notify.health import NotifierHealth
 from tpumon.notify.notifier import FAILURE_REASONS, GIVE_UP_REASONS
 from tpumon.state import Snapshot
@@ -49,10 +48,8 @@ def package_version(name: str) -> str:
 class SnapshotCollector(Collector):
     """Yields tpumon's metrics from whatever snapshot ``get_snapshot`` returns now."""
 
-    def __init__(self, get_snapshot: Callable[[], Snapshot],
-                 alert_settings: AlertSettings | None = None) -> None:
+    def __init__(self, get_snapshot: Callable[[], Snapshot]) -> None:
         self._get_snapshot = get_snapshot
-        self._alerts = alert_settings or AlertSettings()
         self._build = [__version__, package_version("tpu-info"), platform.python_version()]
 
     def collect(self) -> Iterator[Metric]:
@@ -255,15 +252,16 @@ class SnapshotCollector(Collector):
     def _alert_metrics(self, snap: Snapshot, ident: list[str]) -> Iterator[Metric]:
         """The alert thresholds this agent uses (the Prometheus rules compare against them,
         so one configuration drives both paths) and its direct notifiers' counts."""
+        alerts = snap.alert_settings
         for name, doc, value in (
             ("tpumon_alert_oom_horizon_seconds", "Critical alert when a forecast OOM is "
-             "nearer than this (alerts.oom_horizon_hours).", self._alerts.oom_horizon_seconds),
+             "nearer than this (alerts.oom_horizon_hours).", alerts.oom_horizon_seconds),
             ("tpumon_alert_hbm_used_ratio_threshold", "Warning when a chip's HBM floor stays "
              "above this fraction of capacity (alerts.hbm_used_ratio_threshold).",
-             self._alerts.hbm_used_ratio_threshold),
+             alerts.hbm_used_ratio_threshold),
             ("tpumon_alert_training_stall_seconds", "Warning when a live training process "
              "has reported no step for this long (alerts.training_stall_minutes).",
-             self._alerts.training_stall_seconds)):
+             alerts.training_stall_seconds)):
             family = _gauge(name, doc, [])
             family.add_metric(ident, value)
             yield family
@@ -327,12 +325,11 @@ class SnapshotCollector(Collector):
             yield family
 
 
-def build_registry(get_snapshot: Callable[[], Snapshot],
-                   alert_settings: AlertSettings | None = None) -> CollectorRegistry:
+def build_registry(get_snapshot: Callable[[], Snapshot]) -> CollectorRegistry:
     """A registry with tpumon's metrics and the agent's own process and platform metrics."""
     disable_created_metrics()  # *_created gauges per histogram: noise for a per-VM agent
     registry = CollectorRegistry()
-    registry.register(SnapshotCollector(get_snapshot, alert_settings))
+    registry.register(SnapshotCollector(get_snapshot))
     ProcessCollector(registry=registry)
     PlatformCollector(registry=registry)
     return registry

@@ -14,8 +14,8 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Iterable, Mapping
 
-from tpumon.config import Config
 from tpumon.detect import Assessment, Verdict, describe_growth
+from tpumon.notify.settings import AlertSettings
 from tpumon.state import Snapshot
 
 LEAK = "TPUMonHBMLeakSuspected"
@@ -25,27 +25,6 @@ STALLED = "TPUMonTrainingStalled"
 SEVERITY = {LEAK: "warning", OOM: "critical", HIGH: "warning", STALLED: "warning"}
 RAISE_AFTER = {HIGH: 300.0}  # seconds a condition must hold first; the others are sustained
 # by construction (a leak verdict needs 30 min of evidence; a stall is a duration itself)
-
-
-@dataclass(frozen=True)
-class AlertSettings:
-    """Thresholds from the [alerts] configuration section."""
-
-    oom_horizon_seconds: float = 6 * 3600.0
-    hbm_used_ratio_threshold: float = 0.95
-    training_stall_seconds: float = 600.0
-    resolve_after_seconds: float = 600.0
-    dashboard_url: str = ""
-    report_url: str = ""
-
-    @classmethod
-    def from_config(cls, config: Config) -> "AlertSettings":
-        return cls(oom_horizon_seconds=config["alerts.oom_horizon_hours"] * 3600,
-                   hbm_used_ratio_threshold=config["alerts.hbm_used_ratio_threshold"],
-                   training_stall_seconds=config["alerts.training_stall_minutes"] * 60,
-                   resolve_after_seconds=config["alerts.resolve_after_minutes"] * 60,
-                   dashboard_url=config["alerts.dashboard_url"],
-                   report_url=config["alerts.report_url"])
 
 
 @dataclass(frozen=True)

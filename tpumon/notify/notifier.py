@@ -101,6 +101,15 @@ class Notifier:
             self._thread.join(timeout)
         self.outbox.close()
 
+    def replace_channels(self, channels: Sequence[Channel]) -> None:
+        """New channel settings (a reload): what is waiting for a channel of the same name
+        is delivered through the new one; a channel no longer configured keeps its events
+        in the outbox until it comes back."""
+        for c in channels:
+            self._progress.setdefault(c.name, _Progress(pending=self.outbox.pending_count(c.name)))
+        self._severities = {c.name: c.severities for c in channels}
+        self.channels = list(channels)
+
     def health(self) -> NotifierHealth:
         """For the next snapshot: each channel's counts, and the alerts active now."""
         channels = tuple(ChannelHealth(name, p.failures_in_row == 0, p.pending, p.delivered,
