@@ -9,7 +9,8 @@ STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 DEMO_ADDRESS ?= :9847
 DEMO_SCENARIO ?= linear-leak
 
-.PHONY: help demo test test-frameworks bench venv system-deps-demo system-deps-test clean
+.PHONY: help demo test test-frameworks bench venv system-deps-demo system-deps-test \
+	system-deps-bench clean
 
 help:
 	@echo "make demo    run the agent on the TPU simulator (metrics on $(DEMO_ADDRESS))"
@@ -23,6 +24,9 @@ system-deps-demo:
 
 system-deps-test:
 	@scripts/ensure-system-deps test
+
+system-deps-bench:
+	@scripts/ensure-system-deps bench
 
 $(STAMP): pyproject.toml
 	rm -f $(VENV)/.installed-*
@@ -50,13 +54,15 @@ test-frameworks:
 	scripts/frameworks-venv
 	RUN_FRAMEWORK_TESTS=1 .venv-frameworks/bin/python -m pytest -q tests/frameworks
 
-bench: venv
+bench: system-deps-bench venv
 	$(BIN)/python bench/run.py
 	$(BIN)/python bench/detect.py
 	$(BIN)/python bench/store.py
 	$(BIN)/python bench/reporters.py
 	@if [ -x .venv-frameworks/bin/python ]; then .venv-frameworks/bin/python bench/reporters.py; \
 	else echo "(make test-frameworks first for the PyTorch/XLA and JAX loop overhead)"; fi
+	$(BIN)/python bench/soak.py
+	$(BIN)/python bench/overhead.py
 
 clean:
 	rm -rf $(VENV) .venv-frameworks .pytest_cache build *.egg-info .demo-state

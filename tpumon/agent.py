@@ -25,7 +25,7 @@ from tpumon.sources.tpu_runtime import TpuRuntimeSource
 from tpumon.notify.health import NotifierHealth
 from tpumon.notify.settings import AlertSettings
 from tpumon.processes import ProcessState, ProcessTracker, chip_processes
-from tpumon.sources.reporter import ReporterReading, ReporterSocket
+from tpumon.sources.reporter import ReporterSocket
 from tpumon.state import AgentState, Snapshot
 from tpumon.store.checkpoint import dump_detector
 from tpumon.store.database import Sample
