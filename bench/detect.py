@@ -42,7 +42,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from tpumon.sim.tracegen import generate_trace
 from tpumon.sim.workload import V4_HBM_TOTAL_BYTES, Job, Scenario, Workload
-from tpumon.trace import TraceRow, read_trace, write_trace
+from tpumon.trace import TraceRow, write_trace
 
 HOUR = 3600.0
 START_TIME = 1750000000.0
@@ -849,7 +849,7 @@ class Run:
 
 
 def run_benchmark(seed: int, quick: bool, keep_trace: str | None,
-                  analyze: AnalyzeRows | None) -> Run:
+                  analyze: AnalyzeFile | None) -> Run:
     start = time.perf_counter()
     cases = plan_corpus(seed, quick)
     truths = [t for _, ts in cases for t in ts]
