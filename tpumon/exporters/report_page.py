@@ -5,6 +5,7 @@ The report is drawn by a `tpumon report` child process reading the history store
 lets it read while the agent writes): matplotlib never enters the agent's memory, a slow
 drawing never holds a scrape thread's lock for long, and one request at a time is served,
 the result kept for a minute, so a link clicked by a whole on-call channel draws once.
+Nothing of tpumon.report is imported here: the agent never loads it.
 """
 
 from __future__ import annotations
@@ -16,8 +17,6 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-
-from tpumon.report import file_stem
 
 CACHE_SECONDS = 60.0
 TIMEOUT_SECONDS = 120.0
@@ -58,4 +57,7 @@ class ReportPage:
             if done.returncode != 0:
                 lines = done.stderr.strip().splitlines() or ["tpumon report failed"]
                 raise RuntimeError(lines[-1])
-            return (Path(out) / f"{file_stem(self.host)}.html").read_bytes()
+            pages = list(Path(out).glob("*.html"))  # one host asked, one page
+            if len(pages) != 1:
+                raise RuntimeError(f"tpumon report wrote {len(pages)} pages for one host")
+            return pages[0].read_bytes()
