@@ -6,7 +6,8 @@ Each validates a request the way the real service does (Slack: a JSON object wit
 `blocks` or legacy `attachments` (what Alertmanager sends), else 400 `invalid_payload`; PagerDuty: routing_key, event_action, dedup_key
 length, and summary/source/severity on a trigger, else 400 "invalid event"), records it,
 and answers success unless a test scripted other answers with ``respond``. ``stop_answering``
-makes it drop connections, as an unreachable service would.
+makes it drop connections, as an unreachable service would; ``delay`` (seconds, settable
+any time) holds every answer that long, as an overloaded service would.
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ class Received:
 class FakeAlertAPI:
     """``with FakeAlertAPI("slack") as api: ... api.url ... api.requests``."""
 
-    def __init__(self, kind: str, port: int = 0, path: str | None = None) -> None:
+    def __init__(self, kind: str, port: int = 0, path: str | None = None,
+                 delay: float = 0.0) -> None:
         if kind not in PATHS:
             raise ValueError(kind)
         self.kind = kind
@@ -51,6 +53,9 @@ class FakeAlertAPI:
         self._script: deque[int] = deque()
         self._lock = threading.Condition()
         self._silent = False
+        self.delay = delay
+        self.delayed = threading.Event()  # set once a request is being held by ``delay``
+        self._closing = threading.Event()  # releases held requests at exit
         self._server = ThreadingHTTPServer(("127.0.0.1", port), self._handler())
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
@@ -64,6 +69,7 @@ class FakeAlertAPI:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self._closing.set()
         self._server.shutdown()
         self._server.server_close()
 
@@ -151,6 +157,11 @@ class FakeAlertAPI:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802 - http.server's naming
                 raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if api.delay:
+                    api.delayed.set()
+                    if api._closing.wait(api.delay):  # shutting down: drop it unanswered
+                        self.close_connection = True
+                        return
                 if api._silent:
                     self.close_connection = True
                     self.connection.close()

@@ -9,6 +9,7 @@ so a key cannot exist in one place and be missing in another.
 from __future__ import annotations
 
 import difflib
+import math
 import os
 import sys
 from dataclasses import dataclass, field
@@ -54,11 +55,19 @@ class Key:
 
 
 def _positive(value: Any) -> str | None:
-    return None if value > 0 else "must be greater than 0"
+    if not value > 0:
+        return "must be greater than 0"
+    return None if math.isfinite(value) else "must be a finite number"
 
 
 def _at_least_one(value: Any) -> str | None:
-    return None if value >= 1 else "must be at least 1"
+    if not value >= 1:
+        return "must be at least 1"
+    return None if math.isfinite(value) else "must be a finite number"
+
+
+def _history_points(value: int) -> str | None:
+    return None if 0 < value <= 10_000_000 else "must be between 1 and 10000000"
 
 
 def _one_of(*choices: str) -> Callable[[Any], str | None]:
@@ -86,7 +95,7 @@ def _link_template(value: str) -> str | None:
     """Notification links are filled in per alert: a typo must fail at start-up, not then."""
     try:
         value.format(host="h", worker="w", slice="s", chip="0")
-    except (KeyError, IndexError, ValueError) as exc:
+    except (KeyError, IndexError, ValueError, AttributeError, TypeError) as exc:
         return f"may use only {{host}}, {{worker}}, {{slice}} and {{chip}} ({exc!r})"
     return None
 
@@ -109,7 +118,8 @@ SCHEMA: tuple[Key, ...] = (
     Key("agent", "poll_interval", float, 5.0,
         "Seconds between polls of the TPU runtime and the host.", _positive),
     Key("agent", "history_points", int, 4096,
-        "Samples kept in memory per chip (a ring buffer; older ones are dropped).", _positive),
+        "Samples kept in memory per chip (a ring buffer; older ones are dropped).",
+        _history_points),
     Key("agent", "log_level", str, "info",
         "One of debug, info, warning, error.", _one_of(*LOG_LEVELS)),
     Key("exporter", "listen_address", str, f":{DEFAULT_PORT}",
@@ -283,6 +293,8 @@ def parse_ports(raw: str) -> list[int]:
             continue
         if "-" in part:
             lo, hi = (int(x) for x in part.split("-", 1))
+            if hi - lo >= 65536:  # not a list of ports, and not one to build in memory
+                raise ValueError(f"port range {part!r} is longer than there are ports")
             ports.extend(range(lo, hi + 1))
         else:
             ports.append(int(part))
@@ -316,6 +328,8 @@ def _apply_file(config: Config, path: Path) -> None:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path}: invalid TOML: {exc}")
+    except RecursionError:
+        raise ConfigError(f"config file {path}: invalid TOML: nested too deeply")
     for section, table in data.items():
         if section not in SECTIONS:
             raise _unknown_key(section, list(SECTIONS), f"config file {path}")

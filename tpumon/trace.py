@@ -445,13 +445,17 @@ def _jsonl_records(stream: IO[str], name: str, names: list[tuple[str, str]]) -> 
                 obj, end = scan(text, 0)
                 if end != len(text) and text[end:].strip(" \t\n\r"):
                     raise ValueError
-            except (StopIteration, ValueError, TypeError):
+            except (StopIteration, ValueError, TypeError, RecursionError):
                 try:
                     obj = loads(text)
                 except json.JSONDecodeError as e:
                     if not text.strip():
                         continue  # blank line
                     raise _FieldError(f"not valid JSON: {e.msg} (column {e.colno})") from None
+                except RecursionError:
+                    raise _FieldError("not valid JSON: nested too deeply") from None
+                except ValueError:  # an integer of thousands of digits (Python's limit)
+                    raise _FieldError("not valid JSON: a number too long") from None
             if type(obj) is not dict:
                 raise _FieldError(f"expected a JSON object, got {type(obj).__name__}")
             try:

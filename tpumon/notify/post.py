@@ -9,6 +9,7 @@ carry the URL: a Slack webhook URL is itself the secret.
 from __future__ import annotations
 
 import json
+import math
 import socket
 import urllib.error
 import urllib.request
@@ -61,6 +62,9 @@ def _http_error(exc: urllib.error.HTTPError) -> Outcome:
 
 def _retry_after(raw: str | None) -> float | None:
     try:
-        return max(float(raw), 0.0) if raw else None
+        seconds = float(raw) if raw else None
     except ValueError:  # an HTTP date: rare from these services; fall back to backoff
         return None
+    if seconds is None or not math.isfinite(seconds):
+        return None
+    return min(max(seconds, 0.0), 3600.0)  # a service asking for more than an hour: retry

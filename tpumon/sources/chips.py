@@ -82,7 +82,10 @@ def device_owners(pattern: re.Pattern[str] = TPU_DEVICE, proc: str = "/proc") ->
         try:
             with os.scandir(f"{entry.path}/fd") as fds:
                 for fd in fds:
-                    target = os.readlink(fd.path)
+                    try:
+                        target = os.readlink(fd.path)
+                    except OSError:  # that file was closed meanwhile: the others count
+                        continue
                     if pattern.fullmatch(target):
                         found[target] = int(entry.name)
         except OSError:  # exited meanwhile, or not ours to read

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import re
 import time
 from dataclasses import dataclass
 from typing import Callable, Iterable
@@ -43,6 +44,9 @@ CHANNEL_OPTIONS = (
     ("grpc.max_reconnect_backoff_ms", 2000),
     ("grpc.enable_retries", 0),
 )
+
+
+_DIGITS = re.compile(r"[0-9]{1,18}")  # a device id as text: ASCII digits, within int64
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +79,7 @@ def _device_value(metric: pb.Metric) -> DeviceValue | None:
     kind = attr.WhichOneof("attr")
     if kind == "int_attr":
         device_id = attr.int_attr
-    elif kind == "string_attr" and attr.string_attr.isdigit():
+    elif kind == "string_attr" and _DIGITS.fullmatch(attr.string_attr):
         device_id = int(attr.string_attr)
     else:
         return None
@@ -84,10 +88,13 @@ def _device_value(metric: pb.Metric) -> DeviceValue | None:
     gauge = metric.gauge
     which = gauge.WhichOneof("value")
     if which == "as_int":
-        return DeviceValue(device_id, float(gauge.as_int))
-    if which == "as_double":
-        return DeviceValue(device_id, gauge.as_double)
-    return None
+        value = float(gauge.as_int)
+    elif which == "as_double":
+        value = gauge.as_double
+    else:
+        return None
+    # Bytes and percentages: never negative, NaN or beyond int64 (what the store holds).
+    return DeviceValue(device_id, value) if 0 <= value < 2.0**63 else None
 
 
 def _is_loopback(host: str) -> bool:
@@ -197,8 +204,9 @@ class TpuRuntimeSource:
                 continue
             values, bad = parse_metric(response)
             self.malformed_total += bad
-            self._stamps.extend(m.timestamp.ToNanoseconds() / 1e9 for m in response.metric.metrics
-                                if m.HasField("timestamp"))
+            # Not ToNanoseconds(): it raises on a timestamp outside years 1-9999.
+            self._stamps.extend(m.timestamp.seconds + m.timestamp.nanos / 1e9
+                                for m in response.metric.metrics if m.HasField("timestamp"))
             results[(port, name)] = values
         return [_PortAnswer(port, results[(port, USAGE)], results[(port, TOTAL)],
                             results[(port, DUTY_CYCLE)], errors.get(port))
