@@ -13,7 +13,7 @@ from pathlib import Path
 
 import click
 
-from tpumon.cli.options import config_option, state_dir_option
+from tpumon.cli.options import config_option, history_selection, state_dir_option
 from tpumon.config import ConfigError, load_config
 from tpumon.store.database import HistoryDB, Retention, database_path
 from tpumon.store.export import export_rows
@@ -47,12 +47,7 @@ def parse_when(text: str, option: str, now: float | None = None) -> float:
 @click.command("export")
 @config_option
 @state_dir_option
-@click.option("--since", default=None, metavar="WHEN",
-              help="Only samples from then on: Unix seconds, ISO 8601 (UTC unless a zone is "
-                   "given) or an age such as 6h or 2d.")
-@click.option("--until", default=None, metavar="WHEN", help="Only samples up to then.")
-@click.option("--host", "hosts", multiple=True, help="Only this host (repeatable).")
-@click.option("--chip", "chips", multiple=True, help="Only this chip (repeatable).")
+@history_selection
 @click.option("-o", "--output", default="-", show_default=True, type=click.Path(dir_okay=False,
               allow_dash=True), help="Output file; '-' is stdout.")
 @click.option("--format", "fmt", type=click.Choice(["csv", "jsonl"]), default=None,

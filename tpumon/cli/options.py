@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 import click
 
 from tpumon.config import ConfigError, parse_ports
@@ -40,3 +42,18 @@ direct_option = click.option(
 state_dir_option = click.option(
     "--state-dir", default=None, metavar="DIR",
     help="Directory of the history store [default: store.state_dir, /var/lib/tpumon].")
+
+
+def history_selection(command: Callable) -> Callable:
+    """--since, --until, --host, --chip: which part of the history (export, report)."""
+    for option in reversed((
+            click.option("--since", default=None, metavar="WHEN",
+                         help="Only samples from then on: Unix seconds, ISO 8601 (UTC unless "
+                              "a zone is given) or an age such as 6h or 2d."),
+            click.option("--until", default=None, metavar="WHEN",
+                         help="Only samples up to then."),
+            click.option("--host", "hosts", multiple=True, help="Only this host (repeatable)."),
+            click.option("--chip", "chips", multiple=True,
+                         help="Only this chip (repeatable)."))):
+        command = option(command)
+    return command

@@ -12,7 +12,7 @@ import click
 
 from tpumon import __version__
 from tpumon.cli.export import parse_when
-from tpumon.cli.options import config_option, state_dir_option
+from tpumon.cli.options import config_option, history_selection, state_dir_option
 from tpumon.config import ConfigError, load_config
 from tpumon.trace import TraceFormatError
 
@@ -21,12 +21,7 @@ from tpumon.trace import TraceFormatError
 @click.argument("trace", required=False, type=click.Path(dir_okay=False, allow_dash=True))
 @config_option
 @state_dir_option
-@click.option("--since", default=None, metavar="WHEN",
-              help="Only samples from then on: Unix seconds, ISO 8601 (UTC unless a zone is "
-                   "given) or an age such as 6h or 2d.")
-@click.option("--until", default=None, metavar="WHEN", help="Only samples up to then.")
-@click.option("--host", "hosts", multiple=True, help="Only this host (repeatable).")
-@click.option("--chip", "chips", multiple=True, help="Only this chip (repeatable).")
+@history_selection
 @click.option("-o", "--outdir", default=".", show_default=True,
               type=click.Path(file_okay=False), help="Directory for the PNG and HTML files.")
 def command(trace: str | None, config_path: str | None, state_dir: str | None,
