@@ -28,6 +28,9 @@ from tools import free_port, wait_for  # noqa: E402
 #: loop is fast (host-side data, one small jitted step), so it needs more steps than torch.
 STEPS = {"torch_xla": 3000, "jax": 40000}
 RECOMPILE_STEPS = 600
+#: ... and at least this long, whatever the machine's speed: reports are sent at most 20 a
+#: second, and the agent needs a few dozen after warm-up for a trend.
+MIN_SECONDS = 8.0
 
 #: Real frameworks start, compile and run thousands of steps: a guard against hangs far
 #: above the suite's default, which is sized for unit tests (CI machines vary 2x and more).
@@ -59,8 +62,8 @@ def train(framework: str, socket_path: Path, *flags: str) -> int:
     env = dict(os.environ, TPUMON_REPORTER_SOCKET=str(socket_path), PJRT_DEVICE="CPU",
                JAX_PLATFORMS="cpu")
     done = subprocess.run([sys.executable, str(HERE / f"train_{framework}.py"), "--steps",
-                           str(steps), *flags], env=env, capture_output=True,
-                          text=True, timeout=600)
+                           str(steps), "--min-seconds", str(MIN_SECONDS), *flags], env=env,
+                          capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     sent, dropped, last = re.search(r"sent=(\d+) dropped=(\d+) last=(\d+)", done.stdout).groups()
     assert int(dropped) == 0 and int(sent) >= 60, done.stdout

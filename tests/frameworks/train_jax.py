@@ -34,7 +34,7 @@ def main() -> None:
     params = [jnp.zeros((32, 1)), jnp.zeros((1,))]
     reporter = JaxReporter()
     kept = []
-    for step in range(1, args.steps + 1):
+    for step in loop_args.steps(args):
         batch = 16 + step // 10 if args.recompile else 16  # a new shape every 10 steps
         x = rng.standard_normal((batch, 32), dtype=np.float32)
         y = rng.standard_normal((batch, 1), dtype=np.float32)

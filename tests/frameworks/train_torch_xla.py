@@ -25,7 +25,7 @@ def main() -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     reporter = TorchXlaReporter()
     kept = []
-    for step in range(1, args.steps + 1):
+    for step in loop_args.steps(args):
         batch = 16 + step // 10 if args.recompile else 16  # a new shape every 10 steps
         x = torch.randn(batch, 32).to(device)
         y = torch.randn(batch, 1).to(device)
