@@ -58,8 +58,22 @@ def lower_quartiles(values: np.ndarray, bounds: Sequence[int]) -> list[float]:
     return out
 
 
-@lru_cache(maxsize=64)
+CACHED_PAIRS = 64  # the HBM fits' sizes (fit_points): reused every fit, 32 KB at most
+
+
 def _pairs(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Index pairs (i < j) of ``n`` points. Cached for the small sizes the HBM fits use
+    over and over; the reporters' count trends (up to 256 points, sizes drifting as they
+    thin) would fill a cache with 400 KB entries for no gain, so those are built anew."""
+    return _cached_pairs(n) if n <= CACHED_PAIRS else _index_pairs(n)
+
+
+@lru_cache(maxsize=CACHED_PAIRS)
+def _cached_pairs(n: int) -> tuple[np.ndarray, np.ndarray]:
+    return _index_pairs(n)
+
+
+def _index_pairs(n: int) -> tuple[np.ndarray, np.ndarray]:
     i, j = np.triu_indices(n, k=1)
     return i.astype(np.intp), j.astype(np.intp)
 

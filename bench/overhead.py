@@ -1,0 +1,184 @@
+"""Overhead (issue 9): what the agent costs a TPU VM, beside node_exporter.
+
+node_exporter (the Debian package, default collectors) is the reference for a lightweight
+exporter that nobody thinks twice about running. Both run for ``--minutes``, scraped
+every ``--scrape-every`` seconds alike; the agent polls 4 simulated chips every second
+(``--poll-interval``) with its history store on and takes ~10 reports a second from a
+FakeReporter thread (``--reports``; its simulated job reports its step 4 times a second
+besides).
+
+Per process: CPU as a share of one core (user + system CPU time over wall time, after a
+warm-up), RSS (median and max of samples every few seconds), and the agent's poll
+latency (its own tpumon_poll_duration_seconds histogram over the window). The agent's
+simulator child stands in for libtpu, so it is shown apart; the agent alone is the
+headline. Targets, for 1 s polls: the agent alone at most 0.5 % of one core and 80 MiB
+RSS. The reporter's cost in the training loop is bench/reporters.py's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import psutil
+
+from soak import MIB, report_loop  # bench/ is on sys.path when this runs as a script
+from tools import AgentProcess, Processes, free_port, ready, wait_for  # via soak's path
+
+NODE_EXPORTER = "/usr/bin/prometheus-node-exporter"
+CPU_TARGET = 0.005
+RSS_TARGET = 80 * MIB
+
+
+def start_node_exporter(procs: Processes) -> tuple[psutil.Process, str]:
+    """node_exporter on a free loopback port, default collectors."""
+    address = f"127.0.0.1:{free_port()}"
+    proc = procs.start("node_exporter", [NODE_EXPORTER, f"--web.listen-address={address}"])
+    wait_for(lambda: ready(f"http://{address}/metrics"), timeout=30)
+    return psutil.Process(proc.pid), address
+
+
+def scrape_loop(addresses: list[str], stop: threading.Event, every: float,
+                latencies: dict[str, list[float]]) -> None:
+    """Every exporter scraped at the same cadence, as one Prometheus would."""
+    while not stop.wait(every):
+        for address in addresses:
+            t0 = time.perf_counter()
+            with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as r:
+                r.read()
+            latencies[address].append(time.perf_counter() - t0)
+
+
+def cpu_seconds(procs: list[psutil.Process]) -> float:
+    return sum(t.user + t.system for t in (p.cpu_times() for p in procs))
+
+
+def histogram(metrics: dict, name: str) -> dict[float, float]:
+    """Cumulative bucket counts of one histogram, by upper bound."""
+    return {float(dict(labels)["le"]): v for (n, labels), v in metrics.items()
+            if n == f"{name}_bucket"}
+
+
+def quantile(buckets: dict[float, float], q: float) -> float:
+    """PromQL's histogram_quantile: linear interpolation inside the bucket holding rank q."""
+    bounds = sorted(buckets)
+    rank, lower, below = q * buckets[math.inf], 0.0, 0.0
+    for upper in bounds:
+        if buckets[upper] >= rank:
+            if upper == math.inf:
+                return lower
+            return lower + (upper - lower) * (rank - below) / max(buckets[upper] - below, 1e-12)
+        lower, below = upper, buckets[upper]
+    return lower
+
+
+def measure(targets: dict[str, list[psutil.Process]], seconds: float, sample_every: float
+            ) -> tuple[dict[str, float], dict[str, list[int]], dict[str, list[int]]]:
+    """CPU share of one core per target over ``seconds``, and RSS samples per target: all
+    of it, and its file-backed part (shared libraries' pages, which RSS counts although
+    they are clean and shared with any process that maps the same files)."""
+    cpu0 = {k: cpu_seconds(v) for k, v in targets.items()}
+    rss: dict[str, list[int]] = {k: [] for k in targets}
+    shared: dict[str, list[int]] = {k: [] for k in targets}
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < seconds:
+        for k, procs in targets.items():
+            memory = [p.memory_info() for p in procs]
+            rss[k].append(sum(m.rss for m in memory))
+            shared[k].append(sum(m.shared for m in memory))
+        time.sleep(sample_every)
+    wall = time.monotonic() - t0
+    return {k: (cpu_seconds(v) - cpu0[k]) / wall for k, v in targets.items()}, rss, shared
+
+
+def run(args: argparse.Namespace) -> int:
+    tmp = Path(tempfile.mkdtemp(prefix="tpumon-overhead-"))
+    procs = Processes(tmp)
+    sock = str(tmp / "r.sock")
+    stop = threading.Event()
+    agent = None
+    try:
+        exporter, exporter_address = start_node_exporter(procs)
+        agent = AgentProcess(tmp, tmp / "state", "--poll-interval", str(args.poll_interval),
+                             "--reporter-socket", sock)
+        agent_proc = psutil.Process(agent.proc.pid)
+        [sim] = agent_proc.children()
+        latencies = {agent.url: [], exporter_address: []}
+        loops = [(scrape_loop, (list(latencies), stop, args.scrape_every, latencies))]
+        if args.reports:
+            loops.append((report_loop, (sock, stop, args.reports)))
+        for target, targs in loops:
+            threading.Thread(target=target, args=targs, daemon=True).start()
+        print(f"# overhead: agent polling every {args.poll_interval:g} s, {args.reports:g} "
+              f"reports/s; {args.minutes:g} min after {args.warmup:g} s warm-up, scrapes every "
+              f"{args.scrape_every:g} s; {tmp}", flush=True)
+        time.sleep(args.warmup)
+        before = histogram(agent.metrics(), "tpumon_poll_duration_seconds")
+        targets = {"agent": [agent_proc], "agent + simulator": [agent_proc, sim],
+                   "simulator": [sim], "node_exporter": [exporter]}
+        cpu, rss, shared = measure(targets, args.minutes * 60, args.sample_every)
+        after = histogram(agent.metrics(), "tpumon_poll_duration_seconds")
+    finally:
+        stop.set()
+        if agent is not None:
+            agent.stop()
+        procs.stop_all()
+    polls = {le: after[le] - before.get(le, 0.0) for le in after}
+    scrapes = {"agent": latencies[agent.url], "node_exporter": latencies[exporter_address]}
+    return report(cpu, rss, shared, polls, scrapes)
+
+
+def report(cpu: dict[str, float], rss: dict[str, list[int]], shared: dict[str, list[int]],
+           polls: dict[float, float], scrapes: dict[str, list[float]]) -> int:
+    """The table, the ratios to node_exporter, and the targets missed."""
+    print("\n| process | CPU (% of one core) | RSS median | RSS max | of which file-backed "
+          "(median) | /metrics scrape (median) |")
+    print("|---|---|---|---|---|---|")
+    for k in cpu:
+        scrape = f"{statistics.median(scrapes[k]) * 1e3:.1f} ms" if k in scrapes else "-"
+        print(f"| {k} | {100 * cpu[k]:.3f} % | {statistics.median(rss[k]) / MIB:.1f} MiB | "
+              f"{max(rss[k]) / MIB:.1f} MiB | {statistics.median(shared[k]) / MIB:.1f} MiB | "
+              f"{scrape} |")
+    agent_rss, ne_rss = statistics.median(rss["agent"]), statistics.median(rss["node_exporter"])
+    print(f"\nagent / node_exporter: CPU {cpu['agent'] / cpu['node_exporter']:.2f}x, "
+          f"RSS {agent_rss / ne_rss:.2f}x")
+    print(f"agent poll duration over the window ({polls[math.inf]:.0f} polls, from its "
+          f"histogram): median {quantile(polls, 0.5) * 1e3:.1f} ms, "
+          f"p99 {quantile(polls, 0.99) * 1e3:.1f} ms")
+    print("reporter cost in the training loop: bench/reporters.py")
+    missed = []
+    if cpu["agent"] > CPU_TARGET:
+        missed.append(f"agent CPU {100 * cpu['agent']:.3f} % of one core (target at most "
+                      f"{100 * CPU_TARGET:.1f} %)")
+    if max(rss["agent"]) > RSS_TARGET:
+        missed.append(f"agent RSS max {max(rss['agent']) / MIB:.1f} MiB (target at most "
+                      f"{RSS_TARGET / MIB:.0f} MiB)")
+    for why in missed:
+        print(f"MISSED: {why}")
+    print("all targets met" if not missed else f"{len(missed)} target(s) missed")
+    return 1 if missed else 0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--minutes", type=float, default=5.0)
+    parser.add_argument("--poll-interval", type=float, default=1.0)
+    parser.add_argument("--reports", type=float, default=10.0, help="reports a second; 0: none")
+    parser.add_argument("--scrape-every", type=float, default=5.0)
+    parser.add_argument("--warmup", type=float, default=120.0,
+                        help="seconds before measuring (with reports coming in, the agent's "
+                             "RSS levels off after about 100 s)")
+    parser.add_argument("--sample-every", type=float, default=5.0,
+                        help="seconds between RSS samples")
+    sys.exit(run(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    main()
