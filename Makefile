@@ -59,8 +59,9 @@ bench: system-deps-bench venv
 	$(BIN)/python bench/detect.py
 	$(BIN)/python bench/store.py
 	$(BIN)/python bench/reporters.py
-	@if [ -x .venv-frameworks/bin/python ]; then .venv-frameworks/bin/python bench/reporters.py; \
-	else echo "(make test-frameworks first for the PyTorch/XLA and JAX loop overhead)"; fi
+	@if [ -x .venv-frameworks/bin/python ]; then .venv-frameworks/bin/python bench/reporters.py \
+	&& .venv-frameworks/bin/python bench/snapshot.py; \
+	else echo "(make test-frameworks first for the PyTorch/XLA and JAX loop overhead and snapshots)"; fi
 	$(BIN)/python bench/soak.py
 	$(BIN)/python bench/overhead.py
 

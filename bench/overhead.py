@@ -47,11 +47,14 @@ def start_node_exporter(procs: Processes) -> tuple[psutil.Process, str]:
 
 def scrape_loop(addresses: list[str], stop: threading.Event, every: float,
                 latencies: dict[str, list[float]]) -> None:
-    """Every exporter scraped at the same cadence, as one Prometheus would."""
+    """Every exporter scraped at the same cadence, as one Prometheus would (which asks for
+    gzip)."""
     while not stop.wait(every):
         for address in addresses:
             t0 = time.perf_counter()
-            with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as r:
+            request = urllib.request.Request(f"http://{address}/metrics",
+                                             headers={"Accept-Encoding": "gzip"})
+            with urllib.request.urlopen(request, timeout=10) as r:
                 r.read()
             latencies[address].append(time.perf_counter() - t0)
 
@@ -107,7 +110,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         exporter, exporter_address = start_node_exporter(procs)
         agent = AgentProcess(tmp, tmp / "state", "--poll-interval", str(args.poll_interval),
-                             "--reporter-socket", sock)
+                             "--reporter-socket", sock,
+                             env={"TPUMON_SIMULATOR_ACCELERATION": str(args.acceleration)})
         agent_proc = psutil.Process(agent.proc.pid)
         [sim] = agent_proc.children()
         latencies = {agent.url: [], exporter_address: []}
@@ -116,8 +120,8 @@ def run(args: argparse.Namespace) -> int:
             loops.append((report_loop, (sock, stop, args.reports)))
         for target, targs in loops:
             threading.Thread(target=target, args=targs, daemon=True).start()
-        print(f"# overhead: agent polling every {args.poll_interval:g} s, {args.reports:g} "
-              f"reports/s; {args.minutes:g} min after {args.warmup:g} s warm-up, scrapes every "
+        print(f"# overhead: agent polling every {args.poll_interval:g} s (simulator at "
+              f"{args.acceleration:g}x), {args.reports:g} reports/s; {args.minutes:g} min after {args.warmup:g} s warm-up, scrapes every "
               f"{args.scrape_every:g} s; {tmp}", flush=True)
         time.sleep(args.warmup)
         before = histogram(agent.metrics(), "tpumon_poll_duration_seconds")
@@ -171,7 +175,13 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=5.0)
     parser.add_argument("--poll-interval", type=float, default=1.0)
     parser.add_argument("--reports", type=float, default=10.0, help="reports a second; 0: none")
-    parser.add_argument("--scrape-every", type=float, default=5.0)
+    parser.add_argument("--scrape-every", type=float, default=15.0,
+                        help="seconds between scrapes (deploy/prometheus/prometheus.yml's "
+                             "scrape_interval)")
+    parser.add_argument("--acceleration", type=float, default=1.0,
+                        help="simulated seconds per real second: 1 is a real job's pace, where "
+                             "a detector's minute bucket takes 60 one-second polls (at 60x "
+                             "every poll would close one)")
     parser.add_argument("--warmup", type=float, default=120.0,
                         help="seconds before measuring (with reports coming in, the agent's "
                              "RSS levels off after about 100 s)")

@@ -13,7 +13,6 @@ in the same process. Figures are recorded in docs/benchmarks.md.
 from __future__ import annotations
 
 import os
-import statistics
 import sys
 import threading
 import time
@@ -31,18 +30,13 @@ from tpumon.sim.workload import Workload  # noqa: E402
 from tpumon.sources.chips import inventory_for  # noqa: E402
 from tpumon.sources.tpu_runtime import TpuRuntimeSource  # noqa: E402
 
+import timing  # noqa: E402 - bench/ is on sys.path
+
 REPEATS = 300
 
 
 def median_ms(fn, repeats: int = REPEATS) -> float:
-    for _ in range(10):
-        fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
+    return timing.median_ms(fn, repeats, warmup=10)
 
 
 def bench_poll(ports_count: int) -> tuple[float, float]:

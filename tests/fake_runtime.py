@@ -37,6 +37,7 @@ class FakeRuntime(pb_grpc.RuntimeMetricServiceServicer):
         self.delay = 0.0
         self.peers: list[str] = []
         self.calls = 0
+        self.requested: list[str] = []  # metric names, in the order asked
         self.hook: Callable[[pb.MetricRequest], None] | None = None
         self._release = threading.Event()
 
@@ -46,6 +47,7 @@ class FakeRuntime(pb_grpc.RuntimeMetricServiceServicer):
 
     def GetRuntimeMetric(self, request, context):
         self.calls += 1
+        self.requested.append(request.metric_name)
         self.peers.append(context.peer())
         if self.delay:
             self._release.wait(self.delay)

@@ -55,3 +55,21 @@ def test_diagnosis_names_the_most_specific_cause():
     assert diagnose(flat, flat, True).code == "allocator"
     assert diagnose(flat, flat, False) is None
     assert diagnose(None, None, True) is None  # no reporter: no guess
+
+
+def test_a_trend_asked_for_at_every_report_lags_a_fresh_fit_by_a_few_points():
+    """The agent asks each poll; the fit is redone once a sixteenth of the window is new,
+    so the first "growing" comes at most that many points after a fit at every point's."""
+    values = [30] * 400 + [30 + s for s in range(1, 400)]
+    asked, fresh = CountTracker(), CountTracker()
+    first = {}
+    for step, value in enumerate(values, 1):
+        for name, tracker in (("asked", asked), ("fresh", fresh)):
+            tracker.update(step, value)
+            if name == "fresh":
+                tracker._fitted = None  # refit every time
+            if tracker.trend().growing:
+                first.setdefault(name, step)
+    lag = asked._stride * (asked.s.max_points // 16)  # points kept, in steps
+    assert 400 < first["fresh"] <= first["asked"] <= first["fresh"] + lag
+    assert abs(asked.trend().per_step - fresh.trend().per_step) < 0.1

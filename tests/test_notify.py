@@ -368,3 +368,59 @@ def test_outbox_on_a_damaged_file_is_moved_aside(tmp_path: Path):
     outbox = Outbox(path)
     assert outbox.active() == {}
     assert list(tmp_path.glob("outbox.db.corrupt-*"))
+
+
+def _snapshot_pair(pid: int, steps: int, kept: int):
+    """A finished snapshot request: ``kept`` more f32[] over ``steps`` steps."""
+    from tpumon.detect.tensor_diff import diff
+    from tpumon.instrument.snapshot import make_snapshot
+    from tpumon.sources.snapshots import SnapshotResult
+    site = "train.py:88 (loss = model(x).mean())"
+    before = make_snapshot("jax", 100, time.perf_counter(), True, {((), "float32", "", site): [5, 20]})
+    after = make_snapshot("jax", 100 + steps, time.perf_counter(), True,
+                          {((), "float32", "", site): [5 + kept, 4 * (5 + kept)]})
+    return SnapshotResult(pid, "ab" * 8, "leak on chip 0", 900.0, steps, 950.0, before, after,
+                          diff(before, after))
+
+
+def with_reporter(s: Snapshot, pid: int, result) -> Snapshot:
+    from tpumon.sources.reporter import ReporterReading
+    state = process(pid, s.time)
+    state = ProcessState(replace(state.report, snapshots=True), state.live, state.compiles)
+    reading = ReporterReading({pid: state.report}, {}, 1, {},
+                              {} if result is None else {pid: result})
+    return replace(s, processes={pid: state}, chip_processes={"0": pid}, reporter=reading)
+
+
+def test_a_leak_warning_waits_for_its_tensor_snapshots_and_names_what_grew():
+    """The agent asks the chip's process for snapshots when the leak is called; the warning
+    waits for them (10 min at most) and carries what they found; the page does not wait."""
+    from tpumon.sources.snapshots import SnapshotResult
+    tracker = AlertTracker(SETTINGS)
+    pending = SnapshotResult(7, "ab" * 8, "leak on chip 0", 1000.0, 200)
+    got = tracker.update(with_reporter(snap(1000.0, {"0": leak(2.0, 1000.0, 4.0)}), 7, pending))
+    assert actions(got) == [("trigger", OOM, "chip 0")]  # critical: at once
+    assert tracker.update(with_reporter(snap(1100.0, {"0": leak(2.0, 1100.0, 4.0)}), 7,
+                                        pending)) == []
+    done = _snapshot_pair(7, 200, 200)
+    got = tracker.update(with_reporter(snap(1160.0, {"0": leak(2.0, 1160.0, 4.0)}), 7, done))
+    assert actions(got) == [("trigger", LEAK, "chip 0")]
+    text = got[0].alert.details["tensors"]
+    assert text.startswith("likely leak: +1 f32[] per step (4 bytes each, all of the growth)")
+    line = SlackChannel("http://x", ("warning", "critical"))._line(
+        type("E", (), {"action": "trigger", "alert": got[0].alert, "raised": 1160.0})())
+    assert "Tensor snapshots: likely leak: +1 f32[] per step" in line and "train.py:88" in line
+
+
+def test_a_leak_warning_waits_ten_minutes_at_most_for_snapshots():
+    from tpumon.sources.snapshots import SnapshotResult
+    tracker = AlertTracker(SETTINGS)
+    pending = SnapshotResult(7, "ab" * 8, "leak on chip 0", 0.0, 200)
+    for t in (0.0, 300.0, 599.0):
+        assert tracker.update(with_reporter(snap(t, {"0": leak(30.0, t)}), 7, pending)) == []
+    got = tracker.update(with_reporter(snap(600.0, {"0": leak(30.0, 600.0)}), 7, pending))
+    assert actions(got) == [("trigger", LEAK, "chip 0")] and "tensors" not in got[0].alert.details
+    # with snapshots on leak turned off, nothing is waited for
+    off = AlertTracker(replace(SETTINGS, wait_for_snapshots=False))
+    assert actions(off.update(with_reporter(snap(0.0, {"0": leak(30.0, 0.0)}), 7, None))) == [
+        ("trigger", LEAK, "chip 0")]

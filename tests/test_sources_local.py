@@ -104,6 +104,18 @@ def test_host_source_reports_owner_rss_and_forgets_exited_pids():
             child.kill()
 
 
+def test_host_source_reads_at_most_every_min_interval_unless_the_owners_change():
+    owners = {"0": os.getpid()}
+    source = HostSource(lambda: owners, min_interval=3600)
+    first = source.poll()
+    assert source.poll() is first  # within the interval: the last sample stands
+    owners = {"0": os.getpid(), "1": os.getpid()}  # a job took another chip
+    second = source.poll()
+    assert second is not first and second.processes[0].chips == ("0", "1")
+    fresh = HostSource(lambda: owners)  # min_interval 0: read every poll
+    assert fresh.poll() is not fresh.poll()
+
+
 def test_source_tracker_turns_failures_into_state(caplog):
     outcomes = iter([SourceUnavailable("no runtime"), SourceUnavailable("no runtime"),
                      ValueError("garbage"), "ok"])

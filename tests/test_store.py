@@ -4,6 +4,7 @@ import json
 import logging
 import math
 import sqlite3
+import time
 from itertools import groupby
 
 import numpy as np
@@ -267,3 +268,21 @@ def test_database_damaged_while_open_is_replaced(tmp_path, caplog):
     db = HistoryDB(database_path(tmp_path), retention, read_only=True)
     assert len(list(export_rows(db))) > 0
     db.close()
+
+
+def test_polls_wait_for_the_write_delay_to_share_a_transaction_unless_flushed(tmp_path):
+    retention = Retention()
+    writer = StoreWriter(tmp_path, retention, open_database(tmp_path, retention),
+                         write_delay=3600)
+    writer.start()
+    try:
+        for record in list(polls(trace(hours=0.05)))[:5]:
+            writer.submit(record)
+        time.sleep(0.3)  # the writer was woken by the first poll and went back to waiting
+        assert writer.health.polls_written_total == 0 and writer.health.queued_polls == 5
+        assert writer.flush(timeout=10)  # a flush does not wait for the delay
+        assert writer.health.polls_written_total == 5
+        writer.submit(list(polls(trace(hours=0.05)))[6])
+    finally:
+        writer.stop()  # stopping writes what is queued
+    assert writer.health.polls_written_total == 6

@@ -81,6 +81,18 @@ def test_hung_runtime_hits_the_deadline(runtime_servers):
     assert src.ports_up == {server.port: False}
 
 
+def test_the_calls_to_one_port_share_one_deadline(runtime_servers):
+    """One port's calls go one after the other (no futures, no thread start per poll), so a
+    slow runtime must not cost a full timeout per call."""
+    server = runtime_servers(chips_metrics({0: 1}))
+    server.runtime.delay = 0.4
+    src = source([server.port], timeout=1.0)
+    started = time.monotonic()
+    src.poll()  # usage and total in time, duty cycle cut off by the deadline
+    assert time.monotonic() - started < 1.4
+    assert server.runtime.requested[:2] == [USAGE, TOTAL]
+
+
 def test_no_runtime_is_a_reported_state_and_polling_resumes(runtime_servers):
     port = free_port()
     src = source([port])
@@ -167,3 +179,35 @@ def test_runtime_timestamps_are_used_only_when_asked(runtime_servers):
                                  runtime_clock=True)
     assert simulated.poll().time == pytest.approx(1750000123.5)
     assert source([port], UNKNOWN).poll().time == pytest.approx(time.time(), abs=5)
+
+
+def test_total_and_duty_cycle_are_asked_for_at_their_own_slower_cadence(runtime_servers):
+    """Usage every poll; total memory and duty cycle once per ``slow_interval``, their last
+    values standing in between (a call costs ~1 ms of CPU; the agent polls every second)."""
+    server = runtime_servers(chips_metrics({0: 5 * 2**30}, duty=40.0))
+    src = TpuRuntimeSource("localhost", [server.port], 1.0, V4x4, slow_interval=3600)
+    assert src.poll().chips["0"].duty_cycle == pytest.approx(0.40)
+    assert sorted(server.runtime.requested) == sorted([USAGE, TOTAL, DUTY_CYCLE])
+    server.runtime.metrics.update(chips_metrics({0: 6 * 2**30}, duty=90.0))
+    server.runtime.requested.clear()
+    chip = src.poll().chips["0"]
+    assert server.runtime.requested == [USAGE]
+    assert chip.hbm_used_bytes == 6 * 2**30  # usage is fresh
+    assert chip.duty_cycle == pytest.approx(0.40) and chip.hbm_total_bytes == V4_TOTAL
+    src.slow_interval, src._slow_due = 0.0, 0.0  # 0: all three every poll
+    assert src.poll().chips["0"].duty_cycle == pytest.approx(0.90)
+    src.poll()
+    assert server.runtime.requested.count(DUTY_CYCLE) == 2
+
+
+def test_a_port_that_comes_up_between_slow_rounds_is_asked_for_its_total_next(runtime_servers):
+    first = runtime_servers(chips_metrics({0: 2**30}))
+    late_port = free_port()
+    src = TpuRuntimeSource("localhost", [first.port, late_port], 1.0, UNKNOWN,
+                           slow_interval=3600)
+    src.poll()  # the slow round: the late port is down
+    late = runtime_servers(chips_metrics({1: 3 * 2**30}, total=V4_TOTAL // 2), port=late_port)
+    wait_for(lambda: "1" in src.poll().chips, 20)
+    assert TOTAL not in late.runtime.requested  # usage only: not its turn
+    assert src.poll().chips["1"].hbm_total_bytes == V4_TOTAL // 2
+    assert late.runtime.requested.count(TOTAL) == 1

@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry, Histogram
 
 from tpumon.detect import Assessment, ChipDetector, DetectorSettings
 from tpumon.identity import LABELS
+from tpumon.leak_snapshots import LeakSnapshots
 from tpumon.samples import RuntimeReading
 from tpumon.sources.health import SourceTracker
 from tpumon.sources.host import HostSource
@@ -34,6 +35,7 @@ from tpumon.store.writer import PollRecord, StoreWriter
 log = logging.getLogger("tpumon.agent")
 
 FRESH_SECONDS = 60.0  # a chip's step comes from a report at most this old
+HOST_SECONDS = 5.0  # host memory and owners' RSS at most this often (exported, not detected)
 POLL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 
@@ -64,7 +66,8 @@ class Agent:
                  store: StoreWriter | None = None, checkpoint_interval: float = 60.0,
                  reporters: ReporterSocket | None = None,
                  notifier_health: Callable[[], NotifierHealth] | None = None,
-                 alert_settings: AlertSettings | None = None) -> None:
+                 alert_settings: AlertSettings | None = None,
+                 leak_snapshots: LeakSnapshots | None = None) -> None:
         self.state = state
         self._detector_settings = detector_settings
         self._detectors: dict[str, ChipDetector] = dict(detectors or {})
@@ -75,9 +78,10 @@ class Agent:
         self._runtime_source = runtime
         self._owners = owners
         self._runtime = SourceTracker("tpu_runtime", runtime.poll)
-        self._host = SourceTracker("host", HostSource(owners).poll)
+        self._host = SourceTracker("host", HostSource(owners, min_interval=HOST_SECONDS).poll)
         self._reporters = None if reporters is None else SourceTracker("reporter", reporters.poll)
         self._processes = ProcessTracker()
+        self._leak_snapshots = leak_snapshots
         self._notifier_health = notifier_health
         self.alert_settings = alert_settings or AlertSettings()  # swapped by a reload
         self._polls = 0
@@ -98,6 +102,9 @@ class Agent:
         steps = self._steps(attributed, processes)
         samples = self._samples(runtime, steps)
         self._polls += 1
+        assessments = self._detect(samples)
+        if self._leak_snapshots is not None:
+            self._leak_snapshots.update(assessments, attributed, processes, time.time())
         previous = self.state.snapshot
         health = (self._runtime.health, self._host.health) + (
             () if self._reporters is None else (self._reporters.health,))
@@ -105,7 +112,7 @@ class Agent:
             time=time.time(), identity=previous.identity, inventory=previous.inventory,
             runtime=runtime, host=host, owners=owners, health=health,
             runtime_ports_up=dict(self._runtime_source.ports_up),
-            assessments=self._detect(samples),
+            assessments=assessments,
             runtime_malformed_total=self._runtime_source.malformed_total,
             polls_total=self._polls,
             store=None if self._store is None else self._store.health,

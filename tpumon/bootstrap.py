@@ -27,6 +27,7 @@ from tpumon.notify.outbox import open_outbox
 from tpumon.notify.pagerduty import PagerDutyChannel
 from tpumon.notify.secrets import read_secret
 from tpumon.notify.slack import SlackChannel
+from tpumon.leak_snapshots import LeakSnapshots
 from tpumon.sources.reporter import ReporterSocket
 from tpumon.sources.tpu_runtime import TpuRuntimeSource
 from tpumon.state import AgentState
@@ -126,9 +127,11 @@ def open_store(config: Config, simulate: bool, host: str) -> tuple[StoreWriter |
     try:
         db = open_database(state_dir, retention)
     except (OSError, sqlite3.Error) as exc:
-        return StoreWriter(state_dir, retention, open_error=exc), {}
+        return StoreWriter(state_dir, retention, open_error=exc,
+                           write_delay=config["store.write_delay"]), {}
     log.info("history store %s (%.1f MiB)", db.path, db.size_bytes() / 2**20)
-    return StoreWriter(state_dir, retention, db), restore_detectors(db, host)
+    return (StoreWriter(state_dir, retention, db, write_delay=config["store.write_delay"]),
+            restore_detectors(db, host))
 
 
 SEVERITIES = ("warning", "critical")
@@ -198,7 +201,8 @@ def build(config: Config, simulate: bool = False, env: Mapping[str, str] | None 
         _log_inventory(inventory, address, ports, origin)
     identity = resolve_identity(configured_identity, tpu_env, env)
     runtime = TpuRuntimeSource(address, ports, config["runtime.timeout"], inventory,
-                               runtime_clock=simulate)
+                               runtime_clock=simulate,
+                               slow_interval=config["runtime.slow_metrics_interval"])
     state = AgentState(identity, inventory, config["agent.history_points"])
     notifier = open_notifier(config, simulate, state, channels)
     store, detectors = open_store(config, simulate, identity.host) if history else (None, {})
@@ -207,7 +211,10 @@ def build(config: Config, simulate: bool = False, env: Mapping[str, str] | None 
                   detectors=detectors, store=store,
                   checkpoint_interval=config["store.checkpoint_interval"], reporters=reporters,
                   notifier_health=None if notifier is None else notifier.health,
-                  alert_settings=AlertSettings.from_config(config))
+                  alert_settings=AlertSettings.from_config(config),
+                  leak_snapshots=None if reporters is None or not config[
+                      "reporter.snapshot_on_leak"] else LeakSnapshots(
+                      reporters.request_snapshot, config["reporter.snapshot_steps"]))
     if store is not None:
         store.start()
     if notifier is not None:

@@ -60,6 +60,12 @@ def _positive(value: Any) -> str | None:
     return None if math.isfinite(value) else "must be a finite number"
 
 
+def _non_negative(value: Any) -> str | None:
+    if not value >= 0:
+        return "must be 0 or more"
+    return None if math.isfinite(value) else "must be a finite number"
+
+
 def _at_least_one(value: Any) -> str | None:
     if not value >= 1:
         return "must be at least 1"
@@ -68,6 +74,10 @@ def _at_least_one(value: Any) -> str | None:
 
 def _history_points(value: int) -> str | None:
     return None if 0 < value <= 10_000_000 else "must be between 1 and 10000000"
+
+
+def _snapshot_steps(value: int) -> str | None:
+    return None if 0 <= value <= 1_000_000 else "must be between 0 and 1000000"
 
 
 def _one_of(*choices: str) -> Callable[[Any], str | None]:
@@ -137,6 +147,9 @@ SCHEMA: tuple[Key, ...] = (
     Key("runtime", "timeout", float, 1.0,
         "Deadline in seconds for every gRPC call; a hung runtime costs at most this per poll.",
         _positive),
+    Key("runtime", "slow_metrics_interval", float, 5.0,
+        "Seconds between asking for total memory and duty cycle (usage is asked every "
+        "poll); 0 asks for all three every poll.", _non_negative),
     Key("runtime", "owners_interval", float, 30.0,
         "Seconds between scans of /proc for the processes that own each chip.", _positive),
     Key("identity", "hostname", str, "",
@@ -168,12 +181,22 @@ SCHEMA: tuple[Key, ...] = (
     Key("store", "checkpoint_interval", float, 60.0,
         "Seconds between saves of the detectors' state (a restart replays the samples "
         "stored since).", _positive),
+    Key("store", "write_delay", float, 5.0,
+        "Seconds a poll may wait to be written together with the next ones (fewer commits; "
+        "a crash loses at most this much history).", _non_negative),
     Key("reporter", "socket", str, "/run/tpumon/reporter.sock",
         "Unix datagram socket for the in-process reporters (tpumon.instrument). Empty: "
         "none. With --simulate only when set explicitly."),
     Key("reporter", "allowed_uids", list, [],
         "Only reports from processes of these user ids are taken (the kernel vouches for "
         "the uid). Empty: any local user's."),
+    Key("reporter", "snapshot_on_leak", bool, True,
+        "When a chip's leak alert is raised and its training process reports, ask that "
+        "process for two live-tensor snapshots and name what grew (tpumon snapshot does it "
+        "on demand)."),
+    Key("reporter", "snapshot_steps", int, 0,
+        "Steps between the two snapshots. 0: about two minutes of the job's steps, at least "
+        "100 and at most 10000.", _snapshot_steps),
     Key("alerts", "oom_horizon_hours", float, 6.0,
         "Critical alert when a leaking chip's forecast OOM is nearer than this. Exported as "
         "tpumon_alert_oom_horizon_seconds, which the Prometheus rules read too.", _positive),

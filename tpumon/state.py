@@ -22,6 +22,7 @@ from tpumon.notify.health import NotifierHealth
 from tpumon.notify.settings import AlertSettings
 from tpumon.processes import ProcessState
 from tpumon.sources.reporter import ReporterReading
+from tpumon.sources.snapshots import SnapshotResult
 from tpumon.store.writer import StoreHealth
 
 
@@ -66,6 +67,26 @@ class Snapshot:
             return None
         a = self.assessments.get(chip)
         return self.processes[pid].diagnosis(a is not None and a.verdict is Verdict.LEAK)
+
+    def tensor_snapshot(self, pid: int) -> SnapshotResult | None:
+        """The process's latest snapshot request and, once both answers came, their diff."""
+        return None if self.reporter is None else self.reporter.snapshots.get(pid)
+
+    def process_growth_per_step(self, pid: int) -> float | None:
+        """HBM floor growth per step summed over the chips the process drives: what its
+        tensors' growth is compared with (bytes are counted per device on both sides)."""
+        slopes = [a.slope_bytes_per_step for c, p in self.chip_processes.items() if p == pid
+                  for a in (self.assessments.get(c),)
+                  if a is not None and a.slope_bytes_per_step is not None]
+        return sum(slopes) if slopes else None
+
+    def tensor_summary(self, pid: int) -> str | None:
+        """"likely leak: +1 f32[] per step ..." from a finished snapshot diff; None when
+        there is none (yet)."""
+        result = self.tensor_snapshot(pid)
+        if result is None or result.diff is None:
+            return None
+        return result.diff.summary(self.process_growth_per_step(pid))
 
     def chips(self) -> list[str]:
         """Every chip to report: those that answered and those expected but missing."""

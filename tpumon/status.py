@@ -13,6 +13,8 @@ from tpumon.detect.counts import Cause
 from tpumon.processes import ProcessState
 from tpumon.state import Snapshot
 
+TOP_GROUPS = 10  # tensor groups that grew, per process, in the document
+
 
 def _assessment(snap: Snapshot, chip: str) -> dict[str, Any]:
     a = snap.assessments.get(chip)
@@ -74,7 +76,8 @@ def status_document(snap: Snapshot, source: str = "agent") -> dict[str, Any]:
             "memory_available_bytes": host.memory_available_bytes,
             "memory_used_bytes": host.memory_used_bytes,
         },
-        "processes": [_process(pid, state) for pid, state in sorted(snap.processes.items())],
+        "processes": [{**_process(pid, state), "tensor_snapshot": _tensor_snapshot(snap, pid)}
+                      for pid, state in sorted(snap.processes.items())],
         "notifications": _notifications(snap),
         "store": None if store is None else {
             "path": store.path, "up": store.up, "error": store.error,
@@ -92,6 +95,29 @@ def _process(pid: int, state: ProcessState) -> dict[str, Any]:
             "compiles_cached": r.compiles_cached, "compiles_uncached": r.compiles_uncached,
             "recompiling": state.compiles.growing, "rss_bytes": r.rss,
             "devices": dict(r.devices), **_cause(state.diagnosis())}
+
+
+def _tensor_snapshot(snap: Snapshot, pid: int) -> dict[str, Any] | None:
+    """The process's latest snapshot request: pending, failed, or what grew between the two."""
+    result = snap.tensor_snapshot(pid)
+    if result is None:
+        return None
+    growth = snap.process_growth_per_step(pid)
+    found = result.diff
+    return {
+        "request_id": result.request_id, "reason": result.reason, "steps": result.steps,
+        "requested": result.requested, "completed": result.completed,
+        "pending": result.pending, "error": result.error,
+        "from_step": result.before.step if result.before else None,
+        "to_step": result.after.step if result.after else None,
+        "summary": None if found is None else found.summary(growth),
+        "explained_fraction": None if found is None else found.explained_fraction(growth),
+        "grown": [] if found is None else [
+            {"group": g.label(), "count_per_step": g.count_per_step,
+             "bytes_per_step": g.bytes_per_step, "bytes_each": g.bytes_each,
+             "count_delta": g.count_delta, "bytes_delta": g.bytes_delta,
+             "sites": dict(g.sites)} for g in found.grown[:TOP_GROUPS]],
+    }
 
 
 def _cause(cause: Cause | None) -> dict[str, str | None]:

@@ -179,3 +179,39 @@ def test_device_memory_where_the_framework_gives_it(agent):
     assert found[("0", "torch_xla", "used")] == 5 * 2**30
     assert found[("0", "torch_xla", "limit")] == 32 * 2**30
     assert found[("7", "jax", "peak")] == 4 * 2**30
+
+
+@pytest.mark.parametrize("framework,site", [
+    ("torch_xla", "train_torch_xla.py:33 (loss = torch.nn.functional.mse_loss(model(x), y))"),
+    ("jax", "train_jax.py:41 (params, loss = train_step(params, x, y))")])
+def test_tpumon_snapshot_names_the_kept_loss_and_where_it_was_made(agent, framework, site):
+    """The agent asks a real training loop (losses kept in a list) for two snapshots over
+    its control channel; the reporter takes them at step boundaries, with creation sites
+    (TPUMON_TRACK_SITES for PyTorch/XLA; JAX records them by default)."""
+    url, socket_path = agent
+    env = dict(os.environ, TPUMON_REPORTER_SOCKET=str(socket_path), PJRT_DEVICE="CPU",
+               JAX_PLATFORMS="cpu", TPUMON_TRACK_SITES="1")
+    loop = subprocess.Popen([sys.executable, str(HERE / f"train_{framework}.py"), "--leak",
+                             "--steps", "10", "--min-seconds", "240"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        def heard():
+            with urllib.request.urlopen(f"{url}/api/status", timeout=5) as r:
+                doc = json.loads(r.read())
+            return any(p["pid"] == loop.pid and p["step"] > 50 for p in doc["processes"])
+
+        wait_for(heard, 120)
+        done = subprocess.run([sys.executable, "-m", "tpumon", "snapshot", "--agent", url,
+                               "--pid", str(loop.pid), "--steps", "200", "--format", "json",
+                               "--timeout", "120"], capture_output=True, text=True, timeout=180)
+        assert done.returncode == 0, done.stderr
+        result = json.loads(done.stdout)
+        assert result["to_step"] - result["from_step"] >= 200
+        top = result["grown"][0]
+        assert (top["group"], top["count_per_step"], top["bytes_each"]) == ("f32[]", 1.0, 4.0)
+        [(where, count)] = top["sites"].items()  # a path relative to the loop's directory
+        assert where.endswith("/" + site) and count == 200, top["sites"]
+        assert result["summary"].startswith("likely leak: +1 f32[] per step (4 bytes each")
+    finally:
+        loop.kill()
+        loop.wait(30)

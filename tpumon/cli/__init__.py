@@ -40,9 +40,11 @@ def main() -> None:
 
 
 def _register() -> None:
-    from tpumon.cli import agent, analyze, config_cmd, export, report, sim, status, version, watch
+    from tpumon.cli import (agent, analyze, config_cmd, export, report, sim, snapshot, status,
+                            version, watch)
 
-    for module in (agent, status, watch, analyze, report, export, sim, config_cmd, version):
+    for module in (agent, status, watch, snapshot, analyze, report, export, sim, config_cmd,
+                   version):
         main.add_command(module.command)
 
 

@@ -93,7 +93,9 @@ def run_agent(config: Config, simulate: bool, stop: threading.Event,
     try:
         report = None if assembly.store is None else \
             ReportPage(assembly.store.state_dir, assembly.identity.host)
-        server.attach(assembly.registry, lambda: assembly.state.snapshot, report)
+        server.attach(assembly.registry, lambda: assembly.state.snapshot, report,
+                      None if assembly.reporters is None else
+                      assembly.reporters.request_snapshot)
         shown = f"[{host}]" if ":" in host else host
         labels = ", ".join(f"{k}={v or '?'}" for k, v in assembly.identity.labels().items())
         secured = f"; {server.describe()}" if server.describe() else ""

@@ -8,13 +8,15 @@ import re
 import signal
 import sys
 import threading
-from typing import TYPE_CHECKING
+import time
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from tpumon.cli.options import config_option, ports_value
 from tpumon.config import ConfigError, load_config
 from tpumon.instrument import Reporter
+from tpumon.instrument.snapshot import Snapshot, make_snapshot
 from tpumon.logs import setup_logging
 from tpumon.sim.process import READY_PREFIX
 
@@ -138,7 +140,8 @@ def _serve(workload: "Workload", clock: "SimClock", host: str, ports: list[int],
     log.info("simulating %d chips (scenario %s, %gx time) on %s port(s) %s", chips,
              workload.scenario.name, clock.acceleration, host, ",".join(map(str, bound)))
     parent = os.getppid()
-    reporter = _StepReporter(socket=report_to, min_interval=0) if report_to else None
+    reporter = _StepReporter(socket=report_to, min_interval=0,
+                             leaks=workload.leak_bytes_per_step_by_chip) if report_to else None
     while not stop.wait(0.25 if reporter else 1.0):
         if exit_with_parent and os.getppid() != parent:
             log.info("parent exited; stopping")
@@ -151,7 +154,24 @@ def _serve(workload: "Workload", clock: "SimClock", host: str, ports: list[int],
 
 
 class _StepReporter(Reporter):
-    """The simulated training process's reporter: its step only (the simulator models
-    bytes, not tensors or compiles)."""
+    """The simulated training process's reporter: its step, and snapshots of made-up live
+    tensors (the simulator models bytes, not tensors): fixed weights, plus, where the
+    scenario leaks, one kept activation per step of the leak's size, so that the demo's
+    `tpumon snapshot` and leak alerts name a leaking tensor as a real job's would."""
 
     framework = "sim"
+
+    def __init__(self, *args: Any, leaks: tuple[float, ...] = (), **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.leaks = leaks  # bytes per step, per chip
+
+    def take_snapshot(self, step: int) -> Snapshot:
+        counts: dict = {}
+        site = "simulated_train.py:88 (kept.append(activations))"
+        for chip, leak in enumerate(self.leaks):
+            device = f"tpu:{chip}"
+            counts[((4096, 4096), "bfloat16", device, None)] = [6, 6 * 4096 * 4096 * 2]
+            if int(leak) // 4:
+                counts[((int(leak) // 4,), "float32", device, site)] = [step, step * (
+                    int(leak) // 4) * 4]
+        return make_snapshot("sim", step, time.perf_counter(), True, counts)

@@ -113,6 +113,22 @@ def render_processes(processes: list[dict[str, Any]], console: Console) -> None:
     for p in processes:
         if p["diagnosis"]:
             console.print(f"pid {p['pid']}: {p['diagnosis']}", highlight=False)
+        line = snapshot_line(p.get("tensor_snapshot"))
+        if line:
+            console.print(f"pid {p['pid']}: {line}", highlight=False)
+
+
+def snapshot_line(result: dict[str, Any] | None) -> str | None:
+    """One line on a process's live-tensor snapshot: what grew, or where the request is."""
+    if not result:
+        return None
+    why = f" ({result['reason']})" if result.get("reason") else ""
+    if result["pending"]:
+        return f"tensor snapshots of {result['steps']} steps requested{why}, waiting"
+    if result["error"]:
+        return f"tensor snapshot{why} failed: {result['error']}"
+    return (f"tensor snapshots, steps {result['from_step']:,} to {result['to_step']:,}{why}: "
+            f"{result['summary']}")
 
 
 def agent_url(listen_address: str) -> str:

@@ -28,6 +28,7 @@ from prometheus_client.exposition import ThreadingWSGIServer
 
 from tpumon import __version__
 from tpumon.config import parse_listen_address
+from tpumon.exporters import snapshot_api
 from tpumon.exporters.webconfig import LiveWebConfig, protect
 from tpumon.state import Snapshot
 from tpumon.status import status_document
@@ -84,13 +85,18 @@ def landing_page(snap: Snapshot) -> str:
 
 
 def _app(registry: CollectorRegistry, get_snapshot: Callable[[], Snapshot],
-         report: Callable[[], tuple[str, bytes]] | None = None) -> Callable:
+         report: Callable[[], tuple[str, bytes]] | None = None,
+         snapshot_request: snapshot_api.Request | None = None) -> Callable:
     metrics_app = make_wsgi_app(registry)
 
     def app(environ: dict, start_response: Callable) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "/")
         if path == "/metrics":
             return metrics_app(environ, start_response)
+        if path == "/api/snapshot":
+            status, doc = snapshot_api.handle(environ, get_snapshot(), snapshot_request)
+            start_response(status, [("Content-Type", "application/json")])
+            return [json.dumps(doc).encode()]
         if path == "/":
             body = landing_page(get_snapshot()).encode()
             start_response("200 OK", [("Content-Type", "text/html; charset=utf-8")])
@@ -203,10 +209,12 @@ class MetricsServer:
         return self._web.config.describe() if self._web is not None else ""
 
     def attach(self, registry: CollectorRegistry, get_snapshot: Callable[[], Snapshot],
-               report: Callable[[], tuple[str, bytes]] | None = None) -> None:
-        """Serve the agent: its registry, its snapshots, and ``report`` at /report (the
-        HTML of ``tpumon report``, when the agent keeps a history store)."""
-        self._app = _app(registry, get_snapshot, report)
+               report: Callable[[], tuple[str, bytes]] | None = None,
+               snapshot_request: snapshot_api.Request | None = None) -> None:
+        """Serve the agent: its registry, its snapshots, ``report`` at /report (the HTML
+        of ``tpumon report``, when the agent keeps a history store) and, with a reporter
+        socket, tensor snapshot requests at /api/snapshot."""
+        self._app = _app(registry, get_snapshot, report, snapshot_request)
 
     def _dispatch(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
         if self._app is None:

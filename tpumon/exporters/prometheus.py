@@ -243,11 +243,12 @@ class SnapshotCollector(Collector):
                             "processes.", [])
         received.add_metric(ident, snap.reporter.reports_total)
         dropped = _counter("tpumon_reporter_dropped_reports", "Datagrams dropped by the "
-                           "agent, by reason (oversized, malformed, version, forbidden).",
+                           "agent, by reason (oversized, malformed, version, forbidden, backlog).",
                            ["reason"])
         for reason, count in snap.reporter.dropped_total.items():
             dropped.add_metric(ident + [reason], count)
         yield from (received, dropped)
+        yield from _tensor_growth_metrics(snap, ident)
 
     def _alert_metrics(self, snap: Snapshot, ident: list[str]) -> Iterator[Metric]:
         """The alert thresholds this agent uses (the Prometheus rules compare against them,
@@ -323,6 +324,39 @@ class SnapshotCollector(Collector):
             family = _counter(f"tpumon_store_{name}", doc, [])
             family.add_metric(ident, value)
             yield family
+
+
+TOP_TENSOR_GROUPS = 3  # per process: bounded cardinality, the groups that matter
+
+
+def _tensor_growth_metrics(snap: Snapshot, ident: list[str]) -> Iterator[Metric]:
+    """What the latest live-tensor snapshot diff of each process found: the top groups that
+    grew (``group`` is "f32[]", "bf16[4096,14336]"...; at most TOP_TENSOR_GROUPS each) and
+    the share of the HBM growth they explain."""
+    labels = ["pid", "framework", "group"]
+    count = _gauge("tpumon_tensor_growth_per_step", "Tensors gained per step by a shape/dtype "
+                   "group between the last two live-tensor snapshots (top groups only).", labels)
+    size = _gauge("tpumon_tensor_growth_bytes_per_step", "Bytes gained per step by a "
+                  "shape/dtype group between the last two live-tensor snapshots.", labels)
+    explained = _gauge("tpumon_tensor_growth_explained_ratio", "Share of the HBM floor's "
+                       "growth per step that the grown tensor groups account for (0-1).",
+                       ["pid", "framework"])
+    taken = _gauge("tpumon_tensor_snapshot_timestamp_seconds", "When the last live-tensor "
+                   "snapshot pair of the process was completed.", ["pid", "framework"])
+    for pid, state in snap.processes.items():
+        result = snap.tensor_snapshot(pid)
+        if result is None or result.diff is None:
+            continue
+        key = ident + [str(pid), state.report.framework]
+        taken.add_metric(key, result.completed)
+        for g in result.diff.grown[:TOP_TENSOR_GROUPS]:
+            if g.count_per_step is not None:
+                count.add_metric(key + [g.label()], g.count_per_step)
+                size.add_metric(key + [g.label()], g.bytes_per_step)
+        share = result.diff.explained_fraction(snap.process_growth_per_step(pid))
+        if share is not None:
+            explained.add_metric(key, share)
+    yield from (count, size, explained, taken)
 
 
 def build_registry(get_snapshot: Callable[[], Snapshot]) -> CollectorRegistry:

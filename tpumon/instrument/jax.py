@@ -13,6 +13,11 @@ Usage, once per step::
 
 ``jax.live_arrays()`` walks every live array, so with very large models report every N
 steps (``JaxReporter(every=N)``).
+
+Live-array snapshots (``take_snapshot``) are in ``live_jax``. They carry creation sites
+whenever jaxlib records tracebacks on arrays (its default, at no cost to the loop);
+``track_sites`` (or ``TPUMON_TRACK_SITES=1``) lets ``start_tracking`` switch that
+recording on if it was switched off.
 """
 
 from __future__ import annotations
@@ -26,12 +31,14 @@ COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 
 class JaxReporter(Reporter):
     framework = "jax"
+    live_module = "tpumon.instrument.live_jax"
 
-    def __init__(self, every: int = 1, socket: str | None = None, min_interval: float = 0.05) -> None:
+    def __init__(self, every: int = 1, socket: str | None = None, min_interval: float = 0.05,
+                 track_sites: bool | None = None) -> None:
         import jax
         import jax.monitoring
 
-        super().__init__(every, socket, min_interval)
+        super().__init__(every, socket, min_interval, track_sites)
         self._jax = jax
         self._compiles = 0
         jax.monitoring.register_event_duration_secs_listener(self._on_duration)
@@ -42,6 +49,13 @@ class JaxReporter(Reporter):
     def _on_duration(self, event: str, duration: float, **kwargs: Any) -> None:
         if event == COMPILE_EVENT:
             self._compiles += 1
+
+    def _snapshot_tracker(self) -> Any:
+        """jaxlib records every array's traceback by default: sites come with every
+        snapshot, tracking or not."""
+        if self._tracker is None:
+            self._tracker = self._live().SiteTracker()
+        return self._tracker
 
     def framework_fields(self) -> dict[str, Any]:
         fields: dict[str, Any] = {

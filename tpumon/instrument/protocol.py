@@ -18,15 +18,33 @@ Fields (``None``/absent where the framework does not give them):
 ``compiles``       cached and uncached compile counts: ``{"cached": n, "uncached": n}``
 ``devices``        per device id: ``{"used": b, "limit": b, "peak": b}`` in bytes
 ``rss``            the process's resident memory, bytes
+``snapshots``      true when the reporter answers snapshot requests
 =================  ==========================================================
+
+
+Snapshots (``tpumon snapshot``, and on a leak) go the other way first: the agent sends a
+request line to the reporter's socket, and the reporter answers, at step boundaries, with
+two snapshot datagrams ``steps`` apart (a header line, then
+``tpumon.instrument.snapshot.Snapshot.to_json``)::
+
+    TPUMON-SNAPSHOT-REQUEST 1 <id> <steps> <sites 0|1>
+    TPUMON-SNAPSHOT 1 <id> <part 0|1>\n{...snapshot JSON...}
 """
 
 from __future__ import annotations
 
 import os
+import re
 
 PROTOCOL_VERSION = 1
-MAX_DATAGRAM = 8192
+MAX_DATAGRAM = 8192          # a report
+MAX_SNAPSHOT_DATAGRAM = 65536  # a snapshot: header and Snapshot.to_json(60000)
+SNAPSHOT_JSON_BYTES = 60000
+MAX_SNAPSHOT_STEPS = 1_000_000
+REQUEST = "TPUMON-SNAPSHOT-REQUEST"
+PART = b"TPUMON-SNAPSHOT "
+_REQUEST = re.compile(rf"{REQUEST} 1 ([0-9a-f]{{8,32}}) ([0-9]{{1,7}}) ([01])\Z")
+_PART = re.compile(rb"TPUMON-SNAPSHOT 1 ([0-9a-f]{8,32}) ([01])\Z")
 DEFAULT_SOCKET = "/run/tpumon/reporter.sock"
 SOCKET_ENV = "TPUMON_REPORTER_SOCKET"
 
@@ -35,3 +53,31 @@ def socket_path(path: str | None = None) -> str:
     """Where reports go: the argument, else $TPUMON_REPORTER_SOCKET, else the default."""
     return path or os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET
 
+
+
+def encode_request(request_id: str, steps: int, sites: bool) -> bytes:
+    return f"{REQUEST} 1 {request_id} {steps} {int(sites)}".encode()
+
+
+def parse_request(data: bytes) -> tuple[str, int, bool] | None:
+    """(id, steps, sites) of a request line; None for anything else."""
+    try:
+        match = _REQUEST.match(data.decode("ascii"))
+    except UnicodeDecodeError:
+        return None
+    if match is None or not 0 < int(match.group(2)) <= MAX_SNAPSHOT_STEPS:
+        return None
+    return match.group(1), int(match.group(2)), match.group(3) == "1"
+
+
+def encode_part(request_id: str, part: int, snapshot_json: bytes) -> bytes:
+    return f"TPUMON-SNAPSHOT 1 {request_id} {part}\n".encode() + snapshot_json
+
+
+def parse_part(data: bytes) -> tuple[str, int, bytes]:
+    """(id, part, snapshot JSON) of a snapshot datagram; ValueError if it is not one."""
+    head, _, body = data.partition(b"\n")
+    match = _PART.match(head)
+    if match is None:
+        raise ValueError("bad snapshot header")
+    return match.group(1).decode(), int(match.group(2)), body

@@ -9,12 +9,15 @@ dict costs several times more) and the RSS is read at most once a second.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import time
 from typing import Any
 
-from tpumon.instrument.protocol import PROTOCOL_VERSION, socket_path
+from tpumon.instrument.protocol import PROTOCOL_VERSION, parse_request, socket_path
+from tpumon.instrument.snapshot import Snapshot, track_sites_setting
+from tpumon.instrument.snapshot_job import SnapshotJob
 from tpumon.instrument.transport import DatagramSender
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -32,8 +35,12 @@ class Reporter:
 
     framework = "python"
 
+    #: The module that lists this framework's live tensors (``snapshot``, ``SiteTracker``):
+    #: tpumon.instrument.live_torch_xla or live_jax; None where there is none.
+    live_module: str | None = None
+
     def __init__(self, every: int = 1, socket: str | None = None,
-                 min_interval: float = 0.05) -> None:
+                 min_interval: float = 0.05, track_sites: bool | None = None) -> None:
         self.every = max(int(every), 1)
         self.min_interval = min_interval
         self.last_sent_step: int | None = None
@@ -45,6 +52,11 @@ class Reporter:
         self._rss_value: int | None = None
         self._rss_due = 0.0
         self._head = f'{{"v":{PROTOCOL_VERSION},"pid":{self._pid},"framework":"{self.framework}"'
+        self._job: SnapshotJob | None = None
+        self._answers = "false" if self.live_module is None and \
+            type(self).take_snapshot is Reporter.take_snapshot else "true"
+        self.track_sites = track_sites_setting(track_sites)
+        self._tracker: Any = None  # the live module's SiteTracker, made on first use
 
     @property
     def sent(self) -> int:
@@ -57,6 +69,8 @@ class Reporter:
     def step(self, step: int | None = None) -> None:
         """Report after a training step (``step`` defaults to the number of calls)."""
         self._calls += 1
+        if self._job is not None:
+            self._advance_job(self._calls if step is None else int(step))
         if (self._calls - 1) % self.every:
             return
         now = time.monotonic()
@@ -71,6 +85,69 @@ class Reporter:
             return
         if self._sender.send(payload):
             self.last_sent_step = step
+        if self._job is None:
+            self._take_request()
+
+    def _take_request(self) -> None:
+        """A snapshot request from the agent, looked for each time a report goes out."""
+        request = self._sender.receive()
+        parsed = None if request is None else parse_request(request)
+        if parsed is not None:
+            self._job = SnapshotJob(*parsed)
+
+    def _advance_job(self, step: int) -> None:
+        job = self._job
+        try:
+            job.at_step(step, self._safe_snapshot, self.start_tracking, self.stop_tracking,
+                        self._sender.send)
+        except Exception:  # noqa: BLE001 - never break the training loop
+            job.stop(self.stop_tracking)
+            job.done = True
+        if job.done:
+            self._job = None
+
+    def _safe_snapshot(self, step: int) -> Snapshot | None:
+        try:
+            return self.take_snapshot(step)
+        except Exception:  # noqa: BLE001
+            return None
+
+    def take_snapshot(self, step: int) -> Snapshot | None:
+        """This process's live device tensors grouped by shape, dtype and device, with
+        creation sites where known; None where the framework gives none, or if it failed."""
+        if self.live_module is None:
+            return None
+        try:
+            return self._live().snapshot(step, self._snapshot_tracker())
+        except Exception:  # noqa: BLE001 - never break the training loop
+            return None
+
+    def start_tracking(self) -> bool:
+        """Record creation sites from now on, on this thread (``track_sites`` opts in);
+        False when off, unsupported, or the tracker could not start."""
+        if not self.track_sites or self.live_module is None:
+            return False
+        try:
+            if self._tracker is None:
+                self._tracker = self._live().SiteTracker()
+            return self._tracker.start()
+        except Exception:  # noqa: BLE001
+            return False
+
+    def stop_tracking(self) -> None:
+        """Stop recording creation sites."""
+        try:
+            if self._tracker is not None:
+                self._tracker.stop()
+        except Exception:  # noqa: BLE001
+            pass
+
+    def _snapshot_tracker(self) -> Any:
+        """The tracker whose sites a snapshot reads: the one started, if any."""
+        return self._tracker
+
+    def _live(self) -> Any:
+        return importlib.import_module(self.live_module)
 
     def encode(self, step: int) -> bytes:
         """This step's report as a datagram (the fields of tpumon.instrument.protocol)."""
@@ -84,7 +161,8 @@ class Reporter:
         return (f'{self._head},"step":{int(step)},"time":{now!r},"rss":{_int(self._rss_value)},'
                 f'"rank":{_int(f.get("rank"))},"ordinal":{_int(f.get("ordinal"))},'
                 f'"live":{_int(f.get("live"))},"compiles":{{"cached":{_int(c.get("cached"))},'
-                f'"uncached":{_int(c.get("uncached"))}}}{tail}}}').encode()
+                f'"uncached":{_int(c.get("uncached"))}}},"snapshots":{self._answers}'
+                f'{tail}}}').encode()
 
     def framework_fields(self) -> dict[str, Any]:
         """rank, ordinal, live, compiles ({"cached", "uncached"}), devices: whatever the

@@ -12,6 +12,10 @@ Usage, after each step's ``torch_xla.sync()`` (or ``xm.mark_step()``)::
     reporter = TorchXlaReporter()
     ...
     reporter.step(step)
+
+Live-tensor snapshots (``take_snapshot``) and creation-site tracking (``start_tracking``,
+opt-in: ``track_sites=True`` or ``TPUMON_TRACK_SITES=1``) are in ``live_torch_xla``; the
+agent asks for them through ``step()``, so tracking runs on the thread that calls it.
 """
 
 from __future__ import annotations
@@ -23,14 +27,16 @@ from tpumon.instrument.reporter import Reporter
 
 class TorchXlaReporter(Reporter):
     framework = "torch_xla"
+    live_module = "tpumon.instrument.live_torch_xla"
 
-    def __init__(self, every: int = 1, socket: str | None = None, min_interval: float = 0.05, device: Any = None) -> None:
+    def __init__(self, every: int = 1, socket: str | None = None, min_interval: float = 0.05,
+                 device: Any = None, track_sites: bool | None = None) -> None:
         import torch_xla
         import torch_xla.core.xla_model as xm
         import torch_xla.debug.metrics as met
         import torch_xla.runtime as xr
 
-        super().__init__(every, socket, min_interval)
+        super().__init__(every, socket, min_interval, track_sites)
         self._counter = met.counter_value
         self._xm = xm
         self._device = device if device is not None else torch_xla.device()

@@ -25,6 +25,7 @@ STALLED = "TPUMonTrainingStalled"
 SEVERITY = {LEAK: "warning", OOM: "critical", HIGH: "warning", STALLED: "warning"}
 RAISE_AFTER = {HIGH: 300.0}  # seconds a condition must hold first; the others are sustained
 # by construction (a leak verdict needs 30 min of evidence; a stall is a duration itself)
+SNAPSHOT_WAIT = 600.0  # a leak warning waits this long at most for its tensor snapshots
 
 
 @dataclass(frozen=True)
@@ -105,6 +106,7 @@ def _chip_alerts(snap: Snapshot, chip: str, a: Assessment, now: float,
                  settings: AlertSettings) -> Iterable[Alert]:
     cause = snap.chip_cause(chip)
     details = {"chip": chip, "verdict": a.verdict.value, "step": snap.chip_steps.get(chip),
+               **_tensor_details(snap, chip, settings),
                "hbm_floor_bytes": a.floor_bytes, "hbm_total_bytes": a.total_bytes,
                "growth_bytes_per_step": a.slope_bytes_per_step,
                "growth_bytes_per_hour": a.slope_bytes_per_hour,
@@ -131,6 +133,19 @@ def _chip_alerts(snap: Snapshot, chip: str, a: Assessment, now: float,
                          f"{100 * ratio:.1f}% of capacity", details, settings, chip)
 
 
+def _tensor_details(snap: Snapshot, chip: str, settings: AlertSettings) -> dict[str, Any]:
+    """What the chip's process's tensor snapshots found, or that they are on their way
+    (the agent asks for them when the leak is called; the warning waits a little)."""
+    pid = snap.chip_processes.get(chip)
+    state = snap.processes.get(pid) if pid is not None else None
+    if state is None:
+        return {}
+    result = snap.tensor_snapshot(pid)
+    coming = settings.wait_for_snapshots and state.report.snapshots and (
+        result is None or result.pending)
+    return {"tensors": snap.tensor_summary(pid), "tensors_pending": True if coming else None}
+
+
 def _stalls(snap: Snapshot, settings: AlertSettings) -> Iterable[Alert]:
     """Reporting processes with no step for the stall time while their chips (or, when
     none is attributed, this host's chips) hold memory."""
@@ -148,6 +163,13 @@ def _stalls(snap: Snapshot, settings: AlertSettings) -> Iterable[Alert]:
                          f"{held / 2**30:.1f} GiB",
                          {"pid": pid, "step": state.report.step, "silent_seconds": silent,
                           "hbm_held_bytes": held, "chips": ",".join(mine)}, settings)
+
+
+def _raise_after(alert: Alert) -> float:
+    """Seconds the alert's condition must hold before it is raised."""
+    if alert.name == LEAK and alert.details.get("tensors_pending"):
+        return SNAPSHOT_WAIT
+    return RAISE_AFTER.get(alert.name, 0.0)
 
 
 @dataclass(frozen=True)
@@ -186,7 +208,7 @@ class AlertTracker:
                 self.active[key] = replace(alert, raised=self.active[key].raised)
                 continue
             since = self._pending.setdefault(key, now)
-            if now - since >= RAISE_AFTER.get(alert.name, 0.0):
+            if now - since >= _raise_after(alert):
                 del self._pending[key]
                 alert = self.active[key] = replace(alert, raised=now)
                 out.append(Transition("trigger", alert, now))

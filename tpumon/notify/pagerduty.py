@@ -36,6 +36,8 @@ class PagerDutyChannel:
         if event.action == "resolve":
             return body
         summary = f"{a.name} on {a.where}: {a.summary}"
+        if a.details.get("tensors"):  # before the cause: it names the tensors, and the
+            summary += f". {a.details['tensors']}"  # summary is cut at 1024 characters
         if a.details.get("cause_text"):
             summary += f". Likely cause: {a.details['cause_text']}"
         body["payload"] = {

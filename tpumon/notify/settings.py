@@ -18,6 +18,7 @@ class AlertSettings:
     resolve_after_seconds: float = 600.0
     dashboard_url: str = ""
     report_url: str = ""
+    wait_for_snapshots: bool = True  # reporter.snapshot_on_leak: a leak alert waits for them
 
     @classmethod
     def from_config(cls, config: Config) -> "AlertSettings":
@@ -26,4 +27,5 @@ class AlertSettings:
                    training_stall_seconds=config["alerts.training_stall_minutes"] * 60,
                    resolve_after_seconds=config["alerts.resolve_after_minutes"] * 60,
                    dashboard_url=config["alerts.dashboard_url"],
-                   report_url=config["alerts.report_url"])
+                   report_url=config["alerts.report_url"],
+                   wait_for_snapshots=config["reporter.snapshot_on_leak"])

@@ -47,6 +47,8 @@ class SlackChannel:
         text = f"{icon} *{a.name}* ({a.severity}) on {a.where}: {a.summary}."
         if a.details.get("cause_text"):
             text += f" Likely cause: {a.details['cause_text']}."
+        if a.details.get("tensors"):
+            text += f" Tensor snapshots: {a.details['tensors']}."
         links = [f"<{url}|{name}>" for name, url in (("Dashboard", a.dashboard),
                                                       ("Report", a.report)) if url]
         return " ".join([text, *links])

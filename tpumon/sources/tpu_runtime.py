@@ -43,6 +43,10 @@ CHANNEL_OPTIONS = (
     ("grpc.min_reconnect_backoff_ms", 250),
     ("grpc.max_reconnect_backoff_ms", 2000),
     ("grpc.enable_retries", 0),
+    # Bandwidth probing pings the peer to size HTTP/2 windows for bulk transfers; for a
+    # few hundred bytes a second on loopback it is pure cost (~0.8 ms of CPU a second at
+    # one call a second, bench/overhead.py).
+    ("grpc.http2.bdp_probe", 0),
 )
 
 
@@ -132,11 +136,20 @@ class TpuRuntimeSource:
 
     def __init__(self, address: str, ports: Iterable[int], timeout: float,
                  inventory: ChipInventory, clock: Callable[[], float] = time.time,
-                 runtime_clock: bool = False) -> None:
+                 runtime_clock: bool = False, slow_interval: float = 0.0) -> None:
         """``runtime_clock``: date readings by the timestamps the runtime puts on its metrics
         (the simulator's simulated time) instead of ``clock``. Off for libtpu, whose
-        timestamp semantics are not verified."""
+        timestamp semantics are not verified.
+
+        ``slow_interval``: ask for total memory and duty cycle at most this often (seconds;
+        0: every poll), and for usage alone in between. Usage is what the detector samples
+        every poll; the total never changes and duty cycle is read at scrape resolution,
+        while each call costs about a millisecond of CPU in gRPC."""
         self.address = address
+        self.slow_interval = slow_interval
+        self._slow_due = 0.0  # monotonic time the slow metrics are next asked for
+        self._last_duty: dict[int, dict[int, float] | None] = {}
+        self._slow_ok: set[int] = set()  # ports that answered the last slow round
         self.ports = list(dict.fromkeys(ports))
         self.timeout = timeout
         self.inventory = inventory
@@ -183,23 +196,15 @@ class TpuRuntimeSource:
         return RuntimeReading(now, chips, missing)
 
     def _ask_all_ports(self) -> list[_PortAnswer]:
-        """Issue every call on every port at once, then collect: one deadline for the lot."""
-        futures = {(port, name): self._stubs[port].GetRuntimeMetric.future(
-                       pb.MetricRequest(metric_name=name), timeout=self.timeout)
-                   for port in self.ports for name in METRICS}
+        """Every call on every port, one deadline for the lot; usage alone between the
+        slow metrics' turns (then each port's last duty cycle stands)."""
+        slow = time.monotonic() >= self._slow_due
+        calls = [(port, name) for port in self.ports for name in (METRICS if slow else (USAGE,))]
         results: dict[tuple[int, str], dict[int, float] | None] = {}
         errors: dict[int, str] = {}
-        for (port, name), future in futures.items():
-            try:
-                response = future.result(timeout=self.timeout + 1.0)
-            except grpc.RpcError as exc:
-                errors.setdefault(port, _describe(exc, self.target(port), self.timeout))
-                results[(port, name)] = None
-                continue
-            except grpc.FutureTimeoutError:
-                future.cancel()
-                errors.setdefault(port, f"runtime on {self.target(port)} did not answer "
-                                        f"within {self.timeout:g} s")
+        for (port, name), response in zip(calls, self._call_all(calls)):
+            if isinstance(response, str):
+                errors.setdefault(port, response)
                 results[(port, name)] = None
                 continue
             values, bad = parse_metric(response)
@@ -208,9 +213,53 @@ class TpuRuntimeSource:
             self._stamps.extend(m.timestamp.seconds + m.timestamp.nanos / 1e9
                                 for m in response.metric.metrics if m.HasField("timestamp"))
             results[(port, name)] = values
-        return [_PortAnswer(port, results[(port, USAGE)], results[(port, TOTAL)],
-                            results[(port, DUTY_CYCLE)], errors.get(port))
+        if slow:
+            self._slow_ok = {port for port in self.ports if results[(port, TOTAL)] is not None}
+            self._last_duty = {port: results[(port, DUTY_CYCLE)] for port in self.ports}
+            self._slow_due = time.monotonic() + self.slow_interval
+        elif any(results[(port, USAGE)] is not None and port not in self._slow_ok
+                 for port in self.ports):
+            self._slow_due = 0.0  # a port back up: its total and duty cycle next poll
+        return [_PortAnswer(port, results[(port, USAGE)], results.get((port, TOTAL)),
+                            results.get((port, DUTY_CYCLE), self._last_duty.get(port)),
+                            errors.get(port))
                 for port in self.ports]
+
+    def _call_all(self, calls: list[tuple[int, str]]) -> list[pb.MetricResponse | str]:
+        """Each call's response, or the error text for its port. Calls on one port are made
+        one after the other, blocking, within one deadline (after a failure the rest of the
+        port's calls are not made); several ports are asked at once with futures, which
+        start gRPC's channel-spin thread (a thread start per poll, ~0.3 ms)."""
+        if len({port for port, _ in calls}) == 1:
+            return self._call_in_turn(calls)
+        futures = [self._stubs[port].GetRuntimeMetric.future(
+                       pb.MetricRequest(metric_name=name), timeout=self.timeout)
+                   for port, name in calls]
+        return [self._collect(port, future) for (port, _), future in zip(calls, futures)]
+
+    def _call_in_turn(self, calls: list[tuple[int, str]]) -> list[pb.MetricResponse | str]:
+        deadline = time.monotonic() + self.timeout
+        out: list[pb.MetricResponse | str] = []
+        for port, name in calls:
+            if out and isinstance(out[-1], str):
+                out.append(out[-1])  # the port failed: the same error, no second wait
+                continue
+            try:
+                out.append(self._stubs[port].GetRuntimeMetric(
+                    pb.MetricRequest(metric_name=name),
+                    timeout=max(deadline - time.monotonic(), 0.001)))
+            except grpc.RpcError as exc:
+                out.append(_describe(exc, self.target(port), self.timeout))
+        return out
+
+    def _collect(self, port: int, future: grpc.Future) -> pb.MetricResponse | str:
+        try:
+            return future.result(timeout=self.timeout + 1.0)
+        except grpc.RpcError as exc:
+            return _describe(exc, self.target(port), self.timeout)
+        except grpc.FutureTimeoutError:
+            future.cancel()
+            return f"runtime on {self.target(port)} did not answer within {self.timeout:g} s"
 
     def _merge(self, answers: list[_PortAnswer]) -> dict[str, ChipSample]:
         """Chip name -> sample, across ports.

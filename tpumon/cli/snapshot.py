@@ -1,0 +1,112 @@
+"""``tpumon snapshot``: which tensors does a training process keep alive? Ask it now.
+
+The agent asks the process's reporter for two live-tensor snapshots ``--steps`` apart
+(at step boundaries, inside the training loop) and diffs them; this command starts that
+and waits for the answer. The agent does the same by itself when a chip's leak alert is
+raised (reporter.snapshot_on_leak).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from tpumon.cli.options import agent_option, config_option
+from tpumon.cli.status import agent_url, from_agent, snapshot_line
+from tpumon.config import load_config
+from tpumon.detect.tensor_diff import human_bytes
+
+
+@click.command("snapshot")
+@config_option
+@agent_option
+@click.option("--pid", type=click.IntRange(1), default=None,
+              help="The training process [default: the only one that reports].")
+@click.option("--steps", type=click.IntRange(1, 1_000_000), default=None,
+              help="Steps between the two snapshots [default: reporter.snapshot_steps, or "
+                   "about two minutes of the job's steps].")
+@click.option("--timeout", type=click.FloatRange(min=1), default=900.0, show_default=True,
+              help="Seconds to wait for both snapshots.")
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table",
+              show_default=True, help="Output format.")
+def command(config_path: str | None, agent: str | None, pid: int | None, steps: int | None,
+            timeout: float, fmt: str) -> None:
+    """Diff two live-tensor snapshots of a training process: what grew, by shape, dtype and
+    creation site, and how much of the HBM growth it explains.
+
+    Needs the running agent on this machine and a process instrumented with
+    tpumon.instrument; creation sites need TPUMON_TRACK_SITES=1 in the process
+    (PyTorch/XLA) or come by default (JAX).
+    """
+    config = load_config(config_path)
+    url = agent or agent_url(config["exporter.listen_address"])
+    steps = steps or config["reporter.snapshot_steps"] or None
+    asked = _ask(url, pid, steps)
+    result = _wait(url, asked["pid"], asked["request_id"], timeout)
+    if fmt == "json":
+        click.echo(json.dumps(result, indent=2))
+    else:
+        _render(asked["pid"], result, Console())
+    if result.get("error"):
+        raise SystemExit(1)
+
+
+def _ask(url: str, pid: int | None, steps: int | None) -> dict[str, Any]:
+    """POST the request; one clear error line if the agent refuses or is not there."""
+    query = urllib.parse.urlencode({k: v for k, v in (("pid", pid), ("steps", steps)) if v})
+    request = urllib.request.Request(f"{url}/api/snapshot?{query}", data=b"", method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        raise click.ClickException(f"the agent at {url} refused: {_error(exc)}") from None
+    except (OSError, ValueError) as exc:
+        raise click.ClickException(f"no agent answering at {url}: {exc}") from None
+
+
+def _error(exc: urllib.error.HTTPError) -> str:
+    try:
+        return json.loads(exc.read())["error"]
+    except (ValueError, KeyError, TypeError, OSError):
+        return f"HTTP {exc.code}"
+
+
+def _wait(url: str, pid: int, request_id: str, timeout: float) -> dict[str, Any]:
+    """The process's snapshot state once this request ended (or the timeout passed)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        doc = from_agent(url, timeout=5.0) or {}
+        process = next((p for p in doc.get("processes", []) if p["pid"] == pid), None)
+        if process is None and doc:
+            raise click.ClickException(f"process {pid} is no longer reporting")
+        found = (process or {}).get("tensor_snapshot") or {}
+        if found.get("request_id") == request_id and not found["pending"]:
+            return found
+        if time.monotonic() >= deadline:
+            raise click.ClickException(f"no answer from process {pid} within {timeout:g} s "
+                                       "(the request stays open in the agent)")
+        time.sleep(1.0)
+
+
+def _render(pid: int, result: dict[str, Any], console: Console) -> None:
+    console.print(f"pid {pid}: {snapshot_line(result)}", highlight=False)
+    if not result["grown"]:
+        return
+    table = Table(title="tensor groups that grew", title_justify="left")
+    for column in ("Group", "Per step", "Bytes/step", "Each", "Gained", "Created at"):
+        table.add_column(column)
+    for g in result["grown"]:
+        per_step = "-" if g["count_per_step"] is None else f"{g['count_per_step']:+.3g}"
+        per_bytes = "-" if g["bytes_per_step"] is None else human_bytes(g["bytes_per_step"])
+        each = "-" if g["bytes_each"] is None else human_bytes(g["bytes_each"])
+        sites = "\n".join(f"{site} (+{n})" for site, n in g["sites"].items()) or "-"
+        table.add_row(g["group"], per_step, per_bytes, each, f"{g['count_delta']:+,}", sites)
+    console.print(table)
