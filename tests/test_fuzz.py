@@ -158,6 +158,7 @@ def typed_value(key) -> st.SearchStrategy[str]:
         float: st.floats().map(repr) | st.integers(-10, 10**7).map(str),
         int: st.integers(-10, 10**7).map(str) | st.integers(-2**70, 2**70).map(str),
         str: st.sampled_from(CHOICES).map(json.dumps) | st.text(max_size=12).map(json.dumps),
+        bool: st.sampled_from(["true", "false"]),
         list: st.lists(st.integers(-5, 70000).map(str), max_size=3).map(
             lambda xs: "[" + ", ".join(xs) + "]"),
     }[key.type]
