@@ -3,9 +3,10 @@
 node_exporter (the Debian package, default collectors) is the reference for a lightweight
 exporter that nobody thinks twice about running. Both run for ``--minutes``, scraped
 every ``--scrape-every`` seconds alike; the agent polls 4 simulated chips every second
-(``--poll-interval``) with its history store on and takes ~10 reports a second from a
-FakeReporter thread (``--reports``; its simulated job reports its step 4 times a second
-besides).
+(``--poll-interval``) with its history store on and takes ``--reports`` reports a second
+in all: its simulated job reports its step 4 times a second, a FakeReporter thread sends
+the rest. Scrapes come at deploy/prometheus's 15 s and ask for gzip, as Prometheus does;
+the simulator runs at real pace (``--acceleration 1``), as a job's chips fill.
 
 Per process: CPU as a share of one core (user + system CPU time over wall time, after a
 warm-up), RSS (median and max of samples every few seconds), and the agent's poll
@@ -33,6 +34,7 @@ from soak import MIB, report_loop  # bench/ is on sys.path when this runs as a s
 from tools import AgentProcess, Processes, free_port, ready, wait_for  # via soak's path
 
 NODE_EXPORTER = "/usr/bin/prometheus-node-exporter"
+SIM_REPORTS = 4.0  # a second, from the simulated job (tpumon sim --report-to)
 CPU_TARGET = 0.005
 RSS_TARGET = 80 * MIB
 
@@ -116,13 +118,14 @@ def run(args: argparse.Namespace) -> int:
         [sim] = agent_proc.children()
         latencies = {agent.url: [], exporter_address: []}
         loops = [(scrape_loop, (list(latencies), stop, args.scrape_every, latencies))]
-        if args.reports:
-            loops.append((report_loop, (sock, stop, args.reports)))
+        if args.reports > SIM_REPORTS:
+            loops.append((report_loop, (sock, stop, args.reports - SIM_REPORTS)))
         for target, targs in loops:
             threading.Thread(target=target, args=targs, daemon=True).start()
         print(f"# overhead: agent polling every {args.poll_interval:g} s (simulator at "
-              f"{args.acceleration:g}x), {args.reports:g} reports/s; {args.minutes:g} min after {args.warmup:g} s warm-up, scrapes every "
-              f"{args.scrape_every:g} s; {tmp}", flush=True)
+              f"{args.acceleration:g}x), {args.reports:g} reports/s; {args.minutes:g} min "
+              f"after {args.warmup:g} s warm-up, scrapes every {args.scrape_every:g} s; {tmp}",
+              flush=True)
         time.sleep(args.warmup)
         before = histogram(agent.metrics(), "tpumon_poll_duration_seconds")
         targets = {"agent": [agent_proc], "agent + simulator": [agent_proc, sim],
@@ -174,7 +177,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--minutes", type=float, default=5.0)
     parser.add_argument("--poll-interval", type=float, default=1.0)
-    parser.add_argument("--reports", type=float, default=10.0, help="reports a second; 0: none")
+    parser.add_argument("--reports", type=float, default=10.0,
+                        help="reports a second in all (the simulated job sends 4)")
     parser.add_argument("--scrape-every", type=float, default=15.0,
                         help="seconds between scrapes (deploy/prometheus/prometheus.yml's "
                              "scrape_interval)")

@@ -410,6 +410,10 @@ def test_a_leak_warning_waits_for_its_tensor_snapshots_and_names_what_grew():
     line = SlackChannel("http://x", ("warning", "critical"))._line(
         type("E", (), {"action": "trigger", "alert": got[0].alert, "raised": 1160.0})())
     assert "Tensor snapshots: likely leak: +1 f32[] per step" in line and "train.py:88" in line
+    page = PagerDutyChannel("http://x", "k" * 32, ("warning", "critical")).body(
+        type("E", (), {"action": "trigger", "alert": got[0].alert, "raised": 1160.0})())
+    assert "likely leak: +1 f32[] per step" in page["payload"]["summary"]
+    assert page["payload"]["custom_details"]["tensors"] == text
 
 
 def test_a_leak_warning_waits_ten_minutes_at_most_for_snapshots():
