@@ -246,10 +246,10 @@ class ReporterSocket:
         now = self._clock()
         with self._lock:
             address, report = self._addresses.get(pid), self._latest.get(pid)
-            if report is None or address is None:
+            if report is None:
                 return SnapshotResult(pid, "", reason, now, steps, now,
                                       error=f"no reporting process {pid}")
-            if not report.snapshots:
+            if not report.snapshots or address is None:
                 return SnapshotResult(pid, "", reason, now, steps, now, error=(
                     f"process {pid}'s reporter ({report.framework}) takes no snapshots"))
             request_id = self._requests.open(pid, steps, reason, now)
