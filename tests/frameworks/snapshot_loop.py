@@ -73,11 +73,7 @@ def torch_xla_loop(args):
         if args.keep_big_every and step % args.keep_big_every == 0:
             kept.append(torch.zeros(256, 1024, device=device))  # SITE:big
         torch_xla.sync()
-        reporter.step(step)
-        if args.track and step == TRACK_FROM:
-            out["started"] = reporter.start_tracking()
-        if step in (FIRST, SECOND):
-            checked_snapshot(step, "first" if step == FIRST else "second")
+        after_step(reporter, step, args, out, checked_snapshot)
     reporter.stop_tracking()
     out["mode_stack_after_stop"] = torch._C._len_torch_function_stack()
     return out
@@ -94,14 +90,7 @@ def jax_loop(args):
     jax.monitoring.register_event_duration_secs_listener(
         lambda event, duration, **kw: compiles.append(event) if "compile" in event else None)
 
-    def loss_fn(params, x, y):
-        w, b = params
-        return jnp.mean((x @ w + b - y) ** 2)
-
-    @jax.jit
-    def train_step(params, x, y):
-        loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
-        return [p - 0.01 * g for p, g in zip(params, grads)], loss
+    from train_jax import train_step  # the same small model as the agent tests' loop
 
     rng = np.random.default_rng(0)
     params = [jnp.zeros((32, 1)), jnp.zeros((1,))]
@@ -129,13 +118,18 @@ def jax_loop(args):
             kept.append(loss)
         if args.keep_big_every and step % args.keep_big_every == 0:
             kept.append(jnp.zeros((256, 1024)))  # SITE:big
-        reporter.step(step)
-        if args.track and step == TRACK_FROM:
-            out["started"] = reporter.start_tracking()
-        if step in (FIRST, SECOND):
-            checked_snapshot(step, "first" if step == FIRST else "second")
+        after_step(reporter, step, args, out, checked_snapshot)
     reporter.stop_tracking()
     return out
+
+
+def after_step(reporter, step, args, out, checked_snapshot):
+    """The step boundary: report, start tracking at TRACK_FROM, snapshot at FIRST, SECOND."""
+    reporter.step(step)
+    if args.track and step == TRACK_FROM:
+        out["started"] = reporter.start_tracking()
+    if step in (FIRST, SECOND):
+        checked_snapshot(step, "first" if step == FIRST else "second")
 
 
 def main() -> None:
