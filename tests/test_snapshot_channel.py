@@ -71,9 +71,16 @@ def test_two_snapshots_steps_apart_are_diffed_into_what_grew(receiver):
     assert heard(receiver).snapshots
     asked = receiver.request_snapshot(os.getpid(), 50, "asked")
     assert asked.pending and asked.error is None
-    run_steps(reporter, receiver, 2, 80)
-    result = wait_for(lambda: receiver.poll().snapshots[os.getpid()]
-                      if not receiver.poll().snapshots[os.getpid()].pending else None, 5)
+    step = 1
+
+    def answered():  # the loop goes on stepping, as training does
+        nonlocal step
+        run_steps(reporter, receiver, step + 1, step + 10)
+        step += 10
+        result = receiver.poll().snapshots[os.getpid()]
+        return None if result.pending else result
+
+    result = wait_for(answered, 30)
     assert result.error is None and result.request_id == asked.request_id
     first, second = reporter.snapshots_taken
     assert second - first == 50 and (result.before.step, result.after.step) == (first, second)
@@ -161,9 +168,12 @@ def test_the_reporter_takes_requests_only_from_the_agents_socket(tmp_path, recei
     assert reporter.snapshots_taken == [] and not reporter.tracking
 
 
-def test_a_reporter_whose_agent_is_gone_keeps_training(tmp_path):
+def test_a_reporter_whose_agent_is_gone_keeps_training(tmp_path, monkeypatch):
     """A request arrives, the agent goes away before the answers: sending fails quietly,
-    the job gives up after a few tries, and steps go on."""
+    each answer is tried again at later steps until SEND_SECONDS, then given up; steps go
+    on throughout."""
+    from tpumon.instrument import snapshot_job
+    monkeypatch.setattr(snapshot_job, "SEND_SECONDS", 0.3)
     r = ReporterSocket(tmp_path / "r.sock")
     r.start()
     reporter = LeakyReporter(socket=str(r.path), min_interval=0)
@@ -171,10 +181,17 @@ def test_a_reporter_whose_agent_is_gone_keeps_training(tmp_path):
     heard(r)
     r.request_snapshot(os.getpid(), 5, "asked")
     r.stop()
-    for step in range(2, 200):
+    for step in range(2, 20):
         reporter.step(step)
+    assert reporter._job is not None  # the first answer is still being tried
+    deadline = time.monotonic() + 5
+    step = 20
+    while reporter._job is not None and time.monotonic() < deadline:
+        step += 1
+        reporter.step(step)
+        time.sleep(0.01)
     assert len(reporter.snapshots_taken) == 2 and reporter._job is None
-    assert not reporter.tracking
+    assert not reporter.tracking and reporter.dropped > 0
 
 
 @pytest.mark.parametrize("environ,status", [

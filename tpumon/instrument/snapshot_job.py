@@ -5,17 +5,19 @@ next step boundary it reports at, starts creation-site tracking if the request w
 and the process allows it, and takes the second once the step has advanced by ``steps``.
 Everything runs inside ``Reporter.step()`` on the training thread, only while a request
 is open: between requests a step pays one attribute test. A snapshot that does not fit in
-the agent's socket queue right now is sent again at the next step, a few times.
+the agent's socket queue right now (the kernel queues 10 datagrams; a fast loop's
+reports can fill it) is sent again at the next steps, for up to ``SEND_SECONDS``.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Callable
 
 from tpumon.instrument.protocol import SNAPSHOT_JSON_BYTES, encode_part
 from tpumon.instrument.snapshot import Snapshot
 
-SEND_TRIES = 50
+SEND_SECONDS = 60.0
 
 
 class SnapshotJob:
@@ -28,7 +30,7 @@ class SnapshotJob:
         self.done = False
         self._second_at: int | None = None
         self._outgoing: bytes | None = None
-        self._tries = 0
+        self._give_up_at = 0.0
         self._tracking = False
 
     def at_step(self, step: int, take: Callable[[int], Snapshot | None],
@@ -59,12 +61,12 @@ class SnapshotJob:
     def _encode(self, part: int, snap: Snapshot | None) -> bytes | None:
         if snap is None:  # the framework could not take one: the agent times the request out
             return None
+        self._give_up_at = time.monotonic() + SEND_SECONDS
         return encode_part(self.request_id, part, snap.to_json(SNAPSHOT_JSON_BYTES))
 
     def _send(self, send: Callable[[bytes], bool]) -> None:
         if self._outgoing is None:
             return
-        self._tries += 1
-        if send(self._outgoing) or self._tries >= SEND_TRIES:
-            self._outgoing, self._tries = None, 0
+        if send(self._outgoing) or time.monotonic() >= self._give_up_at:
+            self._outgoing = None
             self.done = self._second_at == -1
