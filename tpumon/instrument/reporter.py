@@ -98,19 +98,13 @@ class Reporter:
     def _advance_job(self, step: int) -> None:
         job = self._job
         try:
-            job.at_step(step, self._safe_snapshot, self.start_tracking, self.stop_tracking,
+            job.at_step(step, self.take_snapshot, self.start_tracking, self.stop_tracking,
                         self._sender.send)
         except Exception:  # noqa: BLE001 - never break the training loop
             job.stop(self.stop_tracking)
             job.done = True
         if job.done:
             self._job = None
-
-    def _safe_snapshot(self, step: int) -> Snapshot | None:
-        try:
-            return self.take_snapshot(step)
-        except Exception:  # noqa: BLE001
-            return None
 
     def take_snapshot(self, step: int) -> Snapshot | None:
         """This process's live device tensors grouped by shape, dtype and device, with

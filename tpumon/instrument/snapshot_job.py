@@ -48,10 +48,10 @@ class SnapshotJob:
         elif step >= self._second_at:
             snap = take(step)
             self.stop(stop_tracking)
+            self._second_at = -1  # no third: the job is done once this part is out
             self._outgoing = self._encode(1, snap)
-            self._send(send)
             self.done = self._outgoing is None
-            self._second_at = -1  # no third
+            self._send(send)
 
     def stop(self, stop_tracking: Callable[[], None]) -> None:
         if self._tracking:
