@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
     procs = Processes(tmp)
     sock = str(tmp / "r.sock")
     stop = threading.Event()
-    agent = None
+    agent, threads, sender = None, [], {}
     try:
         exporter, exporter_address = start_node_exporter(procs)
         agent = AgentProcess(tmp, tmp / "state", "--poll-interval", str(args.poll_interval),
@@ -119,9 +119,11 @@ def run(args: argparse.Namespace) -> int:
         latencies = {agent.url: [], exporter_address: []}
         loops = [(scrape_loop, (list(latencies), stop, args.scrape_every, latencies))]
         if args.reports > SIM_REPORTS:
-            loops.append((report_loop, (sock, stop, args.reports - SIM_REPORTS)))
-        for target, targs in loops:
-            threading.Thread(target=target, args=targs, daemon=True).start()
+            loops.append((report_loop, (sock, stop, args.reports - SIM_REPORTS, sender)))
+        threads = [threading.Thread(target=target, args=targs, daemon=True)
+                   for target, targs in loops]
+        for thread in threads:
+            thread.start()
         print(f"# overhead: agent polling every {args.poll_interval:g} s (simulator at "
               f"{args.acceleration:g}x), {args.reports:g} reports/s; {args.minutes:g} min "
               f"after {args.warmup:g} s warm-up, scrapes every {args.scrape_every:g} s; {tmp}",
@@ -134,11 +136,16 @@ def run(args: argparse.Namespace) -> int:
         after = histogram(agent.metrics(), "tpumon_poll_duration_seconds")
     finally:
         stop.set()
+        for thread in threads:
+            thread.join(timeout=15)
         if agent is not None:
             agent.stop()
         procs.stop_all()
     polls = {le: after[le] - before.get(le, 0.0) for le in after}
     scrapes = {"agent": latencies[agent.url], "node_exporter": latencies[exporter_address]}
+    if sender:
+        print(f"FakeReporter: {sender['sent']} reports sent, {sender['dropped']} dropped at the "
+              "sender (the agent's socket queue full)")
     return report(cpu, rss, shared, polls, scrapes)
 
 

@@ -53,14 +53,18 @@ class Probe:
     threads: int
 
 
-def report_loop(path: str, stop: threading.Event, rate: float = 10.0) -> None:
+def report_loop(path: str, stop: threading.Event, rate: float = 10.0,
+                counts: dict[str, int] | None = None) -> None:
     """~``rate`` reports a second, as an instrumented training loop with a short step would
-    send them: the agent's receive path runs all along."""
+    send them: the agent's receive path runs all along. ``counts`` gets the reports sent
+    and those dropped at the sender (the agent's queue full), at the end."""
     reporter = FakeReporter(socket=path, min_interval=0)
     step = 0
     while not stop.wait(1 / rate):
         step += 1
         reporter.step(step)
+    if counts is not None:
+        counts.update(sent=reporter.sent, dropped=reporter.dropped)
 
 
 def scrape_loop(url: str, stop: threading.Event, latencies: dict[str, list[float]],
@@ -188,6 +192,7 @@ class Outcome:
     slack_requests: int
     exit_code: int
     log: str
+    sender: dict[str, int]  # the FakeReporter's reports sent / dropped at the sender
 
 
 def soak(args: argparse.Namespace, tmp: Path) -> Outcome:
@@ -203,7 +208,9 @@ def soak(args: argparse.Namespace, tmp: Path) -> Outcome:
         stop = threading.Event()
         latencies: dict[str, list[float]] = {"/metrics": [], "/api/status": []}
         errors: list[str] = []
-        threads = [threading.Thread(target=report_loop, args=(sock, stop), daemon=True),
+        sender: dict[str, int] = {}
+        threads = [threading.Thread(target=report_loop, args=(sock, stop, 10.0, sender),
+                                    daemon=True),
                    threading.Thread(target=scrape_loop, args=(agent.url, stop, latencies, errors),
                                     daemon=True)]
         for t in threads:
@@ -223,7 +230,8 @@ def soak(args: argparse.Namespace, tmp: Path) -> Outcome:
             for t in threads:
                 t.join(timeout=15)
             code = agent.stop()
-        return Outcome(probes, metrics, latencies, errors, len(slack.requests), code, agent.log())
+        return Outcome(probes, metrics, latencies, errors, len(slack.requests), code, agent.log(),
+                       sender)
 
 
 def summarize(args: argparse.Namespace, tmp: Path, out: Outcome) -> int:
@@ -271,6 +279,8 @@ def activity_rows(tmp: Path, out: Outcome) -> list[tuple[str, str]]:
          f"{metric(m, 'tpumon_job_restarts_total'):.0f}"),
         ("reports received / dropped", f"{metric(m, 'tpumon_reporter_reports_total'):.0f} / "
          f"{metric(m, 'tpumon_reporter_dropped_reports_total'):.0f}"),
+        ("FakeReporter's reports sent / dropped at the sender (agent's queue full)",
+         f"{out.sender.get('sent', 0)} / {out.sender.get('dropped', 0)}"),
         ("Slack requests / deliveries / failed attempts",
          f"{out.slack_requests} / {metric(m, 'tpumon_notifier_deliveries_total'):.0f} / "
          f"{metric(m, 'tpumon_notifier_failures_total'):.0f}"),

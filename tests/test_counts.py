@@ -73,3 +73,14 @@ def test_a_trend_asked_for_at_every_report_lags_a_fresh_fit_by_a_few_points():
     lag = asked._stride * (asked.s.max_points // 16)  # points kept, in steps
     assert 400 < first["fresh"] <= first["asked"] <= first["fresh"] + lag
     assert abs(asked.trend().per_step - fresh.trend().per_step) < 0.1
+
+
+def test_a_constant_count_is_judged_as_the_full_fit_would_without_fitting():
+    """The shortcut for a constant window (a healthy loop's live count, compiles after
+    warm-up) gives exactly what Sen's slope and Mann-Kendall give on it."""
+    for values, start in (([15] * 500, 1), ([0] * 100, 7), ([3] * 5000, 100)):
+        tracker = CountTracker()
+        for step, value in enumerate(values, start):
+            tracker.update(step, value)
+        assert tracker.trend() == tracker._fit_slopes()
+        assert tracker.trend().reason == "flat"

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import os
 
-# gRPC's C core logs connection events (GOAWAY on every runtime restart) at INFO to
-# stderr; the agent reports those itself, once, as source state.
-os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+from tpumon import grpc_env
+
+grpc_env.apply(os.environ)  # before anything imports grpc
 
 import click  # noqa: E402
 
