@@ -86,7 +86,7 @@ class CountTracker:
     def trend(self) -> CountTrend:
         """The trend, refitted once the points kept since the last fit reach a sixteenth of
         the window: the agent asks every poll, and a window of up to ``max_points`` points
-        hardly moves with one more (a fit of 256 points costs ~0.3 ms; reports come 10 a
+        hardly moves with one more (a fit of 256 points costs ~1 ms; reports come 10 a
         second)."""
         if self._fitted is None or self._unfitted >= max(1, len(self._steps) // 16):
             self._fitted, self._unfitted = self._fit(), 0

@@ -351,9 +351,7 @@ class ReporterSocket:
         while True:
             try:
                 batch.append(sock.recvmsg(MAX_SNAPSHOT_DATAGRAM, space, flags))
-            except BlockingIOError:
-                return batch
-            except OSError:  # a transient error (ENOBUFS, EINTR), or the socket shut down
+            except OSError:  # none waiting (EAGAIN), a transient error, or stop()'s shutdown
                 return batch
             if not flags:
                 return batch
