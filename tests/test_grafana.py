@@ -431,8 +431,7 @@ def test_every_query_returns_data_from_a_simulated_pod(tmp_path, processes, trai
     # The training loop on the leaking host, once its agent listens on the socket.
     training(tmp_path / f"reporter-w{LEAKING}.sock")
 
-    def ask(expr: str, kind: str) -> list:
-        now = time.time()
+    def ask(expr: str, kind: str, now: float) -> list:
         if kind == "instant":
             url = f"{api}/query?" + urllib.parse.urlencode({"query": expr, "time": now})
         else:
@@ -442,61 +441,73 @@ def test_every_query_returns_data_from_a_simulated_pod(tmp_path, processes, trai
         assert body["status"] == "success", (expr, body)
         return body["data"]["result"]
 
-    def label_values(selector: str, label: str) -> list[str]:
+    def label_values(selector: str, label: str, now: float | None = None) -> list[str]:
         """What Grafana asks Prometheus for label_values(selector, label)."""
-        now = time.time()
+        now = time.time() if now is None else now
         url = f"{api}/label/{label}/values?" + urllib.parse.urlencode(
             {"match[]": selector, "start": now - 120, "end": now})
         return json.loads(get(url))["data"]
 
     everything = [q for uid in DASHBOARDS for q in queries(uid)]
 
-    def answer(query: Query) -> list:
-        return (label_values(query.expr, query.label) if query.kind == "variable"
-                else ask(query.expr, query.kind))
+    # Every question of one check is asked of the same instant, as one dashboard refresh
+    # is: the simulated leaking job OOMs ~165 s after its agent starts (480x), and on a
+    # loaded machine that can fall between two questions asked at their own "now".
+    def answer(query: Query, now: float) -> list:
+        return (label_values(query.expr, query.label, now) if query.kind == "variable"
+                else ask(query.expr, query.kind, now))
 
-    def empty() -> list[str]:
+    def empty(now: float) -> list[str]:
         processes.check_alive()
-        return [f"{q.where}: {q.expr}" for q in everything if not answer(q)]
+        return [f"{q.where}: {q.expr}" for q in everything if not answer(q, now)]
+
+    def all_answered() -> float | None:
+        now = time.time()
+        return None if empty(now) else now
 
     try:
-        wait_for(lambda: not empty(), timeout=180, interval=2)
+        at = wait_for(all_answered, timeout=180, interval=2)
     except AssertionError:
-        still = "\n".join(empty())
+        still = "\n".join(empty(time.time()))
         logs = "".join(f"--- {n}.log\n{processes.log(n)[-1500:]}\n" for n in processes.procs)
         raise AssertionError(f"queries still empty after 180 s:\n{still}\n{logs}") from None
 
     # The variables list the pod as a person picking it would see it.
-    assert label_values("tpumon_hbm_used_bytes", "slice") == [SLICE]
-    assert label_values(f'tpumon_hbm_used_bytes{{slice="{SLICE}"}}', "host") == HOSTS
+    assert label_values("tpumon_hbm_used_bytes", "slice", at) == [SLICE]
+    assert label_values(f'tpumon_hbm_used_bytes{{slice="{SLICE}"}}', "host", at) == HOSTS
     assert label_values(f'tpumon_hbm_used_bytes{{slice="{SLICE}",host="{HOSTS[LEAKING]}"}}',
-                        "chip") == CHIPS
+                        "chip", at) == CHIPS
     # Answers that say what they should: 16 cells in the hosts x chips matrix, the leak
     # only on the leaking host, its alert firing.
-    matrix = answer(panel_query("tpumon-pod", "HBM used / capacity, hosts × chips"))
+    matrix = answer(panel_query("tpumon-pod", "HBM used / capacity, hosts × chips"), at)
     assert sorted((s["metric"]["host"], s["metric"]["chip"]) for s in matrix) == \
         [(h, c) for h in HOSTS for c in CHIPS]
     assert all(0 <= float(s["value"][1]) <= 1 for s in matrix)
-    leaking = answer(panel_query("tpumon-pod", "Leaking chips, nearest OOM first"))
+    leaking = answer(panel_query("tpumon-pod", "Leaking chips, nearest OOM first"), at)
     assert {s["metric"]["host"] for s in leaking} == {HOSTS[LEAKING]}
-    alerts = answer(panel_query("tpumon-pod", "Firing alerts"))
+    alerts = answer(panel_query("tpumon-pod", "Firing alerts"), at)
     assert {(a["metric"]["alertname"], a["metric"]["host"]) for a in alerts} == \
         {("TPUMonHBMLeakSuspected", HOSTS[LEAKING])}
     processes.check_alive()
 
     # An agent goes away: it stays the slice's, as down, and its TPUMonAgentDown alert
-    # (labels: instance, job) is listed with the slice's alerts.
+    # (labels: instance, job) is listed with the slice's alerts and counted with them.
     gone = processes.procs["agent-w0"]
     gone.terminate()
     gone.wait(timeout=30)
 
-    def agent_down_listed() -> list:
-        return [a for a in answer(panel_query("tpumon-pod", "Firing alerts"))
-                if a["metric"]["alertname"] == "TPUMonAgentDown"]
+    def agent_down_listed() -> tuple[float, list] | None:
+        now = time.time()
+        listed = answer(panel_query("tpumon-pod", "Firing alerts"), now)
+        down = [a for a in listed if a["metric"]["alertname"] == "TPUMonAgentDown"]
+        return (now, listed) if down else None
 
-    [alert] = wait_for(agent_down_listed, timeout=60, interval=1)
+    at, listed = wait_for(agent_down_listed, timeout=60, interval=1)
+    [alert] = [a for a in listed if a["metric"]["alertname"] == "TPUMonAgentDown"]
     assert alert["metric"]["instance"] == agents[0]
-    [count] = answer(panel_query("tpumon-pod", "Alerts firing"))
-    assert float(count["value"][1]) >= 2  # the leak's (one per chip) and this one
-    up, known = (answer(q) for q in queries("tpumon-pod") if q.title == "Agents up")
+    # The count is of the same alerts as the list (the leak's, one per chip, unless its job
+    # has OOMed by then, and this one).
+    [count] = answer(panel_query("tpumon-pod", "Alerts firing"), at)
+    assert float(count["value"][1]) == len(listed)
+    up, known = (answer(q, at) for q in queries("tpumon-pod") if q.title == "Agents up")
     assert (float(up[0]["value"][1]), float(known[0]["value"][1])) == (3, 4)
