@@ -20,6 +20,7 @@ RSS. The reporter's cost in the training loop is bench/reporters.py's.
 from __future__ import annotations
 
 import argparse
+import bisect
 import math
 import statistics
 import sys
@@ -102,13 +103,22 @@ class Cpu(NamedTuple):
 
 
 def minute_shares(samples: list[tuple[float, float]], window: float = 60.0) -> list[float]:
-    """CPU shares over consecutive ``window``-second spans of (wall, CPU seconds) samples."""
-    shares, start = [], samples[0]
-    for t, cpu in samples[1:]:
-        if t - start[0] >= window:
-            shares.append((cpu - start[1]) / (t - start[0]))
-            start = (t, cpu)
-    return shares
+    """CPU shares over the whole minutes that fit in (wall, CPU seconds) samples: the span
+    cut into as many equal parts as it holds minutes, at the samples nearest the cuts (so
+    every sample counts, and 5 minutes sampled every 5 s make 5 parts)."""
+    times = [t for t, _ in samples]
+    span = times[-1] - times[0]
+    parts = int(span // window)
+    edges = [0] + [_nearest(times, times[0] + span * k / parts) for k in range(1, parts + 1)]
+    return [(samples[j][1] - samples[i][1]) / (times[j] - times[i])
+            for i, j in zip(edges, edges[1:]) if j > i]
+
+
+def _nearest(times: list[float], t: float) -> int:
+    i = bisect.bisect_left(times, t)
+    if i == len(times) or (i > 0 and t - times[i - 1] <= times[i] - t):
+        return i - 1
+    return i
 
 
 def measure(targets: dict[str, list[psutil.Process]], seconds: float, sample_every: float

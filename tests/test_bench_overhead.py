@@ -38,14 +38,23 @@ def samples(rates: list[float], every: float = 5.0, start: float = 100.0
     return out
 
 
-def test_minutes_are_cut_where_a_minute_has_passed(overhead):
-    # 5 minutes at 0.4 %, the third at 1.2 %, then 30 s that make no full minute.
-    rates = [0.004] * 24 + [0.012] * 12 + [0.004] * 24 + [0.004] * 6
-    shares = overhead.minute_shares(samples(rates))
-    assert shares == pytest.approx([0.004, 0.004, 0.012, 0.004, 0.004])
+def test_five_minutes_make_five_minutes(overhead):
+    # 5 minutes sampled every 5 s, the third at 1.2 % of a core and the others at 0.4 %.
+    rates = [0.004] * 24 + [0.012] * 12 + [0.004] * 24
+    assert overhead.minute_shares(samples(rates)) == \
+        pytest.approx([0.004, 0.004, 0.012, 0.004, 0.004])
 
 
-def test_uneven_samples_make_minutes_of_at_least_sixty_seconds(overhead):
+def test_every_sample_counts_when_the_span_is_not_whole_minutes(overhead):
+    # 5.5 minutes sampled every 6 s: five parts of 66 s, together the whole window's share.
+    rates = [0.004] * 22 + [0.010] * 33
+    shares = overhead.minute_shares(samples(rates, every=6.0))
+    assert shares == pytest.approx([0.004, 0.004, 0.010, 0.010, 0.010])
+    assert sum(shares) / 5 == pytest.approx(sum(rates) / len(rates))
+
+
+def test_uneven_samples(overhead):
+    # 130 s: two parts of 65 s, each ending at the first sample after it (61 s, 130 s).
     points = [(0.0, 0.0), (25.0, 0.1), (59.0, 0.236), (61.0, 0.244), (130.0, 0.52)]
     assert overhead.minute_shares(points) == pytest.approx([0.244 / 61, (0.52 - 0.244) / 69])
 
