@@ -9,9 +9,10 @@ the rest. Scrapes come at deploy/prometheus's 15 s and ask for gzip, as Promethe
 the simulator runs at real pace (``--acceleration 1``), as a job's chips fill.
 
 Per process: CPU as a share of one core (user + system CPU time over wall time, after a
-warm-up), in each minute and over the whole window; the target is judged on the median
-minute, as this VM's neighbours slow everything on it for minutes at a time. RSS (median and max of samples every few seconds), and the agent's poll
-latency (its own tpumon_poll_duration_seconds histogram over the window). The agent's
+warm-up), in each minute and over the whole window (the target is judged on the median
+minute, as this VM's neighbours slow everything on it for minutes at a time); RSS (median
+and max of samples every few seconds); and the agent's poll latency (its own
+tpumon_poll_duration_seconds histogram over the window). The agent's
 simulator child stands in for libtpu, so it is shown apart; the agent alone is the
 headline. Targets, for 1 s polls: the agent alone at most 0.5 % of one core and 80 MiB
 RSS. The reporter's cost in the training loop is bench/reporters.py's.
