@@ -106,6 +106,27 @@ def test_status_against_a_runtime(runtime_servers):
     assert table.returncode == 0 and "4.00 GiB" in table.stdout and "75.0 %" in table.stdout
 
 
+def test_status_reads_the_runtime_and_says_so_when_the_local_agent_is_protected(
+        runtime_servers, tmp_path):
+    # An agent behind TLS or passwords answers nothing these commands can read: they say
+    # so on stderr and show the runtime, instead of passing it off as the agent's view.
+    server = runtime_servers(chips_metrics({0: 3 * 2**30}, duty=75.0))
+    web = tmp_path / "web.yml"
+    web.write_text("basic_auth_users:\n  prometheus: $2b$10$abcdefghijklmnopqrstuv\n")
+    result = run("status", "--runtime-ports", str(server.port), "--format", "json",
+                 env={"TPUMON_EXPORTER_WEB_CONFIG_FILE": str(web)})
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.strip() == (
+        f"tpumon: the local agent is protected by {web} (exporter.web_config_file), which "
+        "this command cannot use; reading the runtime directly, without the agent's history")
+    doc = json.loads(result.stdout)
+    assert doc["source"] == "runtime" and doc["chips"][0]["hbm_used_bytes"] == 3 * 2**30
+    # --direct asks for exactly that: nothing to say.
+    direct = run("status", "--direct", "--runtime-ports", str(server.port), "--format", "json",
+                 env={"TPUMON_EXPORTER_WEB_CONFIG_FILE": str(web)})
+    assert direct.returncode == 0 and direct.stderr == ""
+
+
 def test_status_without_a_runtime_reports_it():
     port = free_port()
     result = run("status", "--agent", f"http://127.0.0.1:{free_port()}", "--runtime-ports",

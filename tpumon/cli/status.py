@@ -141,6 +141,21 @@ def agent_url(listen_address: str) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
+def agent_to_ask(config: Config, agent: str | None, direct: bool) -> str | None:
+    """The agent to ask, or None to read the runtime directly: with --direct, or when the
+    local agent serves behind exporter.web_config_file (TLS, passwords), which these
+    commands do not speak. That is said on stderr, so that verdicts built from this
+    command's own polls are not taken for the agent's."""
+    if direct:
+        return None
+    if agent is None and config["exporter.web_config_file"]:
+        click.echo(f"tpumon: the local agent is protected by {config['exporter.web_config_file']} "
+                   "(exporter.web_config_file), which this command cannot use; reading the "
+                   "runtime directly, without the agent's history", err=True)
+        return None
+    return agent or agent_url(config["exporter.listen_address"])
+
+
 def from_agent(url: str, timeout: float = 2.0) -> dict[str, Any] | None:
     """The running agent's status document, or None when no agent answers there."""
     try:
@@ -170,13 +185,14 @@ def command(config_path: str | None, runtime_ports: str | None, agent: str | Non
             direct: bool, fmt: str) -> None:
     """Show each chip's HBM, duty cycle, owner and leak verdict.
 
-    Asks the local agent (which has the history behind the verdicts); if none answers,
-    reads the runtime once, like tpu-info. A runtime that is not running (between jobs)
+    Asks the local agent (which has the history behind the verdicts); if none answers, or
+    it is protected by exporter.web_config_file, reads the runtime once, like tpu-info. A runtime that is not running (between jobs)
     is shown as such, with exit status 0.
     """
     config = load_config(config_path, {"runtime.ports": ports_value(runtime_ports)})
     setup_logging("warning")
-    doc = None if direct else from_agent(agent or agent_url(config["exporter.listen_address"]))
+    url = agent_to_ask(config, agent, direct)
+    doc = None if url is None else from_agent(url)
     if doc is None:
         doc = from_runtime(config)
     if fmt == "json":

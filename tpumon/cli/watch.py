@@ -23,7 +23,7 @@ from rich.text import Text
 from tpumon.bootstrap import Assembly, build
 from tpumon.cli.options import (agent_option, config_option, direct_option, ports_value,
                                 runtime_ports_option)
-from tpumon.cli.status import agent_url, format_eta, format_pct, from_agent
+from tpumon.cli.status import agent_to_ask, format_eta, format_pct, from_agent
 from tpumon.config import load_config
 from tpumon.logs import setup_logging
 from tpumon.status import status_document
@@ -148,13 +148,13 @@ def command(config_path: str | None, runtime_ports: str | None, agent: str | Non
             direct: bool, interval: float) -> None:
     """Live full-screen view of every chip: HBM bar, floor, growth per step and per hour,
     time to OOM, verdict, duty cycle, and the training processes' step, step rate and live
-    tensors. Reads the local agent; with none running (or --direct) polls the runtime
-    itself. Fits an 80-column terminal; Ctrl-C quits."""
+    tensors. Reads the local agent; with none running, a protected one
+    (exporter.web_config_file) or --direct, polls the runtime itself. Fits an 80-column terminal; Ctrl-C quits."""
     config = load_config(config_path, {"runtime.ports": ports_value(runtime_ports)})
     setup_logging("error")
-    url = agent or agent_url(config["exporter.listen_address"])
+    url = agent_to_ask(config, agent, direct)
     assembly = None
-    if direct or (agent is None and from_agent(url) is None):
+    if url is None or (agent is None and from_agent(url) is None):
         assembly = build(config, history=False)
         feed, where = RuntimeFeed(assembly), "runtime (no agent)"
     else:
