@@ -441,9 +441,8 @@ def test_every_query_returns_data_from_a_simulated_pod(tmp_path, processes, trai
         assert body["status"] == "success", (expr, body)
         return body["data"]["result"]
 
-    def label_values(selector: str, label: str, now: float | None = None) -> list[str]:
+    def label_values(selector: str, label: str, now: float) -> list[str]:
         """What Grafana asks Prometheus for label_values(selector, label)."""
-        now = time.time() if now is None else now
         url = f"{api}/label/{label}/values?" + urllib.parse.urlencode(
             {"match[]": selector, "start": now - 120, "end": now})
         return json.loads(get(url))["data"]

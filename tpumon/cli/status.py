@@ -186,8 +186,8 @@ def command(config_path: str | None, runtime_ports: str | None, agent: str | Non
     """Show each chip's HBM, duty cycle, owner and leak verdict.
 
     Asks the local agent (which has the history behind the verdicts); if none answers, or
-    it is protected by exporter.web_config_file, reads the runtime once, like tpu-info. A runtime that is not running (between jobs)
-    is shown as such, with exit status 0.
+    it is protected by exporter.web_config_file, reads the runtime once, like tpu-info. A
+    runtime that is not running (between jobs) is shown as such, with exit status 0.
     """
     config = load_config(config_path, {"runtime.ports": ports_value(runtime_ports)})
     setup_logging("warning")

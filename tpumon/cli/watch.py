@@ -149,7 +149,8 @@ def command(config_path: str | None, runtime_ports: str | None, agent: str | Non
     """Live full-screen view of every chip: HBM bar, floor, growth per step and per hour,
     time to OOM, verdict, duty cycle, and the training processes' step, step rate and live
     tensors. Reads the local agent; with none running, a protected one
-    (exporter.web_config_file) or --direct, polls the runtime itself. Fits an 80-column terminal; Ctrl-C quits."""
+    (exporter.web_config_file) or --direct, polls the runtime itself. Fits an 80-column
+    terminal; Ctrl-C quits."""
     config = load_config(config_path, {"runtime.ports": ports_value(runtime_ports)})
     setup_logging("error")
     url = agent_to_ask(config, agent, direct)
