@@ -120,7 +120,7 @@ class AgentProcess:
                  prefix: tuple[str, ...] = (), env: dict | None = None) -> None:
         self.log_path = tmp / f"agent-{len(list(tmp.glob('agent-*.log')))}.log"
         full_env = {k: v for k, v in os.environ.items() if not k.startswith("TPUMON_")}
-        full_env.update(env or {})
+        full_env.update(env or {}, PYTHONFAULTHANDLER="1")
         with open(self.log_path, "w") as log:
             self.proc = subprocess.Popen(
                 [*prefix, *TPUMON, "agent", "--simulate", "--listen-address", "127.0.0.1:0",
@@ -152,7 +152,13 @@ class AgentProcess:
     def stop(self) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout=20)
+        try:
+            return self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.send_signal(signal.SIGABRT)  # faulthandler logs every thread's stack
+            self.proc.wait(timeout=10)
+            raise AssertionError("agent still running 20 s after SIGTERM; its log ends:\n"
+                                 + self.log()[-8000:]) from None
 
 
 def prometheus_config(tmp: Path, targets: list[str], for_overrides: dict[str, str],

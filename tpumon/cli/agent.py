@@ -18,6 +18,7 @@ from tpumon.exporters.http import MetricsServer
 from tpumon.exporters.report_page import ReportPage
 from tpumon.logs import setup_logging
 from tpumon.reload import reload_config
+from tpumon.signals import signals_to_events
 from tpumon.state import Snapshot
 from tpumon.systemd import SystemdNotify
 
@@ -71,10 +72,8 @@ def command(config_path: str | None, listen_address: str | None, web_config_file
     config = load_config(config_path, flags)
     setup_logging(config["agent.log_level"])
     stop, reload = threading.Event(), threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda signum, frame: stop.set())
-    signal.signal(signal.SIGHUP, lambda signum, frame: reload.set())
-    run_agent(config, simulate, stop, reload, lambda: load_config(config_path, flags))
+    with signals_to_events({signal.SIGTERM: stop, signal.SIGINT: stop, signal.SIGHUP: reload}):
+        run_agent(config, simulate, stop, reload, lambda: load_config(config_path, flags))
 
 
 def run_agent(config: Config, simulate: bool, stop: threading.Event,

@@ -18,6 +18,7 @@ from tpumon.config import ConfigError, load_config
 from tpumon.instrument import Reporter
 from tpumon.instrument.snapshot import Snapshot, make_snapshot
 from tpumon.logs import setup_logging
+from tpumon.signals import signals_to_events
 from tpumon.sim.process import READY_PREFIX
 
 if TYPE_CHECKING:
@@ -134,22 +135,21 @@ def _serve(workload: "Workload", clock: "SimClock", host: str, ports: list[int],
     except (OSError, RuntimeError) as exc:
         raise ConfigError(f"--port: cannot serve on {host}:{ports}: {exc}") from None
     stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda signum, frame: stop.set())
-    print(f"{READY_PREFIX}{','.join(map(str, bound))}", flush=True)
-    log.info("simulating %d chips (scenario %s, %gx time) on %s port(s) %s", chips,
-             workload.scenario.name, clock.acceleration, host, ",".join(map(str, bound)))
-    parent = os.getppid()
-    reporter = _StepReporter(socket=report_to, min_interval=0,
-                             leaks=workload.leak_bytes_per_step_by_chip) if report_to else None
-    while not stop.wait(0.25 if reporter else 1.0):
-        if exit_with_parent and os.getppid() != parent:
-            log.info("parent exited; stopping")
-            break
-        if reporter is not None:
-            sample = simulator.samples.current()
-            if sample.runtime_up:
-                reporter.step(sample.step)
+    with signals_to_events({signal.SIGTERM: stop, signal.SIGINT: stop}):
+        print(f"{READY_PREFIX}{','.join(map(str, bound))}", flush=True)
+        log.info("simulating %d chips (scenario %s, %gx time) on %s port(s) %s", chips,
+                 workload.scenario.name, clock.acceleration, host, ",".join(map(str, bound)))
+        parent = os.getppid()
+        reporter = _StepReporter(socket=report_to, min_interval=0,
+                                 leaks=workload.leak_bytes_per_step_by_chip) if report_to else None
+        while not stop.wait(0.25 if reporter else 1.0):
+            if exit_with_parent and os.getppid() != parent:
+                log.info("parent exited; stopping")
+                break
+            if reporter is not None:
+                sample = simulator.samples.current()
+                if sample.runtime_up:
+                    reporter.step(sample.step)
     simulator.stop()
 
 

@@ -1,0 +1,52 @@
+"""Signals (SIGTERM, SIGHUP) turned into threading.Events without a lock in a handler.
+
+A Python signal handler runs in the main thread between two bytecodes, which can be
+inside ``Event.wait()`` just after it took the event's internal lock back. A handler
+that calls ``Event.set()`` then waits for that lock forever: the agent, asleep in its
+poll loop's ``stop.wait()``, would hang on SIGTERM once in a while (and systemd would
+have to kill it, losing the store's queued writes). So the handlers here do nothing;
+the interpreter's C-level handler writes each signal's number to a wakeup socket
+(``signal.set_wakeup_fd``, as asyncio does) and a small thread reads it and sets the
+events, from outside the main thread, where taking the lock is safe.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import threading
+from contextlib import contextmanager
+from typing import Iterator, Mapping
+
+
+def _noted(signum: int, frame: object) -> None:
+    """The Python-level handler: the wakeup socket already carries the signal."""
+
+
+@contextmanager
+def signals_to_events(events: Mapping[int, threading.Event]) -> Iterator[None]:
+    """While inside, each signal in ``events`` sets its event; then the previous handlers
+    are back. Call from the main thread (only it can install handlers)."""
+    reader, writer = socket.socketpair()
+    writer.setblocking(False)
+    thread = threading.Thread(target=_relay, args=(reader, dict(events)),
+                              name="tpumon-signals", daemon=True)
+    thread.start()
+    previous_fd = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+    previous = {sig: signal.signal(sig, _noted) for sig in events}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        signal.set_wakeup_fd(previous_fd)
+        writer.close()  # the relay reads end-of-stream and returns
+        thread.join(5.0)
+        reader.close()
+
+
+def _relay(reader: socket.socket, events: Mapping[int, threading.Event]) -> None:
+    while data := reader.recv(64):
+        for signum in data:
+            if signum in events:
+                events[signum].set()
