@@ -31,17 +31,20 @@ def signals_to_events(events: Mapping[int, threading.Event]) -> Iterator[None]:
     writer.setblocking(False)
     thread = threading.Thread(target=_relay, args=(reader, dict(events)),
                               name="tpumon-signals", daemon=True)
-    thread.start()
-    previous_fd = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
-    previous = {sig: signal.signal(sig, _noted) for sig in events}
+    previous_fd = previous = None
     try:
+        previous_fd = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+        thread.start()
+        previous = {sig: signal.signal(sig, _noted) for sig in events}
         yield
     finally:
-        for sig, handler in previous.items():
+        for sig, handler in (previous or {}).items():
             signal.signal(sig, handler)
-        signal.set_wakeup_fd(previous_fd)
+        if previous_fd is not None:
+            signal.set_wakeup_fd(previous_fd)
         writer.close()  # the relay reads end-of-stream and returns
-        thread.join(5.0)
+        if thread.is_alive():
+            thread.join(5.0)
         reader.close()
 
 
