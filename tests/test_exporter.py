@@ -3,6 +3,7 @@
 import os
 import socket
 import subprocess
+import threading
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -144,6 +145,32 @@ def test_serves_503_until_attached():
         assert get(f"http://{host}:{port}/metrics")[0] == 503
     finally:
         http.stop()
+
+
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1:0", ":0", "0.0.0.0:0", "[::]:0"])
+def test_stop_wakes_the_serving_loop_and_closes_the_port(address):
+    """The serving loop sleeps in select() for an hour between requests (no idle wake-ups);
+    stop() must wake it, whatever address it listens on, or the thread would live on."""
+    if address.startswith("[") and not _ipv6_loopback():
+        pytest.skip("no IPv6 loopback here")
+    before = set(threading.enumerate())
+    http = MetricsServer(address)
+    host, port = http.start()
+    [served] = [t for t in threading.enumerate() if t.name == "tpumon-http" and t not in before]
+    assert get(f"http://{'[::1]' if ':' in host else '127.0.0.1'}:{port}/metrics")[0] == 503
+    http.stop()
+    assert not served.is_alive()
+    with pytest.raises(OSError):
+        socket.create_connection(("::1" if ":" in host else "127.0.0.1", port), timeout=1)
 
 
 def test_every_exported_metric_is_documented(served):

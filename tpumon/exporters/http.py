@@ -20,6 +20,7 @@ import socket
 import ssl
 import sys
 import threading
+import time
 from typing import Callable, Iterable
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
@@ -38,6 +39,9 @@ log = logging.getLogger("tpumon.exporter")
 
 # Per socket operation on a TLS connection, the handshake included.
 TLS_TIMEOUT = 10.0
+# serve_forever() looks at its shutdown flag this often; stop() wakes it at once instead
+# (the stdlib's 0.5 s costs two wake-ups a second for nothing: ~0.02 % of a core)
+IDLE_POLL = 3600.0
 # What Go's net/http answers a plain HTTP request on a TLS port.
 PLAIN_HTTP_ON_TLS = (b"HTTP/1.0 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\n"
                      b"Connection: close\r\n\r\nClient sent an HTTP request to an HTTPS server.\n")
@@ -240,12 +244,30 @@ class MetricsServer:
                               f"{reason or exc}") from None
         if self.scheme == "https":
             self._server.base_environ["HTTPS"] = "on"  # wsgi.url_scheme
-        threading.Thread(target=self._server.serve_forever, name="tpumon-http",
-                         daemon=True).start()
+        threading.Thread(target=self._server.serve_forever, args=(IDLE_POLL,),
+                         name="tpumon-http", daemon=True).start()
         bound = self._server.server_address
         return str(bound[0]), int(bound[1])
 
     def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+        """Stop serving (a request in progress finishes on its own thread), then close."""
+        if self._server is None:
+            return
+        stopper = threading.Thread(target=self._server.shutdown, daemon=True)
+        stopper.start()
+        deadline = time.monotonic() + 5.0
+        while stopper.is_alive() and time.monotonic() < deadline:
+            self._wake()
+            stopper.join(0.05)
+        self._server.server_close()
+
+    def _wake(self) -> None:
+        """Connect to the listening socket, so the serving loop, asleep in select() for
+        up to IDLE_POLL, looks at its shutdown flag now."""
+        host, port = self._server.server_address[:2]
+        if host in ("0.0.0.0", "::"):
+            host = "::1" if host == "::" else "127.0.0.1"
+        try:
+            socket.create_connection((host, port), timeout=1.0).close()
+        except OSError:
+            pass
