@@ -13,7 +13,7 @@ from rich.table import Table
 from tpumon.bootstrap import build
 from tpumon.cli.options import (agent_option, config_option, direct_option, ports_value,
                                 runtime_ports_option)
-from tpumon.config import Config, load_config, parse_listen_address
+from tpumon.config import Config, load_config, parse_listen_address, reachable_host
 from tpumon.detect import describe_growth
 from tpumon.logs import setup_logging
 from tpumon.status import status_document
@@ -134,10 +134,7 @@ def snapshot_line(result: dict[str, Any] | None) -> str | None:
 def agent_url(listen_address: str) -> str:
     """Where the local agent serves, from its listen address (all interfaces -> loopback)."""
     host, port = parse_listen_address(listen_address)
-    if host in ("", "0.0.0.0"):
-        host = "127.0.0.1"
-    elif host == "::":
-        host = "::1"
+    host = reachable_host(host)
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 

@@ -28,7 +28,7 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 
 from tpumon import __version__
-from tpumon.config import parse_listen_address
+from tpumon.config import parse_listen_address, reachable_host
 from tpumon.exporters import snapshot_api
 from tpumon.exporters.webconfig import LiveWebConfig, protect
 from tpumon.state import Snapshot
@@ -265,9 +265,7 @@ class MetricsServer:
         """Connect to the listening socket, so the serving loop, asleep in select() for
         up to IDLE_POLL, looks at its shutdown flag now."""
         host, port = self._server.server_address[:2]
-        if host in ("0.0.0.0", "::"):
-            host = "::1" if host == "::" else "127.0.0.1"
         try:
-            socket.create_connection((host, port), timeout=1.0).close()
+            socket.create_connection((reachable_host(host), port), timeout=1.0).close()
         except OSError:
             pass
