@@ -22,6 +22,8 @@ class ManualClock(SimClock):
     def now(self) -> float:
         return self.t
 
+    observe = now
+
 
 @pytest.fixture
 def simulator():
@@ -126,3 +128,66 @@ def test_agent_poll_loop_detects_a_leak_end_to_end(simulator):
     predicted = state.snapshot.assessments["0"].predicted_oom_time
     assert clock.t < predicted < workload.oom_time + 3600
     assert len(state.history("0")) == 64  # bounded in-memory history
+
+
+class FakeMonotonic:
+    """time.monotonic for SimClock, moved by hand."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.t = 100.0
+        monkeypatch.setattr("tpumon.sim.server.time.monotonic", lambda: self.t)
+
+
+def test_the_simulated_world_waits_for_a_late_reader(monkeypatch):
+    real = FakeMonotonic(monkeypatch)
+    clock = SimClock(480.0, start=0.0, max_lag=90.0)
+    real.t += 0.1
+    assert clock.observe() == pytest.approx(48.0)  # on time: 480x
+    real.t += 1.0  # the reader is held up for a second (480 simulated seconds)
+    assert clock.now() == pytest.approx(48.0 + 90.0)  # others see the world wait
+    assert clock.observe() == pytest.approx(48.0 + 90.0)  # and so does the reader
+    real.t += 0.1
+    assert clock.now() == pytest.approx(138.0 + 48.0)  # then time runs at 480x again
+    assert clock.observe() == pytest.approx(138.0 + 48.0)
+
+
+def test_without_a_bound_simulated_time_runs_on(monkeypatch):
+    real = FakeMonotonic(monkeypatch)
+    clock = SimClock(480.0, start=0.0, max_lag=0.0)
+    real.t += 10.0
+    assert clock.now() == clock.observe() == pytest.approx(4800.0)
+
+
+def test_simulated_time_never_goes_back_whoever_reads_it(monkeypatch):
+    import random
+    real = FakeMonotonic(monkeypatch)
+    clock = SimClock(480.0, start=0.0, max_lag=90.0)
+    rng, last = random.Random(1), 0.0
+    for _ in range(2000):
+        real.t += rng.choice((0.0, 0.01, 0.1, 0.3, 2.0))
+        now = clock.observe() if rng.random() < 0.3 else clock.now()
+        assert now >= last
+        last = now
+    assert last > 90.0 * 100  # and it went forward
+
+
+def test_while_the_runtime_is_down_time_runs_unobserved(simulator):
+    """Between jobs no reader can look (the port is closed), so the simulator itself moves
+    the bound: the next job comes up although nothing polls."""
+    workload = Workload("job-restart", seed=0, start_time=0.0)
+    first, second = workload.jobs
+    acceleration = 2000.0
+    clock = SimClock(acceleration, start=first.end_time + 1.0, max_lag=10.0)
+    sim = simulator(workload, clock)
+    source = TpuRuntimeSource("127.0.0.1", sim.ports, 0.5, inventory_for("v4", 4))
+    assert second.start_time - first.end_time > 10.0 * 5  # far beyond the bound
+
+    def reading():
+        try:
+            return source.poll()
+        except SourceUnavailable:
+            return None
+
+    assert len(wait_for(reading, timeout=20).chips) == 4
+    assert clock.now() >= second.start_time
+    source.close()

@@ -183,7 +183,8 @@ def build(config: Config, simulate: bool = False, env: Mapping[str, str] | None 
         simulator = spawn_simulator(config["simulator.scenario"], config["simulator.chips"],
                                     config["simulator.chip_type"], config["simulator.acceleration"],
                                     config["simulator.seed"],
-                                    report_to=str(reporters.path) if reporters else None)
+                                    report_to=str(reporters.path) if reporters else None,
+                                    max_lag=config["simulator.max_lag"])
         inventory = inventory_for(config["simulator.chip_type"], config["simulator.chips"])
         address, ports, tpu_env = "127.0.0.1", simulator.ports, {}
         sim_pid = simulator.pid

@@ -55,6 +55,9 @@ def hbm_total_bytes(chip_type: str) -> int:
 @click.option("--acceleration", type=float, default=None,
               help="Simulated seconds per real second [default: 60].")
 @click.option("--seed", type=int, default=None, help="Random seed [default: 0].")
+@click.option("--max-lag", type=float, default=None, metavar="SECONDS",
+              help="Simulated seconds the job may run ahead of the last reader; 0 for "
+                   "no bound [default: 90].")
 @click.option("--listen", "listen_host", default="127.0.0.1", show_default=True,
               help="Address to serve on (keep it on loopback).")
 @click.option("--port", "ports", default="8431", show_default=True, metavar="LIST",
@@ -73,8 +76,8 @@ def hbm_total_bytes(chip_type: str) -> int:
 @click.option("--exit-with-parent", is_flag=True, hidden=True)
 def command(config_path: str | None, scenario: str | None, chips: int | None,
             chip_type: str | None, acceleration: float | None, seed: int | None,
-            listen_host: str, ports: str, list_scenarios: bool, write_trace: str | None,
-            duration: str, poll_interval: float, report_to: str | None,
+            max_lag: float | None, listen_host: str, ports: str, list_scenarios: bool,
+            write_trace: str | None, duration: str, poll_interval: float, report_to: str | None,
             exit_with_parent: bool) -> None:
     """Simulate a TPU VM's chips for a training workload, on loopback, with no TPU.
 
@@ -91,7 +94,7 @@ def command(config_path: str | None, scenario: str | None, chips: int | None,
     config = load_config(config_path, {
         "simulator.scenario": scenario, "simulator.chips": chips,
         "simulator.chip_type": chip_type, "simulator.acceleration": acceleration,
-        "simulator.seed": seed})
+        "simulator.seed": seed, "simulator.max_lag": max_lag})
     setup_logging(config["agent.log_level"])
     chip_count = config["simulator.chips"]
     total = hbm_total_bytes(config["simulator.chip_type"])
@@ -101,7 +104,7 @@ def command(config_path: str | None, scenario: str | None, chips: int | None,
         return
     from tpumon.sim.server import SimClock
 
-    clock = SimClock(config["simulator.acceleration"])
+    clock = SimClock(config["simulator.acceleration"], max_lag=config["simulator.max_lag"])
     workload = Workload(config["simulator.scenario"], chips=chip_count, hbm_total_bytes=total,
                         seed=config["simulator.seed"], start_time=clock.now())
     _serve(workload, clock, listen_host, ports_value(ports) or [8431], chip_count,

@@ -43,13 +43,14 @@ class SimulatorProcess:
 
 
 def spawn_simulator(scenario: str, chips: int, chip_type: str, acceleration: float,
-                    seed: int, timeout: float = 30.0,
-                    report_to: str | None = None) -> SimulatorProcess:
+                    seed: int, timeout: float = 30.0, report_to: str | None = None,
+                    max_lag: float = 0.0) -> SimulatorProcess:
     """Start the child on free loopback ports and wait for its ready line; with
     ``report_to`` it also reports its step there, as an instrumented job would."""
     cmd = [sys.executable, "-m", "tpumon", "sim", "--listen", "127.0.0.1", "--port", "0",
            "--scenario", scenario, "--chips", str(chips), "--chip-type", chip_type,
-           "--acceleration", repr(acceleration), "--seed", str(seed), "--exit-with-parent"]
+           "--acceleration", repr(acceleration), "--seed", str(seed), "--max-lag", repr(max_lag),
+           "--exit-with-parent"]
     if report_to:
         cmd += ["--report-to", report_to]
     env = {k: v for k, v in os.environ.items() if not k.startswith("TPUMON_")}

@@ -10,6 +10,7 @@ the wall clock.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from concurrent import futures
@@ -25,15 +26,45 @@ log = logging.getLogger("tpumon.sim")
 
 
 class SimClock:
-    """Simulated Unix time: starts at ``start`` (default now) and runs ``acceleration``x."""
+    """Simulated Unix time: starts at ``start`` (default now) and runs ``acceleration``x,
+    but never more than ``max_lag`` simulated seconds past the observer's last look.
 
-    def __init__(self, acceleration: float, start: float | None = None) -> None:
+    The observer is whoever reads the runtime (the agent's polls, tpu-info). At high
+    accelerations a host that stalls the agent for a fraction of a second would otherwise
+    let the simulated job run minutes ahead unseen: gaps a real agent polling every
+    second never sees, and which its detector rightly treats as breaks. With the bound,
+    the simulated world waits for a late observer instead, so what the agent sees depends
+    on its polls, not on how busy the host is. 0 (or less) means no bound.
+    """
+
+    def __init__(self, acceleration: float, start: float | None = None,
+                 max_lag: float = 0.0) -> None:
         self.acceleration = acceleration
         self._mono0 = time.monotonic()
         self._start = time.time() if start is None else start
+        self._max_lag_real = max_lag / acceleration if max_lag > 0 else math.inf
+        self._waited = 0.0  # real seconds the simulated world spent waiting for the observer
+        self._seen = self._mono0  # real time of the observer's last look
+        self._last = -math.inf  # the latest time given out: never go back, not by a rounding
+        self._lock = threading.Lock()
 
     def now(self) -> float:
-        return self._start + (time.monotonic() - self._mono0) * self.acceleration
+        """The simulated time, for anyone but the observer: it does not move the bound."""
+        with self._lock:
+            return self._simulated(min(time.monotonic(), self._seen + self._max_lag_real))
+
+    def observe(self) -> float:
+        """The simulated time as the observer's look sees it; the look moves the bound."""
+        with self._lock:
+            real = time.monotonic()
+            self._waited += max(0.0, real - self._seen - self._max_lag_real)
+            self._seen = real
+            return self._simulated(real)
+
+    def _simulated(self, real: float) -> float:
+        self._last = max(self._last, self._start + (real - self._mono0 - self._waited)
+                         * self.acceleration)
+        return self._last
 
 
 class SampleCache:
@@ -51,11 +82,13 @@ class SampleCache:
         self._sample: WorkloadSample | None = None
         self._taken = -1e9
 
-    def current(self) -> WorkloadSample:
+    def current(self, observed: bool = False) -> WorkloadSample:
         """The shared sample, renewed once ``hold_seconds`` passed, on the wall clock or
-        (scaled by the acceleration) on the simulated one."""
+        (scaled by the acceleration) on the simulated one; ``observed`` when the runtime's
+        reader asks (see :class:`SimClock`)."""
         with self._lock:
-            now, sim_now = time.monotonic(), self.clock.now()
+            now = time.monotonic()
+            sim_now = self.clock.observe() if observed else self.clock.now()
             stale = self._sample is None or now - self._taken > self._hold or \
                 abs(sim_now - self._sample.time) > self._hold * self.clock.acceleration
             if stale:
@@ -83,7 +116,7 @@ class SimulatedRuntime(pb_grpc.RuntimeMetricServiceServicer):
         self._device_ids = device_ids
 
     def GetRuntimeMetric(self, request: pb.MetricRequest, context: grpc.ServicerContext) -> pb.MetricResponse:
-        sample = self._samples.current()
+        sample = self._samples.current(observed=True)
         if not sample.runtime_up:
             context.abort(grpc.StatusCode.UNAVAILABLE, "runtime is not running")
         values = {
@@ -145,9 +178,11 @@ class Simulator:
             server.stop(grace=None)
 
     def _follow_job(self) -> None:
-        """Close the ports while the simulated runtime is down, reopen them when it is back."""
+        """Close the ports while the simulated runtime is down, reopen them when it is back.
+        While they are closed no reader can look, so time runs on unobserved."""
         while not self._stop.wait(0.1):
-            up = self.samples.current().runtime_up
+            closed = all(server is None for server in self._servers)
+            up = self.samples.current(observed=closed).runtime_up
             for i, server in enumerate(self._servers):
                 if up and server is None:
                     log.info("simulated runtime back on port %d", self.ports[i])
