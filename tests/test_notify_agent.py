@@ -15,6 +15,7 @@ from tools import TPUMON, AgentProcess, FakeReporter, wait_for
 
 WEBHOOK_SECRET = "/services/T0SECRET/B0SECRET/s3cr3tW3bh00kT0k3n"
 ROUTING_KEY = "R0UT1NGK3Y5ECRETR0UT1NGK3Y5ECRET"
+REPORT_TIMEOUT = 130  # the page's own bound on its `tpumon report` child is 120 s
 
 
 def keep_stepping(reporter: FakeReporter, done: threading.Event) -> None:
@@ -114,11 +115,11 @@ def test_the_agent_serves_its_report_for_notification_links(tmp_path):
     agent = AgentProcess(tmp_path, tmp_path / "state")
     try:
         wait_for(lambda: (agent.value("tpumon_store_polls_written_total") or 0) >= 100, 60)
-        page = agent.get("/report")
+        page = agent.get("/report", timeout=REPORT_TIMEOUT)  # a child draws it: seconds
         assert page.startswith("<!DOCTYPE html>") and "data:image/png;base64," in page
         assert "<title>tpumon report: vm</title>" in page  # the simulated host ...
         assert "<th>Chips</th><td>0, 1, 2, 3</td>" in page  # ... and its chips
-        assert agent.get("/report") == page  # drawn once, kept a minute
+        assert agent.get("/report", timeout=REPORT_TIMEOUT) == page  # drawn once, kept a minute
     finally:
         assert agent.stop() == 0
 

@@ -133,8 +133,8 @@ class AgentProcess:
     def log(self) -> str:
         return self.log_path.read_text()
 
-    def get(self, path: str) -> str:
-        with urllib.request.urlopen(f"http://{self.url}{path}", timeout=5) as r:
+    def get(self, path: str, timeout: float = 5.0) -> str:
+        with urllib.request.urlopen(f"http://{self.url}{path}", timeout=timeout) as r:
             return r.read().decode()
 
     def metrics(self) -> dict[tuple[str, tuple], float]:
