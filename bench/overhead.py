@@ -23,6 +23,8 @@ from __future__ import annotations
 import argparse
 import bisect
 import math
+import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -35,6 +37,7 @@ from typing import NamedTuple
 import psutil
 
 from soak import MIB, report_loop  # bench/ is on sys.path when this runs as a script
+from tpumon.sources.reporter import kernel_queue_length
 from tools import AgentProcess, Processes, free_port, ready, wait_for  # via soak's path
 
 NODE_EXPORTER = "/usr/bin/prometheus-node-exporter"
@@ -170,7 +173,8 @@ def run(args: argparse.Namespace) -> int:
             thread.start()
         print(f"# overhead: agent polling every {args.poll_interval:g} s (simulator at "
               f"{args.acceleration:g}x), {args.reports:g} reports/s; {args.minutes:g} min "
-              f"after {args.warmup:g} s warm-up, scrapes every {args.scrape_every:g} s; {tmp}",
+              f"after {args.warmup:g} s warm-up, scrapes every {args.scrape_every:g} s; "
+              f"datagram queue {kernel_queue_length()}; {tmp}",
               flush=True)
         time.sleep(args.warmup)
         before = histogram(agent.metrics(), "tpumon_poll_duration_seconds")
@@ -227,6 +231,24 @@ def report(cpu: dict[str, Cpu], rss: dict[str, list[int]], shared: dict[str, lis
     return 1 if missed else 0
 
 
+def in_network_namespace(queue_length: int) -> None:
+    """Re-run this bench in a network namespace of its own whose ``net.unix.max_dgram_qlen``
+    is ``queue_length`` (root only; the sysctl is per namespace and read when a socket is
+    made). The kernel's default is 10; systemd raises it to 512 at boot, so a TPU VM's
+    Ubuntu runs with 512, while a container without systemd keeps 10."""
+    if os.environ.get("BENCH_NETNS_QLEN") == str(queue_length):
+        return
+    missing = [tool for tool in ("unshare", "ip", "sysctl") if shutil.which(tool) is None]
+    if missing or os.geteuid() != 0:
+        sys.exit("--unix-dgram-qlen needs root and unshare, ip and sysctl"
+                 + (f" ({', '.join(missing)} not found)" if missing else ""))
+    script = (f"ip link set lo up && sysctl -q -w net.unix.max_dgram_qlen={queue_length} && "
+              f'exec "$0" "$@"')
+    os.environ["BENCH_NETNS_QLEN"] = str(queue_length)
+    os.execvp("unshare", ["unshare", "--net", "sh", "-c", script, sys.executable,
+                          *sys.argv])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--minutes", type=float, default=5.0)
@@ -245,7 +267,13 @@ def main() -> None:
                              "RSS levels off after about 100 s)")
     parser.add_argument("--sample-every", type=float, default=5.0,
                         help="seconds between RSS samples")
-    sys.exit(run(parser.parse_args()))
+    parser.add_argument("--unix-dgram-qlen", type=int, default=None, metavar="N",
+                        help="run in a network namespace of its own with this datagram queue "
+                             "length (root): 512 is what systemd sets on a TPU VM")
+    args = parser.parse_args()
+    if args.unix_dgram_qlen is not None:
+        in_network_namespace(args.unix_dgram_qlen)
+    sys.exit(run(args))
 
 
 if __name__ == "__main__":
