@@ -191,3 +191,24 @@ def test_while_the_runtime_is_down_time_runs_unobserved(simulator):
     assert len(wait_for(reading, timeout=20).chips) == 4
     assert clock.now() >= second.start_time
     source.close()
+
+
+@pytest.mark.parametrize("poll_interval, acceleration, waits", [
+    (5.0, 60.0, True),  # 300 simulated s between polls: the job waits, at about 18x
+    (0.25, 60.0, False),  # make demo's pace: 15 s apart
+    (0.1, 480.0, False),  # the end-to-end tests': 48 s apart
+])
+def test_the_agent_says_when_its_polls_slow_the_simulation(caplog, poll_interval,
+                                                           acceleration, waits):
+    from tpumon.bootstrap import _note_simulation_pace
+    from tpumon.config import load_config
+    config = load_config(overrides={"agent.poll_interval": poll_interval,
+                                    "simulator.acceleration": acceleration}, env={})
+    with caplog.at_level("INFO", logger="tpumon.bootstrap"):
+        _note_simulation_pace(config)
+    said = [r.getMessage() for r in caplog.records]
+    assert bool(said) == waits
+    if waits:
+        assert said == ["polls every 5 s at 60x are 300 simulated s apart, more than "
+                        "simulator.max_lag (90 s): the simulated job waits for each poll "
+                        "(about 18x)"]

@@ -168,6 +168,20 @@ def open_notifier(config: Config, simulate: bool, state: AgentState,
     return Notifier(lambda: state.snapshot, tracker, outbox, channels)
 
 
+def _note_simulation_pace(config: Config) -> None:
+    """Say so when polls come further apart in simulated time than the simulator lets its
+    job run ahead (simulator.max_lag): the simulated job then waits for each poll, so
+    time runs slower than --acceleration asks, and the user should know why."""
+    apart = config["agent.poll_interval"] * config["simulator.acceleration"]
+    bound = config["simulator.max_lag"]
+    if bound > 0 and apart > bound:
+        log.info("polls every %g s at %gx are %g simulated s apart, more than "
+                 "simulator.max_lag (%g s): the simulated job waits for each poll "
+                 "(about %gx)", config["agent.poll_interval"],
+                 config["simulator.acceleration"], apart, bound,
+                 bound / config["agent.poll_interval"])
+
+
 def build(config: Config, simulate: bool = False, env: Mapping[str, str] | None = None,
           history: bool = True) -> Assembly:
     """Wire sources, state and exporter registry; start the simulator child if asked.
@@ -192,6 +206,7 @@ def build(config: Config, simulate: bool = False, env: Mapping[str, str] | None 
         log.info("simulating %d %s chips (scenario %s, %gx time) on 127.0.0.1:%s",
                  inventory.count, inventory.chip_type, config["simulator.scenario"],
                  config["simulator.acceleration"], ",".join(map(str, ports)))
+        _note_simulation_pace(config)
     else:
         inventory = detect_chips()
         tpu_env = discover_tpu_env(config["identity.metadata"],

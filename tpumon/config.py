@@ -248,7 +248,8 @@ SCHEMA: tuple[Key, ...] = (
     Key("simulator", "max_lag", float, 90.0,
         "Simulated seconds the job may run ahead of the runtime's last reader; a reader "
         "that comes later finds the simulated world waited for it (polls never farther "
-        "apart than this, however busy the host). 0: time runs on regardless.",
+        "apart than this, however busy the host; polls set further apart slow the "
+        "simulation to it). 0: time runs on regardless.",
         _non_negative),
 )
 
