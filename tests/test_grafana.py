@@ -36,8 +36,8 @@ import promql_parser
 import pytest
 import yaml
 
-from tools import (FakeReporter, Processes, free_port, get, prometheus_config, ready,
-                   require_tool, wait_for)
+from tools import (DENSE_POLLS, FakeReporter, Processes, free_port, get, prometheus_config,
+                   ready, require_tool, wait_for)
 
 ROOT = Path(__file__).resolve().parent.parent
 GRAFANA = ROOT / "grafana"
@@ -398,7 +398,7 @@ def test_every_query_returns_data_from_a_simulated_pod(tmp_path, processes, trai
     prometheus = require_tool("prometheus")
     ports = [free_port() for _ in HOSTS]
     prom_port = free_port()
-    base_env = {k: v for k, v in os.environ.items() if not k.startswith("TPUMON_")}
+    base_env = {k: v for k, v in os.environ.items() if not k.startswith("TPUMON_")} | DENSE_POLLS
     for worker, (host, port) in enumerate(zip(HOSTS, ports)):
         env = {**base_env, "TPUMON_IDENTITY_HOSTNAME": host,
                "TPUMON_IDENTITY_WORKER": str(worker), "TPUMON_IDENTITY_SLICE": SLICE,

@@ -10,7 +10,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from fake_alert_apis import FakeAlertAPI
-from tools import TPUMON, AgentProcess, wait_for
+from tools import DENSE_POLLS, TPUMON, AgentProcess, wait_for
 
 
 def finished_snapshot(agent: AgentProcess) -> dict | None:
@@ -39,7 +39,7 @@ def test_a_called_leak_brings_snapshots_that_name_the_leaking_tensor(tmp_path):
         agent = AgentProcess(
             tmp_path, None, "--scenario", "linear-leak", "--acceleration", "480",
             "--poll-interval", "0.1", "--reporter-socket", str(socket_path),
-            env={"TPUMON_SLACK_WEBHOOK_URL": slack.url})
+            env={"TPUMON_SLACK_WEBHOOK_URL": slack.url, **DENSE_POLLS})
         try:
             try:  # the leak is called some 5 simulated hours in: ~40 s at 480x
                 found = wait_for(lambda: finished_snapshot(agent), 240)

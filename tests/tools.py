@@ -21,6 +21,12 @@ from tpumon.instrument import Reporter
 
 TPUMON = [sys.executable, "-m", "tpumon"]
 
+#: For agents that simulate at 480x and poll every 0.1 s (48 simulated seconds apart): the
+#: simulated job waits for any poll held up past 50 simulated seconds, so that on a slow
+#: host the detector sees polls as dense as on a quick one, and the leak is called as
+#: many simulated hours before the simulated OOM (docs/architecture.md).
+DENSE_POLLS = {"TPUMON_SIMULATOR_MAX_LAG": "50"}
+
 
 def require_tool(name: str) -> str:
     """Path of an external tool; skip without it locally, but fail in CI, where
