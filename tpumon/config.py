@@ -340,13 +340,13 @@ def parse_listen_address(value: str) -> tuple[str, int]:
     return host, int(port)
 
 
-
 def reachable_host(host: str) -> str:
     """Where this machine reaches a server listening on ``host``: a wildcard ('', 0.0.0.0,
     ::) means its loopback, any other address itself."""
     if host in ("", "0.0.0.0"):
         return "127.0.0.1"
     return "::1" if host == "::" else host
+
 
 def _unknown_key(name: str, known: list[str], where: str) -> ConfigError:
     hint = difflib.get_close_matches(name, known, n=1)
