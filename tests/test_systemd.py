@@ -4,7 +4,6 @@ deploy/install.sh installing, upgrading and removing in a scratch root."""
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import signal
@@ -16,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tools import TPUMON, require_tool
+from tools import AgentProcess, require_tool
 from tpumon.detect import Assessment, Verdict
 from tpumon.identity import Identity
 from tpumon.samples import ChipSample, RuntimeReading
@@ -66,15 +65,21 @@ def test_the_unit_is_hardened(tmp_path):
 
 
 class NotifySocket:
-    """A datagram socket standing in for systemd's $NOTIFY_SOCKET."""
+    """A datagram socket standing in for systemd's $NOTIFY_SOCKET: at ``path``, or at an
+    abstract address the kernel picks (unique in the network namespace, which other test
+    runs on the host may share), as ``address`` spells it for $NOTIFY_SOCKET."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, path: Path | None) -> None:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.sock.bind(address)
+        self.sock.bind(str(path) if path else "")  # "": autobind to an abstract address
+        bound = self.sock.getsockname()
+        self.address = bound if path else "@" + (bound.decode() if isinstance(bound, bytes)
+                                                 else bound)[1:]
         self.sock.settimeout(1.0)
         self.messages: list[dict[str, str]] = []
 
-    def wait_for(self, key: str, timeout: float = 60.0) -> dict[str, str]:
+    def wait_for(self, key: str, timeout: float = 60.0, value: str = "") -> dict[str, str]:
+        """The next message carrying ``key`` (with ``value`` in it, if given)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
@@ -83,31 +88,35 @@ class NotifySocket:
                 continue
             message = dict(line.split("=", 1) for line in raw.splitlines())
             self.messages.append(message)
-            if key in message:
+            if key in message and value in message[key]:
                 return message
-        raise AssertionError(f"no {key} within {timeout} s; got {self.messages}")
+        raise AssertionError(f"no {key}={value!r} within {timeout} s; got {self.messages}")
 
 
 @pytest.mark.parametrize("abstract", [False, True])
 def test_the_agent_speaks_sd_notify(tmp_path, abstract):
-    address = f"@tpumon-test-{os.getpid()}" if abstract else str(tmp_path / "notify.sock")
-    notify = NotifySocket("\0" + address[1:] if abstract else address)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TPUMON_")}
-    env.update(NOTIFY_SOCKET=address, WATCHDOG_USEC="600000")  # a watchdog every 0.2 s
-    agent = subprocess.Popen([*TPUMON, "agent", "--simulate", "--listen-address",
-                              "127.0.0.1:0", "--poll-interval", "0.1"], env=env,
-                             stderr=subprocess.DEVNULL)
+    notify = NotifySocket(None if abstract else tmp_path / "notify.sock")
+    agent = AgentProcess(tmp_path, None, "--poll-interval", "0.1",
+                         env={"NOTIFY_SOCKET": notify.address,
+                              "WATCHDOG_USEC": "600000"})  # a watchdog every 0.2 s
     try:
+        # READY after the first poll, whatever it found (on a slow host the runtime may
+        # not have answered it yet); then the chips, as STATUS= changes.
         ready = notify.wait_for("READY")
-        assert ready["READY"] == "1" and "chip(s) polled" in ready["STATUS"]
+        assert ready["READY"] == "1" and ready["STATUS"], ready
+        if "chip(s) polled" not in ready["STATUS"]:
+            notify.wait_for("STATUS", value="chip(s) polled")
         for _ in range(3):  # kept coming while the poll loop runs
             notify.wait_for("WATCHDOG")
-        agent.send_signal(signal.SIGTERM)
+        agent.proc.send_signal(signal.SIGTERM)
         assert notify.wait_for("STOPPING")["STOPPING"] == "1"
-        assert agent.wait(30) == 0
+        assert agent.stop() == 0
+    except AssertionError as failure:
+        raise AssertionError(f"{failure}\nthe agent's log ends:\n{agent.log()[-3000:]}"
+                             ) from None
     finally:
-        if agent.poll() is None:
-            agent.kill()
+        if agent.proc.poll() is None:
+            agent.proc.kill()
         notify.sock.close()
 
 
