@@ -47,12 +47,12 @@ demo: venv
 		--poll-interval 0.25 --state-dir .demo-state --reporter-socket .demo-state/reporter.sock
 
 test: system-deps-test $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=15
 
 # Real PyTorch/XLA and JAX on CPU against the agent (a separate ~7 GB venv).
 test-frameworks:
 	scripts/frameworks-venv
-	RUN_FRAMEWORK_TESTS=1 .venv-frameworks/bin/python -m pytest -q tests/frameworks
+	RUN_FRAMEWORK_TESTS=1 .venv-frameworks/bin/python -m pytest -q --durations=5 tests/frameworks
 
 bench: system-deps-bench venv
 	$(BIN)/python bench/run.py

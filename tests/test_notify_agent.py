@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import threading
+import time
 
 from fake_alert_apis import FakeAlertAPI
 from tools import TPUMON, AgentProcess, FakeReporter, wait_for
@@ -25,6 +26,14 @@ def keep_stepping(reporter: FakeReporter, done: threading.Event) -> None:
         step += 1
 
 
+def received(*apis: FakeAlertAPI) -> str:
+    """What each fake service got, and when, for a failure's message."""
+    return "; ".join(f"{api.kind} got " + ", ".join(
+        f"{time.strftime('%H:%M:%S', time.localtime(r.time))} "
+        f"{r.body.get('event_action') or r.body.get('text', '')[:60]!r}" for r in api.requests)
+        for api in apis)
+
+
 def test_a_stalled_step_is_paged_and_resolved_without_leaking_secrets(tmp_path):
     socket_path = tmp_path / "reporter.sock"
     with FakeAlertAPI("slack", path=WEBHOOK_SECRET) as slack, \
@@ -33,7 +42,9 @@ def test_a_stalled_step_is_paged_and_resolved_without_leaking_secrets(tmp_path):
                "TPUMON_PAGERDUTY_ROUTING_KEY": ROUTING_KEY,
                "TPUMON_PAGERDUTY_URL": pagerduty.url,
                "TPUMON_PAGERDUTY_MIN_SEVERITY": "warning",
-               "TPUMON_ALERTS_TRAINING_STALL_MINUTES": "0.05",   # 3 s
+               # 12 s: far past the stepper's 0.2 s, so that on a starved host a stepper
+               # held up for seconds after the resolve does not page again
+               "TPUMON_ALERTS_TRAINING_STALL_MINUTES": "0.2",
                "TPUMON_ALERTS_RESOLVE_AFTER_MINUTES": "0.05",
                "TPUMON_ALERTS_DASHBOARD_URL": "https://grafana.example/d/x?var-host={host}"}
         agent = AgentProcess(tmp_path, tmp_path / "state", "--reporter-socket",
@@ -61,10 +72,14 @@ def test_a_stalled_step_is_paged_and_resolved_without_leaking_secrets(tmp_path):
                                "dedup_key": trigger["dedup_key"]}
             assert "Resolved" in slack.wait_for_requests(2, 30)[1].body["text"]
             for name in ("pagerduty", "slack"):  # the snapshot after the deliveries
-                wait_for(lambda: agent.value("tpumon_notifier_deliveries_total",
-                                             notifier=name) == 2, 30)
-                wait_for(lambda: agent.value("tpumon_notifier_pending_notifications",
-                                             notifier=name) == 0, 30)
+                try:
+                    wait_for(lambda: agent.value("tpumon_notifier_deliveries_total",
+                                                 notifier=name) == 2, 30)
+                    wait_for(lambda: agent.value("tpumon_notifier_pending_notifications",
+                                                 notifier=name) == 0, 30)
+                except AssertionError as failure:
+                    raise AssertionError(f"{name}: {failure}; {received(slack, pagerduty)}; "
+                                         f"the agent's log ends:\n{agent.log()[-3000:]}") from None
             assert agent.value("tpumon_notifier_up", notifier="slack") == 1
             status = json.loads(agent.get("/api/status"))
             assert {c["name"] for c in status["notifications"]["channels"]} == {
@@ -83,7 +98,8 @@ def test_a_stalled_step_is_paged_and_resolved_without_leaking_secrets(tmp_path):
         exposed["log"] = agent.log()
         for where, text in exposed.items():
             assert "s3cr3tW3bh00kT0k3n" not in text and ROUTING_KEY not in text, where
-        assert len(slack.requests) == 2 and len(pagerduty.requests) == 2  # nothing twice
+        assert len(slack.requests) == 2 and len(pagerduty.requests) == 2, \
+            received(slack, pagerduty)  # nothing twice
         assert "Traceback" not in exposed["log"]
 
 
