@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -207,29 +208,72 @@ def voluntary_switches(thread_id: int) -> int:
     return int(status.split("voluntary_ctxt_switches:")[1].split()[0])
 
 
+class Lateness:
+    """The longest a thread sleeping 10 ms at a time woke late while the block ran: how long
+    this process was held off the CPU (by the host, its hypervisor or the GIL)."""
+
+    def __enter__(self) -> "Lateness":
+        self.worst = 0.0
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+        return self
+
+    def _watch(self) -> None:
+        while True:
+            asked = time.monotonic()
+            if self._done.wait(0.01):
+                return
+            self.worst = max(self.worst, time.monotonic() - asked - 0.01)
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join()
+
+
+# Held off the CPU this long, the receiving thread can let the kernel's queue of 10 fill
+# (the pacer keeps it under half: 5 reports, 0.2 s at 25 a second): a loss then says
+# nothing about the pacer, and the run is repeated.
+STARVED = 0.1
+
+
 def test_a_steady_sender_loses_nothing_and_wakes_the_thread_for_a_fraction_of_reports(
         receiver):
     """At 25 reports a second for 4 s against the kernel's queue (10 by default): every
     report arrives, and the receiving thread woke for well under one in two (the old loop
-    woke for every one, and more: 220 switches for 200 reports; the paced one ~35 here)."""
+    woke for every one, and more: 220 switches for 200 reports; the paced one ~35 here).
+    A report lost while this process was held off the CPU is the host's doing: that run
+    is repeated; one lost without is the pacer's, and fails."""
     r = receiver()
     reporter = FakeReporter(socket=str(r.path), min_interval=0)
     thread = r._thread.native_id
-    before = voluntary_switches(thread)
-    started = time.monotonic()
-    for step in range(100):
-        reporter.step(step)
-        time.sleep(max(0.0, started + (step + 1) / 25 - time.monotonic()))
-    def accounted() -> tuple[int, int, dict] | None:  # every report received or dropped
-        seen = r.poll()
-        counts = (seen.reports_total, reporter.dropped, seen.dropped_total)
-        return counts if counts[0] + counts[1] + sum(counts[2].values()) >= 100 else None
+    starved = []
+    for _ in range(3):
+        before = (r.poll().reports_total, reporter.dropped, voluntary_switches(thread))
+        with Lateness() as late:
+            started = time.monotonic()
+            for step in range(100):
+                reporter.step(step)
+                time.sleep(max(0.0, started + (step + 1) / 25 - time.monotonic()))
 
-    received, dropped_sending, dropped = wait_for(accounted, 60)
-    assert (received, dropped_sending) == (100, 0), (received, dropped_sending, dropped)
-    assert dropped == dict.fromkeys(
-        ("oversized", "malformed", "version", "forbidden", "backlog"), 0)
-    assert voluntary_switches(thread) - before < 60
+            def accounted() -> tuple[int, int, dict] | None:  # each received or dropped
+                seen = r.poll()
+                counts = (seen.reports_total - before[0], reporter.dropped - before[1],
+                          seen.dropped_total)
+                return counts if counts[0] + counts[1] + sum(counts[2].values()) >= 100 \
+                    else None
+
+            received, dropped_sending, dropped = wait_for(accounted, 60)
+        assert dropped == dict.fromkeys(
+            ("oversized", "malformed", "version", "forbidden", "backlog"), 0)
+        if (received, dropped_sending) == (100, 0):
+            assert voluntary_switches(thread) - before[2] < 60
+            return
+        assert late.worst >= STARVED, (
+            f"{dropped_sending} of 100 reports lost, though this process was never held "
+            f"off the CPU for more than {late.worst * 1000:.0f} ms")
+        starved.append(f"{dropped_sending} lost, held off {late.worst * 1000:.0f} ms")
+    pytest.skip("the host held this process off the CPU in every run: " + "; ".join(starved))
 
 
 def test_a_silent_process_is_forgotten_once_it_exited_or_after_a_day(tmp_path):
