@@ -157,11 +157,12 @@ def test_read_only_and_full_disks_are_reported_and_monitoring_goes_on(tmp_path):
         subprocess.run(["nsenter", "-t", str(agent.proc.pid), "-m", "mount", "-o",
                         "remount,rw", str(mount)], check=True)
         recovered()
-        with open(inside / "filler", "wb") as f:  # fill the disk
+        # Fill the disk, unbuffered: a buffered file keeps what the full disk refused and
+        # tries it again at close, raising ENOSPC out of the `with`.
+        with open(inside / "filler", "wb", buffering=0) as f:
             try:
                 while True:
                     f.write(b"\0" * 65536)
-                    f.flush()
             except OSError:
                 pass
         outage("disk_full")
