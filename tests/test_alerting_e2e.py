@@ -30,7 +30,6 @@ hours (2.7 minutes), long after the test is done.
 from __future__ import annotations
 
 import json
-import os
 import re
 import sys
 from pathlib import Path
@@ -39,8 +38,8 @@ import pytest
 import yaml
 
 from fake_alert_apis import FakeAlertAPI
-from tools import (DENSE_POLLS, Processes, free_port, get, prometheus_config, ready,
-                   require_tool, wait_for)
+from tools import (DENSE_POLLS, Processes, clean_env, free_port, get, prometheus_config,
+                   ready, require_tool, wait_for)
 
 ROOT = Path(__file__).resolve().parent.parent
 HOST = "t1v-n-e2e0pod-w-0"
@@ -96,7 +95,7 @@ def test_leak_reaches_slack_and_pagerduty_through_prometheus_and_alertmanager(tm
     prometheus = require_tool("prometheus")
     alertmanager = require_tool("prometheus-alertmanager")
     agent_port, prom_port, am_port = free_port(), free_port(), free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TPUMON_")} | DENSE_POLLS
+    env = clean_env() | DENSE_POLLS
 
     with FakeAlertAPI("slack") as slack, FakeAlertAPI("pagerduty") as pagerduty:
         processes.start("agent", [

@@ -13,13 +13,13 @@ import urllib.request
 import pytest
 
 from fake_runtime import chips_metrics
-from tools import free_port, require_tool, wait_for
+from tools import clean_env, free_port, require_tool, wait_for
 
 TPUMON = [sys.executable, "-m", "tpumon"]
 
 
 def run(*args, env=None, timeout=60):
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("TPUMON_")}
+    full_env = clean_env()
     full_env.update(env or {})
     return subprocess.run(TPUMON + list(args), capture_output=True, text=True,
                           timeout=timeout, env=full_env)
@@ -147,7 +147,7 @@ def scrape(url):
 def test_agent_simulate_end_to_end(tmp_path):
     """The whole agent on the built-in simulator: metrics, promtool, owner RSS, SIGTERM."""
     log_path = tmp_path / "agent.log"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TPUMON_")}
+    env = clean_env()
     with open(log_path, "w") as log:
         agent = subprocess.Popen(TPUMON + ["agent", "--simulate", "--listen-address", "127.0.0.1:0",
                                            "--poll-interval", "0.5", "--acceleration", "120"],

@@ -23,7 +23,6 @@ minutes, so that the alert panels have alerts within the test's minute).
 from __future__ import annotations
 
 import json
-import os
 import re
 import sys
 import threading
@@ -36,8 +35,8 @@ import promql_parser
 import pytest
 import yaml
 
-from tools import (DENSE_POLLS, FakeReporter, Processes, free_port, get, prometheus_config,
-                   ready, require_tool, wait_for)
+from tools import (DENSE_POLLS, FakeReporter, Processes, clean_env, free_port, get,
+                   prometheus_config, ready, require_tool, wait_for)
 
 ROOT = Path(__file__).resolve().parent.parent
 GRAFANA = ROOT / "grafana"
@@ -398,7 +397,7 @@ def test_every_query_returns_data_from_a_simulated_pod(tmp_path, processes, trai
     prometheus = require_tool("prometheus")
     ports = [free_port() for _ in HOSTS]
     prom_port = free_port()
-    base_env = {k: v for k, v in os.environ.items() if not k.startswith("TPUMON_")} | DENSE_POLLS
+    base_env = clean_env() | DENSE_POLLS
     for worker, (host, port) in enumerate(zip(HOSTS, ports)):
         env = {**base_env, "TPUMON_IDENTITY_HOSTNAME": host,
                "TPUMON_IDENTITY_WORKER": str(worker), "TPUMON_IDENTITY_SLICE": SLICE,

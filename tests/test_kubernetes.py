@@ -35,7 +35,7 @@ import yaml
 from click.testing import CliRunner
 from prometheus_client import CollectorRegistry
 
-from tools import TPUMON, wait_for
+from tools import TPUMON, clean_env, wait_for
 from tpumon import __version__
 from tpumon.bootstrap import notification_channels
 from tpumon.cli import main as tpumon_cli
@@ -457,7 +457,7 @@ def test_the_agent_runs_as_the_daemonset_runs_it(tmp_path: Path, config_file: Pa
     args = [str(config_file) if a == config_path else a for a in container["args"]]
     credentials = tmp_path / "secrets"
     credentials.mkdir()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TPUMON_")}
+    env = clean_env()
     env.update(resolved_env(container))
     env.update(CREDENTIALS_DIRECTORY=str(credentials),
                TPUMON_STORE_STATE_DIR=str(tmp_path / "state"),

@@ -12,7 +12,7 @@ import threading
 import time
 
 from fake_alert_apis import FakeAlertAPI
-from tools import TPUMON, AgentProcess, FakeReporter, wait_for
+from tools import TPUMON, AgentProcess, FakeReporter, clean_env, wait_for
 
 WEBHOOK_SECRET = "/services/T0SECRET/B0SECRET/s3cr3tW3bh00kT0k3n"
 ROUTING_KEY = "R0UT1NGK3Y5ECRETR0UT1NGK3Y5ECRET"
@@ -104,7 +104,7 @@ def test_a_stalled_step_is_paged_and_resolved_without_leaking_secrets(tmp_path):
 
 
 def test_an_unreadable_secret_file_is_one_line_and_exit_1(tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TPUMON_")}
+    env = clean_env()
     env["TPUMON_PAGERDUTY_ROUTING_KEY_FILE"] = str(tmp_path / "missing")
     done = subprocess.run([*TPUMON, "agent", "--simulate", "--listen-address", "127.0.0.1:0"],
                           capture_output=True, text=True, env=env, timeout=60)
@@ -141,7 +141,7 @@ def test_the_agent_serves_its_report_for_notification_links(tmp_path):
 
 
 def test_a_link_template_with_an_unknown_placeholder_is_refused(tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TPUMON_")}
+    env = clean_env()
     env["TPUMON_ALERTS_REPORT_URL"] = "http://{hostname}:9847/report"
     done = subprocess.run([*TPUMON, "config", "show"], capture_output=True, text=True,
                           env=env, timeout=60)

@@ -16,7 +16,7 @@ import pytest
 
 from fake_runtime import chips_metrics
 from test_sim_server import ManualClock
-from tools import TPUMON, AgentProcess, wait_for
+from tools import TPUMON, AgentProcess, clean_env, wait_for
 from tpumon.agent import Agent, OwnerScanner
 from tpumon.detect import ChipDetector, Verdict
 from tpumon.exporters.prometheus import build_registry
@@ -180,7 +180,7 @@ def test_read_only_and_full_disks_are_reported_and_monitoring_goes_on(tmp_path):
 def test_one_off_status_leaves_the_history_store_alone(tmp_path):
     """`tpumon status --direct` builds an agent for one poll; it must not open (or create)
     the store the real agent owns."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TPUMON_")}
+    env = clean_env()
     env["TPUMON_STORE_STATE_DIR"] = str(tmp_path / "state")
     result = subprocess.run([*TPUMON, "status", "--direct", "--runtime-ports", "1"],
                             capture_output=True, text=True, timeout=60, env=env)

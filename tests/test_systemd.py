@@ -72,9 +72,8 @@ class NotifySocket:
     def __init__(self, path: Path | None) -> None:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.sock.bind(str(path) if path else "")  # "": autobind to an abstract address
-        bound = self.sock.getsockname()
-        self.address = bound if path else "@" + (bound.decode() if isinstance(bound, bytes)
-                                                 else bound)[1:]
+        # Linux names an abstract address in bytes, with a leading NUL: "@" in its place
+        self.address = str(path) if path else "@" + self.sock.getsockname()[1:].decode()
         self.sock.settimeout(1.0)
         self.messages: list[dict[str, str]] = []
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tools import TPUMON, AgentProcess, free_port, require_tool, wait_for
+from tools import TPUMON, AgentProcess, clean_env, free_port, require_tool, wait_for
 
 COLUMNS, ROWS = 80, 30
 
@@ -24,7 +24,7 @@ class Tmux:
         self.name = f"tpumon-test-{os.getpid()}-{len(list(tmp.iterdir()))}"
         self.exit_file = tmp / "exit-status"
         self.raw = tmp / "raw-output"
-        env = {k: v for k, v in os.environ.items() if not k.startswith("TPUMON_")}
+        env = clean_env()
         env.update(TERM="xterm-256color")
         self.run("new-session", "-d", "-s", "w", "-x", str(COLUMNS), "-y", str(ROWS),
                  f"{command}; echo $? > {self.exit_file}; sleep 60", env=env)

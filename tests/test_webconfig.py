@@ -35,7 +35,7 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry, Gauge
 
-from tools import Processes, free_port, require_tool, wait_for
+from tools import Processes, clean_env, free_port, require_tool, wait_for
 from tpumon.config import ConfigError
 from tpumon.exporters import webconfig
 from tpumon.exporters.http import MetricsServer
@@ -65,10 +65,6 @@ basicConstraints = CA:FALSE
 keyUsage = critical,digitalSignature
 extendedKeyUsage = clientAuth
 """
-
-
-def clean_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith("TPUMON_")}
 
 
 # --- certificates and web configuration files --------------------------------------------

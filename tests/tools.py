@@ -28,6 +28,12 @@ TPUMON = [sys.executable, "-m", "tpumon"]
 DENSE_POLLS = {"TPUMON_SIMULATOR_MAX_LAG": "50"}
 
 
+def clean_env() -> dict[str, str]:
+    """This process's environment without TPUMON_* variables: a developer's own settings
+    must not reach the agents and commands the tests start."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("TPUMON_")}
+
+
 def require_tool(name: str) -> str:
     """Path of an external tool; skip without it locally, but fail in CI, where
     `make test` must have installed it (a skip there would hide a missing install step)."""
@@ -125,7 +131,7 @@ class AgentProcess:
     def __init__(self, tmp: Path, state_dir: Path | None, *extra: str,
                  prefix: tuple[str, ...] = (), env: dict | None = None) -> None:
         self.log_path = tmp / f"agent-{len(list(tmp.glob('agent-*.log')))}.log"
-        full_env = {k: v for k, v in os.environ.items() if not k.startswith("TPUMON_")}
+        full_env = clean_env()
         full_env.update(env or {}, PYTHONFAULTHANDLER="1")
         with open(self.log_path, "w") as log:
             self.proc = subprocess.Popen(

@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
-from tools import free_port, wait_for  # noqa: E402
+from tools import clean_env, free_port, wait_for  # noqa: E402
 
 #: Steps per run: enough reports (at most 20 a second) for a trend after warm-up. A
 #: recompiling run is slow per step (a compile every 10 steps), so it needs fewer. JAX's
@@ -41,7 +41,7 @@ pytestmark = pytest.mark.timeout(480)
 def agent(tmp_path):
     """`tpumon agent` on this CPU machine: reporter socket on, history store off."""
     socket_path = tmp_path / "reporter.sock"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TPUMON_")}
+    env = clean_env()
     env.update(TPUMON_REPORTER_SOCKET=str(socket_path), TPUMON_STORE_STATE_DIR="")
     log_path = tmp_path / "agent.log"
     with open(log_path, "w") as log:
