@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from tpumon.instrument.protocol import REPORTER_ENV
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised only on 3.10
@@ -385,6 +387,8 @@ def _apply_env(config: Config, env: Mapping[str, str]) -> None:
         if not var.startswith(ENV_PREFIX) or var == f"{ENV_PREFIX}CONFIG":
             continue
         key = by_var.get(var)
+        if key is None and var in REPORTER_ENV:
+            continue  # read by training processes, not by the agent
         if key is None:
             raise _unknown_key(var, list(by_var), "environment")
         config.set(key.dotted, _parse_env_value(key, raw), f"environment {var}")
