@@ -25,7 +25,8 @@ from tpumon.sources.host import HostSource
 from tpumon.sources.tpu_runtime import TpuRuntimeSource
 from tpumon.notify.health import NotifierHealth
 from tpumon.notify.settings import AlertSettings
-from tpumon.processes import ProcessState, ProcessTracker, chip_processes
+from tpumon.processes import (ProcessState, ProcessTracker, chip_processes, growing_chips,
+                              with_hbm_growth)
 from tpumon.sources.reporter import ReporterSocket
 from tpumon.state import AgentState, Snapshot
 from tpumon.store.checkpoint import dump_detector
@@ -96,13 +97,15 @@ class Agent:
         runtime = self._runtime.poll()
         host = self._host.poll()
         reported = None if self._reporters is None else self._reporters.poll()
-        processes = self._processes.update(reported)
+        processes = self._processes.update(
+            reported, None if host is None else host.memory_available_bytes)
         owners = self._owners()
         attributed = chip_processes(runtime.chips if runtime else (), owners, processes)
         steps = self._steps(attributed, processes)
         samples = self._samples(runtime, steps)
         self._polls += 1
         assessments = self._detect(samples)
+        processes = with_hbm_growth(processes, attributed, growing_chips(assessments))
         if self._leak_snapshots is not None:
             self._leak_snapshots.update(assessments, attributed, processes, time.time())
         previous = self.state.snapshot

@@ -86,7 +86,12 @@ class Snapshot:
         result = self.tensor_snapshot(pid)
         if result is None or result.diff is None:
             return None
-        return result.diff.summary(self.process_growth_per_step(pid))
+        return result.diff.summary(self.process_growth_per_step(pid),
+                                   live_per_step=self.live_per_step(pid))
+
+    def live_per_step(self, pid: int) -> float | None:
+        state = self.processes.get(pid)
+        return None if state is None else state.live.per_step
 
     def chips(self) -> list[str]:
         """Every chip to report: those that answered and those expected but missing."""

@@ -66,6 +66,11 @@ class JaxReporter(Reporter):
             self._tracker = self._live().SiteTracker()
         return self._tracker
 
+    def framework_version(self) -> str | None:
+        import jax
+
+        return getattr(jax, "__version__", None)
+
     def framework_fields(self) -> dict[str, Any]:
         fields: dict[str, Any] = {
             "rank": self._rank, "ordinal": self._devices[0].id if self._devices else None,

@@ -63,6 +63,11 @@ class TorchXlaReporter(Reporter):
         the next sync. A closure runs once, so call this every step."""
         self._xm.add_step_closure(self.step, args=(step,))
 
+    def framework_version(self) -> str | None:
+        import torch_xla
+
+        return getattr(torch_xla, "__version__", None)
+
     def framework_fields(self) -> dict[str, Any]:
         counter = self._counter
         created = counter("CreateXlaTensor")
