@@ -63,6 +63,8 @@ def command(config_path: str | None, agent: str | None, pid: int | None, steps: 
     result = _wait(url, asked, timeout)
     if fmt == "json":
         click.echo(json.dumps(result, indent=2))
+    elif result.get("error"):
+        raise click.ClickException(f"pid {asked['pid']}: {snapshot_line(result)}")
     else:
         _render(asked["pid"], result, Console())
     if result.get("error"):
