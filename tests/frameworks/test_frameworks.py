@@ -90,16 +90,20 @@ def test_a_leaking_loop_is_told_from_a_clean_one(agent, framework):
     assert clean["live_tensors_per_step"] == 0 and not clean["recompiling"]
     leaky = process_status(url, framework, train(framework, socket_path, "--leak"),
                            exclude=clean["pid"])  # the second run reports under its own pid
-    # One f32[] a step: the count rises, no memory measurably does (4 bytes a step on a
-    # CPU backend's host memory), so "growing" with the cause named, never "leak".
-    assert leaky["verdict"] == "growing" and leaky["host_verdict"] == "ok", leaky
+    # One f32[] a step: the count rises. A leak only if memory grows with it: on a CPU
+    # backend, RSS (4 bytes of data a step, plus each kept array's host-side bookkeeping:
+    # ~2 KiB a step for JAX's 40,000 steps, far less for torch_xla's 3,000).
+    expected = "leak" if leaky["host_verdict"] == "leak" else "growing"
+    assert leaky["verdict"] == expected, leaky
+    assert framework == "jax" or expected == "growing", leaky
     assert leaky["live_tensors_per_step"] == pytest.approx(1.0, abs=0.05)
     assert leaky["live_tensors"] >= clean["live_tensors"] + 0.9 * STEPS[framework]
     assert "kept alive across steps" in leaky["diagnosis"]
     with urllib.request.urlopen(f"{url}/metrics", timeout=5) as r:
         metrics = r.read().decode()
-    for pid in (clean["pid"], leaky["pid"]):
-        assert re.search(rf'tpumon_process_leak_suspected\{{[^}}]*pid="{pid}"[^}}]*\}} 0.0',
+    for pid, value in ((clean["pid"], "0.0"),
+                       (leaky["pid"], "1.0" if expected == "leak" else "0.0")):
+        assert re.search(rf'tpumon_process_leak_suspected\{{[^}}]*pid="{pid}"[^}}]*\}} {value}',
                          metrics), pid
     table = subprocess.run([sys.executable, "-m", "tpumon", "status", "--agent", url],
                            capture_output=True, text=True, timeout=60,
