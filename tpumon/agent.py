@@ -19,12 +19,14 @@ from prometheus_client import CollectorRegistry, Histogram
 from tpumon.detect import Assessment, ChipDetector, DetectorSettings
 from tpumon.identity import LABELS
 from tpumon.leak_snapshots import LeakSnapshots
-from tpumon.samples import RuntimeReading
+from tpumon.samples import HostSample, RuntimeReading
 from tpumon.sources.health import SourceTracker
 from tpumon.sources.host import HostSource
+from tpumon.sources.kernel_log import KernelLog
 from tpumon.sources.tpu_runtime import TpuRuntimeSource
 from tpumon.notify.health import NotifierHealth
 from tpumon.notify.settings import AlertSettings
+from tpumon.job_ends import JobEndTracker
 from tpumon.processes import (ProcessState, ProcessTracker, chip_processes, growing_chips,
                               with_hbm_growth)
 from tpumon.sources.reporter import ReporterSocket
@@ -68,7 +70,8 @@ class Agent:
                  reporters: ReporterSocket | None = None,
                  notifier_health: Callable[[], NotifierHealth] | None = None,
                  alert_settings: AlertSettings | None = None,
-                 leak_snapshots: LeakSnapshots | None = None) -> None:
+                 leak_snapshots: LeakSnapshots | None = None,
+                 kernel_log: KernelLog | None = None) -> None:
         self.state = state
         self._detector_settings = detector_settings
         self._detectors: dict[str, ChipDetector] = dict(detectors or {})
@@ -82,6 +85,9 @@ class Agent:
         self._host = SourceTracker("host", HostSource(owners, min_interval=HOST_SECONDS).poll)
         self._reporters = None if reporters is None else SourceTracker("reporter", reporters.poll)
         self._processes = ProcessTracker()
+        self._kernel = None if kernel_log is None else SourceTracker("kernel_log",
+                                                                     kernel_log.poll)
+        self._ends = JobEndTracker(interval)
         self._leak_snapshots = leak_snapshots
         self._notifier_health = notifier_health
         self.alert_settings = alert_settings or AlertSettings()  # swapped by a reload
@@ -106,11 +112,12 @@ class Agent:
         self._polls += 1
         assessments = self._detect(samples)
         processes = with_hbm_growth(processes, attributed, growing_chips(assessments))
+        self._notice_ends(runtime, owners, processes, assessments, host)
         if self._leak_snapshots is not None:
             self._leak_snapshots.update(assessments, attributed, processes, time.time())
         previous = self.state.snapshot
-        health = (self._runtime.health, self._host.health) + (
-            () if self._reporters is None else (self._reporters.health,))
+        health = (self._runtime.health, self._host.health) + tuple(
+            t.health for t in (self._reporters, self._kernel) if t is not None)
         snapshot = Snapshot(
             time=time.time(), identity=previous.identity, inventory=previous.inventory,
             runtime=runtime, host=host, owners=owners, health=health,
@@ -122,12 +129,23 @@ class Agent:
             processes=processes, chip_processes=attributed, chip_steps=steps,
             reporter=reported,
             notifier=None if self._notifier_health is None else self._notifier_health(),
-            alert_settings=self.alert_settings)
+            alert_settings=self.alert_settings, job_ends=tuple(self._ends.recent),
+            job_ends_total=dict(self._ends.totals))
         self.state.publish(snapshot)
         if self._store is not None:
             self._record(samples)
         self._poll_seconds.observe(time.monotonic() - started)
         return snapshot
+
+    def _notice_ends(self, runtime: RuntimeReading | None, owners: Mapping[str, int],
+                     processes: Mapping[int, ProcessState],
+                     assessments: Mapping[str, Assessment], host: HostSample | None) -> None:
+        """Jobs that ended since the last poll: one log line each (docs/job-ends.md)."""
+        kills = (self._kernel.poll() if self._kernel is not None else None) or {}
+        alerts = {name: d.alert for name, d in self._detectors.items()}
+        for end in self._ends.update(time.time(), runtime, owners, processes, assessments,
+                                     alerts, host, kills):
+            log.warning("%s", end.summary())
 
     @staticmethod
     def _steps(attributed: Mapping[str, int],

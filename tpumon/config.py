@@ -134,6 +134,10 @@ SCHEMA: tuple[Key, ...] = (
         _history_points),
     Key("agent", "log_level", str, "info",
         "One of debug, info, warning, error.", _one_of(*LOG_LEVELS)),
+    Key("agent", "kernel_log", str, "/dev/kmsg",
+        "The kernel's log, read for processes killed for memory (a job's end is then named "
+        "host_oom). Needs root or CAP_SYSLOG where kernel.dmesg_restrict is 1. Empty: not "
+        "read."),
     Key("exporter", "listen_address", str, f":{DEFAULT_PORT}",
         "HOST:PORT for /metrics; ':PORT' listens on all interfaces, '[::1]:PORT' on IPv6.",
         _listen_address),

@@ -15,6 +15,7 @@ from typing import Mapping
 from tpumon.detect import Assessment, Verdict
 from tpumon.detect.counts import Cause
 from tpumon.identity import Identity
+from tpumon.job_ends import JobEnd
 from tpumon.samples import HostSample, RuntimeReading, chip_sort_key
 from tpumon.sources.chips import ChipInventory
 from tpumon.sources.health import SourceHealth
@@ -58,6 +59,8 @@ class Snapshot:
     reporter: ReporterReading | None = None  # None: no reporter socket configured
     notifier: NotifierHealth | None = None  # None: no Slack or PagerDuty configured
     alert_settings: AlertSettings = field(default_factory=AlertSettings)  # [alerts], reloadable
+    job_ends: tuple[JobEnd, ...] = ()  # training jobs that ended in the last hour
+    job_ends_total: Mapping[str, int] = field(default_factory=dict)  # by cause, since start
 
     def chip_cause(self, chip: str) -> Cause | None:
         """The likely cause of the chip's growth, from the reports of the process that

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 import urllib.request
 from typing import Any
 
@@ -64,6 +65,9 @@ def render_table(doc: dict[str, Any], console: Console) -> None:
             console.print(f"chip {chip['chip']}: likely cause: {chip['diagnosis']}",
                           highlight=False)
     render_processes(doc.get("processes") or [], console)
+    for end in doc.get("job_ends") or []:
+        when = time.strftime("%H:%M:%S UTC", time.gmtime(end["time"]))
+        console.print(f"[bold]{when}[/] {end['summary']}", highlight=False)
     for name, source in doc["sources"].items():
         if not source["up"]:
             console.print(f"[yellow]{name}: down: {source['error']}[/]", highlight=False)

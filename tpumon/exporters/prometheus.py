@@ -21,6 +21,7 @@ from prometheus_client.registry import Collector
 
 from tpumon import __version__
 from tpumon.detect import Verdict
+from tpumon.exporters.job_ends import job_end_metrics
 from tpumon.identity import LABELS
 from tpumon.notify.health import NotifierHealth
 from tpumon.notify.notifier import FAILURE_REASONS, GIVE_UP_REASONS
@@ -64,6 +65,7 @@ class SnapshotCollector(Collector):
         if snap.reporter is not None:
             yield from self._process_metrics(snap, ident)
         yield from self._alert_metrics(snap, ident)
+        yield from job_end_metrics(snap, ident)
         info = _gauge("tpumon_build_info", "tpumon build: always 1, versions in labels.",
                       ["version", "tpu_info_version", "python_version"])
         info.add_metric(ident + self._build, 1)
