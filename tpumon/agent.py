@@ -112,7 +112,7 @@ class Agent:
         self._polls += 1
         assessments = self._detect(samples)
         processes = with_hbm_growth(processes, attributed, growing_chips(assessments))
-        self._notice_ends(runtime, owners, processes, assessments, host)
+        self._notice_ends(runtime, owners, attributed, processes, assessments, host)
         if self._leak_snapshots is not None:
             self._leak_snapshots.update(assessments, attributed, processes, time.time())
         previous = self.state.snapshot
@@ -138,13 +138,13 @@ class Agent:
         return snapshot
 
     def _notice_ends(self, runtime: RuntimeReading | None, owners: Mapping[str, int],
-                     processes: Mapping[int, ProcessState],
+                     attributed: Mapping[str, int], processes: Mapping[int, ProcessState],
                      assessments: Mapping[str, Assessment], host: HostSample | None) -> None:
         """Jobs that ended since the last poll: one log line each (docs/job-ends.md)."""
         kills = (self._kernel.poll() if self._kernel is not None else None) or {}
         alerts = {name: d.alert for name, d in self._detectors.items()}
         for end in self._ends.update(time.time(), runtime, owners, processes, assessments,
-                                     alerts, host, kills):
+                                     alerts, host, kills, attributed):
             log.warning("%s", end.summary())
 
     @staticmethod

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 from tpumon.detect import Assessment
@@ -85,6 +85,7 @@ class JobView:
     #: The runtime's clock at the chips' last reading: the detector's forecasts are on it
     #: (a simulated runtime's clock runs ahead of the wall clock).
     reading_time: float | None = None
+    owned: bool = False  # its chips' device files were its own (not only named in reports)
 
 
 @dataclass(frozen=True)
@@ -152,7 +153,10 @@ class JobEndTracker:
     def update(self, now: float, runtime: RuntimeReading | None, owners: Mapping[str, int],
                processes: Mapping[int, ProcessState], assessments: Mapping[str, Assessment],
                alerts: Mapping[str, Mapping[str, Any] | None], host: HostSample | None,
-               kills: Mapping[int, OomKill]) -> list[JobEnd]:
+               kills: Mapping[int, OomKill],
+               attributed: Mapping[str, int] | None = None) -> list[JobEnd]:
+        """``owners``: chip -> pid holding its device (from /proc); ``attributed``: chip ->
+        the reporting pid that drives it (adds evidence, never holds a job alive)."""
         holders = _holders(owners, processes)
         for chip, reading in (runtime.chips if runtime is not None else {}).items():
             self._peaks.setdefault(chip, deque(maxlen=PEAK_POLLS)).append(reading.hbm_used_bytes)
@@ -161,9 +165,11 @@ class JobEndTracker:
         ends = [self._end(now, self._views.pop(pid), kills) for pid in ended]
         for pid in [p for p in self._views if p not in holders]:
             del self._views[pid]  # alive, holding nothing any more: not an end we can see
+        driven = _chips_by_pid(attributed or {})
         for pid, chips in holders.items():
-            self._views[pid] = self._view(now, pid, chips, runtime, processes, assessments,
-                                          alerts, host)
+            view = self._view(now, pid, sorted({*chips, *driven.get(pid, ())}), runtime,
+                              processes, assessments, alerts, host)
+            self._views[pid] = replace(view, owned=bool(chips))
         while self.recent and now - self.recent[0].time > RECENT_SECONDS:
             self.recent.popleft()
         return ends
@@ -173,11 +179,11 @@ class JobEndTracker:
         state = processes.get(pid)
         if (state is not None and state.report.exited) or not pid_alive(pid):
             return True
-        if pid in holders:
-            return False
-        chips = [c.chip for c in self._views[pid].chips]
+        view = self._views[pid]
+        if holders.get(pid) or not view.owned:
+            return False  # holds its chips still, or only death can tell
         answered = runtime.chips if runtime is not None else {}
-        return bool(chips) and all(c not in answered or _idle(answered[c]) for c in chips)
+        return all(c.chip not in answered or _idle(answered[c.chip]) for c in view.chips)
 
     def _end(self, now: float, view: JobView, kills: Mapping[int, OomKill]) -> JobEnd:
         cause, evidence = judge(view, kills.get(view.pid), self.interval)
@@ -214,12 +220,17 @@ class JobEndTracker:
 def _holders(owners: Mapping[str, int],
              processes: Mapping[int, ProcessState]) -> dict[int, list[str]]:
     """Each live job's pid and the chips it holds (a reporting process may hold none)."""
-    out: dict[int, list[str]] = {}
-    for chip, pid in sorted(owners.items()):
-        out.setdefault(pid, []).append(chip)
+    out = _chips_by_pid(owners)
     for pid, state in processes.items():
         if not state.report.exited:
             out.setdefault(pid, [])
+    return out
+
+
+def _chips_by_pid(chips: Mapping[str, int]) -> dict[int, list[str]]:
+    out: dict[int, list[str]] = {}
+    for chip, pid in chips.items():
+        out.setdefault(pid, []).append(chip)
     return out
 
 

@@ -57,7 +57,8 @@ class KernelLog:
             found = _KILLED.search(line)
             if found:
                 pid = int(found.group(1) or found.group(2))
-                self.kills.setdefault(pid, OomKill(pid, now, line.strip()[:300]))
+                if pid not in self.kills or found.group(2):  # "Killed process" reads best
+                    self.kills[pid] = OomKill(pid, now, _short(line))
         self.kills = {p: k for p, k in self.kills.items() if now - k.time <= KEEP_SECONDS}
         return dict(self.kills)
 
@@ -88,6 +89,14 @@ class KernelLog:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+def _short(line: str) -> str:
+    """"Memory cgroup out of memory: Killed process 23613 (python3)": the rest of the
+    line (sizes) is in the kernel's log for whoever needs it."""
+    line = line.strip()
+    found = re.search(r"^(.*Killed process \d+ \([^)]*\))", line)
+    return found.group(1) if found else line[:200]
 
 
 def _messages(text: str) -> list[str]:
