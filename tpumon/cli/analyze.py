@@ -44,10 +44,10 @@ def render_table(results: list[SeriesResult], console: Console) -> None:
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table",
               show_default=True, help="Output format; json is the contract's shape.")
 def command(trace: str, fmt: str) -> None:
-    """Replay the agent's streaming leak detector over a trace file (CSV, or JSON Lines
-    for .jsonl; '-' reads stdin) and report, per (host, chip): the verdict at the end,
-    the growth rate, the OOM forecast, and the first moment the leak alert would have
-    fired. Same code and defaults as the agent.
+    """Replay the agent's streaming leak detector over a trace file (CSV, JSON Lines for
+    .jsonl, Parquet for .parquet; '-' reads CSV or JSON Lines from stdin) and report,
+    per (host, chip): the verdict at the end, the growth rate, the OOM forecast, and the
+    first moment the leak alert would have fired. Same code and defaults as the agent.
 
     A malformed file stops with one line naming the line number and the problem, and
     prints nothing on stdout.
