@@ -8,6 +8,7 @@ verdict at the end and the first moment the leak alert would have fired.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +33,9 @@ class SeriesResult:
     samples: int
     assessment: Assessment
     alert: dict | None
+    #: the first sample after the alert with HBM all but full (time, step): where the OOM
+    #: came, to hold the forecast made at the alert against; None if HBM never filled
+    full_after_alert: dict | None = None
 
     @property
     def verdict(self) -> str:
@@ -47,19 +51,13 @@ class SeriesResult:
 
     @property
     def predicted_oom(self) -> dict | None:
-        a = self.assessment
-        if a.predicted_oom_time is None:
-            return None
-        step = a.predicted_oom_step
-        return {"time": round(a.predicted_oom_time, 3), "step": None if step is None else int(step)}
+        """The OOM forecast at the end of the trace, with its interval."""
+        return _forecast(vars(self.assessment))
 
     @property
     def alert_forecast(self) -> dict | None:
         """The OOM forecast as it stood when the alert fired (scored by the benchmark)."""
-        if self.alert is None or self.alert["predicted_oom_time"] is None:
-            return None
-        step = self.alert["predicted_oom_step"]
-        return {"time": self.alert["predicted_oom_time"], "step": None if step is None else int(step)}
+        return None if self.alert is None else _forecast(self.alert)
 
     def to_json(self) -> dict[str, Any]:
         a = self.assessment
@@ -67,11 +65,16 @@ class SeriesResult:
             "host": self.host,
             "chip": self.chip,
             "verdict": self.verdict,
-            "alert": None if self.alert is None else {"time": self.alert["time"],
-                                                      "step": self.alert["step"]},
+            "alert": None if self.alert is None else {
+                "time": self.alert["time"], "step": self.alert["step"],
+                "predicted_oom": self.alert_forecast,
+                "slope_bytes_per_step": _opt(self.alert["slope_bytes_per_step"], 3),
+                "slope_bytes_per_hour": _opt(None if self.alert["slope_bytes_per_second"] is None
+                                             else self.alert["slope_bytes_per_second"] * 3600, 1)},
             "slope_bytes_per_step": self.slope_bytes_per_step,
             "slope_bytes_per_hour": self.slope_bytes_per_hour,
             "predicted_oom": self.predicted_oom,
+            "hbm_full_after_alert": self.full_after_alert,
             "reason": a.reason,
             "floor_bytes": _opt(a.floor_bytes, 0),
             "slope_bytes_per_hour_interval": None if a.slope_bytes_per_second_low is None else [
@@ -84,13 +87,64 @@ class SeriesResult:
         }
 
 
+def _forecast(fields: dict) -> dict | None:
+    """An OOM forecast (time, step) and its interval (earliest, latest; None where the growth's
+    lower bound is not above zero), from an assessment's or an alert's fields."""
+    if fields.get("predicted_oom_time") is None:
+        return None
+
+    def step(value: float | None) -> int | None:
+        return None if value is None else int(value)
+
+    def time(value: float | None) -> float | None:
+        return None if value is None else round(value, 3)
+
+    return {"time": time(fields["predicted_oom_time"]),
+            "step": step(fields["predicted_oom_step"]),
+            "interval": {"time": [time(fields["predicted_oom_time_low"]),
+                                  time(fields["predicted_oom_time_high"])],
+                         "step": [step(fields["predicted_oom_step_low"]),
+                                  step(fields["predicted_oom_step_high"])]}}
+
+
+#: HBM in use at this share of capacity is full: the job is at its OOM.
+FULL_FRACTION = 0.98
+
+
+def full_after(alert: dict | None, times: np.ndarray, steps: np.ndarray, used: np.ndarray,
+               totals: np.ndarray) -> dict | None:
+    """The first sample at or after the alert with HBM at least FULL_FRACTION full."""
+    if alert is None:
+        return None
+    start = int(np.searchsorted(times, alert["time"]))
+    full = np.flatnonzero(used[start:] >= FULL_FRACTION * totals[start:])
+    if not len(full):
+        return None
+    i = start + int(full[0])
+    return {"time": float(times[i]), "step": None if math.isnan(steps[i]) else int(steps[i])}
+
+
 def replay_series(host: str, chip: str, times: np.ndarray, steps: np.ndarray,
                   used: np.ndarray, totals: np.ndarray,
                   settings: DetectorSettings | None = None) -> SeriesResult:
     """Run one detector over one series' arrays (the agent's code path, in one batch)."""
     detector = ChipDetector(settings)
     detector.update(times, steps, used, totals)
-    return SeriesResult(host, chip, len(times), detector.assessment, detector.alert)
+    return SeriesResult(host, chip, len(times), detector.assessment, detector.alert,
+                        full_after(detector.alert, times, steps, used, totals))
+
+
+def analyze_path(path: str, settings: DetectorSettings | None = None) -> list[SeriesResult]:
+    """``analyze_file`` of a trace file, or of every trace file (.csv, .jsonl, .parquet) in a
+    directory, in name order: a slice recorded one file per host."""
+    if path == "-" or not os.path.isdir(path):
+        return analyze_file(path, settings)
+    names = sorted(n for n in os.listdir(path) if n.lower().endswith(TRACE_SUFFIXES))
+    return [r for name in names for r in analyze_file(os.path.join(path, name), settings)]
+
+
+#: What a trace file's name ends with, in a directory that ``analyze_path`` reads.
+TRACE_SUFFIXES = (".csv", ".jsonl", ".parquet")
 
 
 def analyze_file(path: str, settings: DetectorSettings | None = None) -> list[SeriesResult]:
