@@ -11,7 +11,8 @@ Method (docs/detector.md explains the reasoning):
    trend: at least ``warmup_seconds`` and until the floor stops moving.
 3. **Jumps.** A persistent level shift of the floor (confirmed on both sides by medians)
    is a jump. Jumps are taken out before fitting the continuous trend; one or two big ones
-   are a ``step_change``, a regular series of them a staircase leak.
+   are a ``step_change``; jumps that keep coming, at regular or irregular times, are a
+   staircase leak (a jump process with a rate: ``staircase.py``).
 4. **Trend.** Over the longest recent window in which growth is not accelerating (a leak
    that began mid-run must not be diluted by the flat hours before it), Sen's slope with
    its interval and the Mann-Kendall test on the jump-corrected floors, per second and
@@ -37,6 +38,7 @@ from tpumon.detect import jumps as level_shifts
 from tpumon.detect.floors import FloorHistory, group_by_bucket
 from tpumon.detect.jumps import Jump
 from tpumon.detect.robust import PairwiseSlopes, lower_quartiles, sen_mann_kendall
+from tpumon.detect.staircase import Staircase, find_staircase
 
 
 def describe_growth(bytes_per_step: float | None, bytes_per_hour: float | None) -> str:
@@ -509,17 +511,19 @@ class ChipDetector:
         window = now - first
         in_window = [j for j in job.jumps if j.time >= first]
         continuous = fit.z >= self.settings.z_threshold and fit.slope_low > 0
-        stair = self._staircase(in_window, now, window)
-        if stair and not continuous and not self._significant(data, now):
-            stair = 0.0
+        stairs = find_staircase(in_window, now, window, self.settings.staircase_min_jumps)
+        if stairs and not continuous and not self._significant(data, now):
+            stairs = None
+        stair = stairs.growth if stairs else 0.0
+        stair_low, stair_high = stairs.growth_interval if stairs else (0.0, 0.0)
         job.growing = continuous or stair > 0
         job.slope = fit.slope if continuous else 0.0
         steps_per_second = self._step_rate(data)
         common = dict(base, floor_bytes=fit.level, transient_bytes=job.transient,
                       window_start=first, window_seconds=window, points=fit.n,
                       z=fit.z, jumps=len(in_window),
-                      **self._slopes(fit.slope + stair, fit.slope_low + stair,
-                                     fit.slope_high + stair, steps_per_second))
+                      **self._slopes(fit.slope + stair, fit.slope_low + stair_low,
+                                     fit.slope_high + stair_high, steps_per_second))
         rate = (fit.slope if continuous else 0.0) + stair
         if rate > 0 and continuous and not decelerating:
             rate = min(rate, self._recent_rate(pairs) + stair)
@@ -528,7 +532,8 @@ class ChipDetector:
             # job); the staircase itself goes on, so it alone is the leak's rate
             rate = stair
         if rate > 0 and (not decelerating or job.leaking or stair > 0):
-            return self._forecast(common, rate, steps_per_second, fit.level, job, window, b)
+            return self._forecast(common, rate, steps_per_second, fit.level, job, window, b,
+                                  stairs if stair and not continuous else None)
         job.leaking = False
         return self._no_leak(job, common, decelerating)
 
@@ -558,19 +563,6 @@ class ChipDetector:
                        slope_bytes_per_step_high=high / steps_per_second)
         return out
 
-    def _staircase(self, jumps: list[Jump], now: float, window: float) -> float:
-        """Growth per second from a staircase: upward jumps, evenly spaced (a retained
-        buffer every N steps), still going on; 0 for anything else."""
-        ups = [j for j in jumps if j.size > 0]
-        if len(ups) < self.settings.staircase_min_jumps or len(ups) < 0.8 * len(jumps):
-            return 0.0
-        gaps = np.diff([j.time for j in ups])
-        spacing = float(np.median(gaps))
-        if spacing <= 0 or float(np.std(gaps)) > 0.5 * float(np.mean(gaps)) \
-                or now - ups[-1].time > 2.5 * spacing:
-            return 0.0
-        return sum(j.size for j in ups) / window
-
     def _significant(self, data: np.ndarray, now: float) -> bool:
         """Growth of the raw floors (jumps left in) is significant: a staircase must be."""
         raw = sen_mann_kendall(data[0], data[2], now)
@@ -585,8 +577,10 @@ class ChipDetector:
         return sen[0]
 
     def _forecast(self, common: dict, rate: float, steps_per_second: float | None,
-                  level: float, job: _Job, window: float, b: _Bucket) -> _Said:
-        """When floor plus the largest transient seen reaches capacity, at this rate."""
+                  level: float, job: _Job, window: float, b: _Bucket,
+                  stairs: Staircase | None) -> _Said:
+        """When floor plus the largest transient seen reaches capacity, at this rate;
+        ``stairs`` when the growth is a staircase alone (the reason describes it)."""
         headroom = max((self.total or 0.0) - job.transient - level, 0.0)
         tto = headroom / rate
         fastest = max(rate, common["slope_bytes_per_second_high"])
@@ -605,7 +599,8 @@ class ChipDetector:
                 return _Said(Verdict.OK, why_not, common)
             job.leaking = True
         per = describe_growth(rate / steps_per_second if steps_per_second else None, rate * 3600)
-        return _Said(Verdict.LEAK, f"floor grows {per}; OOM in {tto / 3600:.1f} h", common)
+        growth = stairs.describe() if stairs else f"floor grows {per}"
+        return _Said(Verdict.LEAK, f"{growth}; OOM in {tto / 3600:.1f} h", common)
 
     def _not_a_leak_yet(self, job: _Job, tto: float, window: float) -> str | None:
         """Why growth that would OOM in ``tto`` seconds is not (yet) a leak; None if it is."""
