@@ -170,20 +170,20 @@ def test_jumps_that_keep_coming_are_a_jump_process_and_stop_when_they_stop():
     from tpumon.detect.staircase import find_staircase
 
     hour = 3600.0
-    jumps = [Jump(T0 + h * hour, math.nan, 0.31e9) for h in (0.5, 1.4, 4.0, 4.6, 7.9, 9.1,
+    jumps = [Jump(T0 + h * hour, math.nan, 0.31e9) for h in (1.0, 2.4, 4.0, 4.6, 7.9, 9.1,
                                                               10.0, 12.2, 13.5)]
-    stairs = find_staircase(jumps, T0 + 14 * hour, 14 * hour, min_jumps=3)
+    stairs = find_staircase(jumps, T0 + 15 * hour, min_jumps=3)
     assert stairs is not None
-    assert stairs.describe() == "9 jumps in 14 h, 0.31 GB each, every ~1.6 h"
-    assert stairs.growth == pytest.approx(9 * 0.31e9 / (14 * hour))
+    assert stairs.describe() == "9 jumps in 14 h, 0.31 GB each, every ~1.8 h"
+    assert stairs.growth == pytest.approx(8 * 0.31e9 / (14 * hour))  # 8 more after the first
     low, high = stairs.growth_interval
     assert low < stairs.growth < high
-    # the same jumps, then 8 quiet hours (5 times the mean spacing): the process stopped
-    assert find_staircase(jumps, T0 + 21.5 * hour, 21.5 * hour, min_jumps=3) is None
+    # the same jumps, then 8.5 quiet hours (5 mean spacings): the process stopped
+    assert find_staircase(jumps, T0 + 22 * hour, min_jumps=3) is None
     # two jumps are events, not a process; a drop among them is not a staircase either
-    assert find_staircase(jumps[:2], T0 + 2 * hour, 2 * hour, min_jumps=3) is None
+    assert find_staircase(jumps[:2], T0 + 3 * hour, min_jumps=3) is None
     mixed = jumps[:3] + [Jump(T0 + 4 * hour, math.nan, -0.3e9)] * 2
-    assert find_staircase(mixed, T0 + 5 * hour, 5 * hour, min_jumps=3) is None
+    assert find_staircase(mixed, T0 + 5 * hour, min_jumps=3) is None
 
 
 def test_leak_starting_mid_run_is_found_with_its_own_rate():

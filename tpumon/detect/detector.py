@@ -511,8 +511,10 @@ class ChipDetector:
         window = now - first
         in_window = [j for j in job.jumps if j.time >= first]
         continuous = fit.z >= self.settings.z_threshold and fit.slope_low > 0
-        stairs = find_staircase(in_window, now, window, self.settings.staircase_min_jumps)
-        if stairs and not continuous and not self._significant(data, now):
+        stairs = find_staircase([j for j in job.jumps if j.time >= job.trend_start], now,
+                                self.settings.staircase_min_jumps)
+        if stairs and not continuous and not self._significant(
+                job.history.window(now - stairs.span_seconds, self.settings.fit_points), now):
             stairs = None
         stair = stairs.growth if stairs else 0.0
         stair_low, stair_high = stairs.growth_interval if stairs else (0.0, 0.0)

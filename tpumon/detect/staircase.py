@@ -25,7 +25,8 @@ QUIET_LIMIT = 3.0
 
 
 class Staircase(NamedTuple):
-    """Upward jumps that keep coming: their count, the evidence span, and the growth."""
+    """Upward jumps that keep coming: the jumps counted (after the first), the span since
+    the first, and the mean jump size."""
 
     jumps: int
     span_seconds: float
@@ -50,19 +51,24 @@ class Staircase(NamedTuple):
     def describe(self) -> str:
         """As people read it: "9 jumps in 14 h, 0.31 GB each, every ~1.6 h"."""
         every = 1.0 / self.jumps_per_second
-        return (f"{self.jumps} jumps in {_duration(self.span_seconds)}, "
+        return (f"{self.jumps + 1} jumps in {_duration(self.span_seconds)}, "
                 f"{_size(self.mean_size)} each, every ~{_duration(every)}")
 
 
-def find_staircase(jumps: Sequence[Jump], now: float, span: float,
-                   min_jumps: int) -> Staircase | None:
-    """The staircase among the jumps of the last ``span`` seconds, or None: at least
-    ``min_jumps`` upward jumps, nearly all jumps upward, and the last one recent enough for
-    the rate (the jumps keep coming)."""
+def find_staircase(jumps: Sequence[Jump], now: float, min_jumps: int) -> Staircase | None:
+    """The staircase among a job's jumps, or None: at least ``min_jumps`` upward jumps, nearly
+    all jumps upward, and the last one recent enough for the rate (the jumps keep coming).
+
+    The process is timed from its first jump (before it, nothing says a staircase had begun:
+    a leak that starts mid-run is not diluted by the flat hours before it), so the rate
+    counts the jumps after that one: n - 1 in ``now - first``."""
     ups = [j for j in jumps if j.size > 0]
-    if span <= 0 or len(ups) < min_jumps or len(ups) < 0.8 * len(jumps):
+    if len(ups) < min_jumps or len(ups) < 0.8 * len(jumps):
         return None
-    stairs = Staircase(len(ups), span, sum(j.size for j in ups) / len(ups))
+    span = now - ups[0].time
+    if span <= 0:
+        return None
+    stairs = Staircase(len(ups) - 1, span, sum(j.size for j in ups) / len(ups))
     if (now - ups[-1].time) * stairs.jumps_per_second > QUIET_LIMIT:
         return None
     return stairs
