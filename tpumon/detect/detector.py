@@ -183,6 +183,13 @@ _ALERT_FIELDS = ("predicted_oom_time", "predicted_oom_time_low", "predicted_oom_
                  "slope_bytes_per_second", "slope_bytes_per_step")
 
 
+def leak_alert(time: float, step: float, assessment: Assessment) -> dict:
+    """A leak alert raised at the sample (time, step; NaN if unknown) by an assessment: when,
+    and what was forecast and measured then, for a post-mortem against the OOM that came."""
+    return {"time": time, "step": None if math.isnan(step) else int(step),
+            "reason": assessment.reason, **{k: getattr(assessment, k) for k in _ALERT_FIELDS}}
+
+
 class _Said(NamedTuple):
     """What an assessment says; the frozen :class:`Assessment` is built from it only when
     read. Replaying a series sets thousands of assessments that nobody reads, and
@@ -229,6 +236,9 @@ class ChipDetector:
         self._confirm, self._envelope = self._level_sizes()
         self.total: float | None = None
         self.alert: dict | None = None  # the first leak alert: see _set
+        #: with a list here, every assessment as it is set: (time, step, assessment) of the
+        #: sample that closed the bucket (``analyze`` pools the chips of a job over these)
+        self.log: list[tuple[float, float, Assessment]] | None = None
         self._said = _Said(Verdict.INSUFFICIENT_DATA, "no samples yet", {})
         self._assessment: Assessment | None = None  # built from _said when read
         self.restarts = 0
@@ -464,13 +474,12 @@ class ChipDetector:
 
     def _set(self, said: _Said, b: _Bucket) -> None:
         self._said, self._assessment = said, None
+        if self.log is not None:
+            self.log.append((b.trigger_time, b.trigger_step, self.assessment))
         if said.verdict is Verdict.LEAK and self.alert is None:
             # when it fired, and what was forecast and measured then: a post-mortem holds
             # the forecast against the OOM that came
-            self.alert = {"time": b.trigger_time,
-                          "step": None if math.isnan(b.trigger_step) else int(b.trigger_step),
-                          "reason": said.reason,
-                          **{k: said.fields.get(k) for k in _ALERT_FIELDS}}
+            self.alert = leak_alert(b.trigger_time, b.trigger_step, self.assessment)
 
     def _choose_window(self, job: _Job, now: float) -> tuple[float, bool]:
         """The longest window, back to the trend start, whose growth does not accelerate

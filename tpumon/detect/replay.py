@@ -7,15 +7,19 @@ verdict at the end and the first moment the leak alert would have fired.
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
+import re
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from tpumon.detect.detector import Assessment, ChipDetector, DetectorSettings
-from tpumon.trace import read_trace_columns
+from tpumon.detect.detector import (Assessment, ChipDetector, DetectorSettings, Verdict,
+                                    leak_alert)
+from tpumon.detect.pooling import pool_job
+from tpumon.trace import SeriesColumns, TraceFormatError, read_trace_columns
 
 
 def _opt(value: float | None, digits: int | None = None) -> float | int | None:
@@ -136,15 +140,71 @@ def replay_series(host: str, chip: str, times: np.ndarray, steps: np.ndarray,
 
 def analyze_path(path: str, settings: DetectorSettings | None = None) -> list[SeriesResult]:
     """``analyze_file`` of a trace file, or of every trace file (.csv, .jsonl, .parquet) in a
-    directory, in name order: a slice recorded one file per host."""
+    directory, in name order: a slice recorded one file per host, its chips pooled as one
+    job. A series in two files is an error."""
     if path == "-" or not os.path.isdir(path):
         return analyze_file(path, settings)
-    names = sorted(n for n in os.listdir(path) if n.lower().endswith(TRACE_SUFFIXES))
-    return [r for name in names for r in analyze_file(os.path.join(path, name), settings)]
+    columns: dict[tuple[str, str], SeriesColumns] = {}
+    for name in sorted(n for n in os.listdir(path) if n.lower().endswith(TRACE_SUFFIXES)):
+        file = os.path.join(path, name)
+        for key, c in read_trace_columns(file).items():
+            if key in columns:
+                raise TraceFormatError(file, None, f"host {key[0]!r} chip {key[1]!r} is also "
+                                       "in an earlier file of the directory")
+            columns[key] = c
+    return replay_columns(columns, settings)
 
 
 #: What a trace file's name ends with, in a directory that ``analyze_path`` reads.
 TRACE_SUFFIXES = (".csv", ".jsonl", ".parquet")
+
+
+def replay_job(job: str, series: list[tuple[str, str, SeriesColumns]],
+               settings: DetectorSettings | None = None) -> list[SeriesResult]:
+    """Replay the chips of one job, each on its own detector, and share their evidence
+    (:mod:`tpumon.detect.pooling`) at every moment one of their assessments changed: what
+    the agent does at every poll, as pooled verdicts change only at those moments. A chip's
+    alert is the first moment its pooled verdict was ``leak``."""
+    if len(series) == 1:
+        host, chip, c = series[0]
+        return [replay_series(host, chip, c.times, c.steps, c.used, c.total, settings)]
+    detectors = []
+    for _, _, c in series:
+        detector = ChipDetector(settings)
+        detector.log = []
+        detector.update(c.times, c.steps, c.used, c.total)
+        detectors.append(detector)
+    events = sorted(((t, i, a) for i, d in enumerate(detectors) for t, _, a in d.log or ()),
+                    key=lambda e: (e[0], e[1]))
+    current: dict[str, Assessment] = {}
+    alerts: dict[str, dict] = {}
+    for time, group in itertools.groupby(events, key=lambda e: e[0]):
+        for _, i, a in group:
+            current[str(i)] = a
+        if not any(a.verdict is Verdict.LEAK for a in current.values()):
+            continue
+        for i, a in pool_job(job, current).items():
+            if a.verdict is Verdict.LEAK and i not in alerts:
+                c = series[int(i)][2]
+                at = max(int(np.searchsorted(c.times, time, side="right")) - 1, 0)
+                alerts[i] = leak_alert(time, float(c.steps[at]), a)
+    final = pool_job(job, {str(i): d.assessment for i, d in enumerate(detectors)})
+    results = []
+    for i, (host, chip, c) in enumerate(series):
+        alert = alerts.get(str(i))
+        results.append(SeriesResult(host, chip, len(c.times), final[str(i)], alert,
+                                    full_after(alert, c.times, c.steps, c.used, c.total)))
+    return results
+
+
+#: A slice's hosts are named ``PREFIX-w-N``: the chips of a slice run one job.
+_WORKER = re.compile(r"-w-\d+$")
+
+
+def job_name(host: str) -> str:
+    """The job a host's chips belong to in a trace: its slice, else the host itself."""
+    prefix = _WORKER.sub("", host)
+    return f"slice {prefix}" if prefix != host else f"host {host}"
 
 
 def analyze_file(path: str, settings: DetectorSettings | None = None) -> list[SeriesResult]:
@@ -153,7 +213,17 @@ def analyze_file(path: str, settings: DetectorSettings | None = None) -> list[Se
     Raises TraceFormatError (with the line number) before any result exists, so a caller
     prints all or nothing.
     """
-    columns = read_trace_columns(path)
-    return [replay_series(host, chip, c.times, c.steps, c.used, c.total, settings)
-            for (host, chip), c in columns.items()]
+    return replay_columns(read_trace_columns(path), settings)
+
+
+def replay_columns(columns: dict[tuple[str, str], SeriesColumns],
+                   settings: DetectorSettings | None = None) -> list[SeriesResult]:
+    """Replay every series, the chips of each job (slice, or host) together, in the
+    columns' order."""
+    jobs: dict[str, list[tuple[str, str, SeriesColumns]]] = {}
+    for (host, chip), c in columns.items():
+        jobs.setdefault(job_name(host), []).append((host, chip, c))
+    by_key = {(r.host, r.chip): r for job, series in jobs.items()
+              for r in replay_job(job, series, settings)}
+    return [by_key[key] for key in columns]
 
