@@ -14,7 +14,7 @@ parser does not read, gets the same checks here, and an error names the row.
 from __future__ import annotations
 
 import csv
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, BinaryIO, NamedTuple
 
 import numpy as np
 
@@ -49,18 +49,16 @@ def read_table(path: str, fmt: str) -> pa.Table:
     it as is (the strict parser then decides what is wrong, or reads it)."""
     import pyarrow as pa
 
-    try:
-        if fmt == "csv":
-            return _read_csv(path)
-        if fmt == "jsonl":
-            return _read_jsonl(path)
-        return _read_parquet(path)
-    except (pa.ArrowException, ValueError) as exc:
-        raise NeedsStrictParser(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) \
-            from None
+    readers = {"csv": _read_csv, "jsonl": _read_jsonl, "parquet": _read_parquet}
+    with open(path, "rb") as file:  # an OSError is Python's, worded as for any other file
+        try:
+            return readers[fmt](file)
+        except (pa.ArrowException, ValueError) as exc:
+            raise NeedsStrictParser(str(exc).splitlines()[0] if str(exc) else
+                                    type(exc).__name__) from None
 
 
-def _read_csv(path: str) -> pa.Table:
+def _read_csv(file: BinaryIO) -> pa.Table:
     import pyarrow as pa
     import pyarrow.csv as pcsv
 
@@ -68,7 +66,7 @@ def _read_csv(path: str) -> pa.Table:
     types = {field.name: field.type for field in schema}
     types.update(host=pa.dictionary(pa.int32(), pa.string()),
                  chip=pa.dictionary(pa.int32(), pa.string()))  # a few names, many rows
-    table = pcsv.read_csv(path, convert_options=pcsv.ConvertOptions(
+    table = pcsv.read_csv(file, convert_options=pcsv.ConvertOptions(
         column_types=types, null_values=[""], strings_can_be_null=False,
         quoted_strings_can_be_null=False))
     names = table.column_names
@@ -97,19 +95,19 @@ def _longest_text(table: pa.Table) -> int:
     return longest
 
 
-def _read_jsonl(path: str) -> pa.Table:
+def _read_jsonl(file: BinaryIO) -> pa.Table:
     import pyarrow.json as pjson
 
-    table = pjson.read_json(path, parse_options=pjson.ParseOptions(
+    table = pjson.read_json(file, parse_options=pjson.ParseOptions(
         explicit_schema=arrow_schema(), unexpected_field_behavior="ignore"))
     return _select(table)
 
 
-def _read_parquet(path: str) -> pa.Table:
+def _read_parquet(file: BinaryIO) -> pa.Table:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    table = pq.read_table(path)
+    table = pq.read_table(file)
     missing = [c for c in _REQUIRED if c not in table.column_names]
     if missing:
         raise NeedsStrictParser("missing required column " + ", ".join(map(repr, missing)))

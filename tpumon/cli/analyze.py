@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tpumon.detect import describe_growth
-from tpumon.detect.replay import SeriesResult, analyze_path
+from tpumon.detect.replay import SeriesResult, analyze_path, describe_forecast
 from tpumon.trace import TraceFormatError
 
 #: Widest host name shown: the table fits 80 columns with every other column full.
@@ -42,27 +42,16 @@ def _with_step(point: dict | None) -> str:
     return _when(point["time"]) + step
 
 
-def _range(low: float | None, high: float | None, fmt: str) -> str:
-    return f"{fmt.format(low) if low is not None else '?'}-" \
-           f"{fmt.format(high) if high is not None else '?'}"
-
-
 def post_mortem(r: SeriesResult) -> str | None:
     """The forecast made when the alert fired, against where HBM filled up, if it did:
     "forecast at alert: step 27,500 (26,900-28,200); HBM full at step 27,813"."""
-    forecast = r.alert_forecast
-    if forecast is None:
+    said = None if r.alert is None else describe_forecast(r.alert)
+    if said is None:
         return None
-    if forecast["step"] is not None:
-        low, high = forecast["interval"]["step"]
-        said = f"step {forecast['step']:,} ({_range(low, high, '{:,}')})"
-    else:
-        low, high = (None if t is None else _when(t) for t in forecast["interval"]["time"])
-        said = f"{_when(forecast['time'])} ({_range(low, high, '{}')})"
     full = r.full_after_alert
     if full is None:
         came = "HBM did not fill up in the trace"
-    elif forecast["step"] is not None and full["step"] is not None:
+    elif said.startswith("step") and full["step"] is not None:
         came = f"HBM full at step {full['step']:,}"
     else:
         came = f"HBM full at {_when(full['time'])}"

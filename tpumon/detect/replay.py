@@ -11,6 +11,7 @@ import itertools
 import math
 import os
 import re
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,6 +110,23 @@ def _forecast(fields: dict) -> dict | None:
                                   time(fields["predicted_oom_time_high"])],
                          "step": [step(fields["predicted_oom_step_low"]),
                                   step(fields["predicted_oom_step_high"])]}}
+
+
+def describe_forecast(fields: dict) -> str | None:
+    """An OOM forecast (an alert's or an assessment's fields) as people read it: "step
+    27,500 (26,900-28,200)", or a time (UTC) and its interval without steps; None if none."""
+    forecast = _forecast(fields)
+    if forecast is None:
+        return None
+
+    def when(unix: float | None) -> str:
+        return "?" if unix is None else time.strftime("%m-%d %H:%M", time.gmtime(unix))
+
+    if forecast["step"] is not None:
+        low, high = ("?" if s is None else f"{s:,}" for s in forecast["interval"]["step"])
+        return f"step {forecast['step']:,} ({low}-{high})"
+    low, high = (when(t) for t in forecast["interval"]["time"])
+    return f"{when(forecast['time'])} UTC ({low} to {high})"
 
 
 #: HBM in use at this share of capacity is full: the job is at its OOM.
