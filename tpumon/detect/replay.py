@@ -101,13 +101,13 @@ def _forecast(fields: dict) -> dict | None:
     def step(value: float | None) -> int | None:
         return None if value is None else int(value)
 
-    def time(value: float | None) -> float | None:
+    def ms(value: float | None) -> float | None:
         return None if value is None else round(value, 3)
 
-    return {"time": time(fields["predicted_oom_time"]),
+    return {"time": ms(fields["predicted_oom_time"]),
             "step": step(fields["predicted_oom_step"]),
-            "interval": {"time": [time(fields["predicted_oom_time_low"]),
-                                  time(fields["predicted_oom_time_high"])],
+            "interval": {"time": [ms(fields["predicted_oom_time_low"]),
+                                  ms(fields["predicted_oom_time_high"])],
                          "step": [step(fields["predicted_oom_step_low"]),
                                   step(fields["predicted_oom_step_high"])]}}
 
@@ -196,7 +196,7 @@ def replay_job(job: str, series: list[tuple[str, str, SeriesColumns]],
                     key=lambda e: (e[0], e[1]))
     current: dict[str, Assessment] = {}
     alerts: dict[str, dict] = {}
-    for time, group in itertools.groupby(events, key=lambda e: e[0]):
+    for moment, group in itertools.groupby(events, key=lambda e: e[0]):
         for _, i, a in group:
             current[str(i)] = a
         if not any(a.verdict is Verdict.LEAK for a in current.values()):
@@ -204,8 +204,8 @@ def replay_job(job: str, series: list[tuple[str, str, SeriesColumns]],
         for i, a in pool_job(job, current).items():
             if a.verdict is Verdict.LEAK and i not in alerts:
                 c = series[int(i)][2]
-                at = max(int(np.searchsorted(c.times, time, side="right")) - 1, 0)
-                alerts[i] = leak_alert(time, float(c.steps[at]), a)
+                at = max(int(np.searchsorted(c.times, moment, side="right")) - 1, 0)
+                alerts[i] = leak_alert(moment, float(c.steps[at]), a)
     final = pool_job(job, {str(i): d.assessment for i, d in enumerate(detectors)})
     results = []
     for i, (host, chip, c) in enumerate(series):
