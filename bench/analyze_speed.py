@@ -54,7 +54,8 @@ analyze = getattr(replay, "analyze_path", None) or replay.analyze_file
 start = time.process_time()
 results = [r for p in paths for r in analyze(p)]
 cpu = time.process_time() - start
-print(json.dumps({"cpu": cpu, "samples": sum(r.samples for r in results),
+import tpumon
+print(json.dumps({"tree": tpumon.__file__, "cpu": cpu, "samples": sum(r.samples for r in results),
                   "digest": [[r.host, r.chip, r.verdict,
                               r.alert and [r.alert["time"], r.alert["step"]],
                               r.predicted_oom and [r.predicted_oom["time"],
@@ -117,8 +118,9 @@ def baseline_tree(ref: str, directory: str) -> str:
 
 def measure(tree: str, paths: list[str]) -> dict:
     env = dict(os.environ, PYTHONPATH=tree)
-    out = subprocess.run([sys.executable, "-c", _MEASURE, *paths], env=env, check=True,
-                         capture_output=True, text=True).stdout
+    # cwd too: ``python -c`` puts the working directory first on sys.path
+    out = subprocess.run([sys.executable, "-c", _MEASURE, *paths], env=env, cwd=tree,
+                         check=True, capture_output=True, text=True).stdout
     return json.loads(out)
 
 
@@ -129,6 +131,7 @@ def compare(label: str, paths: list[str], trees: dict[str, str], runs: int) -> l
     for _ in range(runs):
         for name, tree in trees.items():
             got = measure(tree, paths)
+            assert got["tree"].startswith(os.path.realpath(tree)), got["tree"]
             cpu[name].append(got["cpu"])
             digests[name], samples = got["digest"], got["samples"]
     same = len({json.dumps(d) for d in digests.values()}) == 1
