@@ -183,6 +183,19 @@ _ALERT_FIELDS = ("predicted_oom_time", "predicted_oom_time_low", "predicted_oom_
                  "slope_bytes_per_second", "slope_bytes_per_step")
 
 
+def slope_fields(per_s: float, low: float, high: float,
+                 steps_per_second: float | None) -> dict[str, float]:
+    """An assessment's slopes per second and, where steps are known, per step (the same
+    growth, rescaled)."""
+    out = dict(slope_bytes_per_second=per_s, slope_bytes_per_second_low=low,
+               slope_bytes_per_second_high=high)
+    if steps_per_second:
+        out.update(slope_bytes_per_step=per_s / steps_per_second,
+                   slope_bytes_per_step_low=low / steps_per_second,
+                   slope_bytes_per_step_high=high / steps_per_second)
+    return out
+
+
 def leak_alert(time: float, step: float, assessment: Assessment) -> dict:
     """A leak alert raised at the sample (time, step; NaN if unknown) by an assessment: when,
     and what was forecast and measured then, for a post-mortem against the OOM that came."""
@@ -533,7 +546,7 @@ class ChipDetector:
         common = dict(base, floor_bytes=fit.level, transient_bytes=job.transient,
                       window_start=first, window_seconds=window, points=fit.n,
                       z=fit.z, jumps=len(in_window),
-                      **self._slopes(fit.slope + stair, fit.slope_low + stair_low,
+                      **slope_fields(fit.slope + stair, fit.slope_low + stair_low,
                                      fit.slope_high + stair_high, steps_per_second))
         rate = (fit.slope if continuous else 0.0) + stair
         if rate > 0 and continuous and not decelerating:
@@ -562,17 +575,6 @@ class ChipDetector:
         elapsed = data.item(0, b) - data.item(0, a)
         rate = (data.item(1, b) - data.item(1, a)) / elapsed if elapsed > 0 else 0.0
         return rate if rate > 0 else None
-
-    @staticmethod
-    def _slopes(per_s: float, low: float, high: float, steps_per_second: float | None) -> dict:
-        """Slopes per second and, where steps are known, per step (same fit, rescaled)."""
-        out = dict(slope_bytes_per_second=per_s, slope_bytes_per_second_low=low,
-                   slope_bytes_per_second_high=high)
-        if steps_per_second:
-            out.update(slope_bytes_per_step=per_s / steps_per_second,
-                       slope_bytes_per_step_low=low / steps_per_second,
-                       slope_bytes_per_step_high=high / steps_per_second)
-        return out
 
     def _significant(self, data: np.ndarray, now: float) -> bool:
         """Growth of the raw floors (jumps left in) is significant: a staircase must be."""

@@ -24,7 +24,7 @@ import statistics
 from collections import defaultdict
 from typing import Mapping
 
-from tpumon.detect.detector import Assessment, Verdict, describe_growth
+from tpumon.detect.detector import Assessment, Verdict, describe_growth, slope_fields
 
 
 def pool_jobs(assessments: Mapping[str, Assessment],
@@ -49,7 +49,7 @@ def pool_job(job: str, chips: Mapping[str, Assessment]) -> dict[str, Assessment]
              if a.verdict is Verdict.LEAK and a.slope_bytes_per_second]
     if not leaks:
         return dict(chips)
-    rate = statistics.median(a.slope_bytes_per_second for a in leaks)  # type: ignore[misc]
+    rate = statistics.median(a.slope_bytes_per_second or 0.0 for a in leaks)
     interval = (min(a.slope_bytes_per_second_low or rate for a in leaks),
                 max(a.slope_bytes_per_second_high or rate for a in leaks))
     out = {chip: a if a.verdict is Verdict.LEAK
@@ -80,24 +80,19 @@ def _joined(a: Assessment, rate: float, interval: tuple[float, float]) -> Assess
     assert a.window_start is not None and a.window_seconds is not None
     now = a.window_start + a.window_seconds
     headroom = max(a.total_bytes - (a.transient_bytes or 0.0) - a.floor_bytes, 0.0)
-    per_step = a.slope_bytes_per_second / a.slope_bytes_per_step \
-        if a.slope_bytes_per_step and a.slope_bytes_per_second else None  # steps/s
+    steps_per_second = a.slope_bytes_per_second / a.slope_bytes_per_step \
+        if a.slope_bytes_per_step and a.slope_bytes_per_second else None
     slowest, fastest = interval
     ttos = (headroom / rate, headroom / max(fastest, rate),
             headroom / slowest if 0 < slowest <= rate else None)
     times = [None if t is None else now + t for t in ttos]
-    steps = [None if t is None or per_step is None or a.step is None else a.step + t * per_step
-             for t in ttos]
-    slopes = dict(slope_bytes_per_second=rate, slope_bytes_per_second_low=slowest,
-                  slope_bytes_per_second_high=fastest)
-    if per_step:
-        slopes.update(slope_bytes_per_step=rate / per_step,
-                      slope_bytes_per_step_low=slowest / per_step,
-                      slope_bytes_per_step_high=fastest / per_step)
+    steps = [None if t is None or steps_per_second is None or a.step is None
+             else a.step + t * steps_per_second for t in ttos]
+    fields: dict = slope_fields(rate, slowest, fastest, steps_per_second)
     joined = dataclasses.replace(
         a, verdict=Verdict.LEAK, predicted_oom_time=times[0], predicted_oom_time_low=times[1],
         predicted_oom_time_high=times[2], predicted_oom_step=steps[0],
-        predicted_oom_step_low=steps[1], predicted_oom_step_high=steps[2], **slopes)
+        predicted_oom_step_low=steps[1], predicted_oom_step_high=steps[2], **fields)
     return dataclasses.replace(joined, reason=f"floor grows {_growth([joined], rate)} like "
                                f"the job's leaking chips; {_oom_in(joined)}")
 

@@ -82,7 +82,8 @@ class SeriesResult:
             "hbm_full_after_alert": self.full_after_alert,
             "reason": a.reason,
             "floor_bytes": _opt(a.floor_bytes, 0),
-            "slope_bytes_per_hour_interval": None if a.slope_bytes_per_second_low is None else [
+            "slope_bytes_per_hour_interval": None if a.slope_bytes_per_second_low is None
+            or a.slope_bytes_per_second_high is None else [
                 round(a.slope_bytes_per_second_low * 3600, 1),
                 round(a.slope_bytes_per_second_high * 3600, 1)],
             "window_seconds": _opt(a.window_seconds, 1),
@@ -201,11 +202,11 @@ def replay_job(job: str, series: list[tuple[str, str, SeriesColumns]],
             current[str(i)] = a
         if not any(a.verdict is Verdict.LEAK for a in current.values()):
             continue
-        for i, a in pool_job(job, current).items():
-            if a.verdict is Verdict.LEAK and i not in alerts:
-                c = series[int(i)][2]
+        for name, a in pool_job(job, current).items():
+            if a.verdict is Verdict.LEAK and name not in alerts:
+                c = series[int(name)][2]
                 at = max(int(np.searchsorted(c.times, moment, side="right")) - 1, 0)
-                alerts[i] = leak_alert(moment, float(c.steps[at]), a)
+                alerts[name] = leak_alert(moment, float(c.steps[at]), a)
     final = pool_job(job, {str(i): d.assessment for i, d in enumerate(detectors)})
     results = []
     for i, (host, chip, c) in enumerate(series):
