@@ -52,10 +52,13 @@ from tpumon.detect import replay
 paths = sys.argv[1:]
 analyze = getattr(replay, "analyze_path", None) or replay.analyze_file
 start = time.process_time()
+wall = time.perf_counter()
 results = [r for p in paths for r in analyze(p)]
 cpu = time.process_time() - start
+wall = time.perf_counter() - wall
 import tpumon
-print(json.dumps({"tree": tpumon.__file__, "cpu": cpu, "samples": sum(r.samples for r in results),
+print(json.dumps({"tree": tpumon.__file__, "cpu": cpu, "wall": wall,
+                  "samples": sum(r.samples for r in results),
                   "digest": [[r.host, r.chip, r.verdict,
                               r.alert and [r.alert["time"], r.alert["step"]],
                               r.predicted_oom and [r.predicted_oom["time"],
@@ -126,6 +129,7 @@ def measure(tree: str, paths: list[str]) -> dict:
 
 def compare(label: str, paths: list[str], trees: dict[str, str], runs: int) -> list[str]:
     cpu: dict[str, list[float]] = {name: [] for name in trees}
+    wall: dict[str, list[float]] = {name: [] for name in trees}
     digests: dict[str, list] = {}
     samples = 0
     for _ in range(runs):
@@ -133,12 +137,15 @@ def compare(label: str, paths: list[str], trees: dict[str, str], runs: int) -> l
             got = measure(tree, paths)
             assert got["tree"].startswith(os.path.realpath(tree)), got["tree"]
             cpu[name].append(got["cpu"])
+            wall[name].append(got["wall"])
             digests[name], samples = got["digest"], got["samples"]
     same = len({json.dumps(d) for d in digests.values()}) == 1
     rates = {name: samples / statistics.median(c) for name, c in cpu.items()}
+    walls = {name: samples / statistics.median(c) for name, c in wall.items()}
     base, new = rates["baseline"], rates["this tree"]
-    return [f"| {label} | {samples:,} | {base:,.0f} | {new:,.0f} | {new / base:.2f}x | "
-             f"{'same' if same else 'different'} |"]
+    return [f"| {label} | {samples:,} | {base:,.0f} ({walls['baseline']:,.0f}) | "
+            f"{new:,.0f} ({walls['this tree']:,.0f}) | {new / base:.2f}x | "
+            f"{'same' if same else 'different'} |"]
 
 
 def main() -> int:
@@ -159,8 +166,8 @@ def main() -> int:
               file=sys.stderr)
         trees = {"baseline": baseline_tree(args.baseline_ref, tempfile.mkdtemp(dir=tmp)),
                  "this tree": ROOT}
-        lines = ["| trace | samples | baseline samples/s | this tree samples/s | ratio | "
-                 "results |", "|---|---|---|---|---|---|"]
+        lines = ["| trace | samples | baseline samples/s, CPU (wall) | this tree samples/s, "
+                 "CPU (wall) | ratio (CPU) | results |", "|---|---|---|---|---|---|"]
         lines += compare("one large CSV", [big_path], trees, args.runs)
         lines += compare(f"{len(small)} small CSVs", sorted(small), trees, args.runs)
     print(f"`analyze` end to end, CPU time, median of {args.runs} runs each, baseline = "
