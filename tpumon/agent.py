@@ -17,6 +17,7 @@ from typing import Callable, Mapping
 from prometheus_client import CollectorRegistry, Histogram
 
 from tpumon.detect import Assessment, ChipDetector, DetectorSettings
+from tpumon.detect.pooling import pool_jobs
 from tpumon.identity import LABELS
 from tpumon.leak_snapshots import LeakSnapshots
 from tpumon.samples import HostSample, RuntimeReading
@@ -110,7 +111,7 @@ class Agent:
         steps = self._steps(attributed, processes)
         samples = self._samples(runtime, steps)
         self._polls += 1
-        assessments = self._detect(samples)
+        assessments = self._detect(samples, owners)
         processes = with_hbm_growth(processes, attributed, growing_chips(assessments))
         self._notice_ends(runtime, owners, attributed, processes, assessments, host)
         if self._leak_snapshots is not None:
@@ -177,8 +178,10 @@ class Agent:
             self._store.submit(PollRecord(self.state.snapshot.identity.host,
                                           tuple(samples.items()), checkpoints))
 
-    def _detect(self, samples: Mapping[str, Sample]) -> dict[str, Assessment]:
-        """Feed each chip's sample to its detector (the same code ``tpumon analyze`` runs).
+    def _detect(self, samples: Mapping[str, Sample],
+                owners: Mapping[str, int]) -> dict[str, Assessment]:
+        """Feed each chip's sample to its detector (the same code ``tpumon analyze`` runs),
+        and pool the evidence of the chips one process holds (one job: ``pool_jobs``).
 
         A chip that does not answer gets no sample: to its detector that is a poll gap,
         and a gap followed by memory back at baseline is a job restart.
@@ -189,7 +192,8 @@ class Agent:
                 detector = self._detectors[name] = ChipDetector(self._detector_settings)
             detector.update((s.time,), (math.nan if s.step is None else s.step,), (s.used,),
                             (s.total,))
-        return {name: d.assessment for name, d in self._detectors.items()}
+        return pool_jobs({name: d.assessment for name, d in self._detectors.items()},
+                         {chip: f"process {pid}" for chip, pid in owners.items()})
 
     def run(self, stop: threading.Event,
             after_poll: Callable[[Snapshot], None] | None = None) -> None:

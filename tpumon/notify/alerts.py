@@ -109,6 +109,10 @@ def _alert(snap: Snapshot, name: str, subject: str, summary: str, details: dict,
                  report=settings.report_url.format(**fill))
 
 
+def _interval(low: float | None, high: float | None) -> list[float | None] | None:
+    return None if low is None and high is None else [low, high]
+
+
 def _chip_alerts(snap: Snapshot, chip: str, a: Assessment, now: float,
                  settings: AlertSettings) -> Iterable[Alert]:
     cause = snap.chip_cause(chip)
@@ -119,6 +123,11 @@ def _chip_alerts(snap: Snapshot, chip: str, a: Assessment, now: float,
                "growth_bytes_per_hour": a.slope_bytes_per_hour,
                "predicted_oom_time": a.predicted_oom_time,
                "predicted_oom_step": a.predicted_oom_step,
+               # the forecast's interval (earliest, latest) as it stands when the alert fires
+               "predicted_oom_time_interval": _interval(a.predicted_oom_time_low,
+                                                        a.predicted_oom_time_high),
+               "predicted_oom_step_interval": _interval(a.predicted_oom_step_low,
+                                                        a.predicted_oom_step_high),
                "cause": cause.code if cause else None, "cause_text": cause.text if cause else None}
     if a.verdict is Verdict.LEAK:
         growth = describe_growth(a.slope_bytes_per_step, a.slope_bytes_per_hour)
