@@ -16,7 +16,7 @@ from tpumon.sim.runtime_entries import (buffer_attribute, device_attribute, dist
 from tpumon.sources.chips import inventory_for
 from tpumon.sources.health import SourceUnavailable
 from tpumon.sources.runtime_catalog import CATALOG
-from tpumon.sources.tpu_runtime import DUTY_CYCLE, METRICS, TOTAL, USAGE, TpuRuntimeSource
+from tpumon.sources.tpu_runtime import METRICS, USAGE, TpuRuntimeSource
 
 BW = MetricName.HBM_BW_UTIL.value
 IDLE = MetricName.TENSORCORE_IDLE_DURATION.value
