@@ -161,6 +161,8 @@ def walk(node, path=""):
 def documented_metrics() -> set[str]:
     doc = (ROOT / "docs/metrics.md").read_text()
     names = set(re.findall(r"^\| `(tpumon_\w+)` \|", doc, re.M))
+    names |= {f"{h}_{suffix}" for h in re.findall(r"^\| `(tpumon_\w+)` \| histogram \|", doc, re.M)
+              for suffix in ("bucket", "sum", "count")}  # a histogram's series
     rules = yaml.safe_load((ROOT / "deploy/prometheus/tpumon.rules.yml").read_text())
     names |= {r["record"] for g in rules["groups"] for r in g["rules"] if "record" in r}
     return names | {"up", "ALERTS"}

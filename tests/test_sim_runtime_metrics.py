@@ -2,6 +2,7 @@
 stubs) -> the agent's runtime source -> the exporter, every family with its labels, the
 output clean under promtool; and the values move with the workload (a stall, a slow DCN)."""
 
+import json
 import subprocess
 
 import pytest
@@ -150,3 +151,36 @@ def test_tpu_info_reads_the_simulated_metrics_too(simulated):
     latencies = tpu_info_metrics.get_transfer_latency("buffer_transfer_latency", addr)
     assert {d.transfer_size for d in latencies} == {"1MiB", "16MiB"}
     assert all(100 < d.p50 < 20000 for d in latencies)  # microseconds
+
+
+def tpumon(*args):
+    from test_cli import run
+    return run(*args)
+
+
+def test_status_metric_and_list_metrics_read_the_runtime_like_tpu_info(simulated):
+    from test_cli import assert_one_line_error
+    _, clock, sim, source = simulated("healthy", 3000.0)
+    source.poll()  # the simulated runtime's counters start at this look
+    clock.t = 3600.0
+    port = str(sim.ports[0])
+    listed = tpumon("status", "--direct", "--runtime-ports", port, "--list-metrics",
+                    "--format", "json")
+    assert listed.returncode == 0, listed.stderr
+    rows = {r["runtime_metric"]: r for r in json.loads(listed.stdout)["metrics"]}
+    assert len(rows) == len(CATALOG) + 3
+    assert rows[CATALOG[0].runtime_name]["tpumon_metric"] == CATALOG[0].family
+    doc = json.loads(tpumon("status", "--direct", "--runtime-ports", port, "--metric",
+                            "buffer_transfer_latency", "--format", "json").stdout)
+    assert doc["tpumon_metric"] == "tpumon_dcn_transfer_latency_seconds"
+    sizes = {s["buffer_size"]: s for s in doc["series"]}
+    assert set(sizes) == {"1MiB", "16MiB"}
+    small = sizes["1MiB"]
+    assert small["count"] > 1000 and 1e-4 < small["p50"] <= small["p90"] <= small["p99.9"] < 0.1
+    table = tpumon("status", "--direct", "--runtime-ports", port, "--metric",
+                   "tpumon_hbm_bandwidth_utilization_ratio")
+    assert table.returncode == 0 and " %" in table.stdout and "Chip" in table.stdout
+    timing = tpumon("status", "--direct", "--runtime-ports", port, "--metric", "hlo_exec_timing")
+    assert "p99.9" in timing.stdout and " ms" in timing.stdout
+    assert_one_line_error(tpumon("status", "--direct", "--runtime-ports", port, "--metric",
+                                 "no_such_metric"), "--metric no_such_metric", "unknown")

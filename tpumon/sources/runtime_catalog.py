@@ -198,3 +198,9 @@ def _bounds(options: pb.Distribution.BucketOptions) -> list[float] | None:
     if bounds is not None and not all(math.isfinite(b) for b in bounds):
         return None
     return bounds
+
+
+def find_spec(name: str) -> MetricSpec | None:
+    """The catalogue entry for tpu-info's name, tpumon's family name or the runtime's name."""
+    return BY_SHORT_NAME.get(name) or BY_RUNTIME_NAME.get(name) or next(
+        (spec for spec in CATALOG if spec.family == name), None)
