@@ -9,6 +9,7 @@ import time
 import pytest
 
 from fake_runtime import chips_metrics
+from prometheus_client.parser import text_string_to_metric_families
 from tpu_info.metrics import MetricName
 from tpumon.samples import Histogram
 from tpumon.sim.runtime_entries import (buffer_attribute, device_attribute, distribution_entry,
@@ -168,3 +169,32 @@ def test_histogram_quantiles_interpolate_within_the_bucket():
     assert h.quantile(0.75) == pytest.approx(3.0)
     assert Histogram((1.0,), (0, 0), 0.0).quantile(0.5) is None
     assert Histogram((1.0,), (0, 3), 9.0).quantile(0.99) == 1.0  # overflow: its lower bound
+
+
+def test_exported_buckets_span_the_used_range_only_with_cumulative_counts():
+    from prometheus_client import CollectorRegistry, generate_latest
+    from tpumon.exporters.runtime_families import RuntimeMetricsCollector
+    from tpumon.identity import Identity
+    from tpumon.samples import RuntimeReading, RuntimeSeries
+    from tpumon.state import Snapshot
+    h = Histogram(tuple(2.0 ** i for i in range(10)), (0, 0, 0, 3, 0, 5, 0, 0, 0, 0, 0), 40.0)
+    empty = Histogram(h.bounds, (0,) * 11, 0.0)
+    series = (RuntimeSeries("tpumon_dcn_transfer_latency_seconds", ("8MiB",), histogram=h),
+              RuntimeSeries("tpumon_dcn_transfer_latency_seconds", ("1KiB",), histogram=empty))
+    snap = Snapshot(0.0, Identity("h", "0", "v4-8", "s"), inventory_for("v4", 1),
+                    runtime=RuntimeReading(0.0, {}, (), series, (DCN, *METRICS)))
+    registry = CollectorRegistry()
+    registry.register(RuntimeMetricsCollector(lambda: snap))
+    text = generate_latest(registry).decode()
+    [family] = [f for f in text_string_to_metric_families(text)
+                if f.name == "tpumon_dcn_transfer_latency_seconds"]
+
+    def samples(size, suffix):
+        return [(s.labels.get("le"), s.value) for s in family.samples
+                if s.labels["buffer_size"] == size and s.name.endswith(suffix)]
+    # below the first used bucket (0 so far), each bucket up to the last used one, +Inf
+    assert samples("8MiB", "_bucket") == [("4.0", 0), ("8.0", 3), ("16.0", 3), ("32.0", 8),
+                                          ("+Inf", 8)]
+    assert samples("8MiB", "_count") == [(None, 8)] and samples("8MiB", "_sum") == [(None, 40)]
+    assert samples("1KiB", "_bucket") == [("+Inf", 0)]
+    assert 'runtime_metric="' + DCN + '"' in text

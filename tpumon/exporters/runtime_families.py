@@ -62,11 +62,21 @@ class RuntimeMetricsCollector(Collector):
 
 
 def _buckets(h: Histogram) -> list[tuple[str, float]]:
-    """Cumulative (le, count) pairs, +Inf last, as the Prometheus text format wants them."""
+    """Cumulative (le, count) pairs, +Inf last, as the Prometheus text format wants them;
+    only from the bucket below the first that holds anything to the last that does.
+
+    The buckets outside say nothing (all 0 below, all the total above) and were most of a
+    scrape: 36 buckets per distribution in the simulator, 126 KiB and 8.8 ms of CPU a scrape
+    against 0.9 ms without the runtime metrics. The runtime's counts are cumulative, so the
+    range kept only widens while the runtime lives: a bucket, once exported, stays."""
+    used = [i for i, n in enumerate(h.counts) if n]
+    if not used:
+        return [("+Inf", 0)]
+    first, last = max(used[0] - 1, 0), min(used[-1], len(h.bounds) - 1)
     out: list[tuple[str, float]] = []
-    running = 0
-    for bound, count in zip(h.bounds, h.counts, strict=False):
-        running += count
-        out.append((floatToGoString(bound), running))
+    running = sum(h.counts[:first])
+    for i in range(first, last + 1):
+        running += h.counts[i]
+        out.append((floatToGoString(h.bounds[i]), running))
     out.append(("+Inf", h.count))
     return out
