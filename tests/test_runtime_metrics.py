@@ -198,3 +198,30 @@ def test_exported_buckets_span_the_used_range_only_with_cumulative_counts():
     assert samples("8MiB", "_count") == [(None, 8)] and samples("8MiB", "_sum") == [(None, 40)]
     assert samples("1KiB", "_bucket") == [("+Inf", 0)]
     assert 'runtime_metric="' + DCN + '"' in text
+
+
+def test_linear_explicit_and_unknown_bucket_layouts():
+    from tpu_info.proto import tpu_metric_service_pb2 as pb
+    from tpumon.sources.runtime_catalog import BY_RUNTIME_NAME, histogram_of
+    spec = BY_RUNTIME_NAME[HLO]  # microseconds
+
+    def entry(counts, **options):
+        opts = pb.Distribution.BucketOptions(**options)
+        return pb.Metric(distribution=pb.Distribution(count=sum(counts), mean=10.0,
+                                                      bucket_options=opts, bucket_counts=counts))
+    linear = histogram_of(spec, entry([0, 1, 2, 1], linear_buckets=pb.Distribution.BucketOptions
+                                      .Linear(num_finite_buckets=2, width=5.0, offset=10.0)))
+    assert linear.bounds == pytest.approx((10e-6, 15e-6, 20e-6)) and linear.count == 4
+    explicit = histogram_of(spec, entry([1, 1], explicit_buckets=pb.Distribution.BucketOptions
+                                        .Explicit(bounds=[100.0])))
+    assert explicit.bounds == pytest.approx((1e-4,)) and explicit.sum == pytest.approx(20e-6)
+    falling = entry([1, 1, 1], explicit_buckets=pb.Distribution.BucketOptions.Explicit(
+        bounds=[100.0, 50.0]))
+    no_growth = entry([1, 1, 1], exponential_buckets=pb.Distribution.BucketOptions
+                      .Exponential(num_finite_buckets=1, growth_factor=0.0, scale=1.0))
+    regular = entry([1], regular_buckets=pb.Distribution.BucketOptions.Regular(
+        num_finite_buckets=1))
+    too_many = entry([1], exponential_buckets=pb.Distribution.BucketOptions.Exponential(
+        num_finite_buckets=10**6, growth_factor=2.0, scale=1.0))
+    for bad in (falling, no_growth, regular, too_many):
+        assert histogram_of(spec, bad) is None

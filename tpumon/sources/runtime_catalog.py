@@ -14,6 +14,7 @@ that do not fit their options) is counted by the caller as malformed.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass
@@ -159,7 +160,8 @@ def histogram_of(spec: MetricSpec, metric: pb.Metric) -> Histogram | None:
     if metric.WhichOneof("measure") != "distribution":
         return None
     dist = metric.distribution
-    bounds = _bounds(dist.bucket_options)
+    laid_out = _bounds(dist.bucket_options)
+    bounds = None if laid_out is None else list(laid_out)
     counts = list(dist.bucket_counts)
     if bounds is None or len(counts) > len(bounds) + 1 or any(c < 0 for c in counts):
         return None
@@ -178,15 +180,11 @@ def _bounds(options: pb.Distribution.BucketOptions) -> list[float] | None:
     kind = options.WhichOneof("options")
     if kind == "exponential_buckets":
         e = options.exponential_buckets
-        n, ok = e.num_finite_buckets, e.growth_factor > 1 and e.scale > 0
-        bounds = [e.scale * e.growth_factor ** i for i in range(n + 1)] if ok and \
-            0 <= n <= MAX_BUCKETS else None
-    elif kind == "linear_buckets":
+        return _laid_out(e.num_finite_buckets, 0.0, e.scale, e.growth_factor, True)
+    if kind == "linear_buckets":
         lin = options.linear_buckets
-        n, ok = lin.num_finite_buckets, lin.width > 0
-        bounds = [lin.offset + lin.width * i for i in range(n + 1)] if ok and \
-            0 <= n <= MAX_BUCKETS else None
-    elif kind == "explicit_buckets":
+        return _laid_out(lin.num_finite_buckets, lin.offset, lin.width, 1.0, False)
+    if kind == "explicit_buckets":
         bounds = list(options.explicit_buckets.bounds)
         rising = all(a < b for a, b in zip(bounds, bounds[1:], strict=False))
         if len(bounds) > MAX_BUCKETS + 1 or not rising:
@@ -198,6 +196,17 @@ def _bounds(options: pb.Distribution.BucketOptions) -> list[float] | None:
     if bounds is not None and not all(math.isfinite(b) for b in bounds):
         return None
     return bounds
+
+
+@functools.lru_cache(maxsize=64)
+def _laid_out(n: int, offset: float, step: float, growth: float,
+              exponential: bool) -> list[float] | None:
+    """Exponential (step * growth**i) or linear (offset + step * i) bounds, i = 0..n;
+    cached, as every entry of a metric repeats its options (callers copy)."""
+    if not 0 <= n <= MAX_BUCKETS or not step > 0 or (exponential and not growth > 1):
+        return None
+    bounds = [step * growth ** i if exponential else offset + step * i for i in range(n + 1)]
+    return bounds if all(math.isfinite(b) for b in bounds) else None
 
 
 def find_spec(name: str) -> MetricSpec | None:
