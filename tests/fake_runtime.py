@@ -50,6 +50,8 @@ class FakeRuntime(pb_grpc.RuntimeMetricServiceServicer):
     def GetRuntimeMetric(self, request, context):
         self.calls += 1
         self.requested.append(request.metric_name)
+        if self.hook is not None:
+            self.hook(request)
         self.peers.append(context.peer())
         if self.delay:
             self._release.wait(self.delay)

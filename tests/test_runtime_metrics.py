@@ -225,3 +225,24 @@ def test_linear_explicit_and_unknown_bucket_layouts():
         num_finite_buckets=10**6, growth_factor=2.0, scale=1.0))
     for bad in (falling, no_growth, regular, too_many):
         assert histogram_of(spec, bad) is None
+
+
+def test_a_failure_mid_round_keeps_the_last_values_of_the_metrics_not_read(runtime_servers):
+    server = runtime_servers(full_metrics())
+    server.runtime.supported = [*METRICS, BW, QUEUE, HLO, DCN]
+    src = source(server.port)
+    first = by_family(src.poll())
+
+    def fail_queue(request):
+        if request.metric_name == QUEUE:
+            raise RuntimeError("runtime hiccup")
+    server.runtime.hook = fail_queue
+    server.runtime.metrics[BW] = [gauge_entry(device_attribute(d), 90.0) for d in (0, 1)]
+    second = by_family(src.poll())
+    assert src.malformed_total == 0
+    assert second["tpumon_hbm_bandwidth_utilization_ratio"] == \
+        first["tpumon_hbm_bandwidth_utilization_ratio"]  # asked after the failure: last values
+    assert second["tpumon_hlo_queue_size"] == first["tpumon_hlo_queue_size"]
+    server.runtime.hook = None
+    third = by_family(src.poll())
+    assert third["tpumon_hbm_bandwidth_utilization_ratio"][("0",)].value == pytest.approx(0.9)

@@ -187,15 +187,9 @@ def _bounds(options: pb.Distribution.BucketOptions) -> list[float] | None:
     if kind == "explicit_buckets":
         bounds = list(options.explicit_buckets.bounds)
         rising = all(a < b for a, b in zip(bounds, bounds[1:], strict=False))
-        if len(bounds) > MAX_BUCKETS + 1 or not rising:
-            bounds = None
-    elif kind is None:
-        bounds = []
-    else:
-        bounds = None
-    if bounds is not None and not all(math.isfinite(b) for b in bounds):
-        return None
-    return bounds
+        finite = all(math.isfinite(b) for b in bounds)
+        return bounds if rising and finite and len(bounds) <= MAX_BUCKETS + 1 else None
+    return [] if kind is None else None  # none: one bucket; "regular": not laid out here
 
 
 @functools.lru_cache(maxsize=64)

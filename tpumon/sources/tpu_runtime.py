@@ -173,7 +173,7 @@ class TpuRuntimeSource:
         self._per_process = False
         self._slow_round = False  # this poll asked for the slow metrics
         self._supported: dict[int, frozenset[str] | None] = {p: None for p in self.ports}
-        self._extras: dict[int, list[_Entry]] = {}
+        self._extras: dict[int, dict[str, list[_Entry]]] = {}  # port -> metric -> entries
         self._series: tuple[RuntimeSeries, ...] = ()
         self._channels = {port: self._channel(port) for port in self.ports}
         self._stubs = {port: pb_grpc.RuntimeMetricServiceStub(ch)
@@ -256,13 +256,14 @@ class TpuRuntimeSource:
     def _ask_extras(self) -> None:
         """The catalogue's metrics each answering port serves, one call each, within one
         deadline per port; a metric the port does not have after all (NOT_FOUND,
-        UNIMPLEMENTED) is dropped from its list, any other failure skips the port's rest."""
+        UNIMPLEMENTED) is dropped from its list, any other failure skips the port's rest
+        (whose last values stand until the next round)."""
         for port, up in self.ports_up.items():
             names = sorted(n for n in self._supported.get(port) or () if n in BY_RUNTIME_NAME)
             if not up or not names:
                 continue
             deadline = time.monotonic() + self.timeout
-            entries: list[_Entry] = []
+            entries = self._extras.setdefault(port, {})
             for name in names:
                 try:
                     response = self._stubs[port].GetRuntimeMetric(
@@ -271,11 +272,11 @@ class TpuRuntimeSource:
                 except grpc.RpcError as exc:
                     if exc.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNIMPLEMENTED):
                         self._supported[port] = (self._supported[port] or frozenset()) - {name}
+                        entries.pop(name, None)
                         continue
                     log.debug("%s", _describe(exc, self.target(port), self.timeout))
                     break
-                entries.extend(self._entries(port, BY_RUNTIME_NAME[name], response))
-            self._extras[port] = entries
+                entries[name] = self._entries(port, BY_RUNTIME_NAME[name], response)
         self._series = self._build_series()
 
     def _entries(self, port: int, spec: MetricSpec,
@@ -301,8 +302,8 @@ class TpuRuntimeSource:
         """One series per family and labels across ports: histograms of one buffer size
         added up (as tpu-info does), a repeated gauge counted as malformed."""
         merged: dict[tuple[str, tuple[str, ...]], RuntimeSeries] = {}
-        for entries in self._extras.values():
-            for spec, labels, value in entries:
+        for by_metric in self._extras.values():
+            for spec, labels, value in (e for entries in by_metric.values() for e in entries):
                 key = (spec.family, labels)
                 seen = merged.get(key)
                 if seen is None:
