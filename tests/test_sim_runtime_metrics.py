@@ -10,11 +10,12 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from tpu_info import metrics as tpu_info_metrics
 
+from test_sim_server import ManualClock
 from tools import require_tool
 from tpumon.agent import Agent, OwnerScanner
 from tpumon.exporters.prometheus import build_registry
 from tpumon.identity import LABELS, Identity
-from tpumon.sim.server import SimClock, Simulator
+from tpumon.sim.server import Simulator
 from tpumon.sim.workload import Workload
 from tpumon.sources.chips import inventory_for
 from tpumon.sources.runtime_catalog import CATALOG
@@ -22,19 +23,6 @@ from tpumon.sources.tpu_runtime import TpuRuntimeSource
 from tpumon.state import AgentState
 
 IDENT = Identity(host="t1v-n-0a1b2c3d-w-3", worker="3", accelerator_type="v4-32", slice="pod-a")
-
-
-class ManualClock(SimClock):
-    """Simulated time that moves only when the test says so."""
-
-    def __init__(self, start: float) -> None:
-        super().__init__(1.0, start)
-        self.t = start
-
-    def now(self) -> float:
-        return self.t
-
-    observe = now
 
 
 @pytest.fixture
