@@ -147,6 +147,13 @@ MUTATIONS = {
     "TPUMonJobDiedOOM also for a job that exited": (
         'tpumon_job_ends_total{cause=~"hbm_oom|host_oom"}', 'tpumon_job_ends_total',
         "ends.yml"),
+    "TPUMonHostDCNLatencyOutlier threshold 2x -> 5x the slice's median": (
+        "host:tpumon_dcn_transfer_latency_seconds:ratio_to_slice_median > 2\n",
+        "host:tpumon_dcn_transfer_latency_seconds:ratio_to_slice_median > 5\n", "outliers.yml"),
+    "TPUMonHostStepTimeOutlier without the three-host guard": (
+        "            and on (slice, accelerator_type)\n"
+        "              (count by (slice, accelerator_type) "
+        "(host:tpumon_hlo_execution_seconds:mean5m) >= 3)\n", "", "outliers.yml"),
     "TPUMonHostMemoryLeak also for a process that exited": (
         "            and on (instance, job, pid)\n              (tpumon_process_exited == 0)\n", "",
         "host.yml"),

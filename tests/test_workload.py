@@ -44,7 +44,8 @@ def after_first_eval(w: Workload) -> float:
 def test_scenario_registry_has_the_documented_names():
     assert set(SCENARIOS) == {"healthy", "linear-leak", "staircase-leak", "chip0-leak",
                               "step-change", "job-restart", "saturating-cache",
-                              "irregular-staircase", "leak-rate-change"}
+                              "irregular-staircase", "leak-rate-change", "stall",
+                              "slow-dcn"}
     for name, s in SCENARIOS.items():
         assert s.name == name and s.description and "\n" not in s.description
 

@@ -154,8 +154,10 @@ SCHEMA: tuple[Key, ...] = (
         "Deadline in seconds for every gRPC call; a hung runtime costs at most this per poll.",
         _positive),
     Key("runtime", "slow_metrics_interval", float, 5.0,
-        "Seconds between asking for total memory and duty cycle (usage is asked every "
-        "poll); 0 asks for all three every poll.", _non_negative),
+        "Seconds between asking for everything but HBM usage (asked every poll): total "
+        "memory, duty cycle and the runtime's other metrics (bandwidth, idle time, HLO "
+        "queue and timings, megascale/DCN distributions); 0 asks for all every poll.",
+        _non_negative),
     Key("runtime", "owners_interval", float, 30.0,
         "Seconds between scans of /proc for the processes that own each chip.", _positive),
     Key("identity", "hostname", str, "",

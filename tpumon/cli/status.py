@@ -201,8 +201,13 @@ def from_runtime(config: Config) -> dict[str, Any]:
 @direct_option
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table",
               show_default=True, help="Output format.")
+@click.option("--metric", metavar="NAME", help="Show one of the runtime's other metrics "
+              "instead, read from the runtime like tpu-info: its name in tpu-info "
+              "(hlo_exec_timing, buffer_transfer_latency, ...), in tpumon or in libtpu.")
+@click.option("--list-metrics", is_flag=True, help="List the metrics the runtime serves "
+              "and the tpumon metric each is exported as.")
 def command(config_path: str | None, runtime_ports: str | None, agent: str | None,
-            direct: bool, fmt: str) -> None:
+            direct: bool, fmt: str, metric: str | None, list_metrics: bool) -> None:
     """Show each chip's HBM, duty cycle, owner and leak verdict.
 
     Asks the local agent (which has the history behind the verdicts); if none answers, or
@@ -211,6 +216,10 @@ def command(config_path: str | None, runtime_ports: str | None, agent: str | Non
     """
     config = load_config(config_path, {"runtime.ports": ports_value(runtime_ports)})
     setup_logging("warning")
+    if metric is not None or list_metrics:
+        from tpumon.cli.runtime_view import show  # lazy: only for these options
+        show(config, metric, fmt)
+        return
     url = agent_to_ask(config, agent, direct)
     doc = None if url is None else from_agent(url)
     if doc is None:

@@ -22,6 +22,7 @@ from prometheus_client.registry import Collector
 from tpumon import __version__
 from tpumon.detect import Verdict
 from tpumon.exporters.job_ends import job_end_metrics
+from tpumon.exporters.runtime_families import RuntimeMetricsCollector
 from tpumon.identity import LABELS
 from tpumon.notify.health import NotifierHealth
 from tpumon.notify.notifier import FAILURE_REASONS, GIVE_UP_REASONS
@@ -386,6 +387,7 @@ def build_registry(get_snapshot: Callable[[], Snapshot]) -> CollectorRegistry:
     disable_created_metrics()  # *_created gauges per histogram: noise for a per-VM agent
     registry = CollectorRegistry()
     registry.register(SnapshotCollector(get_snapshot))
+    registry.register(RuntimeMetricsCollector(get_snapshot))
     ProcessCollector(registry=registry)
     PlatformCollector(registry=registry)
     return registry

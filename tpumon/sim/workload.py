@@ -142,6 +142,11 @@ class Scenario:
     stair_irregular: bool = False  # stairs at random steps (a Poisson process), not every N
     leak_change_step: Range = 0  # steps after the onset at which the leak's rate changes
     leak_change_factor: Range = 1.0  # the rate after the change, as a multiple of before
+    # runtime metrics (scalar defaults draw nothing, so older scenarios' seeds are unchanged)
+    stall_after_s: Range = 0.0  # training seconds into each job before a stall; 0: none
+    stall_s: Range = 300.0  # the stall: duty cycle near 0, the step held, HBM held
+    dcn_slow_after_s: Range = 0.0  # seconds into each job before DCN slows; 0: never
+    dcn_slowdown: Range = 4.0  # factor on this host's DCN latencies from then on
 
 
 SCENARIOS: dict[str, Scenario] = {
@@ -167,6 +172,12 @@ SCENARIOS: dict[str, Scenario] = {
                  restarts=1),
         Scenario("saturating-cache", "Healthy run whose cache grows ~2 GB over hours, then saturates.",
                  cache_cap_bytes=(1.5 * GB, 2.5 * GB), cache_tau_s=(5400.0, 10800.0)),
+        Scenario("stall", "Healthy job that stalls for minutes (a starved input pipeline, a hung "
+                 "collective): duty cycle near 0, the step held, HBM held.",
+                 stall_after_s=(1200.0, 2400.0), stall_s=(300.0, 600.0)),
+        Scenario("slow-dcn", "Healthy job whose DCN transfers on this host get 3-5x slower "
+                 "(a bad NIC, a congested link) while the rest of the slice stays fast.",
+                 dcn_slow_after_s=(1200.0, 2400.0), dcn_slowdown=(3.0, 5.0)),
     )
 }
 
@@ -181,6 +192,8 @@ class WorkloadSample:
     hbm_used_bytes: tuple[int, ...]  # per chip (empty when runtime down)
     hbm_total_bytes: int
     duty_cycle_pct: tuple[float, ...]  # per chip (empty when runtime down)
+    stalled: bool = False  # the job is in its stall (scenario "stall")
+    dcn_slowdown: float = 1.0  # factor on this host's DCN latencies now
 
 
 @dataclass(frozen=True, slots=True)
@@ -308,7 +321,8 @@ class Workload:
         job = self._job_at(t)
         if job is None:
             return WorkloadSample(t, False, None, (), self._total, ())
-        kind, n = self._locate(job, t)
+        stalled, t_job = self._stall(job, t)
+        kind, n = self._locate(job, t_job)
         floors = self._floors(job, kind, n)
         rand = self._rng.random
         if kind == _WARMUP:
@@ -330,14 +344,31 @@ class Workload:
             min(total, int(f + e + c.noise * rand())) for f, e, c in zip(floors, extras, self._chips)
         )
         step = job.resume_step + (0 if kind == _WARMUP else n)
-        return WorkloadSample(t, True, step, used, total, tuple(min(100.0, max(0.0, d)) for d in duty))
+        if stalled:
+            duty = [1.5 * rand() for _ in duty]
+        p = self._params
+        slow = p.dcn_slowdown if 0 < p.dcn_slow_after_s <= t - job.start_time else 1.0
+        return WorkloadSample(t, True, step, used, total,
+                              tuple(min(100.0, max(0.0, d)) for d in duty), stalled, slow)
+
+    def _stall(self, job: Job, t: float) -> tuple[bool, float]:
+        """Whether the job is in its stall at ``t``, and the time its steps and memory are
+        read at: held at the stall's start during it, ``stall_s`` behind after it (the
+        scenario has no leak, so the OOM search need not know)."""
+        p = self._params
+        if p.stall_after_s <= 0:
+            return False, t
+        begin = job.start_time + p.warmup_s + p.stall_after_s
+        if t < begin:
+            return False, t
+        return (True, begin) if t < begin + p.stall_s else (False, t - p.stall_s)
 
     def floor_bytes(self, t: float) -> tuple[int, ...]:
         """Ground truth floor per chip at ``t`` (no transients, no noise); empty when down."""
         job = self._job_at(t)
         if job is None:
             return ()
-        kind, n = self._locate(job, t)
+        kind, n = self._locate(job, self._stall(job, t)[1])
         return tuple(int(f) for f in self._floors(job, kind, n))
 
     # ------------------------------------------------------------ time -> state
