@@ -122,7 +122,7 @@ class Agent:
             alert_settings=self.alert_settings)
         self.state.publish(snapshot)
         if self._store is not None:
-            self._record(samples)
+            self._record(self._store, samples)
         self._poll_seconds.observe(time.monotonic() - started)
         return snapshot
 
@@ -145,7 +145,8 @@ class Agent:
                              chip.hbm_total_bytes)
                 for name, chip in reading.chips.items() if chip.hbm_total_bytes is not None}
 
-    def _record(self, samples: Mapping[str, Sample], final: bool = False) -> None:
+    def _record(self, store: StoreWriter, samples: Mapping[str, Sample],
+                final: bool = False) -> None:
         """Hand the poll's samples to the store (a queue append) and, every
         ``checkpoint_interval`` or when stopping, the detectors' state after them."""
         checkpoints = {}
@@ -153,7 +154,7 @@ class Agent:
             checkpoints = {name: dump_detector(d) for name, d in self._detectors.items()}
             self._next_checkpoint = time.monotonic() + self._checkpoint_interval
         if samples or checkpoints:
-            self._store.submit(PollRecord(self.state.snapshot.identity.host,
+            store.submit(PollRecord(self.state.snapshot.identity.host,
                                           tuple(samples.items()), checkpoints))
 
     def _detect(self, samples: Mapping[str, Sample]) -> dict[str, Assessment]:
@@ -188,5 +189,5 @@ class Agent:
                 next_tick = now + self.interval - (now - next_tick) % self.interval
             stop.wait(next_tick - now)
         if self._store is not None:
-            self._record({}, final=True)
+            self._record(self._store, {}, final=True)
         self._runtime_source.close()

@@ -310,7 +310,8 @@ def _parse_env_value(key: Key, raw: str) -> Any:
         if key.type is list:
             return parse_ports(raw)
     except (ValueError, KeyError):
-        raise ConfigError(f"environment {key.env_var}: cannot read {raw!r} as {key.type.__name__}")
+        raise ConfigError(f"environment {key.env_var}: cannot read {raw!r} "
+                          f"as {key.type.__name__}") from None
     return raw
 
 
@@ -358,15 +359,16 @@ def _apply_file(config: Config, path: Path) -> None:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise ConfigError(f"config file {path}: cannot read it: {exc.strerror or exc}")
+        raise ConfigError(
+            f"config file {path}: cannot read it: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
-        raise ConfigError(f"config file {path}: not UTF-8 text")
+        raise ConfigError(f"config file {path}: not UTF-8 text") from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"config file {path}: invalid TOML: {exc}")
+        raise ConfigError(f"config file {path}: invalid TOML: {exc}") from None
     except RecursionError:
-        raise ConfigError(f"config file {path}: invalid TOML: nested too deeply")
+        raise ConfigError(f"config file {path}: invalid TOML: nested too deeply") from None
     for section, table in data.items():
         if section not in SECTIONS:
             raise _unknown_key(section, list(SECTIONS), f"config file {path}")

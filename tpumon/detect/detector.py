@@ -134,8 +134,9 @@ class _Job:
     leaking: bool = False
     last_floor: float | None = None
     last_step: float = math.nan
-    jump_times: np.ndarray | None = None  # of ``jumps``, for ``corrected``
-    jump_levels: np.ndarray | None = None  # 0, then the cumulative sizes of ``jumps``
+    jump_times: np.ndarray = field(default_factory=lambda: np.empty(0))  # of ``jumps``
+    jump_levels: np.ndarray = field(  # 0, then the cumulative sizes of ``jumps``
+        default_factory=lambda: np.zeros(1))
 
     def add_jumps(self, found: list[Jump]) -> None:
         """Keep the last 1024 jumps; the arrays that correct floors for them change only
@@ -253,8 +254,8 @@ class ChipDetector:
         step, so this does in plain Python what the batch path does with ~100 us of numpy
         on one-element arrays; False (nothing changed) for anything else."""
         t, st, u = float(time), float(step), float(used)
-        if self._open is None or self._last is None or not (math.isfinite(t)
-                                                             and math.isfinite(u)):
+        if self._open is None or self._last is None or self.width is None \
+                or not (math.isfinite(t) and math.isfinite(u)):
             return False
         prev_t, prev_st = self._last
         if not 0 <= t - prev_t < self.s.restart_gap_seconds or st < prev_st \
@@ -295,7 +296,7 @@ class ChipDetector:
         cut[0] |= self._last is None
         self._last = (float(t[-1]), float(st[-1]))
         bounds = np.unique(np.r_[0, np.flatnonzero(cut), len(t)])
-        for a, b in zip(bounds[:-1], bounds[1:]):
+        for a, b in zip(bounds[:-1], bounds[1:], strict=True):
             yield batch[:, a:b], bool(cut[a])
 
     def _add_segment(self, seg: np.ndarray) -> None:
@@ -312,13 +313,14 @@ class ChipDetector:
         else:
             self._close_open(trigger_times[0], trigger_steps[0])
         starts = (g.ids * self.width).tolist()
+        # every bucket but the last, which stays open
         for bucket in map(_Bucket._make, zip(starts[:-1], floors, peaks, first_steps, last_steps,
-                                             trigger_times[1:], trigger_steps[1:])):
+                                             trigger_times[1:], trigger_steps[1:], strict=False)):
             self._on_bucket(bucket)
         self._open = (ids[-1], floors[-1], peaks[-1], first_steps[-1], last_steps[-1])
 
     def _close_open(self, trigger_time: float, trigger_step: float) -> None:
-        if self._open is None:
+        if self._open is None or self.width is None:
             return
         bucket_id, floor, peak, first_step, last_step = self._open
         self._open = None
@@ -420,6 +422,7 @@ class ChipDetector:
         """Whether a bucket at ``now``, in the trend phase, is assessed: at every bucket
         until a fit gave a verdict; then refit often while something grows, rarely on a
         flat floor (bounded CPU)."""
+        assert job.trend_start is not None and self.width is not None
         span = now - job.trend_start
         if span < self.s.min_window_seconds or self._said.verdict in _UNFITTED:
             return True
@@ -578,7 +581,8 @@ class ChipDetector:
         return f"slow growth: OOM would take {tto / 3600:.0f} h"
 
     def _no_leak(self, job: _Job, common: dict, decelerating: bool) -> _Said:
-        big = [j for j in job.jumps if j.size >= self.s.step_change_min_fraction * (self.total or 0)]
+        least = self.s.step_change_min_fraction * (self.total or 0)
+        big = [j for j in job.jumps if j.size >= least]
         if big:
             size = sum(j.size for j in big)
             return _Said(Verdict.STEP_CHANGE,

@@ -23,6 +23,14 @@ def _opt(value: float | None, digits: int | None = None) -> float | int | None:
     return round(value, digits) if digits is not None else value
 
 
+def _interval_per_hour(a: Assessment) -> list[float] | None:
+    """The 95 % interval of the floor's growth, bytes per hour."""
+    low, high = a.slope_bytes_per_second_low, a.slope_bytes_per_second_high
+    if low is None or high is None:
+        return None
+    return [round(low * 3600, 1), round(high * 3600, 1)]
+
+
 @dataclass(frozen=True)
 class SeriesResult:
     """One series' outcome, serialised in the shape of contracts.md §2."""
@@ -59,7 +67,8 @@ class SeriesResult:
         if self.alert is None or self.alert["predicted_oom_time"] is None:
             return None
         step = self.alert["predicted_oom_step"]
-        return {"time": self.alert["predicted_oom_time"], "step": None if step is None else int(step)}
+        return {"time": self.alert["predicted_oom_time"],
+                "step": None if step is None else int(step)}
 
     def to_json(self) -> dict[str, Any]:
         a = self.assessment
@@ -74,9 +83,7 @@ class SeriesResult:
             "predicted_oom": self.predicted_oom,
             "reason": a.reason,
             "floor_bytes": _opt(a.floor_bytes, 0),
-            "slope_bytes_per_hour_interval": None if a.slope_bytes_per_second_low is None else [
-                round(a.slope_bytes_per_second_low * 3600, 1),
-                round(a.slope_bytes_per_second_high * 3600, 1)],
+            "slope_bytes_per_hour_interval": _interval_per_hour(a),
             "window_seconds": _opt(a.window_seconds, 1),
             "z": _opt(a.z, 2),
             "samples": self.samples,

@@ -126,15 +126,19 @@ def _app(registry: CollectorRegistry, get_snapshot: Callable[[], Snapshot],
     return app
 
 
+#: What socketserver hands a server's request methods (a stream server's is a socket).
+_Request = socket.socket | tuple[bytes, socket.socket]
+
+
 class _Server(ThreadingWSGIServer):
     """prometheus-client's threading WSGI server, with TLS per connection when the web
     configuration has it, and quiet about clients that go away."""
 
     web: LiveWebConfig | None = None
 
-    def finish_request(self, request: socket.socket, client_address: tuple) -> None:
+    def finish_request(self, request: _Request, client_address: tuple) -> None:
         context = self.web.current()[1] if self.web is not None else None
-        if context is None:
+        if context is None or not isinstance(request, socket.socket):
             super().finish_request(request, client_address)
             return
         conn = _tls_accept(context, request, client_address)
@@ -145,7 +149,7 @@ class _Server(ThreadingWSGIServer):
         finally:
             _tls_close(conn)
 
-    def handle_error(self, request: object, client_address: tuple) -> None:
+    def handle_error(self, request: _Request, client_address: tuple) -> None:
         exc = sys.exc_info()[1]
         if isinstance(exc, OSError):  # a reset, a timeout, a TLS alert: the client's business
             log.debug("connection from %s: %s", client_address[0], exc)
@@ -246,8 +250,8 @@ class MetricsServer:
             self._server.base_environ["HTTPS"] = "on"  # wsgi.url_scheme
         threading.Thread(target=self._server.serve_forever, args=(IDLE_POLL,),
                          name="tpumon-http", daemon=True).start()
-        bound = self._server.server_address
-        return str(bound[0]), int(bound[1])
+        host, port = self._server.server_address[:2]
+        return str(host), int(port)
 
     def stop(self) -> None:
         """Stop serving (a request in progress finishes on its own thread), then close."""
@@ -264,8 +268,10 @@ class MetricsServer:
     def _wake(self) -> None:
         """Connect to the listening socket, so the serving loop, asleep in select() for
         up to IDLE_POLL, looks at its shutdown flag now."""
+        if self._server is None:
+            return
         host, port = self._server.server_address[:2]
         try:
-            socket.create_connection((reachable_host(host), port), timeout=1.0).close()
+            socket.create_connection((reachable_host(str(host)), port), timeout=1.0).close()
         except OSError:
             pass

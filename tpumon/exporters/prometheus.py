@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import platform
 from collections import Counter
-from importlib import metadata
 from typing import Callable, Iterator
 
 from prometheus_client import (CollectorRegistry, PlatformCollector, ProcessCollector,
@@ -19,11 +18,12 @@ from prometheus_client import (CollectorRegistry, PlatformCollector, ProcessColl
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from tpumon import __version__
+from tpumon import __version__, package_version
 from tpumon.detect import Verdict
 from tpumon.identity import LABELS
 from tpumon.notify.health import NotifierHealth
 from tpumon.notify.notifier import FAILURE_REASONS, GIVE_UP_REASONS
+from tpumon.sources.reporter import ReporterReading
 from tpumon.state import Snapshot
 from tpumon.store.writer import StoreHealth
 
@@ -38,11 +38,7 @@ def _counter(name: str, doc: str, labels: list[str]) -> CounterMetricFamily:
     return CounterMetricFamily(name, doc, labels=IDENTITY + labels)
 
 
-def package_version(name: str) -> str:
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return "unknown"
+
 
 
 class SnapshotCollector(Collector):
@@ -62,7 +58,7 @@ class SnapshotCollector(Collector):
         if snap.store is not None:
             yield from self._store_metrics(snap.store, ident)
         if snap.reporter is not None:
-            yield from self._process_metrics(snap, ident)
+            yield from self._process_metrics(snap, snap.reporter, ident)
         yield from self._alert_metrics(snap, ident)
         info = _gauge("tpumon_build_info", "tpumon build: always 1, versions in labels.",
                       ["version", "tpu_info_version", "python_version"])
@@ -102,17 +98,21 @@ class SnapshotCollector(Collector):
     def _detector_metrics(self, snap: Snapshot, ident: list[str]) -> Iterator[Metric]:
         """The leak detector's view of each chip: floor, growth, forecast, verdict."""
         gauges = {
-            "floor_bytes": _gauge("tpumon_hbm_floor_bytes",
-                                  "HBM floor under the in-step transients (fitted level).", ["chip"]),
-            "transient_bytes": _gauge("tpumon_hbm_transient_bytes",
-                                      "Largest in-step transient above the floor this job.", ["chip"]),
+            "floor_bytes": _gauge(
+                "tpumon_hbm_floor_bytes",
+                "HBM floor under the in-step transients (fitted level).", ["chip"]),
+            "transient_bytes": _gauge(
+                "tpumon_hbm_transient_bytes",
+                "Largest in-step transient above the floor this job.", ["chip"]),
             "slope_bytes_per_second": _gauge(
-                "tpumon_hbm_growth_bytes_per_second", "Growth of the floor (Sen's slope).", ["chip"]),
+                "tpumon_hbm_growth_bytes_per_second",
+                "Growth of the floor (Sen's slope).", ["chip"]),
             "slope_bytes_per_second_low": _gauge(
                 "tpumon_hbm_growth_lower_bound_bytes_per_second",
                 "Lower end of the 95% interval of the floor's growth.", ["chip"]),
             "slope_bytes_per_step": _gauge(
-                "tpumon_hbm_growth_bytes_per_step", "Growth of the floor per training step.", ["chip"]),
+                "tpumon_hbm_growth_bytes_per_step",
+                "Growth of the floor per training step.", ["chip"]),
             "predicted_oom_time": _gauge(
                 "tpumon_oom_predicted_timestamp_seconds",
                 "When floor plus the largest transient reaches capacity at the current growth.",
@@ -184,7 +184,8 @@ class SnapshotCollector(Collector):
 
 
     @staticmethod
-    def _process_metrics(snap: Snapshot, ident: list[str]) -> Iterator[Metric]:
+    def _process_metrics(snap: Snapshot, reporter: ReporterReading,
+                         ident: list[str]) -> Iterator[Metric]:
         """Per reporting training process (tpumon.instrument), and the socket's counts."""
         labels = ["pid", "framework", "rank"]
         families = {
@@ -241,11 +242,11 @@ class SnapshotCollector(Collector):
         yield cause
         received = _counter("tpumon_reporter_reports", "Reports received from training "
                             "processes.", [])
-        received.add_metric(ident, snap.reporter.reports_total)
+        received.add_metric(ident, reporter.reports_total)
         dropped = _counter("tpumon_reporter_dropped_reports", "Datagrams dropped by the "
                            "agent, by reason (oversized, malformed, version, forbidden, backlog).",
                            ["reason"])
-        for reason, count in snap.reporter.dropped_total.items():
+        for reason, count in reporter.dropped_total.items():
             dropped.add_metric(ident + [reason], count)
         yield from (received, dropped)
         yield from _tensor_growth_metrics(snap, ident)
@@ -345,14 +346,15 @@ def _tensor_growth_metrics(snap: Snapshot, ident: list[str]) -> Iterator[Metric]
                    "snapshot pair of the process was completed.", ["pid", "framework"])
     for pid, state in snap.processes.items():
         result = snap.tensor_snapshot(pid)
-        if result is None or result.diff is None:
+        if result is None or result.diff is None or result.completed is None:
             continue
         key = ident + [str(pid), state.report.framework]
         taken.add_metric(key, result.completed)
         for g in result.diff.grown[:TOP_TENSOR_GROUPS]:
-            if g.count_per_step is not None:
-                count.add_metric(key + [g.label()], g.count_per_step)
-                size.add_metric(key + [g.label()], g.bytes_per_step)
+            per_count, per_bytes = g.count_per_step, g.bytes_per_step
+            if per_count is not None and per_bytes is not None:  # None: the same step
+                count.add_metric(key + [g.label()], per_count)
+                size.add_metric(key + [g.label()], per_bytes)
         share = result.diff.explained_fraction(snap.process_growth_per_step(pid))
         if share is not None:
             explained.add_metric(key, share)

@@ -102,7 +102,7 @@ def _growth(c: ChipReport) -> str:
     if not parts:
         return '<span class="muted">-</span>'
     out = "<br>".join(f'<span class="nowrap">{escape(p)}</span>' for p in parts)
-    if a.slope_bytes_per_second_low is not None:
+    if a.slope_bytes_per_second_low is not None and a.slope_bytes_per_second_high is not None:
         low, high = a.slope_bytes_per_second_low * 3600, a.slope_bytes_per_second_high * 3600
         out += (f'<br><span class="muted nowrap">95%: {escape(size(low, signed=True))} to '
                 f'{escape(size(high, signed=True))}/h</span>')
