@@ -567,6 +567,7 @@ def test_scrapes_during_fast_polls_each_see_one_whole_poll():
 # --- a notifier endpoint slower than the notifier's timeout ---------------------------
 
 
+@pytest.mark.e2e
 def test_a_slow_slack_is_a_network_failure_retried_while_polling_goes_on(runtime_servers):
     """Slack holds every request for longer than the notifier waits: each attempt ends at
     the timeout as a network failure and is retried; the agent, which reads the

@@ -51,6 +51,7 @@ def tcp_trace(**env: str) -> str:
                           text=True, timeout=60).stderr
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(
     grpc_env._version(grpc_env.grpcio_version() or "0") > grpc_env.LEGACY_CLIENT_UNTIL,
     reason="installed grpcio is newer than the client setting was measured on")

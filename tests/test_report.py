@@ -80,6 +80,7 @@ def summary_rows(html: str) -> list[str]:
     return re.findall(r"<tr>(.*?)</tr>", table, re.S)[1:]
 
 
+@pytest.mark.e2e
 def test_report_of_a_leak_via_the_command_line(traces, tmp_path):
     trace = traces["linear-leak.jsonl"]
     outdir = tmp_path / "out" / "nested"
@@ -279,6 +280,7 @@ def test_series_from_rows_keeps_missing_steps_as_nan():
     assert math.isnan(c.steps[3]) and c.used[3] == 5 and len(c.times) == len(rows)
 
 
+@pytest.mark.e2e
 def test_a_trace_on_stdin_and_the_agent_never_loads_matplotlib(traces, tmp_path):
     proc = subprocess.run(
         [sys.executable, "-c",

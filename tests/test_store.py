@@ -135,6 +135,7 @@ def test_old_samples_roll_up_into_minute_floors_and_peaks(tmp_path):
     db.close()
 
 
+@pytest.mark.e2e
 def test_size_cap_is_honoured_and_keeps_the_newest(tmp_path):
     cap = 2 * 2**20
     retention = Retention(raw_seconds=86400, minute_seconds=30 * 86400, max_bytes=cap)
@@ -203,6 +204,7 @@ def test_resume_from_checkpoint_plus_samples_after_it(tmp_path):
     assert restored["0"].assessment.verdict is Verdict.LEAK
 
 
+@pytest.mark.e2e
 def test_resume_after_an_upgrade_replays_the_stored_samples(tmp_path, monkeypatch, caplog):
     rows = trace(hours=10)
     _, live = record_all(tmp_path, rows, checkpoint_every=500)

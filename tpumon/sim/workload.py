@@ -86,7 +86,7 @@ _FOOTPRINT_FIELDS = (
     "train_transient_bytes", "eval_transient_bytes", "eval_executable_bytes",
     "checkpoint_bytes", "cache_cap_bytes", "noise_bytes",
 )
-_NOT_DRAWN = ("name", "description", "leak_chips", "restarts")
+_NOT_DRAWN = ("name", "description", "leak_chips")
 _NEVER = 1 << 60  # "every 0 steps" means never: a period no run reaches
 _SEARCH_STEPS = 10**13  # OOM search horizon, steps (centuries at any step time)
 
@@ -149,7 +149,7 @@ class Params:
     name: str
     description: str
     leak_chips: tuple[int, ...] | None
-    restarts: int
+    restarts: float  # an int unless a range with a float bound was given
     step_time_s: float
     step_rate_wobble: float
     warmup_s: float
@@ -522,7 +522,7 @@ def _realize(scenario: Scenario, rng: random.Random, scale: float) -> Params:
     for name in _FOOTPRINT_FIELDS:
         drawn[name] = int(drawn[name] * scale)
     p = Params(name=scenario.name, description=scenario.description,
-               leak_chips=scenario.leak_chips, restarts=scenario.restarts, **drawn)
+               leak_chips=scenario.leak_chips, **drawn)
     _validate(p)
     return p
 
