@@ -13,7 +13,6 @@ that connects and sends nothing cannot stall the others.
 from __future__ import annotations
 
 import errno
-import html
 import json
 import logging
 import socket
@@ -24,6 +23,7 @@ import time
 from typing import Callable, Iterable
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
+import jinja2
 from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 
@@ -58,34 +58,25 @@ class _QuietHandler(WSGIRequestHandler):
         pass
 
 
+_TEMPLATES = jinja2.Environment(loader=jinja2.PackageLoader("tpumon.exporters", "templates"),
+                                autoescape=True, undefined=jinja2.StrictUndefined)
+
+
 def landing_page(snap: Snapshot) -> str:
     """A small human page like node_exporter's: who am I, what do I see, where are metrics."""
-    rows = []
+    chips = []
     for chip in snap.chips():
         sample = snap.runtime.chips.get(chip) if snap.runtime else None
         a = snap.assessments.get(chip)
-        verdict = html.escape(f"{a.verdict.value}: {a.reason}") if a else ""
-        if sample is None:
-            rows.append(f"<tr><td>{html.escape(chip)}</td><td colspan=2>no data</td>"
-                        f"<td>{verdict}</td></tr>")
-            continue
-        total = sample.hbm_total_bytes or 0
-        pct = f"{100 * sample.hbm_used_bytes / total:.1f} %" if total else "?"
-        rows.append(f"<tr><td>{html.escape(chip)}</td>"
-                    f"<td>{sample.hbm_used_bytes / 2**30:.2f} / {total / 2**30:.2f} GiB</td>"
-                    f"<td>{pct}</td><td>{verdict}</td></tr>")
-    sources = "".join(
-        f"<li>{html.escape(h.name)}: {'up' if h.up else 'down: ' + html.escape(h.error or '')}</li>"
-        for h in snap.health)
-    ident = ", ".join(f"{k}={html.escape(v or '?')}" for k, v in snap.identity.labels().items())
-    return (
-        "<!DOCTYPE html><html><head><meta charset='utf-8'><title>tpumon</title></head><body>"
-        f"<h1>tpumon {html.escape(__version__)}</h1><p>{ident}</p>"
-        "<p><a href='/metrics'>Metrics</a> &middot; <a href='/api/status'>status (JSON)</a>"
-        " &middot; <a href='/report'>report</a></p>"
-        "<h2>Chips</h2><table><tr><th>chip</th><th>HBM</th><th>used</th><th>leak detector</th>"
-        f"</tr>{''.join(rows)}"
-        f"</table><h2>Sources</h2><ul>{sources}</ul></body></html>")
+        row = {"chip": chip, "hbm": None, "verdict": f"{a.verdict.value}: {a.reason}" if a else ""}
+        if sample is not None:
+            total = sample.hbm_total_bytes or 0
+            row["hbm"] = f"{sample.hbm_used_bytes / 2**30:.2f} / {total / 2**30:.2f} GiB"
+            row["used"] = f"{100 * sample.hbm_used_bytes / total:.1f} %" if total else "?"
+        chips.append(row)
+    return _TEMPLATES.get_template("index.html.j2").render(
+        version=__version__, identity=list(snap.identity.labels().items()), chips=chips,
+        sources=snap.health)
 
 
 def _app(registry: CollectorRegistry, get_snapshot: Callable[[], Snapshot],
