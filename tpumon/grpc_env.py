@@ -1,6 +1,7 @@
 """gRPC settings for tpumon's own processes, made through the environment: gRPC's C core
-reads them once, when ``grpc`` is first imported, so :func:`apply` runs before that (at the
-top of the CLI). Training processes that import ``tpumon.instrument`` are never touched.
+reads them once, when ``grpc`` is first imported, so :func:`apply` runs before that (in the
+CLI, before it loads a command). Training processes that import ``tpumon.instrument`` are
+never touched.
 
 Each setting is a default: a value the operator put in the environment wins.
 """

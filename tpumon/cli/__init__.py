@@ -2,8 +2,9 @@
 
 A command's module is imported only when that command runs (or shows its own help), so
 ``tpumon --help``, ``--version`` and ``status`` do not pay for the agent, gRPC and numpy
-(docs/benchmarks.md, start-up). The group's help lists the commands from :data:`COMMANDS`,
-whose summaries tests/test_cli.py checks against each command's own help.
+(docs/benchmarks.md, start-up); gRPC's settings (grpc_env) are made just before that. The
+group's help lists the commands from :data:`COMMANDS`, whose summaries
+tests/test_startup.py checks against each command's own help.
 
 Errors the user can fix (bad configuration, a port in use, a bad file) are caught here
 once and printed as a single ``Error: ...`` line with exit status 1, never a traceback.
@@ -17,8 +18,6 @@ import os
 import click
 
 from tpumon import __version__, grpc_env
-
-grpc_env.apply(os.environ)  # before anything imports grpc
 
 #: command name -> (module under tpumon.cli, summary: the first sentence of its help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -69,6 +68,7 @@ class TpumonGroup(click.Group):
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name not in COMMANDS:
             return None
+        grpc_env.apply(os.environ)  # before the command's module (or anything) imports grpc
         command: click.Command = importlib.import_module(
             f"tpumon.cli.{COMMANDS[cmd_name][0]}").command
         return command
