@@ -74,6 +74,7 @@ bench: system-deps-bench venv
 	else echo "(make test-frameworks first for the PyTorch/XLA and JAX loop overhead and snapshots)"; fi
 	$(BIN)/python bench/soak.py
 	$(BIN)/python bench/overhead.py
+	$(BIN)/python bench/startup.py
 
 clean:
 	rm -rf $(VENV) .venv-frameworks .pytest_cache build *.egg-info .demo-state

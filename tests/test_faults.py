@@ -63,7 +63,7 @@ def make_agent(ports, inventory=V4x4, interval=1.0, timeout=5.0, **kw):
     """An agent on the given runtime ports (loopback), with its state and registry."""
     clock = kw.pop("clock", time.time)
     state = AgentState(Identity(host="h"), inventory, history_points=64)
-    registry = build_registry(lambda: state.snapshot)
+    registry = build_registry(lambda: state.snapshot, notifier_health=kw.get("notifier_health"))
     source = TpuRuntimeSource("127.0.0.1", ports, timeout, inventory, clock=clock)
     agent = Agent(state, source, OwnerScanner(dict, 60), interval, registry, **kw)
     return SimpleNamespace(agent=agent, state=state, registry=registry, source=source)

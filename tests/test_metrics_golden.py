@@ -3,7 +3,7 @@ node_exporter's end-to-end test keeps its fixtures/e2e-output.txt): a renamed fa
 changed label, help text or value format shows up here as a diff to review.
 
 The state is made by hand, with no clock, pid or host in it, and rendered by the same
-collector and text format the agent serves. After a deliberate change, regenerate the
+collectors and text format the agent serves. After a deliberate change, regenerate the
 expected file and review its diff:
 
     TPUMON_UPDATE_GOLDEN=1 .venv/bin/python -m pytest -q tests/test_metrics_golden.py
@@ -18,8 +18,9 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, generate_latest
 
 from tpumon.detect import Assessment, Verdict
-from tpumon.exporters.prometheus import SnapshotCollector
+from tpumon.exporters.prometheus import register_collectors
 from tpumon.identity import Identity
+from tpumon.notify.health import ChannelHealth, NotifierHealth
 from tpumon.samples import ChipSample, HostSample, ProcessSample, RuntimeReading
 from tpumon.sources.chips import inventory_for
 from tpumon.sources.health import SourceHealth
@@ -31,9 +32,18 @@ T = 1_790_000_000.0  # a fixed poll time
 GiB = 2**30
 
 
+STORE = StoreHealth("/var/lib/tpumon/history.sqlite", up=True, polls_written_total=99,
+                    size_bytes=3 * 2**20)
+NOTIFIER = NotifierHealth(
+    channels=(ChannelHealth("slack", False, 1, 4, {"network": 2}, {}, "timed out", T - 60),
+              ChannelHealth("pagerduty", True, 0, 1, {}, {"rejected": 1}, None, T - 600)),
+    active=({"name": "TPUMonHBMLeak", "severity": "critical", "subject": "chip 0"},))
+
+
 def fixed_snapshot() -> Snapshot:
     """Four v4 chips: one leaking (with a forecast), one warming up, one healthy, one the
-    runtime did not answer for; a host with one training process; a history store."""
+    runtime did not answer for; a host with one training process. The history store and
+    the notifiers (STORE, NOTIFIER) are read from their own health, as the agent does."""
     inventory = inventory_for("v4", 4)
     chips = {str(i): ChipSample(str(i), used, 32 * GiB, duty, i, 8431)
              for i, used, duty in ((0, 20 * GiB, 0.93), (1, 12 * GiB, 0.91),
@@ -62,14 +72,14 @@ def fixed_snapshot() -> Snapshot:
                                       slope_bytes_per_second=0.0)},
         runtime_malformed_total=1,
         polls_total=100,
-        store=StoreHealth("/var/lib/tpumon/history.sqlite", up=True, polls_written_total=99,
-                          size_bytes=3 * 2**20),
+        store=STORE,
     )
 
 
 def exposition() -> str:
     registry = CollectorRegistry()
-    registry.register(SnapshotCollector(fixed_snapshot))
+    register_collectors(registry, fixed_snapshot, store_health=lambda: STORE,
+                        notifier_health=lambda: NOTIFIER)
     text = generate_latest(registry).decode()
     # the build's versions are the only values that come from the installation
     return re.sub(r'^(tpumon_build_info)\{.*\}', r'\1{VERSIONS}', text, flags=re.M)
