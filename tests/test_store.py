@@ -196,6 +196,7 @@ def resumed_equals_continuous(tmp_path, live):
     return restored
 
 
+@pytest.mark.e2e
 def test_resume_from_checkpoint_plus_samples_after_it(tmp_path):
     rows = trace(hours=10)
     # 997 polls between checkpoints: the last one is followed by samples it never saw
@@ -218,6 +219,7 @@ def test_resume_after_an_upgrade_replays_the_stored_samples(tmp_path, monkeypatc
         checkpoint.fingerprint.cache_clear()
 
 
+@pytest.mark.e2e
 def test_damaged_checkpoint_falls_back_to_replay(tmp_path, caplog):
     rows = trace(hours=6)
     _, live = record_all(tmp_path, rows, checkpoint_every=300)
