@@ -45,6 +45,16 @@ def test_help_and_version_import_nothing_heavy(args):
     assert not heavy, f"tpumon {' '.join(args)} imported {heavy}"
 
 
+def test_status_loads_neither_the_agent_nor_numpy_until_it_polls_the_runtime_itself():
+    """`tpumon status` asking an agent only fetches and prints (its --direct path builds
+    an agent, and imports it then)."""
+    loaded = modules_loaded_by("status", "--help")
+    assert "tpumon.cli.status" in loaded
+    heavy = sorted(m for m in loaded if m.split(".")[0] in ("grpc", "numpy", "tpu_info")
+                   or m.startswith(("tpumon.agent", "tpumon.bootstrap", "tpumon.detect")))
+    assert not heavy, f"tpumon status imported {heavy}"
+
+
 def test_the_group_help_lists_each_command_with_its_own_summary():
     """COMMANDS gives the group's help without importing the commands: it must say what
     each command's own help says, for every command there is."""

@@ -13,7 +13,7 @@ from rich.table import Table
 from tpumon.cli.options import (agent_option, config_option, direct_option, ports_value,
                                 runtime_ports_option)
 from tpumon.config import Config, load_config, parse_listen_address, reachable_host
-from tpumon.detect import describe_growth
+from tpumon.describe import describe_growth
 from tpumon.logs import setup_logging
 
 

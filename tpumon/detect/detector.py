@@ -33,19 +33,14 @@ from typing import Iterator, NamedTuple
 
 import numpy as np
 
+from tpumon.describe import describe_growth
 from tpumon.detect import jumps as level_shifts
 from tpumon.detect.floors import FloorHistory, group_by_bucket
 from tpumon.detect.jumps import Jump
 from tpumon.detect.robust import PairwiseSlopes, lower_quartiles, sen_mann_kendall
 
 
-def describe_growth(bytes_per_step: float | None, bytes_per_hour: float | None) -> str:
-    """Growth as people read it: per step when steps are known, else per hour."""
-    if bytes_per_step is not None:
-        return f"{bytes_per_step / 1e3:,.1f} KB/step"
-    if bytes_per_hour is not None:
-        return f"{bytes_per_hour / 1e6:,.1f} MB/h"
-    return "-"
+
 
 
 class Verdict(str, enum.Enum):
