@@ -8,7 +8,6 @@ Each setting is a default: a value the operator put in the environment wins.
 
 from __future__ import annotations
 
-from importlib import metadata
 from typing import MutableMapping
 
 # Newest grpcio the client setting below was measured with. gRPC removes experiments once
@@ -26,6 +25,8 @@ def _version(text: str) -> tuple[int, ...]:
 
 
 def grpcio_version() -> str | None:
+    from importlib import metadata  # 18 ms: only when a command is about to use gRPC
+
     try:
         return metadata.version("grpcio")
     except metadata.PackageNotFoundError:
