@@ -401,6 +401,7 @@ def training(tmp_path):
         reporter.close()
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(300)  # about a minute and a half; the waits below bound it when loaded
 def test_every_query_returns_data_from_a_simulated_pod(tmp_path, processes, training):
     prometheus = require_tool("prometheus")

@@ -47,12 +47,14 @@ def github_anchors(markdown: str) -> set[str]:
             for m in re.finditer(r"^#{1,6} (.+)$", markdown, re.M)}
 
 
+@pytest.mark.e2e
 def test_promtool_checks_the_rules():
     result = promtool("check", "rules", str(RULES))
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"SUCCESS: {len(rules())} rules found" in result.stdout
 
 
+@pytest.mark.e2e
 def test_promtool_checks_the_example_configuration_and_finds_the_rules():
     # rule_files is relative to the configuration file, wherever promtool runs from.
     result = promtool("check", "config", "prometheus.yml", cwd=PROM)
@@ -63,6 +65,7 @@ def test_promtool_checks_the_example_configuration_and_finds_the_rules():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.e2e
 def test_the_rule_unit_tests_pass():
     assert len(UNIT_TESTS) >= 3
     result = promtool("test", "rules", *map(str, UNIT_TESTS))
@@ -160,6 +163,7 @@ MUTATIONS = {
 }
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("mutation", sorted(MUTATIONS))
 def test_the_unit_tests_fail_on_a_broken_rule(tmp_path, mutation):
     before, after, test_file = MUTATIONS[mutation]

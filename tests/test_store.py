@@ -149,6 +149,7 @@ def test_old_samples_roll_up_into_minute_floors_and_peaks(tmp_path):
     db.close()
 
 
+@pytest.mark.e2e
 def test_size_cap_is_honoured_and_keeps_the_newest(tmp_path):
     cap = 2 * 2**20
     retention = Retention(raw_seconds=86400, minute_seconds=30 * 86400, max_bytes=cap)
@@ -209,6 +210,7 @@ def resumed_equals_continuous(tmp_path, live):
     return restored
 
 
+@pytest.mark.e2e
 def test_resume_from_checkpoint_plus_samples_after_it(tmp_path):
     rows = trace(hours=10)
     # 997 polls between checkpoints: the last one is followed by samples it never saw
@@ -217,6 +219,7 @@ def test_resume_from_checkpoint_plus_samples_after_it(tmp_path):
     assert restored["0"].assessment.verdict is Verdict.LEAK
 
 
+@pytest.mark.e2e
 def test_resume_after_an_upgrade_replays_the_stored_samples(tmp_path, monkeypatch, caplog):
     rows = trace(hours=10)
     _, live = record_all(tmp_path, rows, checkpoint_every=500)
@@ -230,6 +233,7 @@ def test_resume_after_an_upgrade_replays_the_stored_samples(tmp_path, monkeypatc
         checkpoint.fingerprint.cache_clear()
 
 
+@pytest.mark.e2e
 def test_damaged_checkpoint_falls_back_to_replay(tmp_path, caplog):
     rows = trace(hours=6)
     _, live = record_all(tmp_path, rows, checkpoint_every=300)

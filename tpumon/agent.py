@@ -134,7 +134,7 @@ class Agent:
             job_ends_total=dict(self._ends.totals))
         self.state.publish(snapshot)
         if self._store is not None:
-            self._record(samples)
+            self._record(self._store, samples)
         self._poll_seconds.observe(time.monotonic() - started)
         return snapshot
 
@@ -167,7 +167,8 @@ class Agent:
                              chip.hbm_total_bytes)
                 for name, chip in reading.chips.items() if chip.hbm_total_bytes is not None}
 
-    def _record(self, samples: Mapping[str, Sample], final: bool = False) -> None:
+    def _record(self, store: StoreWriter, samples: Mapping[str, Sample],
+                final: bool = False) -> None:
         """Hand the poll's samples to the store (a queue append) and, every
         ``checkpoint_interval`` or when stopping, the detectors' state after them."""
         checkpoints = {}
@@ -175,7 +176,7 @@ class Agent:
             checkpoints = {name: dump_detector(d) for name, d in self._detectors.items()}
             self._next_checkpoint = time.monotonic() + self._checkpoint_interval
         if samples or checkpoints:
-            self._store.submit(PollRecord(self.state.snapshot.identity.host,
+            store.submit(PollRecord(self.state.snapshot.identity.host,
                                           tuple(samples.items()), checkpoints))
 
     def _detect(self, samples: Mapping[str, Sample],
@@ -213,5 +214,5 @@ class Agent:
                 next_tick = now + self.interval - (now - next_tick) % self.interval
             stop.wait(next_tick - now)
         if self._store is not None:
-            self._record({}, final=True)
+            self._record(self._store, {}, final=True)
         self._runtime_source.close()

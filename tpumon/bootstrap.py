@@ -235,7 +235,9 @@ def build(config: Config, simulate: bool = False, env: Mapping[str, str] | None 
     state = AgentState(identity, inventory, config["agent.history_points"])
     notifier = open_notifier(config, simulate, state, channels)
     store, detectors = open_store(config, simulate, identity.host) if history else (None, {})
-    registry = build_registry(lambda: state.snapshot)
+    registry = build_registry(lambda: state.snapshot,
+                              store_health=None if store is None else lambda: store.health,
+                              notifier_health=None if notifier is None else notifier.health)
     agent = Agent(state, runtime, owners, config["agent.poll_interval"], registry,
                   detectors=detectors, store=store,
                   checkpoint_interval=config["store.checkpoint_interval"], reporters=reporters,

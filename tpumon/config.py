@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import math
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +23,8 @@ if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised only on 3.10
     import tomli as tomllib
+
+import tomli_w
 
 DEFAULT_CONFIG_PATH = Path("/etc/tpumon/config.toml")
 ENV_PREFIX = "TPUMON_"
@@ -318,7 +321,8 @@ def _parse_env_value(key: Key, raw: str) -> Any:
         if key.type is list:
             return parse_ports(raw)
     except (ValueError, KeyError):
-        raise ConfigError(f"environment {key.env_var}: cannot read {raw!r} as {key.type.__name__}")
+        raise ConfigError(f"environment {key.env_var}: cannot read {raw!r} "
+                          f"as {key.type.__name__}") from None
     return raw
 
 
@@ -366,15 +370,16 @@ def _apply_file(config: Config, path: Path) -> None:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise ConfigError(f"config file {path}: cannot read it: {exc.strerror or exc}")
+        raise ConfigError(
+            f"config file {path}: cannot read it: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
-        raise ConfigError(f"config file {path}: not UTF-8 text")
+        raise ConfigError(f"config file {path}: not UTF-8 text") from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"config file {path}: invalid TOML: {exc}")
+        raise ConfigError(f"config file {path}: invalid TOML: {exc}") from None
     except RecursionError:
-        raise ConfigError(f"config file {path}: invalid TOML: nested too deeply")
+        raise ConfigError(f"config file {path}: invalid TOML: nested too deeply") from None
     for section, table in data.items():
         if section not in SECTIONS:
             raise _unknown_key(section, list(SECTIONS), f"config file {path}")
@@ -424,18 +429,21 @@ def load_config(path: str | os.PathLike[str] | None = None,
 
 
 def render_toml(config: Config, with_docs: bool = True) -> str:
-    """The effective configuration as a TOML file that load_config reads back unchanged."""
+    """The effective configuration as a TOML file that load_config reads back unchanged:
+    values are written by tomli-w (any string, control characters included); the comments
+    around them are made one line each."""
     lines: list[str] = []
     for section in SECTIONS:
         lines.append(f"[{section}]")
         for key in (k for k in SCHEMA if k.section == section):
+            origin = config.origins[key.dotted]
             if with_docs:
-                lines.append(f"# {key.doc} Default: {_toml_value(key.default)}."
-                             f" Env: {key.env_var}.")
-                lines.append(f"#   (now from {config.origins[key.dotted]})")
+                lines.append(_comment(f"{key.doc} Default: {_toml_value(key.default)}."
+                                      f" Env: {key.env_var}."))
+                lines.append(_comment(f"  (now from {origin})"))
             value = config[key.dotted]
             if key.secret and value:  # set, but never printed: show where it came from
-                lines.append(f"# {key.name} is set ({config.origins[key.dotted]}); not shown")
+                lines.append(_comment(f"{key.name} is set ({origin}); not shown"))
                 continue
             lines.append(f"{key.name} = {_toml_value(value)}")
         lines.append("")
@@ -443,10 +451,16 @@ def render_toml(config: Config, with_docs: bool = True) -> str:
 
 
 def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    """One value as TOML, on one line (a list inline, as in docs/configuration.md)."""
     if isinstance(value, list):
-        return "[" + ", ".join(str(v) for v in value) + "]"
-    return repr(value)
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return tomli_w.dumps({"v": value})[len("v = "):].rstrip("\n")
+
+
+def _comment(text: str) -> str:
+    """A TOML comment line: control characters (which a comment may not hold, and a line
+    break would end it) written as escapes."""
+    return "# " + _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode(), text)
+
+
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")

@@ -180,7 +180,7 @@ def _parsed_columns(path: PathOrFile,
     chunks: list[list[np.ndarray]] = [[] for _ in lists]
 
     def move_to_arrays() -> None:
-        for values, dtype, arrays in zip(lists, dtypes, chunks):
+        for values, dtype, arrays in zip(lists, dtypes, chunks, strict=True):
             arrays.append(np.fromiter(values, dtype, len(values)))  # a step of None -> NaN
             values.clear()
 
@@ -206,7 +206,7 @@ def _parsed_columns(path: PathOrFile,
             del column
     ends = np.cumsum(counts).tolist()
     return {key: SeriesColumns(*(c[end - count:end] for c in columns))
-            for key, end, count in zip(names, ends, counts.tolist())}
+            for key, end, count in zip(names, ends, counts.tolist(), strict=True)}
 
 
 @contextmanager

@@ -38,7 +38,8 @@ def parse_when(text: str, option: str, now: float | None = None) -> float:
         moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
         raise click.BadParameter(f"{text!r} is not a time: use Unix seconds, "
-                                 "2026-11-21T08:00 (UTC) or an age like 6h", param_hint=option)
+                                 "2026-11-21T08:00 (UTC) or an age like 6h",
+                                 param_hint=option) from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=timezone.utc)
     return moment.timestamp()

@@ -11,14 +11,12 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from tpumon.bootstrap import build
 from tpumon.cli.options import (agent_option, config_option, direct_option, ports_value,
                                 runtime_ports_option)
 from tpumon.config import Config, load_config, parse_listen_address, reachable_host
+from tpumon.describe import describe_growth
 from tpumon.detect.tensor_diff import human_bytes
-from tpumon.detect import describe_growth
 from tpumon.logs import setup_logging
-from tpumon.status import status_document
 
 
 def format_gib(value: int | None) -> str:
@@ -187,6 +185,9 @@ def from_agent(url: str, timeout: float = 2.0) -> dict[str, Any] | None:
 
 def from_runtime(config: Config) -> dict[str, Any]:
     """One poll of the runtime and the host, as the agent would do it (no history)."""
+    from tpumon.bootstrap import build  # the agent, gRPC, numpy: only for this path
+    from tpumon.status import status_document
+
     assembly = build(config, history=False)
     try:
         return status_document(assembly.agent.poll_once(), source="runtime")

@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import click
 from rich import box
-from rich.console import Console, Group, RenderableType
+from rich.console import Console, Group, JustifyMethod, RenderableType
 from rich.live import Live
 from rich.progress_bar import ProgressBar
 from rich.table import Table
@@ -62,9 +62,10 @@ def _hbm(chip: dict[str, Any]) -> RenderableType:
 def chip_table(doc: dict[str, Any]) -> Table:
     """One row per chip: HBM bar, floor, growth per step and per hour, OOM, verdict, duty."""
     table = Table(box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0), show_edge=False)
-    for name, justify in (("Chip", "right"), ("HBM used", "left"), ("Floor", "right"),
-                          ("/step", "right"), ("/hour", "right"), ("OOM in", "right"),
-                          ("Verdict", "left"), ("Duty", "right")):
+    columns: tuple[tuple[str, JustifyMethod], ...] = (
+        ("Chip", "right"), ("HBM used", "left"), ("Floor", "right"), ("/step", "right"),
+        ("/hour", "right"), ("OOM in", "right"), ("Verdict", "left"), ("Duty", "right"))
+    for name, justify in columns:
         table.add_column(name, justify=justify, no_wrap=True)
     for chip in doc["chips"]:
         verdict = chip.get("verdict") or "-"
@@ -155,6 +156,7 @@ def command(config_path: str | None, runtime_ports: str | None, agent: str | Non
     setup_logging("error")
     url = agent_to_ask(config, agent, direct)
     assembly = None
+    feed: Callable[[], tuple[dict[str, Any] | None, str | None]]
     if url is None or (agent is None and from_agent(url) is None):
         assembly = build(config, history=False)
         feed, where = RuntimeFeed(assembly), "runtime (no agent)"

@@ -34,6 +34,7 @@ from typing import Iterator, NamedTuple
 
 import numpy as np
 
+from tpumon.describe import describe_growth
 from tpumon.detect import jumps as level_shifts
 from tpumon.detect.floors import FloorHistory, group_by_bucket
 from tpumon.detect.jumps import Jump
@@ -41,13 +42,7 @@ from tpumon.detect.robust import PairwiseSlopes, lower_quartiles, sen_mann_kenda
 from tpumon.detect.staircase import Staircase, find_staircase
 
 
-def describe_growth(bytes_per_step: float | None, bytes_per_hour: float | None) -> str:
-    """Growth as people read it: per step when steps are known, else per hour."""
-    if bytes_per_step is not None:
-        return f"{bytes_per_step / 1e3:,.1f} KB/step"
-    if bytes_per_hour is not None:
-        return f"{bytes_per_hour / 1e6:,.1f} MB/h"
-    return "-"
+
 
 
 class Verdict(str, enum.Enum):
@@ -142,8 +137,9 @@ class _Job:
     leaking: bool = False
     last_floor: float | None = None
     last_step: float = math.nan
-    jump_times: np.ndarray | None = None  # of ``jumps``, for ``corrected``
-    jump_levels: np.ndarray | None = None  # 0, then the cumulative sizes of ``jumps``
+    jump_times: np.ndarray = field(default_factory=lambda: np.empty(0))  # of ``jumps``
+    jump_levels: np.ndarray = field(  # 0, then the cumulative sizes of ``jumps``
+        default_factory=lambda: np.zeros(1))
 
     def add_jumps(self, found: list[Jump]) -> None:
         """Keep the last 1024 jumps; the arrays that correct floors for them change only
@@ -305,8 +301,8 @@ class ChipDetector:
         step, so this does in plain Python what the batch path does with ~100 us of numpy
         on one-element arrays; False (nothing changed) for anything else."""
         t, st, u = float(time), float(step), float(used)
-        if self._open is None or self._last is None or not (math.isfinite(t)
-                                                             and math.isfinite(u)):
+        if self._open is None or self._last is None or self.width is None \
+                or not (math.isfinite(t) and math.isfinite(u)):
             return False
         last, bucket = self._last, self._open
         if not 0 <= t - last.time < self.settings.restart_gap_seconds or st < last.step \
@@ -347,7 +343,7 @@ class ChipDetector:
         cut[0] |= self._last is None
         self._last = _LastSample(float(t[-1]), float(st[-1]))
         bounds = np.unique(np.r_[0, np.flatnonzero(cut), len(t)])
-        for a, b in zip(bounds[:-1], bounds[1:]):
+        for a, b in zip(bounds[:-1], bounds[1:], strict=True):
             yield batch[:, a:b], bool(cut[a])
 
     def _add_segment(self, seg: np.ndarray) -> None:
@@ -366,13 +362,14 @@ class ChipDetector:
         else:
             self._close_open(trigger_times[0], trigger_steps[0])
         starts = (g.ids * self.width).tolist()
+        # every bucket but the last, which stays open
         for bucket in map(_Bucket._make, zip(starts[:-1], floors, peaks, first_steps, last_steps,
-                                             trigger_times[1:], trigger_steps[1:])):
+                                             trigger_times[1:], trigger_steps[1:], strict=False)):
             self._on_bucket(bucket)
         self._open = _OpenBucket(ids[-1], floors[-1], peaks[-1], first_steps[-1], last_steps[-1])
 
     def _close_open(self, trigger_time: float, trigger_step: float) -> None:
-        if self._open is None:
+        if self._open is None or self.width is None:
             return
         b, self._open = self._open, None
         self._on_bucket(_Bucket(b.bucket_id * self.width, b.floor, b.peak, b.first_step,
@@ -476,6 +473,7 @@ class ChipDetector:
         """Whether a bucket at ``now``, in the trend phase, is assessed: at every bucket
         until a fit gave a verdict; then refit often while something grows, rarely on a
         flat floor (bounded CPU)."""
+        assert job.trend_start is not None and self.width is not None
         span = now - job.trend_start
         if span < self.settings.min_window_seconds or self._said.verdict in _UNFITTED:
             return True

@@ -29,6 +29,14 @@ def _opt(value: float | None, digits: int | None = None) -> float | int | None:
     return round(value, digits) if digits is not None else value
 
 
+def _interval_per_hour(a: Assessment) -> list[float] | None:
+    """The 95 % interval of the floor's growth, bytes per hour."""
+    low, high = a.slope_bytes_per_second_low, a.slope_bytes_per_second_high
+    if low is None or high is None:
+        return None
+    return [round(low * 3600, 1), round(high * 3600, 1)]
+
+
 @dataclass(frozen=True)
 class SeriesResult:
     """One series' outcome, serialised in the shape of contracts.md §2."""

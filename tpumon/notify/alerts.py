@@ -154,7 +154,7 @@ def _tensor_details(snap: Snapshot, chip: str, settings: AlertSettings) -> dict[
     (the agent asks for them when the leak is called; the warning waits a little)."""
     pid = snap.chip_processes.get(chip)
     state = snap.processes.get(pid) if pid is not None else None
-    if state is None:
+    if pid is None or state is None:
         return {}
     result = snap.tensor_snapshot(pid)
     coming = settings.wait_for_snapshots and state.report.snapshots and (

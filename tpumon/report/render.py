@@ -17,7 +17,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
-from tpumon.report.data import ChipReport, HostReport
+from tpumon.report.data import ChipReport, Forecast, HostReport
 
 GB = 1e9
 
@@ -116,7 +116,7 @@ def render_png(report: HostReport) -> bytes:
     axes = fig.subplots(n, 1, sharex=True, squeeze=False)[:, 0]
     t0 = report.start
     x_end = _x_end(report)
-    for ax, chip in zip(axes, report.chips):
+    for ax, chip in zip(axes, report.chips, strict=True):
         _panel(ax, chip, t0, x_end)
     axes[-1].set_xlim(0, (x_end - t0) / 3600)
     axes[-1].xaxis.set_major_locator(MaxNLocator(nbins=18, steps=[1, 2, 5, 10]))
@@ -172,7 +172,7 @@ def _panel(ax, r: ChipReport, t0: float, x_end: float) -> None:
                         linewidth=0, zorder=4)
         ax.plot(h(tr.times), tr.value / GB, color=TREND, linewidth=2.6, zorder=5)
     if r.forecast is not None:
-        _forecast(ax, r, h, x_end)
+        _forecast(ax, r, r.forecast, h, x_end)
     for e in r.excursions:
         ax.plot(h(e.time), e.value / GB, marker="v" if e.drop else "^", markersize=5,
                 color=EXCURSION, linestyle="none", zorder=3)
@@ -247,8 +247,7 @@ def _ribbon(ax, r: ChipReport, h) -> None:
                    linewidth=0, zorder=2)
 
 
-def _forecast(ax, r: ChipReport, h, x_end: float) -> None:
-    f = r.forecast
+def _forecast(ax, r: ChipReport, f: Forecast, h, x_end: float) -> None:
     ax.axhline(f.limit / GB, color=LIMIT, linestyle=":", linewidth=1.2, zorder=2)
     ax.text(0.002, f.limit / GB, " OOM when the floor reaches this (HBM less the largest "
             "transient)", transform=ax.get_yaxis_transform(), va="top", ha="left",
@@ -262,7 +261,8 @@ def _forecast(ax, r: ChipReport, h, x_end: float) -> None:
     a = r.assessment
     future = np.linspace(f.now, x_end, 64)
     band = [np.minimum(f.level + s * (future - f.now), f.limit)
-            for s in (a.slope_bytes_per_second_low, a.slope_bytes_per_second_high)]
+            for s in (a.slope_bytes_per_second_low, a.slope_bytes_per_second_high)
+            if s is not None]  # a forecast has a trend, and a trend both ends of the interval
     ax.fill_between(h(future), np.minimum(*band) / GB, np.maximum(*band) / GB, color=TREND,
                     alpha=0.2, linewidth=0, zorder=4)
     for edge in band:  # its edges, so that a narrow band still shows

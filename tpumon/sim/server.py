@@ -91,12 +91,12 @@ class SampleCache:
         with self._lock:
             now = time.monotonic()
             sim_now = self.clock.observe() if observed else self.clock.now()
-            stale = self._sample is None or now - self._taken > self._hold or \
-                abs(sim_now - self._sample.time) > self._hold * self.clock.acceleration
-            if stale:
-                self._sample = self.workload.sample(sim_now)
+            sample = self._sample
+            if sample is None or now - self._taken > self._hold or \
+                    abs(sim_now - sample.time) > self._hold * self.clock.acceleration:
+                sample = self._sample = self.workload.sample(sim_now)
                 self._taken = now
-            return self._sample
+            return sample
 
 
 def gauge_metric(device_id: int, value: int | float, timestamp: float | None = None) -> pb.Metric:
@@ -116,7 +116,8 @@ class SimulatedRuntime(pb_grpc.RuntimeMetricServiceServicer):
         self._model = model
         self._megascale = megascale
 
-    def GetRuntimeMetric(self, request: pb.MetricRequest, context: grpc.ServicerContext) -> pb.MetricResponse:
+    def GetRuntimeMetric(self, request: pb.MetricRequest,
+                         context: grpc.ServicerContext) -> pb.MetricResponse:
         sample = self._samples.current(observed=True)
         if not sample.runtime_up:
             context.abort(grpc.StatusCode.UNAVAILABLE, "runtime is not running")

@@ -59,11 +59,12 @@ import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
-from typing import Union
+from typing import Any, Union
 
 __all__ = [
     "V4_HBM_TOTAL_BYTES",
     "Scenario",
+    "Params",
     "SCENARIOS",
     "WorkloadSample",
     "Job",
@@ -149,10 +150,55 @@ class Scenario:
     dcn_slowdown: Range = 4.0  # factor on this host's DCN latencies from then on
 
 
+@dataclass(frozen=True)
+class Params:
+    """A :class:`Scenario` as one :class:`Workload` realised it: every range drawn (an int
+    where both bounds were ints), the program's footprint scaled to the chip's HBM."""
+
+    name: str
+    description: str
+    leak_chips: tuple[int, ...] | None
+    restarts: float  # an int unless a range with a float bound was given
+    step_time_s: float
+    step_rate_wobble: float
+    warmup_s: float
+    runtime_reserved_bytes: float
+    chip0_extra_bytes: float
+    chip_imbalance: float
+    weights_bytes: float
+    weight_chunks: float
+    executable_bytes: float
+    optimizer_ratio: float
+    train_transient_bytes: float
+    idle_fraction: float
+    eval_every_steps: float
+    eval_s: float
+    eval_transient_bytes: float
+    eval_executable_bytes: float
+    checkpoint_every_steps: float
+    checkpoint_s: float
+    checkpoint_bytes: float
+    cache_cap_bytes: float
+    cache_tau_s: float
+    noise_bytes: float
+    duty_train_pct: float
+    duty_eval_pct: float
+    leak_bytes_per_step: float
+    leak_chip_spread: float
+    leak_onset_step: float
+    stair_bytes: float
+    stair_every_steps: float
+    step_change_bytes: float
+    step_change_at_step: float
+    restart_after_s: float
+    restart_downtime_s: float
+
+
 SCENARIOS: dict[str, Scenario] = {
     s.name: s
     for s in (
-        Scenario("healthy", "No leak: warm-up, sawtooth, eval, checkpoints, a cache that saturates."),
+        Scenario("healthy",
+                 "No leak: warm-up, sawtooth, eval, checkpoints, a cache that saturates."),
         Scenario("linear-leak", "Every chip's floor grows by ~150 KB per step until the job OOMs.",
                  leak_bytes_per_step=(100_000, 200_000)),
         Scenario("staircase-leak", "The floor jumps by a fixed amount every few hundred steps.",
@@ -168,9 +214,11 @@ SCENARIOS: dict[str, Scenario] = {
                  leak_change_factor=(1.5, 3.0)),
         Scenario("step-change", "One permanent jump of ~1.5 GB, flat before and after: not a leak.",
                  step_change_bytes=(1.2 * GB, 1.8 * GB)),
-        Scenario("job-restart", "Healthy job dies, runtime gone for minutes, restarts from a checkpoint.",
+        Scenario("job-restart",
+                 "Healthy job dies, runtime gone for minutes, restarts from a checkpoint.",
                  restarts=1),
-        Scenario("saturating-cache", "Healthy run whose cache grows ~2 GB over hours, then saturates.",
+        Scenario("saturating-cache",
+                 "Healthy run whose cache grows ~2 GB over hours, then saturates.",
                  cache_cap_bytes=(1.5 * GB, 2.5 * GB), cache_tau_s=(5400.0, 10800.0)),
         Scenario("stall", "Healthy job that stalls for minutes (a starved input pipeline, a hung "
                  "collective): duty cycle near 0, the step held, HBM held.",
@@ -244,7 +292,7 @@ class Workload:
         hbm_total_bytes: int = V4_HBM_TOTAL_BYTES,
         seed: int = 0,
         start_time: float = 0.0,
-        **overrides: object,
+        **overrides: Any,  # Scenario fields, of their types
     ) -> None:
         if isinstance(scenario, str):
             if scenario not in SCENARIOS:
@@ -280,7 +328,7 @@ class Workload:
         return self._scenario
 
     @property
-    def params(self) -> Scenario:
+    def params(self) -> Params:
         """The scenario as realised for this seed: every range drawn, sizes scaled to the chip."""
         return self._params
 
@@ -341,9 +389,10 @@ class Workload:
             duty = [eval_duty + 6.0 * rand() - 3.0 for _ in self._chips]
         total = self._total
         used = tuple(
-            min(total, int(f + e + c.noise * rand())) for f, e, c in zip(floors, extras, self._chips)
+            min(total, int(f + e + c.noise * rand()))
+            for f, e, c in zip(floors, extras, self._chips, strict=True)
         )
-        step = job.resume_step + (0 if kind == _WARMUP else n)
+        step = job.resume_step + (0 if kind == _WARMUP else int(n))
         if stalled:
             duty = [1.5 * rand() for _ in duty]
         p = self._params
@@ -483,7 +532,8 @@ class Workload:
         st, cycle = self._params.step_time_s, self._cycle_s
 
         def over(n: int, extra: Callable[[_Chip], float]) -> bool:
-            return any(f + extra(c) > total for f, c in zip(self._train_floors(n), chips))
+            floors = self._train_floors(n)
+            return any(f + extra(c) > total for f, c in zip(floors, chips, strict=True))
 
         def train_clock(n: int) -> float:
             return (n // E) * cycle + (n % E) * st
@@ -518,28 +568,30 @@ def _draw(value: Range, rng: random.Random) -> float:
     return rng.uniform(low, high)
 
 
-def _realize(scenario: Scenario, rng: random.Random, scale: float) -> Scenario:
+def _realize(scenario: Scenario, rng: random.Random, scale: float) -> Params:
     drawn = {f.name: _draw(getattr(scenario, f.name), rng)
              for f in fields(scenario) if f.name not in _NOT_DRAWN}
     for name in _FOOTPRINT_FIELDS:
         drawn[name] = int(drawn[name] * scale)
-    p = replace(scenario, **drawn)
+    p = Params(name=scenario.name, description=scenario.description,
+               leak_chips=scenario.leak_chips, **drawn)
     _validate(p)
     return p
 
 
-def _validate(p: Scenario) -> None:
+def _validate(p: Params) -> None:
     if p.step_time_s <= 0 or p.warmup_s < 0 or p.eval_s < 0 or p.checkpoint_s < 0:
         raise ValueError("step_time_s must be positive and durations non-negative")
     for name in ("leak_bytes_per_step", "stair_bytes", "step_change_bytes", "restarts",
-                 "leak_onset_step", "eval_every_steps", "checkpoint_every_steps", "stair_every_steps"):
+                 "leak_onset_step", "eval_every_steps", "checkpoint_every_steps",
+                 "stair_every_steps"):
         if getattr(p, name) < 0:
             raise ValueError(f"{name} must not be negative (the floor only grows within a job)")
     if not 0 <= p.idle_fraction < 1 or not 0 <= p.step_rate_wobble < 0.5:
         raise ValueError("idle_fraction must be in [0, 1) and step_rate_wobble in [0, 0.5)")
 
 
-def _make_chips(p: Scenario, chips: int, rng: random.Random) -> tuple[_Chip, ...]:
+def _make_chips(p: Params, chips: int, rng: random.Random) -> tuple[_Chip, ...]:
     leaking = range(chips) if p.leak_chips is None else p.leak_chips
     result = []
     for i in range(chips):

@@ -326,7 +326,7 @@ class TpuRuntimeSource:
         calls = [(port, name) for port in self.ports for name in (METRICS if slow else (USAGE,))]
         results: dict[tuple[int, str], dict[int, float] | None] = {}
         errors: dict[int, str] = {}
-        for (port, name), response in zip(calls, self._call_all(calls)):
+        for (port, name), response in zip(calls, self._call_all(calls), strict=True):
             if isinstance(response, str):
                 errors.setdefault(port, response)
                 results[(port, name)] = None
@@ -359,7 +359,8 @@ class TpuRuntimeSource:
         futures = [self._stubs[port].GetRuntimeMetric.future(
                        pb.MetricRequest(metric_name=name), timeout=self.timeout)
                    for port, name in calls]
-        return [self._collect(port, future) for (port, _), future in zip(calls, futures)]
+        return [self._collect(port, future)
+                for (port, _), future in zip(calls, futures, strict=True)]
 
     def _call_in_turn(self, calls: list[tuple[int, str]]) -> list[pb.MetricResponse | str]:
         deadline = time.monotonic() + self.timeout
