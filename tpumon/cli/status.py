@@ -63,9 +63,7 @@ def render_table(doc: dict[str, Any], console: Console) -> None:
             console.print(f"chip {chip['chip']}: likely cause: {chip['diagnosis']}",
                           highlight=False)
     render_processes(doc.get("processes") or [], console)
-    for end in doc.get("job_ends") or []:
-        when = time.strftime("%H:%M:%S UTC", time.gmtime(end["time"]))
-        console.print(f"[bold]{when}[/] {end['summary']}", highlight=False)
+    render_job_ends(doc.get("job_ends") or [], console)
     for name, source in doc["sources"].items():
         if not source["up"]:
             console.print(f"[yellow]{name}: down: {source['error']}[/]", highlight=False)
@@ -119,6 +117,13 @@ def render_processes(processes: list[dict[str, Any]], console: Console) -> None:
         line = snapshot_line(p.get("tensor_snapshot"))
         if line:
             console.print(f"pid {p['pid']}: {line}", highlight=False)
+
+
+def render_job_ends(ends: list[dict[str, Any]], console: Console) -> None:
+    """Jobs that ended on this host in the last hour, newest first (docs/job-ends.md)."""
+    for end in ends:
+        when = time.strftime("%H:%M:%S UTC", time.gmtime(end["time"]))
+        console.print(f"[bold]{when}[/] {end['summary']}", highlight=False)
 
 
 def _rss_cell(p: dict[str, Any]) -> str:

@@ -531,7 +531,8 @@ class ChipDetector:
         window = now - first
         in_window = [j for j in job.jumps if j.time >= first]
         continuous = fit.z >= self.settings.z_threshold and fit.slope_low > 0
-        stairs = find_staircase([j for j in job.jumps if j.time >= job.trend_start], now,
+        start = job.trend_start if job.trend_start is not None else first
+        stairs = find_staircase([j for j in job.jumps if j.time >= start], now,
                                 self.settings.staircase_min_jumps)
         if stairs and not continuous and not self._significant(
                 job.history.window(now - stairs.span_seconds, self.settings.fit_points), now):

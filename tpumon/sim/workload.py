@@ -86,7 +86,7 @@ _FOOTPRINT_FIELDS = (
     "train_transient_bytes", "eval_transient_bytes", "eval_executable_bytes",
     "checkpoint_bytes", "cache_cap_bytes", "noise_bytes",
 )
-_NOT_DRAWN = ("name", "description", "leak_chips")
+_NOT_DRAWN = ("name", "description", "leak_chips", "stair_irregular")
 _NEVER = 1 << 60  # "every 0 steps" means never: a period no run reaches
 _SEARCH_STEPS = 10**13  # OOM search horizon, steps (centuries at any step time)
 
@@ -192,6 +192,13 @@ class Params:
     step_change_at_step: float
     restart_after_s: float
     restart_downtime_s: float
+    stair_irregular: bool
+    leak_change_step: float
+    leak_change_factor: float
+    stall_after_s: float
+    stall_s: float
+    dcn_slow_after_s: float
+    dcn_slowdown: float
 
 
 SCENARIOS: dict[str, Scenario] = {
@@ -469,11 +476,11 @@ class Workload:
         cache = -math.expm1(-n / self._cache_tau_steps)
         optimizer = n >= 1
         evaluated = n >= self._eval_every
-        leaked = max(0, n - self._leak_onset)  # steps leaked so far: a leak can start mid-run
-        stairs = leaked // self._stair_every if self._stair_steps is None else \
-            bisect.bisect_right(self._stair_steps, leaked)
+        steps = max(0, n - self._leak_onset)  # steps leaked so far: a leak can start mid-run
+        stairs = steps // self._stair_every if self._stair_steps is None else \
+            bisect.bisect_right(self._stair_steps, steps)
         # a rate that changes part-way: steps after the change leak at factor x the rate
-        leaked += (self._params.leak_change_factor - 1.0) * max(0, leaked - self._leak_change)
+        leaked = steps + (self._params.leak_change_factor - 1.0) * max(0, steps - self._leak_change)
         jumped = n >= self._params.step_change_at_step
         return [
             c.static + c.optimizer * optimizer + c.cache * cache + c.eval_executable * evaluated
@@ -574,7 +581,8 @@ def _realize(scenario: Scenario, rng: random.Random, scale: float) -> Params:
     for name in _FOOTPRINT_FIELDS:
         drawn[name] = int(drawn[name] * scale)
     p = Params(name=scenario.name, description=scenario.description,
-               leak_chips=scenario.leak_chips, **drawn)
+               leak_chips=scenario.leak_chips, stair_irregular=scenario.stair_irregular,
+               **drawn)
     _validate(p)
     return p
 

@@ -71,10 +71,12 @@ class KernelLog:
         return fd
 
     def _records(self) -> list[str]:
-        out = []
+        out: list[str] = []
+        fd = self._fd
+        assert fd is not None
         while True:
             try:
-                data = os.read(self._fd, MAX_RECORD)
+                data = os.read(fd, MAX_RECORD)
             except BlockingIOError:
                 return out
             except OSError as exc:
