@@ -11,10 +11,13 @@ import subprocess
 import sys
 import time
 
+import pytest
 from fake_alert_apis import FakeAlertAPI
 from tools import TPUMON, AgentProcess, clean_env, free_port, wait_for
 
 ROUTING_KEY = "R0UT1NGK3Y5ECRETR0UT1NGK3Y5ECRET"
+
+pytestmark = pytest.mark.e2e  # real agents, a simulated job to its OOM
 
 
 def ended(agent: AgentProcess) -> list[dict]:

@@ -177,6 +177,7 @@ def _snapshot_taking_child(path) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", code, str(path)], stdin=subprocess.PIPE)
 
 
+@pytest.mark.e2e
 def test_tpumon_snapshot_fails_at_once_when_its_target_exits(tmp_path):
     """It used to wait ~300 s in silence; now: one line, non-zero, within a few polls."""
     from tools import TPUMON, AgentProcess

@@ -31,9 +31,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
                              "grew, by shape, dtype and creation site, and how much of the "
                              "HBM growth it explains."),
     "analyze": ("analyze", "Replay the agent's streaming leak detector over a trace file "
-                           "(CSV, or JSON Lines for .jsonl; '-' reads stdin) and report, per "
-                           "(host, chip): the verdict at the end, the growth rate, the OOM "
-                           "forecast, and the first moment the leak alert would have fired."),
+                           "(CSV, JSON Lines for .jsonl, Parquet for .parquet; '-' reads CSV "
+                           "or JSON Lines from stdin), or over every trace file in a directory "
+                           "(one per host of a slice, say), and report, per (host, chip): the "
+                           "verdict at the end, the growth rate, the OOM forecast with its "
+                           "interval, and the first moment the leak alert would have fired, "
+                           "with the forecast made then."),
     "report": ("report", "Draw what the leak detector saw, per host: tpumon-report-HOST.png "
                          "(one panel per chip: raw samples, the floor, the fitted trend and "
                          "its 95% band, the OOM forecast, restarts, level jumps, the leak "

@@ -15,7 +15,6 @@ from tpumon.cli.options import (agent_option, config_option, direct_option, port
                                 runtime_ports_option)
 from tpumon.config import Config, load_config, parse_listen_address, reachable_host
 from tpumon.describe import describe_growth
-from tpumon.detect.tensor_diff import human_bytes
 from tpumon.logs import setup_logging
 
 
@@ -127,6 +126,8 @@ def render_job_ends(ends: list[dict[str, Any]], console: Console) -> None:
 
 
 def _rss_cell(p: dict[str, Any]) -> str:
+    from tpumon.detect.tensor_diff import human_bytes  # the detect package loads numpy
+
     if p.get("rss_bytes") is None:
         return "-"
     growth = p.get("rss_growth_bytes_per_step")
