@@ -107,3 +107,28 @@ def test_a_real_reporting_process_that_exits_is_a_job_that_exited(tmp_path):
     finally:
         agent.terminate()
         assert agent.wait(20) == 0
+
+
+def test_the_simulated_job_that_finishes_is_a_job_that_exited(tmp_path):
+    """The job-exit scenario: three simulated hours, then a clean exit with HBM far from
+    full; the agent names it exited, with the step: Slack is told, PagerDuty (critical
+    only, by default) is not paged."""
+    with FakeAlertAPI("slack") as slack, FakeAlertAPI("pagerduty") as pagerduty:
+        agent = AgentProcess(tmp_path, None, "--scenario", "job-exit", "--acceleration", "960",
+                             "--reporter-socket", str(tmp_path / "r.sock"),
+                             env={"TPUMON_SLACK_WEBHOOK_URL": slack.url,
+                                  "TPUMON_PAGERDUTY_ROUTING_KEY": ROUTING_KEY,
+                                  "TPUMON_PAGERDUTY_URL": pagerduty.url})
+        try:
+            [end] = wait_for(lambda: ended(agent), 120)
+            assert end["cause"] == "exited", end
+            assert end["evidence"].startswith("memory far from full at the last poll: HBM at "
+                                              "most"), end
+            assert end["step"] > 0 and end["forecast"] is None
+            assert agent.value("tpumon_job_ends_total", cause="exited") == 1
+            wait_for(lambda: any(f"ended at step {end['step']:,}: exited" in r.body.get("text", "")
+                                 for r in slack.requests), 60)
+            assert not any(r.body.get("payload", {}).get("class") == "TPUMonJobEnded"
+                           for r in pagerduty.requests)
+        finally:
+            assert agent.stop() == 0

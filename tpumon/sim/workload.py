@@ -148,6 +148,7 @@ class Scenario:
     stall_s: Range = 300.0  # the stall: duty cycle near 0, the step held, HBM held
     dcn_slow_after_s: Range = 0.0  # seconds into each job before DCN slows; 0: never
     dcn_slowdown: Range = 4.0  # factor on this host's DCN latencies from then on
+    finish_after_s: Range = 0.0  # the (last) job exits cleanly this long after it starts; 0: never
 
 
 @dataclass(frozen=True)
@@ -199,6 +200,7 @@ class Params:
     stall_s: float
     dcn_slow_after_s: float
     dcn_slowdown: float
+    finish_after_s: float
 
 
 SCENARIOS: dict[str, Scenario] = {
@@ -221,6 +223,9 @@ SCENARIOS: dict[str, Scenario] = {
                  leak_change_factor=(1.5, 3.0)),
         Scenario("step-change", "One permanent jump of ~1.5 GB, flat before and after: not a leak.",
                  step_change_bytes=(1.2 * GB, 1.8 * GB)),
+        Scenario("job-exit",
+                 "Healthy job runs three hours and exits cleanly; nothing runs after it.",
+                 finish_after_s=3 * 3600.0),
         Scenario("job-restart",
                  "Healthy job dies, runtime gone for minutes, restarts from a checkpoint.",
                  restarts=1),
@@ -257,7 +262,7 @@ class Job:
 
     start_time: float
     end_time: float  # math.inf if it never ends
-    end_reason: str | None  # "oom", "crash" (restarted) or None
+    end_reason: str | None  # "oom", "crash" (restarted), "exit" (finished) or None
     resume_step: int
     load_times: tuple[float, ...]  # seconds after start at which weight chunks finished loading
     load_fractions: tuple[float, ...]  # cumulative fraction of the weights loaded by then
@@ -504,7 +509,10 @@ class Workload:
                 jobs.append(replace(job, end_time=oom, end_reason="oom"))
                 break
             if planned_end == math.inf:
-                jobs.append(job)
+                finish = begin + p.finish_after_s if p.finish_after_s > 0 else None
+                finished = finish is not None and (oom is None or finish < oom)
+                jobs.append(replace(job, end_time=finish, end_reason="exit") if finished
+                            else job)
                 break
             jobs.append(replace(job, end_time=planned_end, end_reason="crash"))
             kind, n = self._locate(job, planned_end)
