@@ -18,12 +18,16 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, generate_latest
 
 from tpumon.detect import Assessment, Verdict
+from tpumon.detect.counts import CountTrend
 from tpumon.exporters.prometheus import register_collectors
 from tpumon.identity import Identity
+from tpumon.job_ends import JobEnd, JobView
 from tpumon.notify.health import ChannelHealth, NotifierHealth
+from tpumon.processes import ProcessState
 from tpumon.samples import ChipSample, HostSample, ProcessSample, RuntimeReading
 from tpumon.sources.chips import inventory_for
 from tpumon.sources.health import SourceHealth
+from tpumon.sources.reporter import ProcessReport, ReporterReading
 from tpumon.state import Snapshot
 from tpumon.store.writer import StoreHealth
 
@@ -73,7 +77,31 @@ def fixed_snapshot() -> Snapshot:
         runtime_malformed_total=1,
         polls_total=100,
         store=STORE,
+        **reporting(),
     )
+
+
+def reporting() -> dict:
+    """A torch_xla process reporting its steps (live tensors flat, RSS growing 256 KiB a
+    step: a host leak) on chips 0-2, another that has exited, and one job end."""
+    growing = CountTrend(True, 262_144.0, 250_000.0, 8.0, 200, 4000, "+262144.00 per step")
+    flat = CountTrend(False, 0.0, 0.0, 0.0, 200, 4000, "flat")
+    running = ProcessReport(4242, 1000, "torch_xla", 51_234, T - 1, T - 0.5, rank=0,
+                            ordinal=0, live=1_234, compiles_cached=40, compiles_uncached=3,
+                            rss=8 * GiB, steps_per_second=2.5, snapshots=True,
+                            framework_version="2.9.0")
+    gone = ProcessReport(4100, 1000, "jax", 900, T - 200, T - 200, live=10, rss=GiB,
+                         exited=True)
+    processes = {4242: ProcessState(running, flat, flat, growing, 300 * GiB),
+                 4100: ProcessState(gone, CountTrend(False), CountTrend(False))}
+    view = JobView(4000, T - 3600, "jax", 20_417, 3.0, (), 290 * GiB, 400 * GiB)
+    return {"reporter": ReporterReading({4242: running, 4100: gone}, {}, 5_000,
+                                        {"malformed": 2, "forbidden": 0}),
+            "processes": processes, "chip_processes": {"0": 4242, "1": 4242, "2": 4242},
+            "chip_steps": {"0": 51_234, "1": 51_234, "2": 51_234},
+            "job_ends": (JobEnd(T - 3000, view, "host_oom",
+                                "the kernel killed pid 4000 for memory"),),
+            "job_ends_total": {"host_oom": 1}}
 
 
 def exposition() -> str:
