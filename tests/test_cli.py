@@ -205,3 +205,36 @@ def test_sim_writes_a_trace_that_reads_back(tmp_path):
     assert_one_line_error(run("sim", "--write-trace", str(tmp_path / "no/such/dir.csv"),
                               "--duration", "1m"), "--write-trace", "No such file")
     assert_one_line_error(run("sim", "--write-trace", str(out), "--duration", "soon"), "--duration")
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--poll-interval", "-5"], "--poll-interval"),
+    (["--poll-interval", "0"], "--poll-interval"),
+    (["--poll-interval", "nan"], "--poll-interval"),
+    (["--port", "99999"], "--port"),
+    (["--port", "65536"], "--port"),
+    (["--port", "0-3"], "--port"),
+    (["--port", ":9847"], "--port"),
+    (["--duration", "-1h"], "--duration"),
+])
+def test_sim_refuses_bad_input_and_keeps_the_output_file(tmp_path, args, fragment):
+    out = tmp_path / "kept.csv"
+    out.write_text("an older trace\n")
+    result = run("sim", "--write-trace", str(out), "--duration", "1m", *args)
+    assert_one_line_error(result, fragment)
+    assert "--runtime-ports" not in result.stderr
+    assert out.read_text() == "an older trace\n"
+
+
+def test_sim_port_out_of_range_is_not_served(tmp_path):
+    """--port 99999 once served on 99999 mod 65536; it must be refused, not bound."""
+    result = run("sim", "--port", "99999", timeout=20)
+    assert_one_line_error(result, "--port", "99999")
+
+
+def test_sim_trace_with_a_short_poll_interval(tmp_path):
+    out = tmp_path / "t.csv"
+    result = run("sim", "--write-trace", str(out), "--duration", "2s", "--poll-interval", "0.05")
+    assert result.returncode == 0, result.stderr
+    assert len(out.read_text().splitlines()) > 1 + 30 * 4
+    assert not list(tmp_path.glob("*.partial"))
