@@ -10,17 +10,15 @@ from __future__ import annotations
 
 import json
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from typing import Any
 
 import click
 from rich.console import Console
 from rich.table import Table
 
-from tpumon.cli.options import agent_option, config_option
-from tpumon.cli.status import agent_url, from_agent, snapshot_line
+from tpumon.cli.options import agent_client_options, agent_option, config_option
+from tpumon.cli.status import agent_url, snapshot_line
+from tpumon.client import AgentClient, AgentError, ClientAuth
 from tpumon.config import load_config
 from tpumon.detect.tensor_diff import human_bytes
 
@@ -28,6 +26,7 @@ from tpumon.detect.tensor_diff import human_bytes
 @click.command("snapshot")
 @config_option
 @agent_option
+@agent_client_options
 @click.option("--pid", type=click.IntRange(1), default=None,
               help="The training process [default: the only one that reports].")
 @click.option("--steps", type=click.IntRange(1, 1_000_000), default=None,
@@ -37,8 +36,8 @@ from tpumon.detect.tensor_diff import human_bytes
               help="Seconds to wait for both snapshots.")
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table",
               show_default=True, help="Output format.")
-def command(config_path: str | None, agent: str | None, pid: int | None, steps: int | None,
-            timeout: float, fmt: str) -> None:
+def command(config_path: str | None, agent: str | None, auth: ClientAuth, pid: int | None,
+            steps: int | None, timeout: float, fmt: str) -> None:
     """Diff two live-tensor snapshots of a training process: what grew, by shape, dtype and
     creation site, and how much of the HBM growth it explains.
 
@@ -47,10 +46,13 @@ def command(config_path: str | None, agent: str | None, pid: int | None, steps: 
     (PyTorch/XLA) or come by default (JAX).
     """
     config = load_config(config_path)
-    url = agent or agent_url(config["exporter.listen_address"])
     steps = steps or config["reporter.snapshot_steps"] or None
-    asked = _ask(url, pid, steps)
-    result = _wait(url, asked["pid"], asked["request_id"], timeout)
+    try:
+        client = AgentClient(agent or agent_url(config["exporter.listen_address"]), auth)
+        asked = client.request_snapshot(pid, steps)
+    except AgentError as exc:
+        raise click.ClickException(str(exc)) from None
+    result = _wait(client, asked["pid"], asked["request_id"], timeout)
     if fmt == "json":
         click.echo(json.dumps(result, indent=2))
     else:
@@ -59,31 +61,14 @@ def command(config_path: str | None, agent: str | None, pid: int | None, steps: 
         raise SystemExit(1)
 
 
-def _ask(url: str, pid: int | None, steps: int | None) -> dict[str, Any]:
-    """POST the request; one clear error line if the agent refuses or is not there."""
-    query = urllib.parse.urlencode({k: v for k, v in (("pid", pid), ("steps", steps)) if v})
-    request = urllib.request.Request(f"{url}/api/snapshot?{query}", data=b"", method="POST")
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return json.loads(response.read())
-    except urllib.error.HTTPError as exc:
-        raise click.ClickException(f"the agent at {url} refused: {_error(exc)}") from None
-    except (OSError, ValueError) as exc:
-        raise click.ClickException(f"no agent answering at {url}: {exc}") from None
-
-
-def _error(exc: urllib.error.HTTPError) -> str:
-    try:
-        return json.loads(exc.read())["error"]
-    except (ValueError, KeyError, TypeError, OSError):
-        return f"HTTP {exc.code}"
-
-
-def _wait(url: str, pid: int, request_id: str, timeout: float) -> dict[str, Any]:
+def _wait(client: AgentClient, pid: int, request_id: str, timeout: float) -> dict[str, Any]:
     """The process's snapshot state once this request ended (or the timeout passed)."""
     deadline = time.monotonic() + timeout
     while True:
-        doc = from_agent(url, timeout=5.0) or {}
+        try:
+            doc: dict[str, Any] = dict(client.status(timeout=5.0))
+        except AgentError:
+            doc = {}
         process = next((p for p in doc.get("processes", []) if p["pid"] == pid), None)
         if process is None and doc:
             raise click.ClickException(f"process {pid} is no longer reporting")

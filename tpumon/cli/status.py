@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import urllib.request
 from typing import Any
 
 import click
@@ -11,8 +10,10 @@ from rich.console import Console
 from rich.table import Table
 
 from tpumon.bootstrap import build
-from tpumon.cli.options import (agent_option, config_option, direct_option, ports_value,
-                                runtime_ports_option)
+from tpumon.cli.options import (agent_client_options, agent_option, config_option,
+                                direct_option, ports_value, runtime_ports_option)
+from tpumon.client import (AgentClient, AgentError, AgentUnreachable, ClientAuth,
+                           StatusDocument)
 from tpumon.config import Config, load_config, parse_listen_address, reachable_host
 from tpumon.detect import describe_growth
 from tpumon.logs import setup_logging
@@ -138,28 +139,39 @@ def agent_url(listen_address: str) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-def agent_to_ask(config: Config, agent: str | None, direct: bool) -> str | None:
+def agent_to_ask(config: Config, agent: str | None, direct: bool,
+                 auth: ClientAuth | None = None) -> AgentClient | None:
     """The agent to ask, or None to read the runtime directly: with --direct, or when the
-    local agent serves behind exporter.web_config_file (TLS, passwords), which these
-    commands do not speak. That is said on stderr, so that verdicts built from this
-    command's own polls are not taken for the agent's."""
+    local agent serves behind exporter.web_config_file (TLS, passwords) and no --agent-*
+    client option says how to talk to it. That is said on stderr, so that verdicts built
+    from this command's own polls are not taken for the agent's."""
     if direct:
         return None
-    if agent is None and config["exporter.web_config_file"]:
-        click.echo(f"tpumon: the local agent is protected by {config['exporter.web_config_file']} "
-                   "(exporter.web_config_file), which this command cannot use; reading the "
-                   "runtime directly, without the agent's history", err=True)
+    protected = config["exporter.web_config_file"]
+    if agent is None and protected and auth == ClientAuth():
+        click.echo(f"tpumon: the local agent is protected by {protected} "
+                   "(exporter.web_config_file); give --agent https://... with --agent-ca-file "
+                   "and --agent-user/--agent-password-file or --agent-cert-file to ask it. "
+                   "Reading the runtime directly, without the agent's history", err=True)
         return None
-    return agent or agent_url(config["exporter.listen_address"])
-
-
-def from_agent(url: str, timeout: float = 2.0) -> dict[str, Any] | None:
-    """The running agent's status document, or None when no agent answers there."""
     try:
-        with urllib.request.urlopen(f"{url}/api/status", timeout=timeout) as response:
-            return json.loads(response.read())
-    except (OSError, ValueError):
+        return AgentClient(agent or agent_url(config["exporter.listen_address"]), auth)
+    except AgentError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def ask_agent(client: AgentClient, named: bool) -> StatusDocument | None:
+    """The agent's status document; None when the local agent (not one named with --agent)
+    does not answer, so the command reads the runtime instead. A named agent that cannot
+    be asked, or any agent that refuses, is a one-line error."""
+    try:
+        return client.status()
+    except AgentUnreachable as exc:
+        if named:
+            raise click.ClickException(str(exc)) from None
         return None
+    except AgentError as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 def from_runtime(config: Config) -> dict[str, Any]:
@@ -175,21 +187,24 @@ def from_runtime(config: Config) -> dict[str, Any]:
 @config_option
 @runtime_ports_option
 @agent_option
+@agent_client_options
 @direct_option
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table",
               show_default=True, help="Output format.")
 def command(config_path: str | None, runtime_ports: str | None, agent: str | None,
-            direct: bool, fmt: str) -> None:
+            auth: ClientAuth, direct: bool, fmt: str) -> None:
     """Show each chip's HBM, duty cycle, owner and leak verdict.
 
     Asks the local agent (which has the history behind the verdicts); if none answers, or
-    it is protected by exporter.web_config_file, reads the runtime once, like tpu-info. A
-    runtime that is not running (between jobs) is shown as such, with exit status 0.
+    it is protected by exporter.web_config_file and no --agent-* option says how to talk
+    to it, reads the runtime once, like tpu-info. An agent named with --agent that cannot
+    be asked is an error. A runtime that is not running (between jobs) is shown as such,
+    with exit status 0.
     """
     config = load_config(config_path, {"runtime.ports": ports_value(runtime_ports)})
     setup_logging("warning")
-    url = agent_to_ask(config, agent, direct)
-    doc = None if url is None else from_agent(url)
+    client = agent_to_ask(config, agent, direct, auth)
+    doc: Any = None if client is None else ask_agent(client, named=agent is not None)
     if doc is None:
         doc = from_runtime(config)
     if fmt == "json":

@@ -21,9 +21,10 @@ from rich.table import Table
 from rich.text import Text
 
 from tpumon.bootstrap import Assembly, build
-from tpumon.cli.options import (agent_option, config_option, direct_option, ports_value,
-                                runtime_ports_option)
-from tpumon.cli.status import agent_to_ask, format_eta, format_pct, from_agent
+from tpumon.cli.options import (agent_client_options, agent_option, config_option,
+                                direct_option, ports_value, runtime_ports_option)
+from tpumon.cli.status import agent_to_ask, ask_agent, format_eta, format_pct
+from tpumon.client import AgentClient, AgentError, ClientAuth
 from tpumon.config import load_config
 from tpumon.logs import setup_logging
 from tpumon.status import status_document
@@ -130,10 +131,13 @@ class RuntimeFeed:
         return status_document(self.assembly.agent.poll_once(), source="runtime"), None
 
 
-def agent_feed(url: str) -> Callable[[], tuple[dict[str, Any] | None, str | None]]:
+def agent_feed(client: AgentClient) -> Callable[[], tuple[dict[str, Any] | None, str | None]]:
+    """Status documents from the agent; a failed read is shown and retried next refresh."""
     def read() -> tuple[dict[str, Any] | None, str | None]:
-        doc = from_agent(url)
-        return doc, None if doc else f"no agent answering at {url}; retrying"
+        try:
+            return dict(client.status()), None
+        except AgentError as exc:
+            return None, f"{exc}; retrying"
     return read
 
 
@@ -141,25 +145,29 @@ def agent_feed(url: str) -> Callable[[], tuple[dict[str, Any] | None, str | None
 @config_option
 @runtime_ports_option
 @agent_option
+@agent_client_options
 @direct_option
 @click.option("--interval", type=click.FloatRange(min=0.1), default=1.0, show_default=True,
               help="Seconds between refreshes.")
 def command(config_path: str | None, runtime_ports: str | None, agent: str | None,
-            direct: bool, interval: float) -> None:
+            auth: ClientAuth, direct: bool, interval: float) -> None:
     """Live full-screen view of every chip: HBM bar, floor, growth per step and per hour,
     time to OOM, verdict, duty cycle, and the training processes' step, step rate and live
     tensors. Reads the local agent; with none running, a protected one
-    (exporter.web_config_file) or --direct, polls the runtime itself. Fits an 80-column
+    (exporter.web_config_file, without --agent-* options) or --direct, polls the runtime
+    itself. An agent named with --agent is waited for while it does not answer. Fits an 80-column
     terminal; Ctrl-C quits."""
     config = load_config(config_path, {"runtime.ports": ports_value(runtime_ports)})
     setup_logging("error")
-    url = agent_to_ask(config, agent, direct)
+    client = agent_to_ask(config, agent, direct, auth)
     assembly = None
-    if url is None or (agent is None and from_agent(url) is None):
+    # a named agent that does not answer yet is waited for (shown, retried); the local
+    # one, when none runs, is replaced by this command's own polls of the runtime
+    if client is None or (agent is None and ask_agent(client, named=False) is None):
         assembly = build(config, history=False)
         feed, where = RuntimeFeed(assembly), "runtime (no agent)"
     else:
-        feed, where = agent_feed(url), url
+        feed, where = agent_feed(client), client.url
     try:
         _loop(feed, where, interval)
     finally:
