@@ -117,8 +117,10 @@ def test_status_reads_the_runtime_and_says_so_when_the_local_agent_is_protected(
                  env={"TPUMON_EXPORTER_WEB_CONFIG_FILE": str(web)})
     assert result.returncode == 0, result.stderr
     assert result.stderr.strip() == (
-        f"tpumon: the local agent is protected by {web} (exporter.web_config_file), which "
-        "this command cannot use; reading the runtime directly, without the agent's history")
+        f"tpumon: the local agent is protected by {web} (exporter.web_config_file); give "
+        "--agent https://... with --agent-ca-file and --agent-user/--agent-password-file or "
+        "--agent-cert-file to ask it. Reading the runtime directly, without the agent's "
+        "history")
     doc = json.loads(result.stdout)
     assert doc["source"] == "runtime" and doc["chips"][0]["hbm_used_bytes"] == 3 * 2**30
     # --direct asks for exactly that: nothing to say.
@@ -129,9 +131,10 @@ def test_status_reads_the_runtime_and_says_so_when_the_local_agent_is_protected(
 
 def test_status_without_a_runtime_reports_it():
     port = free_port()
-    result = run("status", "--agent", f"http://127.0.0.1:{free_port()}", "--runtime-ports",
-                 str(port), "--format", "json")
-    assert result.returncode == 0
+    # no local agent (nothing at exporter.listen_address): the runtime is read instead
+    result = run("status", "--runtime-ports", str(port), "--format", "json",
+                 env={"TPUMON_EXPORTER_LISTEN_ADDRESS": f"127.0.0.1:{free_port()}"})
+    assert result.returncode == 0, result.stderr
     doc = json.loads(result.stdout)
     assert doc["sources"]["tpu_runtime"] == {
         "up": False, "error": f"no runtime answering on localhost:{port}"}

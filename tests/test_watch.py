@@ -65,7 +65,7 @@ def test_watch_shows_every_chip_in_80_columns_without_flicker_and_quits_on_ctrl_
         header = next(line for line in lines if line.startswith("Chip"))
         for column in ("HBM used", "Floor", "/step", "/hour", "OOM in", "Verdict", "Duty"):
             assert column in header
-        rows = [line for line in lines if re.match(r"\s+[0-3]\s+\S+ \d+\.\dG/\d+\.\dG", line)]
+        rows = [line for line in lines if re.match(r"\s+[0-3]\s+\S+ \d+\.\dGi/\d+\.\dGi", line)]
         assert len(rows) == 4, screen
         time.sleep(2)  # ~10 refreshes, recorded
         assert term.screen() != screen  # it is live: the clock and the step moved on

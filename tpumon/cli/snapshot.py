@@ -20,7 +20,7 @@ from tpumon.cli.options import agent_client_options, agent_option, config_option
 from tpumon.cli.status import agent_url, snapshot_line
 from tpumon.client import AgentClient, AgentError, ClientAuth
 from tpumon.config import load_config
-from tpumon.detect.tensor_diff import human_bytes
+from tpumon.units import format_bytes
 
 
 @click.command("snapshot")
@@ -90,8 +90,8 @@ def _render(pid: int, result: dict[str, Any], console: Console) -> None:
         table.add_column(column)
     for g in result["grown"]:
         per_step = "-" if g["count_per_step"] is None else f"{g['count_per_step']:+.3g}"
-        per_bytes = "-" if g["bytes_per_step"] is None else human_bytes(g["bytes_per_step"])
-        each = "-" if g["bytes_each"] is None else human_bytes(g["bytes_each"])
+        per_bytes = "-" if g["bytes_per_step"] is None else format_bytes(g["bytes_per_step"])
+        each = "-" if g["bytes_each"] is None else format_bytes(g["bytes_each"])
         sites = "\n".join(f"{site} (+{n})" for site, n in g["sites"].items()) or "-"
         table.add_row(g["group"], per_step, per_bytes, each, f"{g['count_delta']:+,}", sites)
     console.print(table)

@@ -18,10 +18,7 @@ from tpumon.config import Config, load_config, parse_listen_address, reachable_h
 from tpumon.detect import describe_growth
 from tpumon.logs import setup_logging
 from tpumon.status import status_document
-
-
-def format_gib(value: int | None) -> str:
-    return "-" if value is None else f"{value / 2**30:.2f} GiB"
+from tpumon.units import format_bytes
 
 
 def format_pct(value: float | None) -> str:
@@ -45,10 +42,10 @@ def render_table(doc: dict[str, Any], console: Console) -> None:
     for chip in doc["chips"]:
         owner = "-"
         if chip["owner_pid"] is not None:
-            rss = f" {format_gib(chip['owner_rss_bytes'])}" if chip["owner_rss_bytes"] else ""
+            rss = f" {format_bytes(chip['owner_rss_bytes'])}" if chip["owner_rss_bytes"] else ""
             owner = f"{chip['owner_pid']} {chip['owner_process'] or ''}{rss}".strip()
         used = "[yellow]no data[/]" if not chip["up"] else \
-            f"{format_gib(chip['hbm_used_bytes'])} {format_pct(chip['hbm_used_ratio'])}"
+            f"{format_bytes(chip['hbm_used_bytes'])} {format_pct(chip['hbm_used_ratio'])}"
         verdict = chip.get("verdict") or "-"
         if verdict == "leak":
             verdict = "[bold red]leak[/]"
@@ -69,12 +66,12 @@ def render_table(doc: dict[str, Any], console: Console) -> None:
             console.print(f"[yellow]{name}: down: {source['error']}[/]", highlight=False)
     host = doc["host"]
     if host:
-        console.print(f"host memory: {format_gib(host['memory_used_bytes'])} used of "
-                      f"{format_gib(host['memory_total_bytes'])}", highlight=False)
+        console.print(f"host memory: {format_bytes(host['memory_used_bytes'])} used of "
+                      f"{format_bytes(host['memory_total_bytes'])}", highlight=False)
     store = doc.get("store")
     if store:
         state = "writing" if store["up"] else f"[yellow]not writing: {store['error']}[/]"
-        console.print(f"history: {store['path']} ({store['size_bytes'] / 2**20:.1f} MiB), "
+        console.print(f"history: {store['path']} ({format_bytes(store['size_bytes'])}), "
                       f"{state}", highlight=False)
     render_notifications(doc.get("notifications"), console)
 

@@ -28,6 +28,7 @@ from tpumon.client import AgentClient, AgentError, ClientAuth
 from tpumon.config import load_config
 from tpumon.logs import setup_logging
 from tpumon.status import status_document
+from tpumon.units import format_bytes
 
 VERDICT_STYLE = {"leak": "bold red", "step_change": "yellow", "warming_up": "dim",
                  "insufficient_data": "dim", "ok": "green"}
@@ -36,17 +37,12 @@ VERDICT_SHORT = {"warming_up": "warm-up", "insufficient_data": "sparse",
 
 
 def _size(value: float | None) -> str:
-    """Bytes in the fewest characters that still read well: 31.7G, 812M, 4.1K."""
-    if value is None:
-        return "-"
-    for unit, scale in (("G", 2**30), ("M", 2**20), ("K", 2**10)):
-        if abs(value) >= scale:
-            return f"{value / scale:.1f}{unit}"
-    return f"{value:.0f}B"
+    """Bytes in the fewest characters that still read well: 31.7Gi, 812.0Mi, 4.1Ki."""
+    return format_bytes(value, compact=True)
 
 
 def _growth(value: float | None, per: str) -> str:
-    return "-" if value is None else f"{'+' if value >= 0 else '-'}{_size(abs(value))}/{per}"
+    return "-" if value is None else f"{format_bytes(value, signed=True, compact=True)}/{per}"
 
 
 def _hbm(chip: dict[str, Any]) -> RenderableType:

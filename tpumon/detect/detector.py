@@ -37,15 +37,12 @@ from tpumon.detect import jumps as level_shifts
 from tpumon.detect.floors import FloorHistory, group_by_bucket
 from tpumon.detect.jumps import Jump
 from tpumon.detect.robust import PairwiseSlopes, lower_quartiles, sen_mann_kendall
+from tpumon.units import format_bytes, format_growth
 
 
 def describe_growth(bytes_per_step: float | None, bytes_per_hour: float | None) -> str:
     """Growth as people read it: per step when steps are known, else per hour."""
-    if bytes_per_step is not None:
-        return f"{bytes_per_step / 1e3:,.1f} KB/step"
-    if bytes_per_hour is not None:
-        return f"{bytes_per_hour / 1e6:,.1f} MB/h"
-    return "-"
+    return format_growth(bytes_per_step, bytes_per_hour)
 
 
 class Verdict(str, enum.Enum):
@@ -582,7 +579,7 @@ class ChipDetector:
         if big:
             size = sum(j.size for j in big)
             return _Said(Verdict.STEP_CHANGE,
-                         f"{len(big)} permanent jump(s), {size / 1e9:.2f} GB in all; "
+                         f"{len(big)} permanent jump(s), {format_bytes(size)} in all; "
                          "flat otherwise", common)
         why = "growth is slowing down (saturating)" if decelerating else "no significant growth"
         return _Said(Verdict.OK, why, common)
