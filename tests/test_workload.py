@@ -41,7 +41,7 @@ def after_first_eval(w: Workload) -> float:
 
 
 def test_scenario_registry_has_the_documented_names():
-    assert set(SCENARIOS) == {"healthy", "linear-leak", "staircase-leak", "chip0-leak",
+    assert set(SCENARIOS) == {"healthy", "linear-leak", "fast-leak", "staircase-leak", "chip0-leak",
                               "step-change", "job-restart", "saturating-cache"}
     for name, s in SCENARIOS.items():
         assert s.name == name and s.description and "\n" not in s.description

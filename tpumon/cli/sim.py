@@ -97,11 +97,13 @@ def hbm_total_bytes(chip_type: str) -> int:
               help="Also act as the training process: send its step to this reporter socket "
                    "four times a second (tpumon.instrument's protocol).")
 @click.option("--exit-with-parent", is_flag=True, hidden=True)
+@click.option("--start-time", type=float, default=None, hidden=True,
+              help="Unix time the simulated clock starts at [default: now].")
 def command(config_path: str | None, scenario: str | None, chips: int | None,
             chip_type: str | None, acceleration: float | None, seed: int | None,
             max_lag: float | None, listen_host: str, ports: str, list_scenarios: bool,
             write_trace: str | None, duration: str, poll_interval: float, report_to: str | None,
-            exit_with_parent: bool) -> None:
+            exit_with_parent: bool, start_time: float | None) -> None:
     """Simulate a TPU VM's chips for a training workload, on loopback, with no TPU.
 
     Serves libtpu's RuntimeMetricService so that 'tpumon agent --runtime-ports PORT' (or
@@ -130,7 +132,8 @@ def command(config_path: str | None, scenario: str | None, chips: int | None,
         return
     from tpumon.sim.server import SimClock
 
-    clock = SimClock(config["simulator.acceleration"], max_lag=config["simulator.max_lag"])
+    clock = SimClock(config["simulator.acceleration"], start=start_time,
+                     max_lag=config["simulator.max_lag"])
     workload = Workload(config["simulator.scenario"], chips=chip_count, hbm_total_bytes=total,
                         seed=config["simulator.seed"], start_time=clock.now())
     _serve(workload, clock, listen_host, served_ports, chip_count,

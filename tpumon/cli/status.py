@@ -18,19 +18,21 @@ from tpumon.config import Config, load_config, parse_listen_address, reachable_h
 from tpumon.detect import describe_growth
 from tpumon.logs import setup_logging
 from tpumon.status import status_document
-from tpumon.units import format_bytes
+from tpumon.units import format_bytes, format_hours
 
 
 def format_pct(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.1f} %"
 
 
-def format_eta(chip: dict[str, Any], now: float) -> str:
+def format_eta(chip: Any, now: float) -> str:
+    """Time to OOM whenever the floor grows, whatever the verdict (an 'ok' chip with a
+    slow leak has a forecast too); '-' when it does not grow. ``now`` is the document's
+    time: the clock the forecast is on."""
     oom = chip.get("predicted_oom_time")
-    if oom is None or chip.get("verdict") != "leak":
+    if oom is None or not (chip.get("growth_bytes_per_hour") or 0) > 0:
         return "-"
-    hours = max(oom - now, 0) / 3600
-    return f"{hours:.1f} h" if hours < 48 else f"{hours / 24:.0f} d"
+    return format_hours(oom - now)
 
 
 def render_table(doc: dict[str, Any], console: Console) -> None:
@@ -55,8 +57,9 @@ def render_table(doc: dict[str, Any], console: Console) -> None:
                       format_eta(chip, doc["time"]), owner)
     console.print(table)
     for chip in doc["chips"]:
-        if chip.get("verdict") in ("leak", "step_change"):
-            console.print(f"chip {chip['chip']}: {chip['reason']}", highlight=False)
+        if chip.get("reason"):
+            console.print(f"chip {chip['chip']}: {chip['verdict']}: {chip['reason']}",
+                          highlight=False)
         if chip.get("diagnosis"):
             console.print(f"chip {chip['chip']}: likely cause: {chip['diagnosis']}",
                           highlight=False)

@@ -146,6 +146,9 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("healthy", "No leak: warm-up, sawtooth, eval, checkpoints, a cache that saturates."),
         Scenario("linear-leak", "Every chip's floor grows by ~150 KB per step until the job OOMs.",
                  leak_bytes_per_step=(100_000, 200_000)),
+        Scenario("fast-leak", "Like linear-leak at ~500 KB per step: called within about an "
+                 "hour of simulated time, OOM after about four (make demo's default).",
+                 leak_bytes_per_step=(450_000, 550_000)),
         Scenario("staircase-leak", "The floor jumps by a fixed amount every few hundred steps.",
                  stair_bytes=(48 * MiB, 80 * MiB), stair_every_steps=(400, 600)),
         Scenario("chip0-leak", "Only chip 0 leaks (SPMD imbalance); the other chips are healthy.",
