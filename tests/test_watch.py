@@ -19,14 +19,14 @@ COLUMNS, ROWS = 80, 30
 class Tmux:
     """A private tmux server with one 80x30 session running ``command``."""
 
-    def __init__(self, tmp: Path, command: str) -> None:
+    def __init__(self, tmp: Path, command: str, rows: int = ROWS) -> None:
         self.tmux = require_tool("tmux")
         self.name = f"tpumon-test-{os.getpid()}-{len(list(tmp.iterdir()))}"
         self.exit_file = tmp / "exit-status"
         self.raw = tmp / "raw-output"
         env = clean_env()
         env.update(TERM="xterm-256color")
-        self.run("new-session", "-d", "-s", "w", "-x", str(COLUMNS), "-y", str(ROWS),
+        self.run("new-session", "-d", "-s", "w", "-x", str(COLUMNS), "-y", str(rows),
                  f"{command}; echo $? > {self.exit_file}; sleep 60", env=env)
 
     def run(self, *args: str, env: dict | None = None) -> str:
@@ -109,3 +109,51 @@ def test_watch_keeps_going_when_the_agent_is_away(tmp_path):
         assert term.exit_file.read_text().strip() == "0"
     finally:
         term.close()
+
+
+FAST = ("--scenario", "fast-leak", "--acceleration", "240", "--poll-interval", "0.0625")
+
+
+def test_watch_fits_80x24_with_a_leak_and_its_forecast(tmp_path):
+    """Once growth and an OOM forecast are shown, every cell still fits 80 columns
+    (the header read 'OOM …', cells '22.5…' and '+118.7K/…')."""
+    agent = AgentProcess(tmp_path, None, *FAST, "--reporter-socket", str(tmp_path / "r.sock"))
+    term = Tmux(tmp_path, f"{sys.executable} -m tpumon watch --agent http://{agent.url} "
+                          "--interval 0.3", rows=24)
+    try:
+        screen = wait_for(lambda: (s := term.screen()) and re.search(
+            r"^\s+0 .* \d+\.\d h\s+leak\s+\+\d", s, re.M) and s, 120)
+        lines = screen.splitlines()
+        assert all(len(line) <= COLUMNS for line in lines)
+        assert "…" not in screen, screen
+        header = next(line for line in lines if line.lstrip().startswith("Chip"))
+        for column in ("HBM used", "OOM in", "Verdict", "/step"):
+            assert column in header, header
+        term.run("send-keys", "-t", "w", "C-c")
+        wait_for(term.exit_file.exists, 20)
+        assert term.exit_file.read_text().strip() == "0"
+    finally:
+        term.close()
+        agent.stop()
+
+
+def test_watch_and_status_without_a_terminal(tmp_path):
+    """Piped, watch printed nothing and never exited; status cut verdicts short."""
+    agent = AgentProcess(tmp_path, None)
+    try:
+        proc = subprocess.Popen([*TPUMON, "watch", "--agent", f"http://{agent.url}",
+                                 "--interval", "0.2"], stdout=subprocess.PIPE, text=True,
+                                env=clean_env())
+        try:
+            first = [proc.stdout.readline() for _ in range(4)]
+            assert first[0].startswith("tpumon watch ") and "Chip" in first[2], first
+            assert not any("\x1b" in line for line in first)
+        finally:
+            proc.terminate()
+            proc.wait(10)
+        status = subprocess.run([*TPUMON, "status", "--agent", f"http://{agent.url}"],
+                                capture_output=True, text=True, env=clean_env(), timeout=60)
+        assert status.returncode == 0 and "…" not in status.stdout, status.stdout
+        assert re.search(r"insufficient_data|warming_up|ok|leak", status.stdout)
+    finally:
+        agent.stop()

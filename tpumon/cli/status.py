@@ -40,7 +40,8 @@ def render_table(doc: dict[str, Any], console: Console) -> None:
     title = " ".join(f"{k}={v}" for k, v in ident.items() if v) or "tpumon status"
     table = Table(title=f"{title} ({doc['source']})", title_justify="left")
     for column in ("Chip", "HBM used", "Duty", "Verdict", "Growth", "OOM in", "Owner"):
-        table.add_column(column, justify="right" if column in ("HBM used", "Duty") else "left")
+        table.add_column(column, justify="right" if column in ("HBM used", "Duty") else "left",
+                         no_wrap=column != "Owner", overflow="fold")  # never cut a verdict
     for chip in doc["chips"]:
         owner = "-"
         if chip["owner_pid"] is not None:
@@ -132,6 +133,13 @@ def snapshot_line(result: dict[str, Any] | None) -> str | None:
             f"{result['summary']}")
 
 
+def output_console() -> Console:
+    """The terminal as it is; without one (a pipe, a file) wide enough that no cell is cut
+    short ('insufficien…' was what a pipe read)."""
+    console = Console()
+    return console if console.is_terminal else Console(width=160)
+
+
 def agent_url(listen_address: str) -> str:
     """Where the local agent serves, from its listen address (all interfaces -> loopback)."""
     host, port = parse_listen_address(listen_address)
@@ -210,4 +218,4 @@ def command(config_path: str | None, runtime_ports: str | None, agent: str | Non
     if fmt == "json":
         click.echo(json.dumps(doc, indent=2))
     else:
-        render_table(doc, Console())
+        render_table(doc, output_console())

@@ -9,6 +9,8 @@ samples of this session). Ctrl-C leaves the screen as it was and exits with stat
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 from typing import Any, Callable
 
@@ -32,8 +34,11 @@ from tpumon.units import format_bytes
 
 VERDICT_STYLE = {"leak": "bold red", "step_change": "yellow", "warming_up": "dim",
                  "insufficient_data": "dim", "ok": "green"}
-VERDICT_SHORT = {"warming_up": "warm-up", "insufficient_data": "sparse",
+VERDICT_SHORT = {"warming_up": "warm-up", "insufficient_data": "no trend",
                  "step_change": "step chg"}  # 80 columns; `tpumon status` has the reasons
+# Chip-table columns, most important first: dropped from the end until the table fits.
+COLUMNS = ("Chip", "HBM used", "OOM in", "Verdict", "/step", "Floor", "/hour", "Duty")
+RIGHT = {"Chip", "Floor", "/step", "/hour", "OOM in", "Duty"}
 
 
 def _size(value: float | None) -> str:
@@ -56,23 +61,37 @@ def _hbm(chip: dict[str, Any]) -> RenderableType:
     return table
 
 
-def chip_table(doc: dict[str, Any]) -> Table:
-    """One row per chip: HBM bar, floor, growth per step and per hour, OOM, verdict, duty."""
-    table = Table(box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0), show_edge=False)
-    for name, justify in (("Chip", "right"), ("HBM used", "left"), ("Floor", "right"),
-                          ("/step", "right"), ("/hour", "right"), ("OOM in", "right"),
-                          ("Verdict", "left"), ("Duty", "right")):
-        table.add_column(name, justify=justify, no_wrap=True)
-    for chip in doc["chips"]:
-        verdict = chip.get("verdict") or "-"
-        shown = VERDICT_SHORT.get(verdict, verdict)
-        table.add_row(chip["chip"], _hbm(chip), _size(chip.get("floor_bytes")),
-                      _growth(chip.get("growth_bytes_per_step"), "st"),
-                      _growth(chip.get("growth_bytes_per_hour"), "h"),
-                      format_eta(chip, doc["time"]),
-                      Text(shown, style=VERDICT_STYLE.get(verdict, "")),
-                      format_pct(chip["duty_cycle"]).replace(" ", ""))
+def _cells(chip: dict[str, Any], now: float) -> dict[str, RenderableType]:
+    verdict = chip.get("verdict") or "-"
+    return {"Chip": chip["chip"], "HBM used": _hbm(chip),
+            "Floor": _size(chip.get("floor_bytes")),
+            "/step": _growth(chip.get("growth_bytes_per_step"), "st"),
+            "/hour": _growth(chip.get("growth_bytes_per_hour"), "h"),
+            "OOM in": format_eta(chip, now),
+            "Verdict": Text(VERDICT_SHORT.get(verdict, verdict),
+                            style=VERDICT_STYLE.get(verdict, "")),
+            "Duty": format_pct(chip["duty_cycle"]).replace(" ", "")}
+
+
+def chip_table(doc: dict[str, Any], width: int = 80) -> Table:
+    """One row per chip: HBM bar, OOM in, verdict, growth per step, floor, growth per hour,
+    duty cycle; the last columns are left out, in that order, until the table fits
+    ``width`` without cutting a cell short."""
+    rows = [_cells(chip, doc["time"]) for chip in doc["chips"]]
+    for count in range(len(COLUMNS), 1, -1):
+        table = Table(box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0), show_edge=False)
+        for name in COLUMNS[:count]:
+            table.add_column(name, justify="right" if name in RIGHT else "left", no_wrap=True)
+        for cells in rows:
+            table.add_row(*(cells[name] for name in COLUMNS[:count]))
+        if _width(table) <= width:
+            break
     return table
+
+
+def _width(table: Table) -> int:
+    """The width the table takes when nothing constrains it."""
+    return Console(width=1000).measure(table).maximum
 
 
 def process_table(doc: dict[str, Any]) -> Table | None:
@@ -94,14 +113,15 @@ def process_table(doc: dict[str, Any]) -> Table | None:
     return table
 
 
-def screen(doc: dict[str, Any] | None, where: str, problem: str | None = None) -> Group:
+def screen(doc: dict[str, Any] | None, where: str, problem: str | None = None,
+           width: int = 80) -> Group:
     """The whole view for one status document (or a line saying why there is none)."""
     header = Text(f"tpumon watch  {where}  {time.strftime('%H:%M:%S')}  (Ctrl-C to quit)",
                   style="bold")
     if doc is None:
         return Group(header, Text(problem or "waiting for data", style="yellow"))
     ident = " ".join(f"{k}={v}" for k, v in doc["identity"].items() if v)
-    parts: list[RenderableType] = [header, Text(ident, style="dim"), chip_table(doc)]
+    parts: list[RenderableType] = [header, Text(ident, style="dim"), chip_table(doc, width)]
     processes = process_table(doc)
     if processes is not None:
         parts += [Text(""), processes]
@@ -151,8 +171,13 @@ def command(config_path: str | None, runtime_ports: str | None, agent: str | Non
     time to OOM, verdict, duty cycle, and the training processes' step, step rate and live
     tensors. Reads the local agent; with none running, a protected one
     (exporter.web_config_file, without --agent-* options) or --direct, polls the runtime
-    itself. An agent named with --agent is waited for while it does not answer. Fits an 80-column
-    terminal; Ctrl-C quits."""
+    itself. An agent named with --agent is waited for while it does not answer.
+
+    Fits the terminal, 80 columns and up: where it is narrower than every column needs,
+    duty cycle, growth per hour, floor and growth per step are left out, in that order.
+    Verdicts: ok, leak, warm-up (warming_up), no trend (insufficient_data: less than 30
+    minutes of floors), step chg (step_change). Without a terminal (a pipe, a file) it
+    prints the same view as plain text every interval. Ctrl-C quits."""
     config = load_config(config_path, {"runtime.ports": ports_value(runtime_ports)})
     setup_logging("error")
     client = agent_to_ask(config, agent, direct, auth)
@@ -175,10 +200,31 @@ def _loop(feed: Callable[[], tuple[dict[str, Any] | None, str | None]], where: s
           interval: float) -> None:
     console = Console()
     try:
+        if not console.is_terminal:
+            _plain(feed, where, interval)
+            return
         with Live(console=console, screen=True, auto_refresh=False) as live:
             while True:
                 doc, problem = feed()
-                live.update(screen(doc, where, problem), refresh=True)
+                live.update(screen(doc, where, problem, console.width), refresh=True)
                 time.sleep(interval)
     except KeyboardInterrupt:
         pass
+
+
+def _plain(feed: Callable[[], tuple[dict[str, Any] | None, str | None]], where: str,
+           interval: float) -> None:
+    """No terminal (a pipe, a file, a log): the same view as plain text, one snapshot per
+    interval, each followed by a blank line and flushed, until interrupted or the reader
+    goes away."""
+    console = Console(width=80, no_color=True, force_terminal=False, soft_wrap=False)
+    try:
+        while True:
+            doc, problem = feed()
+            with console.capture() as captured:
+                console.print(screen(doc, where, problem, 80))
+            sys.stdout.write(captured.get() + "\n")
+            sys.stdout.flush()
+            time.sleep(interval)
+    except BrokenPipeError:  # the reader left (| head): stop quietly, nothing left to flush
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
