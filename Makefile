@@ -39,8 +39,8 @@ venv: system-deps-demo $(STAMP)
 demo: venv
 	@echo
 	@echo "  tpumon demo: a simulated TPU v4 VM (4 chips) running scenario '$(DEMO_SCENARIO)',"
-	@echo "  time accelerated 60x (times shown are simulated). The leak is called after about a"
-	@echo "  minute (an hour of simulated time), the job runs out of HBM after about four:"
+	@echo "  time accelerated 60x (times shown are simulated). The leak is called within two"
+	@echo "  minutes (under two simulated hours); the job runs out of HBM after about six:"
 	@echo "  watch '.venv/bin/tpumon status'. Metrics: http://localhost:$(lastword $(subst :, ,$(DEMO_ADDRESS)))/metrics"
 	@echo "  Try 'make demo DEMO_SCENARIO=healthy'; 'tpumon sim --list' lists scenarios. Ctrl-C stops."
 	@echo

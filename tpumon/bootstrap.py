@@ -37,7 +37,7 @@ from tpumon.store.database import (HistoryDB, Retention, database_path, move_asi
                                    open_database)
 from tpumon.store.resume import restore_detectors
 from tpumon.store.writer import StoreWriter
-from tpumon.units import format_bytes
+from tpumon.units import format_bytes, utc
 
 log = logging.getLogger("tpumon.bootstrap")
 DEFAULT_RUNTIME_PORT = 8431
@@ -188,7 +188,12 @@ def simulated_start(config: Config, simulate: bool) -> float | None:
                      default=-math.inf)
     finally:
         db.close()
-    return latest + RESTART_GAP if latest + RESTART_GAP > time.time() else None
+    if latest + RESTART_GAP <= time.time():
+        return None
+    log.info("simulated clock: continuing the stored simulated history at %s, %g simulated "
+             "s after its last sample (as a job restarted after an outage)",
+             utc(latest + RESTART_GAP, seconds=True), RESTART_GAP)
+    return latest + RESTART_GAP
 
 
 SEVERITIES = ("warning", "critical")

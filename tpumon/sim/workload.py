@@ -148,8 +148,8 @@ SCENARIOS: dict[str, Scenario] = {
                  "with the default seed) until the job OOMs.",
                  leak_bytes_per_step=(100_000, 200_000)),
         Scenario("fast-leak", "Like linear-leak at 440-540 KiB per step (about 455 with the "
-                 "default seed): called within about an hour of simulated time, OOM after "
-                 "about four (make demo's default).",
+                 "default seed): called within two hours of simulated time, OOM after "
+                 "about six (make demo's default).",
                  leak_bytes_per_step=(450_000, 550_000)),
         Scenario("staircase-leak", "The floor jumps by a fixed amount every few hundred steps.",
                  stair_bytes=(48 * MiB, 80 * MiB), stair_every_steps=(400, 600)),
