@@ -45,6 +45,7 @@ def test_two_demo_runs_then_export_and_analyze(tmp_path):
         doc = wait_for(lambda: leaking(first), timeout=120, interval=0.5)
         check_one_clock(first, doc)
         check_the_log_says_so(first)
+        check_the_pages_agree(first)
     finally:
         assert first.stop() == 0
     agent = demo_run(tmp_path, state, 2)
@@ -82,6 +83,18 @@ def check_one_clock(agent: AgentProcess, doc: dict) -> None:
     row = next(line for line in table.stdout.splitlines() if re.match(r"\W*0\W", line))
     shown = float(re.search(r"([\d.]+) h", row.split("leak")[1]).group(1)) * 3600
     assert abs(shown - left) < 0.15 * 3600 + 240 * 10, (row, left)
+
+
+def check_the_pages_agree(agent: AgentProcess) -> None:
+    """The index page and /report give the same verdict (at 1200x, with polls 90
+    simulated s apart, one said 'no significant growth' and the other 'saturating').
+    /report replays the stored history, which the writer keeps up to store.write_delay
+    behind: a few seconds after the leak is called, both must say so."""
+    time.sleep(5)
+    index = agent.get("/")
+    report = agent.get("/report", timeout=120)
+    assert index.count("<td>leak: ") == 4, index
+    assert report.count(">leak</span>") == 4, report
 
 
 def check_the_log_says_so(agent: AgentProcess) -> None:
