@@ -40,6 +40,12 @@ class Tmux:
         """Everything the program writes from now on, escape codes and all."""
         self.run("pipe-pane", "-t", "w", "-o", f"cat >> {self.raw}")
 
+    def quit(self) -> None:
+        """Ctrl-C, as a person quits: the command must exit with status 0."""
+        self.run("send-keys", "-t", "w", "C-c")
+        wait_for(self.exit_file.exists, 20)
+        assert self.exit_file.read_text().strip() == "0"
+
     def close(self) -> None:
         subprocess.run([self.tmux, "-L", self.name, "kill-server"], capture_output=True)
 
@@ -72,9 +78,7 @@ def test_watch_shows_every_chip_in_80_columns_without_flicker_and_quits_on_ctrl_
         raw = term.raw.read_bytes()
         assert raw.count(b"\x1b[H") >= 3  # each refresh redraws in place from the top ...
         assert b"\x1b[2J" not in raw and b"\x1b[J" not in raw  # ... never clears the screen
-        term.run("send-keys", "-t", "w", "C-c")
-        wait_for(term.exit_file.exists, 20)
-        assert term.exit_file.read_text().strip() == "0"
+        term.quit()
         assert "Traceback" not in term.screen()
     finally:
         term.close()
@@ -90,9 +94,7 @@ def test_watch_without_an_agent_polls_the_runtime(tmp_path):
         screen = wait_for(lambda: (s := term.screen()) and re.search(r"^\s+1\s+\S+ \d", s, re.M)
                           and s, 60)
         assert "runtime (no agent)" in screen
-        term.run("send-keys", "-t", "w", "C-c")
-        wait_for(term.exit_file.exists, 20)
-        assert term.exit_file.read_text().strip() == "0"
+        term.quit()
     finally:
         term.close()
         sim.terminate()
@@ -104,9 +106,7 @@ def test_watch_keeps_going_when_the_agent_is_away(tmp_path):
                           f"http://127.0.0.1:{free_port()} --interval 0.2")
     try:
         wait_for(lambda: "no agent answering" in term.screen(), 60)
-        term.run("send-keys", "-t", "w", "C-c")
-        wait_for(term.exit_file.exists, 20)
-        assert term.exit_file.read_text().strip() == "0"
+        term.quit()
     finally:
         term.close()
 
@@ -129,9 +129,7 @@ def test_watch_fits_80x24_with_a_leak_and_its_forecast(tmp_path):
         header = next(line for line in lines if line.lstrip().startswith("Chip"))
         for column in ("HBM used", "OOM in", "Verdict", "/step"):
             assert column in header, header
-        term.run("send-keys", "-t", "w", "C-c")
-        wait_for(term.exit_file.exists, 20)
-        assert term.exit_file.read_text().strip() == "0"
+        term.quit()
     finally:
         term.close()
         agent.stop()

@@ -182,6 +182,7 @@ def command(config_path: str | None, runtime_ports: str | None, agent: str | Non
     setup_logging("error")
     client = agent_to_ask(config, agent, direct, auth)
     assembly = None
+    feed: Callable[[], tuple[dict[str, Any] | None, str | None]]
     # a named agent that does not answer yet is waited for (shown, retried); the local
     # one, when none runs, is replaced by this command's own polls of the runtime
     if client is None or (agent is None and ask_agent(client, named=False) is None):
