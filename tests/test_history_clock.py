@@ -8,10 +8,8 @@ import time
 
 import pytest
 
-from tpumon.agent import log_verdict_changes
 from tpumon.bootstrap import RESTART_GAP, history_for_clock, simulated_start
 from tpumon.config import ConfigError, load_config
-from tpumon.detect import Assessment, Verdict
 from tpumon.store.database import Retention, Sample, open_database
 
 GiB = 2**30
@@ -71,30 +69,3 @@ def test_a_simulation_never_touches_a_real_agents_history(tmp_path):
         history_for_clock(open_database(tmp_path, Retention()), True, Retention())
     db = open_database(tmp_path, Retention())
     assert db.has_samples()
-
-
-def leak(verdict: Verdict, reason: str) -> Assessment:
-    return Assessment(verdict, reason, slope_bytes_per_second=40.0,
-                      slope_bytes_per_step=121_300.0, predicted_oom_time=1_764_090_000.0,
-                      predicted_oom_step=62_000.0)
-
-
-def test_one_log_line_per_verdict_change(caplog):
-    ok = {"0": leak(Verdict.OK, "slow growth: OOM would take 20 h"),
-          "1": Assessment(Verdict.WARMING_UP, "job starting")}
-    called = {"0": leak(Verdict.LEAK, "floor grows 118.5 KiB/step; OOM in 5.3 h"),
-              "1": Assessment(Verdict.INSUFFICIENT_DATA, "0 of 30 min")}
-    with caplog.at_level(logging.INFO, logger="tpumon.agent"):
-        log_verdict_changes({}, ok)
-        log_verdict_changes(ok, called)
-        log_verdict_changes(called, called)
-        log_verdict_changes(called, ok)
-    lines = [(r.levelname, r.getMessage()) for r in caplog.records]
-    assert lines == [
-        ("INFO", "chip 0: verdict ok: slow growth: OOM would take 20 h; floor grows "
-                 "118.5 KiB/step; OOM at step ~62,000 (2025-11-25 17:00 UTC)"),
-        ("WARNING", "chip 0: verdict leak (was ok): floor grows 118.5 KiB/step; OOM in 5.3 h; "
-                    "OOM at step ~62,000 (2025-11-25 17:00 UTC)"),
-        ("INFO", "chip 0: verdict ok (was leak): slow growth: OOM would take 20 h; floor "
-                 "grows 118.5 KiB/step; OOM at step ~62,000 (2025-11-25 17:00 UTC)"),
-    ]

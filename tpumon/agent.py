@@ -23,6 +23,7 @@ from tpumon.samples import RuntimeReading
 from tpumon.sources.health import SourceTracker
 from tpumon.sources.host import HostSource
 from tpumon.sources.tpu_runtime import TpuRuntimeSource
+from tpumon.notify.alerts import AlertLog
 from tpumon.notify.health import NotifierHealth
 from tpumon.notify.settings import AlertSettings
 from tpumon.processes import ProcessState, ProcessTracker, chip_processes
@@ -116,6 +117,8 @@ class Agent:
         self._leak_snapshots = leak_snapshots
         self._notifier_health = notifier_health
         self.alert_settings = alert_settings or AlertSettings()  # swapped by a reload
+        # without a notifier (no Slack, no PagerDuty) alerts are still raised, in the log
+        self._alert_log = AlertLog(self.alert_settings) if notifier_health is None else None
         self._polls = 0
         self._clock_offset = 0.0  # the samples' clock minus the wall clock (simulated time)
         self._poll_seconds = Histogram(
@@ -159,6 +162,8 @@ class Agent:
             notifier=None if self._notifier_health is None else self._notifier_health(),
             alert_settings=self.alert_settings)
         self.state.publish(snapshot)
+        if self._alert_log is not None:
+            self._alert_log(snapshot)
         if self._store is not None:
             self._record(samples)
         self._poll_seconds.observe(time.monotonic() - started)
