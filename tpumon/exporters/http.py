@@ -32,6 +32,7 @@ from tpumon.config import parse_listen_address, reachable_host
 from tpumon.exporters import snapshot_api
 from tpumon.exporters.webconfig import LiveWebConfig, protect
 from tpumon.state import Snapshot
+from tpumon.units import format_bytes
 from tpumon.status import status_document
 
 
@@ -58,6 +59,17 @@ class _QuietHandler(WSGIRequestHandler):
         pass
 
 
+# The landing page's look: the report's (report/html.py), small enough to read on a phone.
+LANDING_CSS = (
+    'body { font-family: -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; '
+    "margin: 1.5em; color: #222; max-width: 1100px; } h1 { font-size: 1.4em; } "
+    "h2 { font-size: 1.1em; margin: 1.2em 0 0.5em 0; } "
+    "table { border-collapse: collapse; font-size: 0.92em; } "
+    "th, td { border: 1px solid #d0d0d0; padding: 0.35em 0.6em; text-align: left; "
+    "vertical-align: top; } th { background: #f2f2f2; } .nowrap { white-space: nowrap; } "
+    ".scroll { overflow-x: auto; }")
+
+
 def landing_page(snap: Snapshot) -> str:
     """A small human page like node_exporter's: who am I, what do I see, where are metrics."""
     rows = []
@@ -72,20 +84,23 @@ def landing_page(snap: Snapshot) -> str:
         total = sample.hbm_total_bytes or 0
         pct = f"{100 * sample.hbm_used_bytes / total:.1f} %" if total else "?"
         rows.append(f"<tr><td>{html.escape(chip)}</td>"
-                    f"<td>{sample.hbm_used_bytes / 2**30:.2f} / {total / 2**30:.2f} GiB</td>"
-                    f"<td>{pct}</td><td>{verdict}</td></tr>")
+                    f"<td>{format_bytes(sample.hbm_used_bytes)} / "
+                    f"{format_bytes(total)}</td><td class='nowrap'>{pct}</td>"
+                    f"<td>{verdict}</td></tr>")
     sources = "".join(
         f"<li>{html.escape(h.name)}: {'up' if h.up else 'down: ' + html.escape(h.error or '')}</li>"
         for h in snap.health)
-    ident = ", ".join(f"{k}={html.escape(v or '?')}" for k, v in snap.identity.labels().items())
+    ident = ", ".join(f"{k}={html.escape(v)}" for k, v in snap.identity.labels().items() if v)
     return (
-        "<!DOCTYPE html><html><head><meta charset='utf-8'><title>tpumon</title></head><body>"
-        f"<h1>tpumon {html.escape(__version__)}</h1><p>{ident}</p>"
+        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
+        "<meta name='viewport' content='width=device-width, initial-scale=1'>"
+        f"<link rel='icon' href='data:,'><title>tpumon</title><style>{LANDING_CSS}</style>"
+        f"</head><body><h1>tpumon {html.escape(__version__)}</h1><p>{ident}</p>"
         "<p><a href='/metrics'>Metrics</a> &middot; <a href='/api/status'>status (JSON)</a>"
         " &middot; <a href='/report'>report</a></p>"
-        "<h2>Chips</h2><table><tr><th>chip</th><th>HBM</th><th>used</th><th>leak detector</th>"
-        f"</tr>{''.join(rows)}"
-        f"</table><h2>Sources</h2><ul>{sources}</ul></body></html>")
+        "<h2>Chips</h2><div class='scroll'><table><tr><th>chip</th><th>HBM</th><th>used</th>"
+        f"<th>leak detector</th></tr>{''.join(rows)}"
+        f"</table></div><h2>Sources</h2><ul>{sources}</ul></body></html>")
 
 
 def _app(registry: CollectorRegistry, get_snapshot: Callable[[], Snapshot],
@@ -112,6 +127,9 @@ def _app(registry: CollectorRegistry, get_snapshot: Callable[[], Snapshot],
         if path == "/-/healthy":
             start_response("200 OK", [("Content-Type", "text/plain")])
             return [b"OK\n"]
+        if path == "/favicon.ico":  # every browser asks; a 404 is a console error in each
+            start_response("204 No Content", [])
+            return []
         if path == "/report" and report is not None:
             status, body = report()
             kind = "text/html; charset=utf-8" if status.startswith("200") else "text/plain"
