@@ -7,7 +7,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 DEMO_ADDRESS ?= :9847
-DEMO_SCENARIO ?= linear-leak
+DEMO_SCENARIO ?= fast-leak
 
 .PHONY: help demo test test-fast lint test-frameworks bench venv system-deps-demo \
 	system-deps-test system-deps-bench clean
@@ -41,8 +41,9 @@ venv: system-deps-demo $(STAMP)
 demo: venv
 	@echo
 	@echo "  tpumon demo: a simulated TPU v4 VM (4 chips) running scenario '$(DEMO_SCENARIO)',"
-	@echo "  time accelerated 60x (times shown are simulated). The leak is called after a few"
-	@echo "  minutes: watch '.venv/bin/tpumon status'. Metrics: http://localhost:$(lastword $(subst :, ,$(DEMO_ADDRESS)))/metrics"
+	@echo "  time accelerated 60x (times shown are simulated). The leak is called within two"
+	@echo "  minutes (under two simulated hours); the job runs out of HBM after about six:"
+	@echo "  watch '.venv/bin/tpumon status'. Metrics: http://localhost:$(lastword $(subst :, ,$(DEMO_ADDRESS)))/metrics"
 	@echo "  Try 'make demo DEMO_SCENARIO=healthy'; 'tpumon sim --list' lists scenarios. Ctrl-C stops."
 	@echo
 	$(BIN)/tpumon agent --simulate --scenario $(DEMO_SCENARIO) --listen-address $(DEMO_ADDRESS) \

@@ -110,7 +110,7 @@ def test_report_of_a_leak_via_the_command_line(traces, tmp_path):
         assert f"step {series['predicted_oom']['step']:,}" in row
         assert f"step {series['alert']['step']:,}" in row  # the leak alert
         assert f"forecast then: step {series['alert']['predicted_oom']['step']:,} (" in row
-        assert "KB/step" in row
+        assert "KiB/step" in row
     assert f"<td>{HOST}</td>" in html and "<td>1</td>" in html  # host and worker
     assert "2 of 2 chips leak" in html and "tpumon 0." in html
 
@@ -160,7 +160,7 @@ def test_level_jumps_are_listed_and_drawn_as_steps(reports, traces):
     for row in summary_rows(html):
         cells = re.findall(r"<td>(.*?)</td>", row, re.S)
         assert ">step_change</span>" in cells[1]
-        assert re.match(r"1 \(\+1\.\d\d GB in all\)<br>\+1\.\d\d GB at \d\d:\d\d, step [\d,]+$",
+        assert re.match(r"1 \(\+1\.\d\d GiB in all\)<br>\+1\.\d\d GiB at \d\d:\d\d, step [\d,]+$",
                         cells[9]), cells[9]
     columns = read_trace_columns(traces["step-change"])
     report = chip_report(HOST, "0", columns[(HOST, "0")])

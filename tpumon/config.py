@@ -256,7 +256,7 @@ SCHEMA: tuple[Key, ...] = (
     Key("simulator", "acceleration", float, 60.0,
         "Simulated seconds per real second.", _positive),
     Key("simulator", "seed", int, 0, "Random seed of the simulated workload."),
-    Key("simulator", "max_lag", float, 90.0,
+    Key("simulator", "max_lag", float, 60.0,
         "Simulated seconds the job may run ahead of the runtime's last reader; a reader "
         "that comes later finds the simulated world waited for it (polls never farther "
         "apart than this, however busy the host; polls set further apart slow the "

@@ -64,7 +64,8 @@ def status_document(snap: Snapshot, source: str = "agent") -> dict[str, Any]:
     return {
         "version": __version__,
         "source": source,
-        "time": snap.time,
+        "time": snap.samples_time,  # the clock of the verdicts and OOM forecasts
+        "wall_time": snap.time,
         "polls_total": snap.polls_total,
         "identity": snap.identity.labels(),
         "chip_type": snap.inventory.chip_type,

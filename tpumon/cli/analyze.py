@@ -103,6 +103,8 @@ def command(trace: str, fmt: str) -> None:
         raise click.ClickException(str(exc)) from None
     except OSError as exc:
         raise click.ClickException(f"{trace}: {exc.strerror or exc}") from None
+    if not results:  # like `report` and `export`: nothing selected is an error
+        raise click.ClickException(f"{trace}: no samples to analyze (only a header?)")
     if fmt == "json":
         click.echo(json.dumps({"series": [r.to_json() for r in results]}, indent=2))
     else:

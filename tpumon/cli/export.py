@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import math
 import os
 import re
@@ -10,6 +12,7 @@ import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Iterable
 
 import click
 
@@ -17,9 +20,10 @@ from tpumon.cli.options import config_option, history_selection, state_dir_optio
 from tpumon.config import ConfigError, load_config
 from tpumon.store.database import HistoryDB, Retention, database_path
 from tpumon.store.export import export_rows
-from tpumon.trace import write_trace
+from tpumon.trace import TraceRow, write_trace
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+WRITABLE = {".csv": "csv", ".jsonl": "jsonl", ".parquet": "parquet"}  # suffix -> format
 
 
 def parse_when(text: str, option: str, now: float | None = None) -> float:
@@ -43,6 +47,42 @@ def parse_when(text: str, option: str, now: float | None = None) -> float:
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=timezone.utc)
     return moment.timestamp()
+
+
+def output_format(output: str) -> str:
+    """The trace format for an output file, from its suffix; one that the command cannot
+    write is refused (it once wrote CSV into x.parquet)."""
+    suffix = Path(output).suffix.lower()
+    if output == "-" or suffix in WRITABLE:
+        return WRITABLE.get(suffix, "csv")
+    raise click.ClickException(f"{output}: cannot write {suffix or 'a file without a suffix'}"
+                               f"; give a name ending {' or '.join(WRITABLE)}, or '-'")
+
+
+def write_whole(rows: Iterable[TraceRow], output: str, fmt: str) -> int:
+    """Write beside ``output`` and rename over it when complete: an error half-way leaves
+    an existing file as it was."""
+    if output == "-":
+        return write_trace(rows, output, fmt)
+    partial = f"{output}.partial"
+    try:
+        count = write_trace(rows, partial, fmt)
+        os.replace(partial, output)
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(partial)
+    return count
+
+
+def describe_selection(db: HistoryDB, since: str | None, until: str | None) -> str:
+    """What there is to select from, so the next try can be right."""
+    series = db.series()
+    hosts = sorted({h for _, h, _ in series})
+    chips = sorted({c for _, _, c in series}, key=lambda c: (len(c), c))
+    window = f"; --since {since}" if since else ""
+    window += f"; --until {until}" if until else ""
+    return (f"stored: host(s) {', '.join(hosts) or 'none'}, chip(s) {', '.join(chips) or 'none'}"
+            f"{window}")
 
 
 @click.command("export")
@@ -69,13 +109,18 @@ def command(config_path: str | None, state_dir: str | None, since: str | None,
     path = database_path(config["store.state_dir"])
     if not path.exists():
         raise click.ClickException(f"{path}: no history store here (is --state-dir right?)")
-    fmt = fmt or {".jsonl": "jsonl", ".parquet": "parquet"}.get(Path(output).suffix, "csv")
+    fmt = fmt or output_format(output)
     if fmt == "parquet" and output == "-":
         raise click.UsageError("parquet is written to a file: give -o FILE.parquet")
     try:
         db = HistoryDB(path, Retention(), read_only=True)
         try:
-            rows = write_trace(export_rows(db, start, end, set(hosts), set(chips)), output, fmt)
+            selected = export_rows(db, start, end, set(hosts), set(chips))
+            first = next(selected, None)
+            if first is None:
+                raise click.ClickException(f"{path}: no samples match the selection "
+                                           f"({describe_selection(db, since, until)})")
+            rows = write_whole(itertools.chain([first], selected), output, fmt)
         finally:
             db.close()
     except sqlite3.Error as exc:

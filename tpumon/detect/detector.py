@@ -40,7 +40,7 @@ from tpumon.detect.floors import FloorHistory, group_by_bucket
 from tpumon.detect.jumps import Jump
 from tpumon.detect.robust import PairwiseSlopes, lower_quartiles, sen_mann_kendall
 from tpumon.detect.staircase import Staircase, find_staircase
-
+from tpumon.units import format_bytes
 
 
 
@@ -630,7 +630,7 @@ class ChipDetector:
         if big:
             size = sum(j.size for j in big)
             return _Said(Verdict.STEP_CHANGE,
-                         f"{len(big)} permanent jump(s), {size / 1e9:.2f} GB in all; "
+                         f"{len(big)} permanent jump(s), {format_bytes(size)} in all; "
                          "flat otherwise", common)
         why = "growth is slowing down (saturating)" if decelerating else "no significant growth"
         return _Said(Verdict.OK, why, common)

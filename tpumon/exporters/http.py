@@ -32,6 +32,7 @@ from tpumon.config import parse_listen_address, reachable_host
 from tpumon.exporters import snapshot_api
 from tpumon.exporters.webconfig import LiveWebConfig, protect
 from tpumon.state import Snapshot
+from tpumon.units import format_bytes
 from tpumon.status import status_document
 
 
@@ -71,12 +72,12 @@ def landing_page(snap: Snapshot) -> str:
         row = {"chip": chip, "hbm": None, "verdict": f"{a.verdict.value}: {a.reason}" if a else ""}
         if sample is not None:
             total = sample.hbm_total_bytes or 0
-            row["hbm"] = f"{sample.hbm_used_bytes / 2**30:.2f} / {total / 2**30:.2f} GiB"
+            row["hbm"] = f"{format_bytes(sample.hbm_used_bytes)} / {format_bytes(total)}"
             row["used"] = f"{100 * sample.hbm_used_bytes / total:.1f} %" if total else "?"
         chips.append(row)
     return _TEMPLATES.get_template("index.html.j2").render(
-        version=__version__, identity=list(snap.identity.labels().items()), chips=chips,
-        sources=snap.health)
+        version=__version__, chips=chips, sources=snap.health,
+        identity=[(k, v) for k, v in snap.identity.labels().items() if v])  # known ones only
 
 
 def _app(registry: CollectorRegistry, get_snapshot: Callable[[], Snapshot],
@@ -103,6 +104,9 @@ def _app(registry: CollectorRegistry, get_snapshot: Callable[[], Snapshot],
         if path == "/-/healthy":
             start_response("200 OK", [("Content-Type", "text/plain")])
             return [b"OK\n"]
+        if path == "/favicon.ico":  # every browser asks; a 404 is a console error in each
+            start_response("204 No Content", [])
+            return []
         if path == "/report" and report is not None:
             status, body = report()
             kind = "text/html; charset=utf-8" if status.startswith("200") else "text/plain"

@@ -133,6 +133,8 @@ class DetectorCollector(_PollCollector):
         for chip, a in sorted(snap.assessments.items()):
             for attr, family in gauges.items():
                 value = getattr(a, attr)
+                if value is not None and attr == "predicted_oom_time":
+                    value = snap.wall_time_of(value)  # so that `- time()` is the time left
                 if value is not None:
                     family.add_metric(ident + [chip], value)
             for v in Verdict:

@@ -10,6 +10,7 @@ from paging twice.
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Iterable, Mapping
@@ -17,6 +18,8 @@ from typing import Any, Iterable, Mapping
 from tpumon.detect import Assessment, Verdict, describe_growth
 from tpumon.notify.settings import AlertSettings
 from tpumon.state import Snapshot
+
+log = logging.getLogger("tpumon.notify")
 
 LEAK = "TPUMonHBMLeakSuspected"
 OOM = "TPUMonOOMForecast"
@@ -206,6 +209,27 @@ class Transition:
     action: str  # "trigger" or "resolve"
     alert: Alert
     time: float
+
+
+def log_transition(t: Transition) -> None:
+    """One log line per alert raised or resolved (a raise at WARNING: journalctl -p
+    warning shows it), whether or not a notifier delivers it anywhere."""
+    level = logging.WARNING if t.action == "trigger" else logging.INFO
+    log.log(level, "alert %s: %s on %s (%s): %s", t.action, t.alert.name, t.alert.subject,
+            t.alert.severity, t.alert.summary)
+
+
+class AlertLog:
+    """Alerts raised and resolved, with the notifier's hold-downs, only logged: what the
+    agent does when no Slack or PagerDuty is configured (then no notifier runs)."""
+
+    def __init__(self, settings: AlertSettings) -> None:
+        self._tracker = AlertTracker(settings)
+
+    def __call__(self, snap: Snapshot) -> None:
+        self._tracker.settings = snap.alert_settings  # follows a reload
+        for t in self._tracker.update(snap):
+            log_transition(t)
 
 
 class AlertTracker:

@@ -11,6 +11,7 @@ import jinja2
 
 from tpumon.detect.replay import describe_forecast
 from tpumon.report.data import ChipReport, HostReport
+from tpumon.units import format_span
 from tpumon.report.render import (VERDICT_COLOURS, hhmm, oom_text, per_hour, per_step, size,
                                   step_text, utc)
 
@@ -40,7 +41,7 @@ def _identity(r: HostReport) -> list[tuple[str, str]]:
         ("Worker", r.worker if r.worker is not None else "-"),
         ("Chips", ", ".join(c.chip for c in r.chips)),
         ("HBM per chip", ", ".join(size(t) for t in totals)),
-        ("Time range", f"{utc(r.start, seconds=True)} to {utc(r.end, seconds=True)} "
+        ("Time range", f"{format_span(r.start, r.end, seconds=True)} "
                        f"({(r.end - r.start) / 3600:.1f} h)"),
         ("Samples", f"{r.samples:,}"),
         ("Source", r.source),

@@ -208,8 +208,13 @@ SCENARIOS: dict[str, Scenario] = {
     for s in (
         Scenario("healthy",
                  "No leak: warm-up, sawtooth, eval, checkpoints, a cache that saturates."),
-        Scenario("linear-leak", "Every chip's floor grows by ~150 KB per step until the job OOMs.",
+        Scenario("linear-leak", "Every chip's floor grows by 98-195 KiB per step (about 117 "
+                 "with the default seed) until the job OOMs.",
                  leak_bytes_per_step=(100_000, 200_000)),
+        Scenario("fast-leak", "Like linear-leak at 440-540 KiB per step (about 455 with the "
+                 "default seed): called within two hours of simulated time, OOM after "
+                 "about six (make demo's default).",
+                 leak_bytes_per_step=(450_000, 550_000)),
         Scenario("staircase-leak", "The floor jumps by a fixed amount every few hundred steps.",
                  stair_bytes=(48 * MiB, 80 * MiB), stair_every_steps=(400, 600)),
         Scenario("chip0-leak", "Only chip 0 leaks (SPMD imbalance); the other chips are healthy.",
@@ -509,8 +514,8 @@ class Workload:
                 jobs.append(replace(job, end_time=oom, end_reason="oom"))
                 break
             if planned_end == math.inf:
-                finish = begin + p.finish_after_s if p.finish_after_s > 0 else None
-                finished = finish is not None and (oom is None or finish < oom)
+                finish = begin + p.finish_after_s if p.finish_after_s > 0 else math.inf
+                finished = finish < math.inf and (oom is None or finish < oom)
                 jobs.append(replace(job, end_time=finish, end_reason="exit") if finished
                             else job)
                 break
