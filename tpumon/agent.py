@@ -34,7 +34,7 @@ from tpumon.processes import (ProcessState, ProcessTracker, chip_processes, grow
 from tpumon.sources.reporter import ReporterSocket
 from tpumon.state import AgentState, Snapshot
 from tpumon.store.checkpoint import dump_detector
-from tpumon.store.database import Sample
+from tpumon.store.database import Sample, StoredEnd
 from tpumon.store.writer import PollRecord, StoreWriter
 from tpumon.units import utc
 
@@ -123,6 +123,7 @@ class Agent:
         self._kernel = None if kernel_log is None else SourceTracker("kernel_log",
                                                                      kernel_log.poll)
         self._ends = JobEndTracker(interval)
+        self._unstored_ends: list[StoredEnd] = []  # for the store's next record
         self._leak_snapshots = leak_snapshots
         self._notifier_health = notifier_health
         self.alert_settings = alert_settings or AlertSettings()  # swapped by a reload
@@ -191,6 +192,8 @@ class Agent:
         for end in self._ends.update(time.time(), runtime, owners, processes, assessments,
                                      alerts, host, kills, attributed):
             log.warning("%s", end.summary())
+            if self._store is not None:
+                self._unstored_ends.append(end.stored())
 
     @staticmethod
     def _steps(attributed: Mapping[str, int],
@@ -219,9 +222,10 @@ class Agent:
         if final or time.monotonic() >= self._next_checkpoint:
             checkpoints = {name: dump_detector(d) for name, d in self._detectors.items()}
             self._next_checkpoint = time.monotonic() + self._checkpoint_interval
-        if samples or checkpoints:
+        ends, self._unstored_ends = tuple(self._unstored_ends), []
+        if samples or checkpoints or ends:
             store.submit(PollRecord(self.state.snapshot.identity.host,
-                                          tuple(samples.items()), checkpoints))
+                                    tuple(samples.items()), checkpoints, ends))
 
     def _detect(self, samples: Mapping[str, Sample],
                 owners: Mapping[str, int]) -> dict[str, Assessment]:
