@@ -85,11 +85,24 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are all different: a key given twice is ambiguous (which
+    one counts depends on the parser), so the datagram is malformed."""
+    doc = dict(pairs)
+    if len(doc) != len(pairs):
+        raise InvalidReport("malformed")
+    return doc
+
+
 def parse_report(payload: bytes, pid: int, uid: int, received: float) -> ProcessReport:
-    """Validate one datagram; InvalidReport('malformed' | 'version') when it is not one."""
+    """Validate one datagram; InvalidReport('malformed' | 'version') when it is not one.
+
+    Any local user can send one, so nothing in it may raise anything else: nesting deep
+    enough to exhaust the parser's recursion (8 KiB of ``[``), numbers too long for int(),
+    duplicate keys and non-ASCII digits are all just "malformed"."""
     try:
-        doc = json.loads(payload)
-    except (ValueError, UnicodeDecodeError):
+        doc = json.loads(payload, object_pairs_hook=_unique_keys)
+    except (ValueError, UnicodeDecodeError, RecursionError):
         raise InvalidReport("malformed") from None
     if not isinstance(doc, dict):
         raise InvalidReport("malformed")
@@ -138,7 +151,7 @@ def _devices(value: Any) -> dict[str, dict[str, int | None]]:
         raise InvalidReport("malformed")
     out = {}
     for device, stats in value.items():
-        if not isinstance(stats, dict) or not str(device).isdigit():
+        if not isinstance(stats, dict) or not (device.isascii() and device.isdigit()):
             raise InvalidReport("malformed")
         out[str(device)] = {k: _count(stats.get(k)) for k in ("used", "limit", "peak")}
     return out
@@ -276,7 +289,7 @@ class ReporterSocket:
         with self._lock:
             inbox, self._inbox, self._inbox_bytes = self._inbox, [], 0
         for datagram in inbox:
-            self._handle(*datagram)
+            self._handle_one(datagram)
         now = self._clock()
         for pid in [p for p, r in self._latest.items() if self._forgotten(p, now - r.received)]:
             del self._latest[pid]
@@ -366,6 +379,15 @@ class ReporterSocket:
                     continue
                 self._inbox.append((data, ancillary, flags, received, address))
                 self._inbox_bytes += len(data)
+
+    def _handle_one(self, datagram: tuple) -> None:
+        """One datagram of the poll's batch, on its own: whatever it does wrong, only it is
+        dropped (counted "malformed"), never the rest of the batch."""
+        try:
+            self._handle(*datagram)
+        except Exception:  # noqa: BLE001 - untrusted input: a parser bug drops one datagram
+            log.debug("reporter datagram dropped", exc_info=True)
+            self._dropped["malformed"] += 1
 
     def _handle(self, data: bytes, ancillary: list, flags: int, received: float,
                 address: Any) -> None:

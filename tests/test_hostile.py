@@ -1,0 +1,132 @@
+"""Hostile neighbours (docs/security.md): what another local user can send the agent's
+reporter socket and HTTP port, against the real agent (``tpumon agent --simulate``) over
+its real socket and HTTP server on loopback. Tests that need a second user create one
+when run as root and skip otherwise."""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tools import AgentProcess, FakeReporter, wait_for
+from tpumon.instrument.protocol import MAX_DATAGRAM, PROTOCOL_VERSION
+from tpumon.sources.reporter import InvalidReport, parse_report
+
+NEIGHBOUR = "tpumon-neighbour"
+
+
+@pytest.fixture
+def agent(tmp_path):
+    """The agent with a reporter socket, stopped (exit 0 checked) at teardown."""
+    started = []
+
+    def start(*extra: str, env: dict | None = None) -> AgentProcess:
+        a = AgentProcess(tmp_path, None, "--reporter-socket", str(tmp_path / "reporter.sock"),
+                         *extra, env=env)
+        started.append(a)
+        return a
+
+    yield start
+    for a in started:
+        assert a.stop() == 0, a.log()[-3000:]
+
+
+def status(agent: AgentProcess) -> dict:
+    return json.loads(agent.get("/api/status"))
+
+
+def send_raw(path: Path, payload: bytes) -> None:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+        s.sendto(payload, str(path))
+
+
+def report(step: int, **fields: object) -> bytes:
+    return json.dumps({"v": PROTOCOL_VERSION, "framework": "jax", "step": step,
+                       "time": time.time(), **fields}).encode()
+
+
+@pytest.fixture(scope="module")
+def neighbour() -> pwd.struct_passwd:
+    """Another local user (created when missing): the attacker on the same VM."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to create and act as a second local user")
+    try:
+        return pwd.getpwnam(NEIGHBOUR)
+    except KeyError:
+        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/bin/false",
+                        NEIGHBOUR], check=True, capture_output=True)
+        return pwd.getpwnam(NEIGHBOUR)
+
+
+def as_user(user: pwd.struct_passwd, code: str, *args: str) -> subprocess.Popen:
+    """Python ``code`` run as ``user`` (setpriv from util-linux), not waited for."""
+    return subprocess.Popen(
+        ["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--clear-groups",
+         sys.executable, "-c", code, *args],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+# -- 1. one datagram must not blind the agent ------------------------------------------
+
+HOSTILE_DATAGRAMS = [
+    b"[" * 8000,                                     # RecursionError in json.loads
+    b'{"a":' * 1200 + b"1" + b"}" * 1200,            # nested objects
+    b'{"v": 1, "framework": "jax", "step": 1' + b"0" * 5000 + b', "time": 1}',  # int() limit
+    report(1.0).replace(b'"step": 1.0', b'"step": 1e999'),   # inf as a step
+    report(1, time=1e999).replace(b"Infinity", b"1e999"),
+    json.dumps({"v": PROTOCOL_VERSION, "framework": "jax", "step": 2.5,
+                "time": 1.0}).encode(),              # a float for an int
+    b'{"v": 1, "v": 1, "framework": "jax", "step": 1, "time": 1}',  # a duplicate key
+    report(1, devices={"\u0663": {"used": 1}}),      # an Arabic-Indic digit as a device
+    report(1, framework="\ud800x"),                  # a lone surrogate
+    "{\"v\": 1, \"framework\": \"\u00e9\u00e9\", \"step\": \u0661}".encode(),
+    b"\xff\xfe\x00garbage",
+    b"",
+]
+
+
+def test_hostile_datagrams_drop_only_themselves(agent):
+    """Each bad datagram is counted and dropped; a real job's reports in the same polls are
+    kept, the reporter source stays up and the job's series stay exported (8,000 bytes of
+    ``[`` used to raise RecursionError and throw away every poll's whole batch)."""
+    a = agent("--poll-interval", "0.2")
+    sock = Path(a.log_path.parent / "reporter.sock")
+    job = FakeReporter(socket=str(sock), min_interval=0)
+    for round_ in range(4):
+        for payload in HOSTILE_DATAGRAMS:
+            send_raw(sock, payload)
+        job.step(100 + round_)
+        time.sleep(0.3)  # a poll in between: every batch holds both kinds
+    doc = wait_for(lambda: (d := status(a)) and any(
+        p["pid"] == os.getpid() and p["step"] == 103 for p in d["processes"]) and d, 10)
+    assert doc["sources"]["reporter"]["up"], doc["sources"]
+    assert all(len(p) <= MAX_DATAGRAM for p in HOSTILE_DATAGRAMS)
+    dropped = a.value("tpumon_reporter_dropped_reports_total", reason="malformed")
+    assert dropped == 4 * len(HOSTILE_DATAGRAMS), a.log()[-2000:]
+    assert a.value("tpumon_process_step", pid=str(os.getpid()), framework="fake",
+                   rank="3") == 103
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from([b"[", b"]", b"{", b"}", b'"v":', b'"step":', b",", b"1",
+                                 b"1e999", b"-0.5", b"9" * 400, b'"\\ud800"', b'"\\u0663"',
+                                 b"null", b"true", b'"v": 1,', b":"]),
+                max_size=2000).map(b"".join))
+def test_the_parser_answers_any_token_soup_with_a_report_or_an_invalid_report(payload):
+    """Nesting, huge numbers, floats, escapes and duplicate keys in any order: a report or
+    InvalidReport, nothing else (RecursionError escaped before)."""
+    try:
+        parse_report(b"[" * 8000 + payload, 1, 0, 0.0)
+        parse_report(payload, 1, 0, 0.0)
+    except InvalidReport as exc:
+        assert str(exc) in ("malformed", "version")
