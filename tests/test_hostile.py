@@ -11,6 +11,7 @@ import pwd
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -130,3 +131,72 @@ def test_the_parser_answers_any_token_soup_with_a_report_or_an_invalid_report(pa
         parse_report(payload, 1, 0, 0.0)
     except InvalidReport as exc:
         assert str(exc) in ("malformed", "version")
+
+
+# -- 2. a slowloris must not take /metrics down ----------------------------------------
+
+def agent_threads(a: AgentProcess) -> int:
+    text = Path(f"/proc/{a.proc.pid}/status").read_text()
+    return int(text.split("Threads:")[1].split()[0])
+
+
+def timed_scrape(a: AgentProcess) -> float:
+    """Seconds for one whole GET /metrics (connect included); inf if it failed."""
+    started = time.monotonic()
+    try:
+        body = a.get("/metrics", timeout=3)
+    except OSError:
+        return float("inf")
+    assert "tpumon_up" in body or "tpumon_" in body
+    return time.monotonic() - started
+
+
+def slowloris(url: str, connections: int, seconds: float, gap: float) -> dict:
+    """``connections`` clients that each send a request line, then one header every
+    ``gap`` seconds and never finish; all closed at once after ``seconds``."""
+    host, port = url.rsplit(":", 1)
+    socks, held = [], 0
+    for _ in range(connections):
+        s = socket.socket()
+        s.settimeout(2)
+        try:
+            s.connect((host, int(port)))
+            s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+            socks.append(s)
+        except OSError:
+            s.close()
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        held = 0
+        for s in socks:
+            try:
+                s.sendall(b"X-Slow: 1\r\n")
+                held += 1
+            except OSError:
+                pass
+        time.sleep(gap)
+    for s in socks:
+        s.close()
+    return {"opened": len(socks), "held_at_end": held}
+
+
+def test_a_slowloris_neither_holds_threads_nor_delays_a_scrape(agent):
+    """300 connections trickling headers for 4 s, then closing at once: every scrape
+    meanwhile and after answers within 1 s, the agent holds a bounded number of threads,
+    and nothing is rendered for the clients that went (each used to hold a thread, and
+    render /metrics when it closed)."""
+    a = agent()
+    assert timed_scrape(a) < 1
+    result: dict = {}
+    attack = threading.Thread(target=lambda: result.update(slowloris(a.url, 300, 4, 0.5)))
+    attack.start()
+    latencies, threads = [], []
+    while attack.is_alive():
+        latencies.append(timed_scrape(a))
+        threads.append(agent_threads(a))
+        time.sleep(0.2)
+    attack.join()
+    after = [timed_scrape(a) for _ in range(10)]
+    assert result["opened"] == 300
+    assert max(threads) < 100, threads
+    assert max(latencies) < 1 and max(after) < 1, (latencies, after)
