@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tools import AgentProcess, FakeReporter, wait_for
+from tools import DENSE_POLLS, AgentProcess, FakeReporter, wait_for
 from tpumon.instrument.protocol import MAX_DATAGRAM, PROTOCOL_VERSION
 from tpumon.sources.reporter import InvalidReport, parse_report
 
@@ -200,3 +200,151 @@ def test_a_slowloris_neither_holds_threads_nor_delays_a_scrape(agent):
     assert result["opened"] == 300
     assert max(threads) < 100, threads
     assert max(latencies) < 1 and max(after) < 1, (latencies, after)
+
+
+# -- 3. another user must not take over a chip's step axis -----------------------------
+
+CLAIMER = """
+import json, socket, sys, time
+s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+devices = {str(d): {"used": 2**30} for d in range(4)}
+step, started = 0, time.monotonic()
+while time.monotonic() - started < float(sys.argv[2]):
+    step = 0 if step >= 200 else step + 20   # restarts every 0.5 s
+    doc = {"v": 1, "framework": "jax", "step": step, "time": time.time(), "devices": devices}
+    try:
+        s.sendto(json.dumps(doc).encode(), sys.argv[1])
+    except OSError:
+        pass
+    time.sleep(0.05)
+"""
+
+
+@pytest.fixture
+def open_dir():
+    """A directory every user may reach (pytest's tmp_path is root's alone)."""
+    import shutil
+    import tempfile
+    path = Path(tempfile.mkdtemp(prefix="tpumon-hostile-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def sim_runtime(tmp: Path, *args: str) -> tuple[subprocess.Popen, int]:
+    """``tpumon sim`` serving a simulated runtime (and reporting as the training job)."""
+    proc = subprocess.Popen([sys.executable, "-m", "tpumon", "sim", "--port", "0", *args],
+                            stdout=subprocess.PIPE, stderr=open(tmp / "sim.log", "w"), text=True)
+    line = proc.stdout.readline()
+    assert line.startswith("TPUMON_SIM_READY ports="), (tmp / "sim.log").read_text()
+    return proc, int(line.split("=")[1].split(",")[0])
+
+
+def test_where_the_kernel_cannot_say_only_trusted_users_drive_a_chip(tmp_path, open_dir,
+                                                                   neighbour):
+    """A real agent whose owner scan sees no holder (no /dev/accel here), every user heard
+    (reporter.allowed_uids empty): a second user reporting devices 0-3 with a step counter
+    that restarts twice a second, beside the real job (the simulator, uid 0, which names no
+    device). Only trusted users' processes (root and the agent's user) drive the chips, and
+    the choice is logged; the neighbour used to become every chip's reporting_pid."""
+    sock = open_dir / "reporter.sock"
+    sim, port = sim_runtime(tmp_path, "--report-to", str(sock))
+    claimer = None
+    try:
+        a = AgentProcess(tmp_path, tmp_path / "state", "--runtime-ports", str(port),
+                         "--reporter-socket", str(sock), simulate=False,
+                         env={"TPUMON_IDENTITY_METADATA": "off"})
+        try:
+            claimer = as_user(neighbour, CLAIMER, str(sock), "60")
+            doc = wait_for(lambda: (d := status(a)) and len(d["processes"]) == 2 and d, 20)
+            job = next(p["pid"] for p in doc["processes"] if p["framework"] == "sim")
+            for _ in range(10):
+                chips = status(a)["chips"]
+                assert {c["reporting_pid"] for c in chips} == {job}, chips
+                time.sleep(0.2)
+            assert "no holder seen in /proc; its step comes from pid" in a.log()
+        finally:
+            assert a.stop() == 0
+    finally:
+        if claimer is not None:
+            claimer.kill()
+            claimer.wait()
+        sim.terminate()
+        sim.wait(10)
+
+
+def test_a_chip_whose_holder_the_kernel_names_is_driven_by_no_one_else(tmp_path, open_dir,
+                                                                      neighbour):
+    """The simulated chips' holder is the simulator (the owner scan's answer); its reports
+    are not heard (reporter.allowed_uids names only the neighbour), the neighbour's are,
+    naming devices 0-3 with a step counter that restarts twice a second. No chip takes the
+    neighbour's step, so the detector keeps the time axis and still finds the simulated
+    leak; the neighbour used to drive every chip, and its restarts hid the leak."""
+    sock = open_dir / "reporter.sock"
+    a = AgentProcess(tmp_path, None, "--reporter-socket", str(sock), "--scenario",
+                     "linear-leak", "--acceleration", "480", "--poll-interval", "0.1",
+                     env={"TPUMON_REPORTER_ALLOWED_UIDS": str(neighbour.pw_uid),
+                          **DENSE_POLLS})
+    claimer = as_user(neighbour, CLAIMER, str(sock), "200")
+    try:
+        wait_for(lambda: status(a)["processes"], 20)
+
+        def leak_found() -> bool:
+            chips = status(a)["chips"]
+            assert all(c["reporting_pid"] is None and c["step"] is None for c in chips), chips
+            return all(c["verdict"] == "leak" for c in chips)
+
+        wait_for(leak_found, 150, interval=1.0)
+    finally:
+        claimer.kill()
+        claimer.wait()
+        assert a.stop() == 0
+
+
+def unit_capabilities() -> list[str]:
+    """The capabilities deploy/systemd/tpumon.service gives the agent (ambient and bound)."""
+    unit = (Path(__file__).resolve().parent.parent / "deploy/systemd/tpumon.service")
+    lines = dict(line.split("=", 1) for line in unit.read_text().splitlines()
+                 if line.startswith(("AmbientCapabilities=", "CapabilityBoundingSet=")))
+    assert lines["AmbientCapabilities"].split() == lines["CapabilityBoundingSet"].split()
+    return [c.lower().removeprefix("cap_") for c in lines["AmbientCapabilities"].split()]
+
+
+SCAN = """
+import re, sys
+from tpumon.sources.chips import device_owners
+print(sorted(device_owners(re.compile(re.escape(sys.argv[1]))).values()))
+"""
+
+
+def test_the_units_capabilities_let_the_owner_scan_see_another_users_chip(open_dir,
+                                                                           neighbour):
+    """Under the shipped unit's capability set, as a user of its own (here: nobody), the
+    owner scan sees which process of another user holds a device open: listing another
+    user's /proc/PID/fd is a DAC check that CAP_SYS_PTRACE (the unit's only capability
+    before) does not bypass; CAP_DAC_READ_SEARCH does."""
+    device = open_dir / "accel0"
+    device.write_bytes(b"")
+    device.chmod(0o666)
+    holder = as_user(neighbour, "import sys, time; f = open(sys.argv[1]); print('open', "
+                     "flush=True); time.sleep(60)", str(device))
+    try:
+        assert holder.stdout.readline().strip() == "open"
+        caps = unit_capabilities()
+        assert "dac_read_search" in caps and "sys_ptrace" in caps, caps
+
+        def scan(capabilities: list[str]) -> list[int]:
+            wanted = ",".join(f"+{c}" for c in capabilities)
+            done = subprocess.run(
+                ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
+                 f"--inh-caps=-all,{wanted}", f"--ambient-caps=-all,{wanted}",
+                 f"--bounding-set=-all,{wanted}", sys.executable, "-c", SCAN, str(device)],
+                capture_output=True, text=True, timeout=30)
+            assert done.returncode == 0, done.stderr
+            return json.loads(done.stdout)
+
+        assert scan(caps) == [holder.pid]
+        assert scan(["sys_ptrace"]) == []  # the unit's set before: blind to other users
+    finally:
+        holder.kill()
+        holder.wait()

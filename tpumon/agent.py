@@ -25,7 +25,7 @@ from tpumon.sources.host import HostSource
 from tpumon.sources.tpu_runtime import TpuRuntimeSource
 from tpumon.notify.health import NotifierHealth
 from tpumon.notify.settings import AlertSettings
-from tpumon.processes import ProcessState, ProcessTracker, chip_processes
+from tpumon.processes import ChipClaims, ProcessState, ProcessTracker
 from tpumon.sources.reporter import ReporterSocket
 from tpumon.state import AgentState, Snapshot
 from tpumon.store.checkpoint import dump_detector
@@ -80,6 +80,8 @@ class Agent:
         self._runtime = SourceTracker("tpu_runtime", runtime.poll)
         self._host = SourceTracker("host", HostSource(owners, min_interval=HOST_SECONDS).poll)
         self._reporters = None if reporters is None else SourceTracker("reporter", reporters.poll)
+        self._reporter_socket = reporters
+        self._chip_claims = ChipClaims()
         self._processes = ProcessTracker()
         self._leak_snapshots = leak_snapshots
         self._notifier_health = notifier_health
@@ -98,7 +100,9 @@ class Agent:
         reported = None if self._reporters is None else self._reporters.poll()
         processes = self._processes.update(reported)
         owners = self._owners()
-        attributed = chip_processes(runtime.chips if runtime else (), owners, processes)
+        attributed = self._chip_claims(
+            runtime.chips if runtime else (), owners, processes,
+            self._reporter_socket.allowed_uids if self._reporter_socket else ())
         steps = self._steps(attributed, processes)
         samples = self._samples(runtime, steps)
         self._polls += 1
