@@ -348,3 +348,60 @@ def test_the_units_capabilities_let_the_owner_scan_see_another_users_chip(open_d
     finally:
         holder.kill()
         holder.wait()
+
+
+# -- 4. wrong passwords must not starve the right one ----------------------------------
+
+def authed_get(url: str, user: str, password: str, timeout: float = 5.0) -> int:
+    """The HTTP status of GET ``url`` with basic auth."""
+    import base64
+    import urllib.error
+    import urllib.request
+    token = base64.b64encode(f"{user}:{password}".encode()).decode()
+    request = urllib.request.Request(url, headers={"Authorization": f"Basic {token}"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as r:
+            r.read()
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def test_a_wrong_password_flood_leaves_the_right_one_answered(agent, tmp_path):
+    """100 clients sending random wrong passwords (bcrypt cost 8) for 8 s, the scraper
+    coming back after every 150 of them: its verified password answers within 1 s each
+    time. Wrong passwords used to evict the 100-entry cache of verified ones and queue the
+    right one behind their bcrypt work."""
+    import bcrypt
+    password = "right-horse-battery"
+    hashed = bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=8)).decode()
+    (tmp_path / "web.yml").write_text(f"basic_auth_users:\n  prometheus: '{hashed}'\n")
+    a = agent("--web-config-file", str(tmp_path / "web.yml"))
+    url = f"http://{a.url}/metrics"
+    assert authed_get(url, "prometheus", password) == 200  # scraped before the attack
+    stop = threading.Event()
+    answers: list[int] = []
+
+    def guess() -> None:
+        while not stop.is_set():
+            answers.append(authed_get(url, "prometheus", os.urandom(8).hex(), timeout=30))
+            time.sleep(0.2)
+
+    flood = [threading.Thread(target=guess) for _ in range(100)]
+    for t in flood:
+        t.start()
+    latencies = []
+    try:
+        end = time.monotonic() + 8
+        while time.monotonic() < end:
+            seen = len(answers)
+            wait_for(lambda s=seen: len(answers) >= s + 150 or time.monotonic() > end, 30, 0.05)
+            started = time.monotonic()
+            assert authed_get(url, "prometheus", password, timeout=5) == 200
+            latencies.append(time.monotonic() - started)
+    finally:
+        stop.set()
+        for t in flood:
+            t.join()
+    assert set(answers) <= {401, 429} and len(answers) > 150, (set(answers), len(answers))
+    assert max(latencies) < 1, latencies
