@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import signal
 import socket
 import subprocess
 import sys
@@ -70,11 +71,21 @@ def neighbour() -> pwd.struct_passwd:
 
 
 def as_user(user: pwd.struct_passwd, code: str, *args: str) -> subprocess.Popen:
-    """Python ``code`` run as ``user`` (setpriv from util-linux), not waited for."""
+    """Python ``code`` run as ``user`` (setpriv from util-linux), not waited for, in a
+    process group of its own (see :func:`kill_group`)."""
     return subprocess.Popen(
         ["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--clear-groups",
          sys.executable, "-c", code, *args],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """End an :func:`as_user` process and every child it forked (its own process group)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
 
 
 # -- 1. one datagram must not blind the agent ------------------------------------------
@@ -405,3 +416,108 @@ def test_a_wrong_password_flood_leaves_the_right_one_answered(agent, tmp_path):
             t.join()
     assert set(answers) <= {401, 429} and len(answers) > 150, (set(answers), len(answers))
     assert max(latencies) < 1, latencies
+
+
+# -- 5. another user must not lock training jobs out -----------------------------------
+
+FLOODER = """
+import socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+for size in [8000] * int(sys.argv[2]) + [16] * 500:  # the small ones fill what is left
+    s.sendto(b"[" * size, sys.argv[1])  # blocking: the kernel's queue refuses none of them
+print("done", flush=True)
+"""
+
+
+def real_agent(tmp: Path, sock: Path, *extra: str) -> tuple[AgentProcess, subprocess.Popen]:
+    """A real agent (not simulated, so no simulated job reports) reading a ``tpumon sim``
+    runtime, with its reporter socket at ``sock``."""
+    sim, port = sim_runtime(tmp)
+    try:
+        return AgentProcess(tmp, tmp / "state", "--runtime-ports", str(port),
+                            "--reporter-socket", str(sock), *extra, simulate=False,
+                            env={"TPUMON_IDENTITY_METADATA": "off"}), sim
+    except BaseException:
+        sim.kill()
+        raise
+
+
+def test_a_garbage_flood_from_another_user_does_not_crowd_out_a_job(tmp_path, open_dir,
+                                                                     neighbour):
+    """Right after a poll (polls 5 s apart, the default), a second user sends 1,100
+    garbage datagrams of 8,000 bytes, more than the agent's 8 MiB inbox between two
+    polls, and then a job reports 5 times: all 5 are accepted, the flood having taken only
+    its user's share of the inbox (it used to take all of it, and the job's reports behind
+    it were dropped as "backlog"). A flood at full speed also keeps the kernel's own
+    queue full, which no reader can prevent: docs/security.md and bench/hostile.py."""
+    sock = open_dir / "reporter.sock"
+    a, sim = real_agent(tmp_path, sock, "--poll-interval", "5")
+    try:
+        polls = status(a)["polls_total"]
+        wait_for(lambda: status(a)["polls_total"] > polls, 10, 0.02)
+        before = a.value("tpumon_reporter_reports_total") or 0
+        flooder = as_user(neighbour, FLOODER, str(sock), "1100")
+        assert flooder.communicate(timeout=10)[0].strip() == "done"
+        job = FakeReporter(socket=str(sock), min_interval=0)
+        for step in range(5):
+            job.step(step)
+            time.sleep(0.05)
+        assert job.dropped == 0
+        time.sleep(0.5)
+        polls = status(a)["polls_total"]
+        wait_for(lambda: status(a)["polls_total"] > polls, 10, 0.1)
+        accepted = (a.value("tpumon_reporter_reports_total") or 0) - before
+        backlog = a.value("tpumon_reporter_dropped_reports_total", reason="backlog")
+        assert accepted == 5 and backlog > 0, (accepted, backlog)
+    finally:
+        assert a.stop() == 0
+        sim.terminate()
+        sim.wait(10)
+
+
+SLOT_FILLER = """
+import json, os, socket, sys, time
+path, count = sys.argv[1], int(sys.argv[2])
+children = []
+for i in range(count):
+    pid = os.fork()
+    if pid == 0:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        for step in range(3):
+            doc = {"v": 1, "framework": "jax", "step": step, "time": time.time()}
+            for _ in range(50):
+                try:
+                    s.sendto(json.dumps(doc).encode(), path)
+                    break
+                except BlockingIOError:
+                    time.sleep(0.01)
+        time.sleep(60)
+        os._exit(0)
+    children.append(pid)
+print("forked", flush=True)
+time.sleep(60)
+"""
+
+
+def test_one_user_cannot_take_every_process_slot(tmp_path, open_dir, neighbour):
+    """270 live processes of a second user, each sending three valid reports: a training
+    job of another user that starts afterwards is still heard (it used to be refused as
+    'forbidden' once the 256 slots were full, for up to a day)."""
+    sock = open_dir / "reporter.sock"
+    a, sim = real_agent(tmp_path, sock, "--poll-interval", "0.2")
+    filler = as_user(neighbour, SLOT_FILLER, str(sock), "270")
+    try:
+        assert filler.stdout.readline().strip() == "forked"
+        wait_for(lambda: a.value("tpumon_reporter_reports_total") >= 200, 30)
+        time.sleep(1)
+        job = FakeReporter(socket=str(sock), min_interval=0)
+        job.step(1)
+        doc = wait_for(lambda: (d := status(a)) and any(
+            p["pid"] == os.getpid() for p in d["processes"]) and d, 10)
+        theirs = [p for p in doc["processes"] if p["uid"] == neighbour.pw_uid]
+        assert 0 < len(theirs) <= 64, len(theirs)
+    finally:
+        kill_group(filler)
+        assert a.stop() == 0
+        sim.terminate()
+        sim.wait(10)
