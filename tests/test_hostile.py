@@ -521,3 +521,30 @@ def test_one_user_cannot_take_every_process_slot(tmp_path, open_dir, neighbour):
         assert a.stop() == 0
         sim.terminate()
         sim.wait(10)
+
+
+# -- 7. a huge number in the configuration ---------------------------------------------
+
+def test_a_huge_config_value_is_one_line_from_config_check_and_at_start_up(tmp_path):
+    """poll_interval = 1e10 passed `config check`, then the agent died with an
+    OverflowError traceback (a crash loop under Restart=on-failure)."""
+    from tools import TPUMON, clean_env
+    path = tmp_path / "config.toml"
+    path.write_text("[agent]\npoll_interval = 1e10\n")
+    line = "agent.poll_interval must be between 0.01 and 3600 s (got 10000000000.0)"
+    checked = subprocess.run([*TPUMON, "config", "check", str(path)], capture_output=True,
+                             text=True, timeout=60, env=clean_env())
+    started = subprocess.run([*TPUMON, "agent", "--simulate", "--config", str(path),
+                              "--listen-address", "127.0.0.1:0"], capture_output=True,
+                             text=True, timeout=60, env=clean_env())
+    for done in (checked, started):
+        assert done.returncode != 0 and line in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_every_number_in_the_configuration_has_a_range():
+    from tpumon.config import SCHEMA
+    for key in SCHEMA:
+        if key.type in (int, float):
+            assert key.check is not None, key.dotted
+            assert key.check(1e10) is not None, key.dotted
