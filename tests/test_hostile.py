@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -548,3 +549,52 @@ def test_every_number_in_the_configuration_has_a_range():
         if key.type in (int, float):
             assert key.check is not None, key.dotted
             assert key.check(1e10) is not None, key.dotted
+
+
+# -- 6. a full disk must not silence the pager -----------------------------------------
+
+def test_an_alert_raised_on_a_full_disk_is_delivered_once(tmp_path):
+    """The state directory is full when a job stalls: the alert goes to Slack from memory
+    within seconds (it used to wait until there was space again), and once space is back
+    and the job moves, its resolve follows; the trigger is never sent twice."""
+    from fake_alert_apis import FakeAlertAPI
+    from test_store_agent import _private_tmpfs_prefix
+
+    mount = Path(tempfile.mkdtemp(dir=tmp_path))
+    sock = tmp_path / "reporter.sock"
+    prefix = [p.replace("-o ro,size=", "-o size=") for p in _private_tmpfs_prefix(mount, "2m")]
+    with FakeAlertAPI("slack") as slack:
+        a = AgentProcess(tmp_path, mount, "--reporter-socket", str(sock), prefix=tuple(prefix),
+                         env={"TPUMON_SLACK_WEBHOOK_URL": slack.url,
+                              "TPUMON_ALERTS_TRAINING_STALL_MINUTES": "0.1",
+                              "TPUMON_ALERTS_RESOLVE_AFTER_MINUTES": "0.05"})
+        inside = Path(f"/proc/{a.proc.pid}/root{mount}")
+        try:
+            wait_for(lambda: a.value("tpumon_store_up") == 1.0, 60)
+            with open(inside / "filler", "wb", buffering=0) as f:
+                for chunk in (65536, 4096):  # to the last page
+                    try:
+                        while True:
+                            f.write(b"\0" * chunk)
+                    except OSError:
+                        pass
+            wait_for(lambda: a.value("tpumon_store_error_info", kind="disk_full") == 1.0, 30)
+            job = FakeReporter(socket=str(sock), min_interval=0)
+            job.step(1200)  # then nothing: alive, its step stuck
+            trigger = slack.wait_for_requests(1, 40)[0].body["text"]
+            assert "stuck at step 1200" in trigger
+            assert "held in memory and delivered from there" in a.log()
+            (inside / "filler").unlink()
+            wait_for(lambda: "notification outbox: writing again" in a.log(), 30)
+            for step in range(1201, 1260):
+                job.step(step)
+                time.sleep(0.1)
+                if len(slack.requests) >= 2:
+                    break
+            resolve = slack.wait_for_requests(2, 30)[1].body["text"]
+            assert "Resolved" in resolve
+            time.sleep(2)
+        finally:
+            assert a.stop() == 0
+        assert len(slack.requests) == 2, [r.body["text"][:80] for r in slack.requests]
+        assert "Traceback" not in a.log()
