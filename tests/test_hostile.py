@@ -598,3 +598,56 @@ def test_an_alert_raised_on_a_full_disk_is_delivered_once(tmp_path):
             assert a.stop() == 0
         assert len(slack.requests) == 2, [r.body["text"][:80] for r in slack.requests]
         assert "Traceback" not in a.log()
+
+
+# -- 8. lesser: a foreign database, odd methods ----------------------------------------
+
+@pytest.mark.parametrize("schema", [
+    "CREATE TABLE samples (x); INSERT INTO samples VALUES (1)",       # someone else's table
+    "CREATE TABLE meta (a, b); INSERT INTO meta VALUES (1, 2)",       # a meta of another kind
+])
+def test_a_valid_sqlite_file_of_another_schema_is_set_aside(tmp_path, schema):
+    """A valid SQLite file that is not a tpumon history database is moved aside like a
+    corrupt one, and the agent keeps history in a fresh file (it used to leave history off
+    for good)."""
+    import sqlite3
+    state = tmp_path / "state"
+    state.mkdir()
+    conn = sqlite3.connect(state / "history.db")
+    conn.executescript(schema)
+    conn.close()
+    a = AgentProcess(tmp_path, state)
+    try:
+        wait_for(lambda: a.value("tpumon_store_up") == 1.0, 30)
+        assert "moved it to" in a.log()
+        assert list(state.glob("history.db.corrupt-*"))
+    finally:
+        assert a.stop() == 0
+    assert "Traceback" not in a.log()
+
+
+def test_head_is_get_without_a_body_and_other_methods_are_405(agent):
+    """HEAD /metrics answered 405 and /api/status answered 200 to DELETE or FOO."""
+    import http.client
+    a = agent()
+    host, port = a.url.rsplit(":", 1)
+
+    def ask(method: str, path: str) -> tuple[int, dict, bytes]:
+        conn = http.client.HTTPConnection(host, int(port), timeout=5)
+        try:
+            conn.request(method, path)
+            r = conn.getresponse()
+            return r.status, dict(r.getheaders()), r.read()
+        finally:
+            conn.close()
+
+    for path in ("/metrics", "/api/status", "/", "/-/healthy"):
+        status, headers, body = ask("HEAD", path)
+        got, _, full = ask("GET", path)
+        assert (status, body, got) == (200, b"", 200), path
+        assert int(headers["Content-Length"]) > 0, (path, headers)
+        for method in ("DELETE", "FOO", "PUT", "POST"):
+            status, headers, body = ask(method, path)
+            assert status == 405 and headers["Allow"] == "GET, HEAD", (method, path, status)
+    status, headers, _ = ask("GET", "/api/snapshot")
+    assert status == 405 and headers["Allow"] == "POST"
