@@ -141,7 +141,7 @@ def _app(registry: CollectorRegistry, get_snapshot: Callable[[], Snapshot],
          snapshot_request: snapshot_api.Request | None = None) -> Callable:
     metrics_app = make_wsgi_app(registry)
 
-    def app(environ: dict, start_response: Callable) -> Iterable[bytes]:
+    def route(environ: dict, start_response: Callable) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "/")
         if path == "/metrics":
             return metrics_app(environ, start_response)
@@ -170,6 +170,33 @@ def _app(registry: CollectorRegistry, get_snapshot: Callable[[], Snapshot],
             return [b"No history store: the agent keeps one with --state-dir.\n"]
         start_response("404 Not Found", [("Content-Type", "text/plain")])
         return [b"Not found. Metrics are at /metrics.\n"]
+
+    return _methods(route)
+
+
+def _methods(route: Callable) -> Callable:
+    """GET and HEAD everywhere but /api/snapshot (POST only); anything else is 405 with
+    Allow. HEAD is answered like GET with the same headers (Content-Length included) and
+    no body, as Prometheus' own exporters do."""
+    def app(environ: dict, start_response: Callable) -> Iterable[bytes]:
+        method = environ.get("REQUEST_METHOD", "GET")
+        allowed = ("POST",) if environ.get("PATH_INFO") == "/api/snapshot" else ("GET", "HEAD")
+        if method not in allowed:
+            start_response("405 Method Not Allowed", [("Content-Type", "text/plain"),
+                                                      ("Allow", ", ".join(allowed))])
+            return [f"{method[:16]} is not allowed here; use {' or '.join(allowed)}\n"
+                    .encode()]
+        if method != "HEAD":
+            return route(environ, start_response)
+        answer: list = []
+        body = b"".join(route({**environ, "REQUEST_METHOD": "GET"},
+                              lambda status, headers, exc_info=None: answer.extend(
+                                  (status, headers))))
+        status, headers = answer
+        if not any(name.lower() == "content-length" for name, _ in headers):
+            headers = [*headers, ("Content-Length", str(len(body)))]
+        start_response(status, headers)
+        return []
 
     return app
 
