@@ -184,7 +184,9 @@ SCHEMA: tuple[Key, ...] = (
         "none. With --simulate only when set explicitly."),
     Key("reporter", "allowed_uids", list, [],
         "Only reports from processes of these user ids are taken (the kernel vouches for "
-        "the uid). Empty: any local user's."),
+        "the uid). Empty: any local user's. Where the agent cannot see which process holds "
+        "a chip, only these users' processes (empty: root's and the agent's user's) give "
+        "the chip its step."),
     Key("reporter", "snapshot_on_leak", bool, True,
         "When a chip's leak alert is raised and its training process reports, ask that "
         "process for two live-tensor snapshots and name what grew (tpumon snapshot does it "

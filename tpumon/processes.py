@@ -90,10 +90,10 @@ def chip_processes(chips: Iterable[str], owners: Mapping[str, int],
     out = {}
     for chip in chips:
         owner = owners.get(chip)
-        pid = (owner if owner in processes else None) if owner is not None else \
+        driver = (owner if owner in processes else None) if owner is not None else \
             by_device.get(chip, only)
-        if pid is not None:
-            out[chip] = pid
+        if driver is not None:
+            out[chip] = driver
     return out
 
 

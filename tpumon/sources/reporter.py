@@ -448,8 +448,9 @@ class ReporterSocket:
             return True
         mine = [p for p, r in self._latest.items() if r.uid == uid]
         if len(mine) >= USER_SLOTS:
-            dead = [p for p in mine if not pid_alive(p)]
-            self._forget(dead[0] if dead else min(mine, key=lambda p: self._latest[p].received))
+            own_dead = [p for p in mine if not pid_alive(p)]
+            self._forget(own_dead[0] if own_dead else
+                         min(mine, key=lambda p: self._latest[p].received))
         elif len(self._latest) >= self._max_processes:
             dead = next((p for p in self._latest if not pid_alive(p)), None)
             if dead is None:
