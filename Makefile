@@ -57,6 +57,7 @@ test-frameworks:
 bench: system-deps-bench venv
 	$(BIN)/python bench/run.py
 	$(BIN)/python bench/detect.py
+	$(BIN)/python bench/analyze_speed.py
 	$(BIN)/python bench/store.py
 	$(BIN)/python bench/reporters.py
 	$(BIN)/python bench/hostile.py

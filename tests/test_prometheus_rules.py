@@ -144,6 +144,12 @@ MUTATIONS = {
     "TPUMonTrainingStalled ignoring the exported stall time": (
         "> ignoring (pid, framework, rank) group_left\n              tpumon_alert_training_stall_seconds",
         "> 60", "health.yml"),
+    "TPUMonJobDiedOOM also for a job that exited": (
+        'tpumon_job_ends_total{cause=~"hbm_oom|host_oom"}', 'tpumon_job_ends_total',
+        "ends.yml"),
+    "TPUMonHostMemoryLeak also for a process that exited": (
+        "            and on (instance, job, pid)\n              (tpumon_process_exited == 0)\n", "",
+        "host.yml"),
 }
 
 

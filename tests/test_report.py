@@ -108,6 +108,7 @@ def test_report_of_a_leak_via_the_command_line(traces, tmp_path):
         assert series["verdict"] == "leak" and ">leak</span>" in row
         assert f"step {series['predicted_oom']['step']:,}" in row
         assert f"step {series['alert']['step']:,}" in row  # the leak alert
+        assert f"forecast then: step {series['alert']['predicted_oom']['step']:,} (" in row
         assert "KB/step" in row
     assert f"<td>{HOST}</td>" in html and "<td>1</td>" in html  # host and worker
     assert "2 of 2 chips leak" in html and "tpumon 0." in html

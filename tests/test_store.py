@@ -80,6 +80,20 @@ def test_export_round_trip_and_analyze_agree(tmp_path):
     assert analyze_file(str(out))[0].verdict == "leak"
 
 
+def test_export_parquet_analyzes_as_the_csv(tmp_path):
+    record_all(tmp_path, trace(hours=3))
+    runner, base = CliRunner(), ["export", "--state-dir", str(tmp_path)]
+    for name in ("export.csv", "export.parquet"):
+        result = runner.invoke(main, [*base, "-o", str(tmp_path / name)])
+        assert result.exit_code == 0, result.output
+    assert list(read_trace(tmp_path / "export.parquet")) == \
+        list(read_trace(tmp_path / "export.csv"))
+    assert [r.to_json() for r in analyze_file(str(tmp_path / "export.parquet"))] == \
+        [r.to_json() for r in analyze_file(str(tmp_path / "export.csv"))]
+    to_stdout = runner.invoke(main, [*base, "--format", "parquet"])
+    assert to_stdout.exit_code != 0 and "parquet is written to a file" in to_stdout.output
+
+
 def test_export_filters_and_jsonl(tmp_path):
     rows = trace(hours=2, chips=3)
     record_all(tmp_path, rows)

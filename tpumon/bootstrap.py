@@ -11,7 +11,7 @@ import logging
 import os
 import sqlite3
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Callable, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry
 
@@ -28,6 +28,7 @@ from tpumon.notify.pagerduty import PagerDutyChannel
 from tpumon.notify.secrets import read_secret
 from tpumon.notify.slack import SlackChannel
 from tpumon.leak_snapshots import LeakSnapshots
+from tpumon.sources.kernel_log import KernelLog
 from tpumon.sources.reporter import ReporterSocket
 from tpumon.sources.tpu_runtime import TpuRuntimeSource
 from tpumon.state import AgentState
@@ -168,6 +169,17 @@ def open_notifier(config: Config, simulate: bool, state: AgentState,
     return Notifier(lambda: state.snapshot, tracker, outbox, channels)
 
 
+def simulated_owners(pid: int, devices: Sequence[str],
+                     runtime: list[TpuRuntimeSource]) -> Callable[[], dict[str, int]]:
+    """The simulator's process owns the chips while its job runs (its runtime's ports
+    answer), as a real job's process holds /dev/accel* while it lives: between jobs and
+    after an OOM nobody does, and the agent sees the job end."""
+    def owners() -> dict[str, int]:
+        up = bool(runtime) and any(runtime[0].ports_up.values())
+        return {d: pid for d in devices} if up else {}
+    return owners
+
+
 def _note_simulation_pace(config: Config) -> None:
     """Say so when polls come further apart in simulated time than the simulator lets its
     job run ahead (simulator.max_lag): the simulated job then waits for each poll, so
@@ -193,6 +205,7 @@ def build(config: Config, simulate: bool = False, env: Mapping[str, str] | None 
     simulator = None
     channels = notification_channels(config, env) if history else []  # a bad secret file
     reporters = open_reporter_socket(config, simulate) if history else None  # fails first
+    sources: list[TpuRuntimeSource] = []  # the runtime source, once made
     if simulate:
         simulator = spawn_simulator(config["simulator.scenario"], config["simulator.chips"],
                                     config["simulator.chip_type"], config["simulator.acceleration"],
@@ -201,8 +214,7 @@ def build(config: Config, simulate: bool = False, env: Mapping[str, str] | None 
                                     max_lag=config["simulator.max_lag"])
         inventory = inventory_for(config["simulator.chip_type"], config["simulator.chips"])
         address, ports, tpu_env = "127.0.0.1", simulator.ports, {}
-        sim_pid = simulator.pid
-        owners = OwnerScanner(lambda: {d: sim_pid for d in inventory.devices}, 5.0)
+        owners = OwnerScanner(simulated_owners(simulator.pid, inventory.devices, sources), 0.0)
         log.info("simulating %d %s chips (scenario %s, %gx time) on 127.0.0.1:%s",
                  inventory.count, inventory.chip_type, config["simulator.scenario"],
                  config["simulator.acceleration"], ",".join(map(str, ports)))
@@ -219,6 +231,7 @@ def build(config: Config, simulate: bool = False, env: Mapping[str, str] | None 
     runtime = TpuRuntimeSource(address, ports, config["runtime.timeout"], inventory,
                                runtime_clock=simulate,
                                slow_interval=config["runtime.slow_metrics_interval"])
+    sources.append(runtime)
     state = AgentState(identity, inventory, config["agent.history_points"])
     notifier = open_notifier(config, simulate, state, channels)
     store, detectors = open_store(config, simulate, identity.host) if history else (None, {})
@@ -230,7 +243,9 @@ def build(config: Config, simulate: bool = False, env: Mapping[str, str] | None 
                   alert_settings=AlertSettings.from_config(config),
                   leak_snapshots=None if reporters is None or not config[
                       "reporter.snapshot_on_leak"] else LeakSnapshots(
-                      reporters.request_snapshot, config["reporter.snapshot_steps"]))
+                      reporters.request_snapshot, config["reporter.snapshot_steps"]),
+                  kernel_log=KernelLog(config["agent.kernel_log"])
+                  if config["agent.kernel_log"] and not simulate else None)
     if store is not None:
         store.start()
     if notifier is not None:

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from tpumon.instrument.protocol import REPORTER_ENV
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised only on 3.10
@@ -126,6 +128,10 @@ SCHEMA: tuple[Key, ...] = (
         _history_points),
     Key("agent", "log_level", str, "info",
         "One of debug, info, warning, error.", _one_of(*LOG_LEVELS)),
+    Key("agent", "kernel_log", str, "/dev/kmsg",
+        "The kernel's log, read for processes killed for memory (a job's end is then named "
+        "host_oom). Needs root or CAP_SYSLOG where kernel.dmesg_restrict is 1. Empty: not "
+        "read."),
     Key("exporter", "listen_address", str, f":{DEFAULT_PORT}",
         "HOST:PORT for /metrics; ':PORT' listens on all interfaces, '[::1]:PORT' on IPv6.",
         _listen_address),
@@ -383,6 +389,8 @@ def _apply_env(config: Config, env: Mapping[str, str]) -> None:
         if not var.startswith(ENV_PREFIX) or var == f"{ENV_PREFIX}CONFIG":
             continue
         key = by_var.get(var)
+        if key is None and var in REPORTER_ENV:
+            continue  # read by training processes, not by the agent
         if key is None:
             raise _unknown_key(var, list(by_var), "environment")
         config.set(key.dotted, _parse_env_value(key, raw), f"environment {var}")

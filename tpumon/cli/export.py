@@ -50,8 +50,9 @@ def parse_when(text: str, option: str, now: float | None = None) -> float:
 @history_selection
 @click.option("-o", "--output", default="-", show_default=True, type=click.Path(dir_okay=False,
               allow_dash=True), help="Output file; '-' is stdout.")
-@click.option("--format", "fmt", type=click.Choice(["csv", "jsonl"]), default=None,
-              help="Trace format [default: jsonl for a .jsonl output, else csv].")
+@click.option("--format", "fmt", type=click.Choice(["csv", "jsonl", "parquet"]), default=None,
+              help="Trace format [default: jsonl for a .jsonl output, parquet for .parquet, "
+              "else csv]; parquet needs an output file.")
 def command(config_path: str | None, state_dir: str | None, since: str | None,
             until: str | None, hosts: tuple[str, ...], chips: tuple[str, ...], output: str,
             fmt: str | None) -> None:
@@ -67,7 +68,9 @@ def command(config_path: str | None, state_dir: str | None, since: str | None,
     path = database_path(config["store.state_dir"])
     if not path.exists():
         raise click.ClickException(f"{path}: no history store here (is --state-dir right?)")
-    fmt = fmt or ("jsonl" if Path(output).suffix == ".jsonl" else "csv")
+    fmt = fmt or {".jsonl": "jsonl", ".parquet": "parquet"}.get(Path(output).suffix, "csv")
+    if fmt == "parquet" and output == "-":
+        raise click.UsageError("parquet is written to a file: give -o FILE.parquet")
     try:
         db = HistoryDB(path, Retention(), read_only=True)
         try:

@@ -9,6 +9,7 @@ raised (reporter.snapshot_on_leak).
 from __future__ import annotations
 
 import json
+import sys
 import time
 import urllib.error
 import urllib.parse
@@ -17,12 +18,18 @@ from typing import Any
 
 import click
 from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from tpumon.cli.options import agent_option, config_option
 from tpumon.cli.status import agent_url, from_agent, snapshot_line
 from tpumon.config import load_config
 from tpumon.detect.tensor_diff import human_bytes
+
+MAX_WAIT_SECONDS = 900.0
+SITES_HINT = ("creation sites were not recorded: for PyTorch/XLA set TPUMON_TRACK_SITES=1 in "
+              "the training process (or TorchXlaReporter(track_sites=True)); JAX records them by "
+              "default")
 
 
 @click.command("snapshot")
@@ -33,12 +40,13 @@ from tpumon.detect.tensor_diff import human_bytes
 @click.option("--steps", type=click.IntRange(1, 1_000_000), default=None,
               help="Steps between the two snapshots [default: reporter.snapshot_steps, or "
                    "about two minutes of the job's steps].")
-@click.option("--timeout", type=click.FloatRange(min=1), default=900.0, show_default=True,
-              help="Seconds to wait for both snapshots.")
+@click.option("--timeout", type=click.FloatRange(min=1), default=None,
+              help="Seconds to wait for both snapshots [default: three times what the "
+                   "process's step rate needs for --steps, plus a minute; at most 15 min].")
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table",
               show_default=True, help="Output format.")
 def command(config_path: str | None, agent: str | None, pid: int | None, steps: int | None,
-            timeout: float, fmt: str) -> None:
+            timeout: float | None, fmt: str) -> None:
     """Diff two live-tensor snapshots of a training process: what grew, by shape, dtype and
     creation site, and how much of the HBM growth it explains.
 
@@ -50,9 +58,13 @@ def command(config_path: str | None, agent: str | None, pid: int | None, steps: 
     url = agent or agent_url(config["exporter.listen_address"])
     steps = steps or config["reporter.snapshot_steps"] or None
     asked = _ask(url, pid, steps)
-    result = _wait(url, asked["pid"], asked["request_id"], timeout)
+    if asked.get("error"):
+        raise click.ClickException(f"process {asked['pid']}: {asked['error']}")
+    result = _wait(url, asked, timeout)
     if fmt == "json":
         click.echo(json.dumps(result, indent=2))
+    elif result.get("error"):
+        raise click.ClickException(f"pid {asked['pid']}: {snapshot_line(result)}")
     else:
         _render(asked["pid"], result, Console())
     if result.get("error"):
@@ -79,21 +91,56 @@ def _error(exc: urllib.error.HTTPError) -> str:
         return f"HTTP {exc.code}"
 
 
-def _wait(url: str, pid: int, request_id: str, timeout: float) -> dict[str, Any]:
-    """The process's snapshot state once this request ended (or the timeout passed)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        doc = from_agent(url, timeout=5.0) or {}
-        process = next((p for p in doc.get("processes", []) if p["pid"] == pid), None)
-        if process is None and doc:
-            raise click.ClickException(f"process {pid} is no longer reporting")
-        found = (process or {}).get("tensor_snapshot") or {}
-        if found.get("request_id") == request_id and not found["pending"]:
-            return found
-        if time.monotonic() >= deadline:
-            raise click.ClickException(f"no answer from process {pid} within {timeout:g} s "
-                                       "(the request stays open in the agent)")
-        time.sleep(1.0)
+def _wait(url: str, asked: dict[str, Any], timeout: float | None) -> dict[str, Any]:
+    """The process's snapshot state once this request ended; one clear error when the
+    process exits, stops reporting, or the wait runs past ``timeout`` (a progress bar on
+    a terminal meanwhile, quiet when piped)."""
+    pid, request_id, steps = asked["pid"], asked["request_id"], asked["steps"]
+    started = time.monotonic()
+    with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
+                  console=Console(stderr=True), transient=True,
+                  disable=not sys.stderr.isatty()) as progress:
+        task = progress.add_task(f"pid {pid}: {steps} steps between two snapshots",
+                                 total=steps)
+        while True:
+            process = _process(url, pid)
+            found = process.get("tensor_snapshot") or {}
+            if found.get("request_id") == request_id and not found["pending"]:
+                return found
+            if process.get("exited"):
+                raise click.ClickException(f"process {pid} exited before answering")
+            limit = timeout or _default_timeout(steps, process.get("steps_per_second"))
+            if time.monotonic() - started >= limit:
+                raise click.ClickException(
+                    f"no answer from process {pid} within {limit:.0f} s (at step "
+                    f"{process.get('step')}; the request stays open in the agent)")
+            _show(progress, task, found, process)
+            time.sleep(1.0)
+
+
+def _process(url: str, pid: int) -> dict[str, Any]:
+    """The process's entry in the agent's status; an error once it is gone."""
+    doc = from_agent(url, timeout=5.0)
+    if doc is None:
+        raise click.ClickException(f"the agent at {url} stopped answering")
+    process = next((p for p in doc.get("processes", []) if p["pid"] == pid), None)
+    if process is None:
+        raise click.ClickException(f"process {pid} is no longer reporting")
+    return process
+
+
+def _default_timeout(steps: int, rate: float | None) -> float:
+    """Three times the time ``steps`` take at the process's rate, plus a minute; 15 min
+    at most, and that when the rate is not known."""
+    if not rate:
+        return MAX_WAIT_SECONDS
+    return min(MAX_WAIT_SECONDS, 3 * steps / rate + 60.0)
+
+
+def _show(progress: Progress, task: Any, found: dict[str, Any], process: dict[str, Any]) -> None:
+    first = found.get("from_step")
+    if first is not None and process.get("step") is not None:
+        progress.update(task, completed=max(0, process["step"] - first))
 
 
 def _render(pid: int, result: dict[str, Any], console: Console) -> None:
@@ -110,3 +157,5 @@ def _render(pid: int, result: dict[str, Any], console: Console) -> None:
         sites = "\n".join(f"{site} (+{n})" for site, n in g["sites"].items()) or "-"
         table.add_row(g["group"], per_step, per_bytes, each, f"{g['count_delta']:+,}", sites)
     console.print(table)
+    if not any(g["sites"] for g in result["grown"]):
+        console.print(SITES_HINT, highlight=False)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 import urllib.request
 from typing import Any
 
@@ -14,6 +15,7 @@ from tpumon.bootstrap import build
 from tpumon.cli.options import (agent_option, config_option, direct_option, ports_value,
                                 runtime_ports_option)
 from tpumon.config import Config, load_config, parse_listen_address, reachable_host
+from tpumon.detect.tensor_diff import human_bytes
 from tpumon.detect import describe_growth
 from tpumon.logs import setup_logging
 from tpumon.status import status_document
@@ -63,6 +65,9 @@ def render_table(doc: dict[str, Any], console: Console) -> None:
             console.print(f"chip {chip['chip']}: likely cause: {chip['diagnosis']}",
                           highlight=False)
     render_processes(doc.get("processes") or [], console)
+    for end in doc.get("job_ends") or []:
+        when = time.strftime("%H:%M:%S UTC", time.gmtime(end["time"]))
+        console.print(f"[bold]{when}[/] {end['summary']}", highlight=False)
     for name, source in doc["sources"].items():
         if not source["up"]:
             console.print(f"[yellow]{name}: down: {source['error']}[/]", highlight=False)
@@ -97,7 +102,8 @@ def render_processes(processes: list[dict[str, Any]], console: Console) -> None:
     if not processes:
         return
     table = Table(title="training processes (reporters)", title_justify="left")
-    for column in ("PID", "Framework", "Rank", "Step", "Steps/s", "Live", "Compiles", "Verdict"):
+    for column in ("PID", "Framework", "Rank", "Step", "Steps/s", "Live", "RSS", "Compiles",
+                   "Verdict"):
         table.add_column(column)
     for p in processes:
         growth = p["live_tensors_per_step"]
@@ -106,9 +112,8 @@ def render_processes(processes: list[dict[str, Any]], console: Console) -> None:
         rate = "-" if p["steps_per_second"] is None else f"{p['steps_per_second']:.1f}"
         compiles = f"{p['compiles_uncached'] if p['compiles_uncached'] is not None else '-'}" + (
             " [yellow]recompiling[/]" if p["recompiling"] else "")
-        verdict = "[bold red]leak[/]" if p["verdict"] == "leak" else p["verdict"]
         table.add_row(str(p["pid"]), p["framework"], "-" if p["rank"] is None else str(p["rank"]),
-                      f"{p['step']:,}", rate, live, compiles, verdict)
+                      f"{p['step']:,}", rate, live, _rss_cell(p), compiles, _process_verdict(p))
     console.print(table)
     for p in processes:
         if p["diagnosis"]:
@@ -116,6 +121,24 @@ def render_processes(processes: list[dict[str, Any]], console: Console) -> None:
         line = snapshot_line(p.get("tensor_snapshot"))
         if line:
             console.print(f"pid {p['pid']}: {line}", highlight=False)
+
+
+def _rss_cell(p: dict[str, Any]) -> str:
+    if p.get("rss_bytes") is None:
+        return "-"
+    growth = p.get("rss_growth_bytes_per_step")
+    grows = f" {human_bytes(growth)}/step" if growth and growth > 0 else ""
+    return human_bytes(p["rss_bytes"]) + grows
+
+
+def _process_verdict(p: dict[str, Any]) -> str:
+    """Device and host verdicts in one cell: an exited process says so first."""
+    if p.get("exited"):
+        return "[dim]exited[/]"
+    verdict = "[bold red]leak[/]" if p["verdict"] == "leak" else p["verdict"]
+    if p.get("host_verdict") == "leak":
+        verdict += ", [bold red]host leak[/]"
+    return verdict
 
 
 def snapshot_line(result: dict[str, Any] | None) -> str | None:

@@ -21,6 +21,7 @@ from prometheus_client.registry import Collector
 
 from tpumon import __version__
 from tpumon.detect import Verdict
+from tpumon.exporters.job_ends import job_end_metrics
 from tpumon.identity import LABELS
 from tpumon.notify.health import NotifierHealth
 from tpumon.notify.notifier import FAILURE_REASONS, GIVE_UP_REASONS
@@ -64,6 +65,7 @@ class SnapshotCollector(Collector):
         if snap.reporter is not None:
             yield from self._process_metrics(snap, ident)
         yield from self._alert_metrics(snap, ident)
+        yield from job_end_metrics(snap, ident)
         info = _gauge("tpumon_build_info", "tpumon build: always 1, versions in labels.",
                       ["version", "tpu_info_version", "python_version"])
         info.add_metric(ident + self._build, 1)
@@ -198,8 +200,22 @@ class SnapshotCollector(Collector):
                              "Growth of the live tensor count per step since warm-up (Sen's "
                              "slope); absent before a trend is fitted.", labels),
             "leak": _gauge("tpumon_process_leak_suspected",
-                           "1 when live tensors grow steadily with steps: tensors kept alive "
-                           "across steps.", labels),
+                           "1 when live tensors grow steadily with steps and memory grows "
+                           "with them (HBM of a chip it drives, or its RSS): tensors kept "
+                           "alive across steps.", labels),
+            "host_leak": _gauge("tpumon_process_host_leak_suspected",
+                                "1 when the process's resident host memory grows steadily "
+                                "with steps: host objects kept across steps.", labels),
+            "rss_growth": _gauge("tpumon_process_resident_memory_growth_bytes_per_step",
+                                 "Growth of the process's RSS per step since warm-up "
+                                 "(Sen's slope); absent before a trend is fitted.", labels),
+            "host_oom": _gauge("tpumon_process_host_oom_predicted_timestamp_seconds",
+                               "When the process's RSS, at its trend, would take all the "
+                               "host's available memory; only while a host leak is "
+                               "suspected.", labels),
+            "exited": _gauge("tpumon_process_exited",
+                             "1 once the process's pid is gone (kept a few minutes for "
+                             "status and post-mortems).", labels),
             "rss": _gauge("tpumon_process_resident_memory_bytes",
                           "Resident host memory of the process, as it reports it.", labels),
             "heard": _gauge("tpumon_process_last_report_timestamp_seconds",
@@ -217,11 +233,16 @@ class SnapshotCollector(Collector):
             key = ident + [str(pid), r.framework, "" if r.rank is None else str(r.rank)]
             families["step"].add_metric(key, r.step)
             families["heard"].add_metric(key, r.received)
+            host_oom = state.host_oom_seconds
             for name, value in (("rate", r.steps_per_second), ("live", r.live),
-                                ("growth", state.live.per_step), ("rss", r.rss)):
+                                ("growth", state.live.per_step), ("rss", r.rss),
+                                ("rss_growth", state.rss.per_step),
+                                ("host_oom", None if host_oom is None else snap.time + host_oom)):
                 if value is not None:
                     families[name].add_metric(key, value)
-            families["leak"].add_metric(key, 1 if state.live.growing else 0)
+            families["leak"].add_metric(key, 1 if state.verdict == "leak" else 0)
+            families["host_leak"].add_metric(key, 1 if state.host_verdict == "leak" else 0)
+            families["exited"].add_metric(key, 1 if r.exited else 0)
             for cache, value in (("hit", r.compiles_cached), ("miss", r.compiles_uncached)):
                 if value is not None:
                     compiles.add_metric(key + [cache], value)
@@ -233,7 +254,8 @@ class SnapshotCollector(Collector):
         yield from (compiles, device)
         cause = _gauge("tpumon_leak_cause_info", "1 for a chip's likely cause of growth, from "
                        "its training process's reports: retained_tensors, recompilation, "
-                       "allocator (HBM grows, tensors and compiles flat).", ["chip", "cause"])
+                       "host_memory (RSS grows), allocator (HBM grows, tensors and compiles "
+                       "flat).", ["chip", "cause"])
         for chip in snap.chip_processes:
             found = snap.chip_cause(chip)
             if found is not None:

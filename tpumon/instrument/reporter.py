@@ -52,6 +52,9 @@ class Reporter:
         self._rss_value: int | None = None
         self._rss_due = 0.0
         self._head = f'{{"v":{PROTOCOL_VERSION},"pid":{self._pid},"framework":"{self.framework}"'
+        version = _version_field(self.framework_version())
+        if version:
+            self._head += f',"fv":{version}'
         self._job: SnapshotJob | None = None
         self._answers = "false" if self.live_module is None and \
             type(self).take_snapshot is Reporter.take_snapshot else "true"
@@ -158,6 +161,11 @@ class Reporter:
                 f'"uncached":{_int(c.get("uncached"))}}},"snapshots":{self._answers}'
                 f'{tail}}}').encode()
 
+    def framework_version(self) -> str | None:
+        """The framework's version, sent with every report: the agent matches known
+        framework leaks on it (tpumon.known_issues)."""
+        return None
+
     def framework_fields(self) -> dict[str, Any]:
         """rank, ordinal, live, compiles ({"cached", "uncached"}), devices: whatever the
         framework knows. Values are ints, None, or (compiles, devices) small dicts."""
@@ -184,6 +192,13 @@ def _open_statm() -> int | None:
         return os.open("/proc/self/statm", os.O_RDONLY)
     except OSError:
         return None
+
+
+def _version_field(version: str | None) -> str | None:
+    """A version as a JSON string, or None when it would not pass the agent's checks."""
+    if not version or len(version) > 32 or not version.isprintable():
+        return None
+    return json.dumps(version)
 
 
 def _int(value: Any) -> str:

@@ -25,6 +25,8 @@ import tokenize
 from dataclasses import dataclass, field
 from typing import Any
 
+from tpumon.instrument.protocol import TRACK_SITES_ENV
+
 #: Bumped on any change to the wire form; from_json accepts only this one.
 FORMAT_VERSION = 1
 #: Limits from_json enforces (and to_json keeps to): the agent keeps snapshots in memory.
@@ -430,4 +432,5 @@ def track_sites_setting(value: bool | None) -> bool:
     ("1", "true", "yes", "on": on; anything else: off)."""
     if value is not None:
         return bool(value)
-    return os.environ.get("TPUMON_TRACK_SITES", "").strip().lower() in ("1", "true", "yes", "on")
+    setting = os.environ.get(TRACK_SITES_ENV, "").strip().lower()
+    return setting in ("1", "true", "yes", "on")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 from html import escape
 
+from tpumon.detect.replay import describe_forecast
 from tpumon.report.data import ChipReport, HostReport
 from tpumon.report.render import (VERDICT_COLOURS, hhmm, oom_text, per_hour, per_step, size,
                                   step_text, utc)
@@ -127,7 +128,9 @@ def _alert(c: ChipReport) -> str:
     if c.alert is None:
         return '<span class="muted">never raised</span>'
     at = step_text(c.alert.get("step"))
-    return escape(utc(c.alert["time"]) + (f", {at}" if at else ""))
+    forecast = describe_forecast(c.alert)  # the forecast made then, for the post-mortem
+    return escape(utc(c.alert["time"]) + (f", {at}" if at else "")) + (
+        f'<br><span class="muted">forecast then: {escape(forecast)}</span>' if forecast else "")
 
 
 def _window(c: ChipReport) -> str:

@@ -138,6 +138,10 @@ class Scenario:
     restarts: int = 0
     restart_after_s: Range = (7200.0, 14400.0)  # life of a job that gets restarted
     restart_downtime_s: Range = (120.0, 420.0)
+    # more faults (last, so that the draws of the fields above stay as they were)
+    stair_irregular: bool = False  # stairs at random steps (a Poisson process), not every N
+    leak_change_step: Range = 0  # steps after the onset at which the leak's rate changes
+    leak_change_factor: Range = 1.0  # the rate after the change, as a multiple of before
 
 
 SCENARIOS: dict[str, Scenario] = {
@@ -150,6 +154,13 @@ SCENARIOS: dict[str, Scenario] = {
                  stair_bytes=(48 * MiB, 80 * MiB), stair_every_steps=(400, 600)),
         Scenario("chip0-leak", "Only chip 0 leaks (SPMD imbalance); the other chips are healthy.",
                  leak_bytes_per_step=(100_000, 200_000), leak_chips=(0,)),
+        Scenario("irregular-staircase", "The floor jumps by 0.2-0.4 GB at random times "
+                 "(recompilations, a cache that never stops growing), flat between.",
+                 stair_bytes=(200 * MB, 400 * MB), stair_every_steps=(6000, 12000),
+                 stair_irregular=True),
+        Scenario("leak-rate-change", "A linear leak whose rate changes part-way (x1.5-3).",
+                 leak_bytes_per_step=(100_000, 200_000), leak_change_step=(5000, 20000),
+                 leak_change_factor=(1.5, 3.0)),
         Scenario("step-change", "One permanent jump of ~1.5 GB, flat before and after: not a leak.",
                  step_change_bytes=(1.2 * GB, 1.8 * GB)),
         Scenario("job-restart", "Healthy job dies, runtime gone for minutes, restarts from a checkpoint.",
@@ -237,6 +248,9 @@ class Workload:
         self._eval_every = _every(p.eval_every_steps)
         self._ckpt_every = _every(p.checkpoint_every_steps)
         self._stair_every = _every(p.stair_every_steps)
+        self._stair_steps = _poisson_steps(p.stair_every_steps, seed) if p.stair_irregular \
+            else None
+        self._leak_change = _every(p.leak_change_step)
         self._leak_onset = int(p.leak_onset_step)
         self._ckpt_steps = max(1, round(p.checkpoint_s / p.step_time_s))
         self._cycle_s = self._eval_every * p.step_time_s + p.eval_s
@@ -274,6 +288,11 @@ class Workload:
         """When the job runs out of HBM (the runtime is gone from then on), or None."""
         last = self._jobs[-1]
         return last.end_time if last.end_reason == "oom" else None
+
+    @property
+    def irregular_stair_steps(self) -> tuple[int, ...]:
+        """Steps after the leak's onset at which irregular stairs come; () if regular."""
+        return tuple(self._stair_steps or ())
 
     @property
     def leak_bytes_per_step_by_chip(self) -> tuple[float, ...]:
@@ -371,7 +390,10 @@ class Workload:
         optimizer = n >= 1
         evaluated = n >= self._eval_every
         leaked = max(0, n - self._leak_onset)  # steps leaked so far: a leak can start mid-run
-        stairs = leaked // self._stair_every
+        stairs = leaked // self._stair_every if self._stair_steps is None else \
+            bisect.bisect_right(self._stair_steps, leaked)
+        # a rate that changes part-way: steps after the change leak at factor x the rate
+        leaked += (self._params.leak_change_factor - 1.0) * max(0, leaked - self._leak_change)
         jumped = n >= self._params.step_change_at_step
         return [
             c.static + c.optimizer * optimizer + c.cache * cache + c.eval_executable * evaluated
@@ -521,6 +543,16 @@ def _wobble_terms(amplitude: float, rng: random.Random) -> tuple[tuple[float, fl
         omega = 2 * math.pi / rng.uniform(lo, hi)
         terms.append((amplitude * share / omega, omega, rng.uniform(0, 2 * math.pi)))
     return tuple(terms)
+
+
+def _poisson_steps(every: float, seed: int, count: int = 4096) -> list[int]:
+    """Steps (after the onset) of ``count`` stairs at random, on average ``every`` apart."""
+    rng = random.Random(f"tpumon-sim:{seed}:stairs")
+    steps, n = [], 0.0
+    for _ in range(count):
+        n += rng.expovariate(1.0 / max(every, 1.0))
+        steps.append(max(int(n), 1))
+    return steps
 
 
 def _every(steps: float) -> int:

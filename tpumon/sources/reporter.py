@@ -70,6 +70,8 @@ class ProcessReport:
     rss: int | None = None
     steps_per_second: float | None = None
     snapshots: bool = False  # the reporter answers snapshot requests
+    framework_version: str | None = None  # e.g. "2.9.0": known issues are matched on it
+    exited: bool = False  # the pid is gone: kept a while for status and post-mortems
 
 
 class InvalidReport(ValueError):
@@ -123,7 +125,8 @@ def parse_report(payload: bytes, pid: int, uid: int, received: float) -> Process
         compiles_cached=_count(compiles.get("cached")),
         compiles_uncached=_count(compiles.get("uncached")),
         devices=_devices(doc.get("devices")), rss=_count(doc.get("rss")),
-        snapshots=doc.get("snapshots") is True)
+        snapshots=doc.get("snapshots") is True,
+        framework_version=None if doc.get("fv") is None else _text(doc.get("fv")))
 
 
 def _count(value: Any, required: bool = False) -> int | None:
@@ -174,6 +177,7 @@ class CountPoint(NamedTuple):
     step: int
     live: int | None
     compiles_uncached: int | None
+    rss: int | None = None
 
 
 @dataclass(frozen=True)
@@ -249,6 +253,7 @@ class ReporterSocket:
         self._clock = clock
         self._lock = threading.Lock()
         self._latest: dict[int, ProcessReport] = {}
+        self._exited: set[int] = set()  # pids of _latest found gone at the last poll
         self._steps: dict[int, deque[tuple[float, int]]] = {}
         self._points: dict[int, deque[CountPoint]] = {}
         self._reports = 0
@@ -308,12 +313,14 @@ class ReporterSocket:
             self._forget(pid)
         points = {pid: list(q) for pid, q in self._points.items() if q}
         self._points = {pid: deque(maxlen=PENDING_POINTS) for pid in self._latest}
+        exited = {pid for pid in self._latest if not pid_alive(pid)}
         with self._lock:
             dropped = {k: v + self._dropped_backlog * (k == "backlog")
                        for k, v in self._dropped.items()}
-            self._requests.expire(now, self._latest)
+            self._exited = exited
+            self._requests.expire(now, self._latest, exited)
             snapshots = dict(self._requests.results)
-        processes = {pid: replace(r, steps_per_second=self._rate(pid))
+        processes = {pid: replace(r, steps_per_second=self._rate(pid), exited=pid in exited)
                      for pid, r in self._latest.items()}
         return ReporterReading(processes, points, self._reports, dropped, snapshots)
 
@@ -328,6 +335,9 @@ class ReporterSocket:
             if report is None:
                 return SnapshotResult(pid, "", reason, now, steps, now,
                                       error=f"no reporting process {pid}")
+            if pid in self._exited:
+                return SnapshotResult(pid, "", reason, now, steps, now,
+                                      error=f"process {pid} has exited")
             if not report.snapshots or address is None:
                 return SnapshotResult(pid, "", reason, now, steps, now, error=(
                     f"process {pid}'s reporter ({report.framework}) takes no snapshots"))
@@ -475,9 +485,11 @@ class ReporterSocket:
         steps.append((report.time, report.step))
         while steps[0][0] < report.time - RATE_WINDOW_SECONDS and len(steps) > 2:
             steps.popleft()
-        self._latest[report.pid] = report
+        previous = self._latest.get(report.pid)
+        self._latest[report.pid] = report if report.live is not None or previous is None \
+            else replace(report, live=previous.live)  # a report between two counts (JAX)
         self._points.setdefault(report.pid, deque(maxlen=PENDING_POINTS)).append(
-            CountPoint(report.step, report.live, report.compiles_uncached))
+            CountPoint(report.step, report.live, report.compiles_uncached, report.rss))
         self._reports += 1
         return True
 
