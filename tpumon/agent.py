@@ -29,7 +29,7 @@ from tpumon.notify.alerts import AlertLog
 from tpumon.notify.health import NotifierHealth
 from tpumon.notify.settings import AlertSettings
 from tpumon.job_ends import JobEndTracker
-from tpumon.processes import (ProcessState, ProcessTracker, chip_processes, growing_chips,
+from tpumon.processes import (ChipClaims, ProcessState, ProcessTracker, growing_chips,
                               with_hbm_growth)
 from tpumon.sources.reporter import ReporterSocket
 from tpumon.state import AgentState, Snapshot
@@ -119,6 +119,8 @@ class Agent:
         self._runtime = SourceTracker("tpu_runtime", runtime.poll)
         self._host = SourceTracker("host", HostSource(owners, min_interval=HOST_SECONDS).poll)
         self._reporters = None if reporters is None else SourceTracker("reporter", reporters.poll)
+        self._reporter_socket = reporters
+        self._chip_claims = ChipClaims()
         self._processes = ProcessTracker()
         self._kernel = None if kernel_log is None else SourceTracker("kernel_log",
                                                                      kernel_log.poll)
@@ -145,7 +147,9 @@ class Agent:
         processes = self._processes.update(
             reported, None if host is None else host.memory_available_bytes)
         owners = self._owners()
-        attributed = chip_processes(runtime.chips if runtime else (), owners, processes)
+        attributed = self._chip_claims(
+            runtime.chips if runtime else (), owners, processes,
+            self._reporter_socket.allowed_uids if self._reporter_socket else ())
         steps = self._steps(attributed, processes)
         samples = self._samples(runtime, steps)
         self._polls += 1

@@ -218,6 +218,11 @@ class HistoryDB:
         c.execute(f"PRAGMA wal_autocheckpoint = {max(r.wal_bytes // PAGE_SIZE // 2, 8)}")
         c.execute(f"PRAGMA max_page_count = {max(r.max_pages, self._page_count())}")
         if not c.execute("SELECT 1 FROM sqlite_master WHERE name = 'meta'").fetchone():
+            foreign = [name for (name,) in c.execute(
+                "SELECT name FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'")]
+            if foreign:  # someone else's database: set aside, never written into
+                raise sqlite3.DatabaseError(f"not a tpumon history database (a foreign schema "
+                                            f"with {', '.join(sorted(foreign)[:5])})")
             with self.transaction():
                 for statement in filter(str.strip, _SCHEMA.split(";")):
                     c.execute(statement)
@@ -228,8 +233,13 @@ class HistoryDB:
                 c.execute(statement)
 
     def _check_version(self) -> None:
-        row = self.conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-        if row is None or int(row[0]) != SCHEMA_VERSION:
+        try:
+            row = self.conn.execute(
+                "SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        except sqlite3.OperationalError as exc:  # a meta table of another kind
+            raise sqlite3.DatabaseError(f"not a tpumon history database (a foreign schema: "
+                                        f"{exc})") from None
+        if row is None or str(row[0]) != str(SCHEMA_VERSION):
             raise sqlite3.DatabaseError(
                 f"not a tpumon history database of schema {SCHEMA_VERSION} (found {row})")
 
