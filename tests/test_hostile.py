@@ -27,6 +27,8 @@ from tpumon.sources.reporter import InvalidReport, parse_report
 
 NEIGHBOUR = "tpumon-neighbour"
 
+pytestmark = pytest.mark.e2e  # real agents under attack: seconds each
+
 
 @pytest.fixture
 def agent(tmp_path):
