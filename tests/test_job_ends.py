@@ -253,3 +253,26 @@ def test_export_around_an_end_where_none_was_kept_is_one_error_line(tmp_path):
     assert done.stderr.strip().splitlines() == [
         f"Error: {database_path(tmp_path)}: no job end kept here (the agent keeps the hour "
         "before each end it sees; docs/job-ends.md)"]
+
+
+@pytest.mark.e2e
+def test_tpumon_report_marks_a_kept_end_on_its_timeline(tmp_path):
+    """`tpumon report --state-dir` draws each kept end on its host's panels (a dash-dot
+    line labelled with the cause) and names it under the page's headline."""
+    from tpumon.store.database import HistoryDB, Retention, Sample, StoredEnd, database_path
+
+    db = HistoryDB(database_path(tmp_path), Retention())
+    t0 = 1_790_000_000.0
+    with db.transaction():
+        for i in range(2 * 3600 // 10):
+            db.add_samples("vm", [("0", Sample(t0 + 10 * i, i, 20 * GiB + i * 2**20, 32 * GiB))])
+        db.keep_job_end("vm", StoredEnd(0, "", t0 + 7190, "hbm_oom", 4242, 719,
+                                        "training job pid 4242 ended at step 719: hbm_oom"))
+    db.close()
+    done = subprocess.run([sys.executable, "-m", "tpumon", "report", "--state-dir",
+                           str(tmp_path), "-o", str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    page = (tmp_path / "out" / "tpumon-report-vm.html").read_text()
+    assert ("<p><strong>Job ended</strong> 2026-09-21 16:13 UTC: training job pid 4242 ended "
+            "at step 719: hbm_oom</p>") in page, page[:2000]

@@ -3,10 +3,12 @@ from the agent's history store, of what the leak detector saw."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sqlite3
 import time
 from pathlib import Path
+from typing import Any, Iterator
 
 import click
 
@@ -39,6 +41,7 @@ def command(trace: str | None, config_path: str | None, state_dir: str | None,
     from tpumon.report import build_reports, write_report
     from tpumon.report.data import select, series_from_rows
 
+    ends: list = []  # job ends: kept in the history store only
     if trace is not None:
         if state_dir is not None:
             raise click.UsageError("give a TRACE or --state-dir, not both")
@@ -47,11 +50,12 @@ def command(trace: str | None, config_path: str | None, state_dir: str | None,
     else:
         state, source = _store(config_path, state_dir)
         series = series_from_rows(_store_rows(state, start, end, hosts, chips))
+        ends = _store_ends(state)
     if not series:
         raise click.ClickException(f"{source}: no samples" + (
             " for the given --host/--chip/--since/--until" if hosts or chips or since or until
             else ""))
-    reports = build_reports(series, source, __version__, time.time())
+    reports = build_reports(series, source, __version__, time.time(), ends=ends)
     try:
         Path(outdir).mkdir(parents=True, exist_ok=True)
         for report in reports:
@@ -85,16 +89,30 @@ def _store(config_path: str | None, state_dir: str | None) -> tuple[Path, str]:
     return path, str(path)
 
 
-def _store_rows(path: Path, start: float, end: float, hosts: tuple[str, ...],
-                chips: tuple[str, ...]) -> list:
+@contextlib.contextmanager
+def _reading(path: Path) -> Iterator[Any]:
+    """The history store, read only; one error line if it cannot be read."""
     from tpumon.store.database import HistoryDB, Retention
-    from tpumon.store.export import export_rows
 
     try:
         db = HistoryDB(path, Retention(), read_only=True)
         try:
-            return list(export_rows(db, start, end, set(hosts), set(chips)))
+            yield db
         finally:
             db.close()
     except sqlite3.Error as exc:
         raise click.ClickException(f"{path}: cannot read it: {exc}") from None
+
+
+def _store_ends(path: Path) -> list:
+    """The job ends the agent kept in its history store (docs/job-ends.md)."""
+    with _reading(path) as db:
+        return db.job_ends()
+
+
+def _store_rows(path: Path, start: float, end: float, hosts: tuple[str, ...],
+                chips: tuple[str, ...]) -> list:
+    from tpumon.store.export import export_rows
+
+    with _reading(path) as db:
+        return list(export_rows(db, start, end, set(hosts), set(chips)))

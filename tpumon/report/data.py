@@ -16,13 +16,14 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
 from tpumon.detect import Assessment, ChipDetector, DetectorSettings, describe_growth
 from tpumon.detect.floors import group_by_bucket
 from tpumon.detect.jumps import Jump
+from tpumon.store.database import StoredEnd
 from tpumon.trace import SeriesColumns, TraceRow
 
 #: Bins of the raw-sample envelope: about one per pixel of the PNG's plot width.
@@ -109,6 +110,8 @@ class ChipReport:
     step_times: np.ndarray  # (time, step) where steps are known, for the step axis
     step_values: np.ndarray
     gaps: list[tuple[float, float]] = field(default_factory=list)  # no samples from, to
+    #: the host's job ends the agent saw in this chip's span (from its history store)
+    ends: list[StoredEnd] = field(default_factory=list)
     trend: Trend | None = None
     forecast: Forecast | None = None
 
@@ -164,18 +167,25 @@ class HostReport:
 # ---------------------------------------------------------------------------- replay
 
 
+END_MARGIN_SECONDS = 600.0  # an end noticed this long after a chip's last sample is its own
+
+
 def _chip_sort_key(chip: str) -> tuple:
     return (0, int(chip), "") if chip.isdigit() else (1, 0, chip)
 
 
 def build_reports(series: Mapping[tuple[str, str], SeriesColumns], source: str, version: str,
-                  generated_at: float,
-                  settings: DetectorSettings | None = None) -> list[HostReport]:
-    """One report per host, chips in numeric order; series without samples are left out."""
+                  generated_at: float, settings: DetectorSettings | None = None,
+                  ends: Sequence[StoredEnd] = ()) -> list[HostReport]:
+    """One report per host, chips in numeric order; series without samples are left out.
+    ``ends``: job ends the agent kept (docs/job-ends.md), marked on their host's chips."""
     by_host: dict[str, list[ChipReport]] = {}
     for (host, chip), columns in series.items():
         if len(columns.times):
-            by_host.setdefault(host, []).append(chip_report(host, chip, columns, settings))
+            report = chip_report(host, chip, columns, settings)
+            report.ends = [e for e in ends if e.host == host
+                           and report.start <= e.time <= report.end + END_MARGIN_SECONDS]
+            by_host.setdefault(host, []).append(report)
     return [HostReport(host, sorted(chips, key=lambda c: _chip_sort_key(c.chip)), source,
                        version, generated_at)
             for host, chips in sorted(by_host.items())]

@@ -29,6 +29,7 @@ def render_html(report: HostReport, png: bytes) -> str:
                 else f"no leak on {n} chip{'s' if n != 1 else ''}")
     return _TEMPLATES.get_template("report.html.j2").render(
         title=f"tpumon report: {report.host}", headline=headline, host=report.host,
+        ends=_ends(report),
         identity=_identity(report), chips=[_cells(c) for c in report.chips],
         image=base64.b64encode(png).decode("ascii"), version=report.version,
         generated=utc(report.generated_at), max_listed=MAX_LISTED) + "\n"
@@ -72,6 +73,12 @@ def _cells(c: ChipReport) -> dict[str, Any]:
                   + (f", {step_text(j.step)}" if step_text(j.step) else "") for j in c.jumps],
         "jumps_total": size(sum(j.size for j in c.jumps), signed=True),
     }
+
+
+def _ends(report: HostReport) -> list[str]:
+    """Each job end the agent saw in the report's span, as it said it, in time order."""
+    seen = {e.id: e for c in report.chips for e in c.ends}
+    return [f"{utc(e.time)}: {e.summary}" for e in sorted(seen.values(), key=lambda e: e.time)]
 
 
 def _alert_forecast(c: ChipReport) -> str | None:

@@ -30,6 +30,7 @@ RESTART = "#7b3294"
 JUMP = "#1a9850"
 EXCURSION = "#8c8c8c"
 ALERT = "#c00000"
+ENDED = "#000000"  # a job's end the agent saw
 GAP = "#b0b0b0"
 VERDICT_COLOURS = {"leak": "#c00000", "step_change": "#d98000", "ok": "#2e7d32",
                    "warming_up": "#666666", "insufficient_data": "#666666"}
@@ -189,6 +190,11 @@ def _panel(ax, r: ChipReport, t0: float, x_end: float) -> None:
         labels.append((float(h(r.jumps[0].time)),
                        f"{len(r.jumps)} level jumps ({ups} up), "
                        f"{size(sum(j.size for j in r.jumps), signed=True)} in all", JUMP))
+    for end in r.ends:  # the agent saw the job end here (docs/job-ends.md)
+        ax.axvline(h(end.time), color=ENDED, linewidth=2.0, linestyle="-.", zorder=6)
+        at = step_text(end.step)
+        labels.append((float(h(end.time)), f"job ended: {end.cause}" + (f" ({at})" if at else ""),
+                       ENDED))
     if r.alert is not None:
         ax.axvline(h(r.alert["time"]), color=ALERT, linewidth=2.0, zorder=6)
         at = step_text(r.alert.get("step"))
@@ -362,6 +368,9 @@ def _legend_handles(report: HostReport) -> list:
     if any(c.jumps for c in chips):
         handles.append(Line2D([], [], marker="^", color=JUMP, linestyle="none", markersize=9,
                               label="level jump"))
+    if any(c.ends for c in chips):
+        handles.append(Line2D([], [], color=ENDED, linestyle="-.", linewidth=2.0,
+                              label="job ended (cause)"))
     if any(not e.drop for c in chips for e in c.excursions):
         handles.append(Line2D([], [], marker="^", color=EXCURSION, linestyle="none",
                               markersize=6, label="transient excursion"))
