@@ -139,3 +139,59 @@ def test_the_simulated_job_that_finishes_is_a_job_that_exited(tmp_path):
                            for r in pagerduty.requests)
         finally:
             assert agent.stop() == 0
+
+
+def _memory_cgroup():
+    """A memory cgroup (v1) this test may create, or None (see test_job_ends.py)."""
+    from test_job_ends import _own_memcg
+
+    return _own_memcg()
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or _memory_cgroup() is None or
+                    not os.access("/dev/kmsg", os.R_OK),
+                    reason="needs root, a writable memory cgroup (v1) and /dev/kmsg")
+def test_a_real_job_killed_for_host_memory_is_a_host_oom(tmp_path):
+    """The agent on this machine reading the real kernel log; a real Python loop reports
+    its steps, then allocates host memory until the kernel's OOM killer ends it under a
+    64 MiB cgroup limit."""
+    cgroup = _memory_cgroup() / f"tpumon-agent-test-{os.getpid()}"
+    cgroup.mkdir()
+    socket_path = tmp_path / "r.sock"
+    env = clean_env()
+    env.update(TPUMON_REPORTER_SOCKET=str(socket_path), TPUMON_STORE_STATE_DIR="",
+               TPUMON_AGENT_KERNEL_LOG="/dev/kmsg")
+    log_path = tmp_path / "agent.log"
+    with open(log_path, "w") as log:
+        agent = subprocess.Popen([*TPUMON, "agent", "--listen-address", "127.0.0.1:0",
+                                  "--poll-interval", "0.2", "--runtime-ports",
+                                  str(free_port())], stderr=log, env=env)
+    try:
+        (cgroup / "memory.limit_in_bytes").write_text(str(64 << 20))
+        url = wait_for(lambda: re.search(r"serving metrics on (http://\S+)/metrics",
+                                         log_path.read_text()), 60).group(1)
+        code = ("import os, sys, time\nfrom tpumon.instrument import Reporter\n"
+                "class R(Reporter):\n    framework = 'jax'\n"
+                "    def framework_fields(self):\n        return {'live': 9}\n"
+                "open(sys.argv[2], 'w').write(str(os.getpid()))\n"
+                "r = R(socket=sys.argv[1], min_interval=0)\nkept = []\n"
+                "for step in range(1, 1000000):\n    r.step(step)\n"
+                "    if step > 20:\n        kept.append(bytearray(4 << 20))\n"
+                "    time.sleep(0.05)\n")
+        job = subprocess.Popen([sys.executable, "-c", code, str(socket_path),
+                                str(cgroup / "cgroup.procs")])
+        assert job.wait(120) == -9  # SIGKILL: the kernel's OOM killer
+
+        def status() -> list[dict]:
+            import urllib.request
+            with urllib.request.urlopen(f"{url}/api/status", timeout=5) as r:
+                return json.loads(r.read())["job_ends"]
+
+        [end] = wait_for(status, 30)
+        assert end["cause"] == "host_oom" and end["pid"] == job.pid, end
+        assert f"Killed process {job.pid}" in end["evidence"], end
+        assert 20 <= end["step"] < 40, end
+    finally:
+        agent.terminate()
+        assert agent.wait(20) == 0
+        cgroup.rmdir()
