@@ -1,6 +1,6 @@
 # tpumon: two commands on a fresh Debian/Ubuntu machine with Python >= 3.10.
 #   make demo   the agent on its built-in TPU simulator, with a leaking workload
-#   make test   the whole test suite (installs what it needs first)
+#   make test   the quality gates (ruff, mypy), then the whole test suite (installs what it needs)
 
 PYTHON ?= python3
 VENV   := .venv
@@ -9,12 +9,14 @@ STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 DEMO_ADDRESS ?= :9847
 DEMO_SCENARIO ?= fast-leak
 
-.PHONY: help demo test test-frameworks bench venv system-deps-demo system-deps-test \
-	system-deps-bench clean
+.PHONY: help demo test test-fast lint test-frameworks bench venv system-deps-demo \
+	system-deps-test system-deps-bench clean
 
 help:
 	@echo "make demo    run the agent on the TPU simulator (metrics on $(DEMO_ADDRESS))"
-	@echo "make test    install test dependencies and run the whole suite"
+	@echo "make test    install test dependencies, run ruff and mypy, then the whole suite"
+	@echo "make test-fast   ruff, mypy and the unit tests only (no end-to-end tests; < 1 min)"
+	@echo "make lint    ruff and mypy only (settings in pyproject.toml)"
 	@echo "make test-frameworks   the reporters against real PyTorch/XLA and JAX (CPU)"
 	@echo "make bench   run the benchmarks (figures go to docs/benchmarks.md)"
 	@echo "make clean   remove the virtual environment and caches"
@@ -47,8 +49,16 @@ demo: venv
 	$(BIN)/tpumon agent --simulate --scenario $(DEMO_SCENARIO) --listen-address $(DEMO_ADDRESS) \
 		--poll-interval 0.25 --state-dir .demo-state --reporter-socket .demo-state/reporter.sock
 
-test: system-deps-test $(STAMP)
+lint: $(STAMP)
+	$(BIN)/ruff check tpumon
+	$(BIN)/mypy
+
+test: system-deps-test lint
 	$(BIN)/python -m pytest -q --durations=15
+
+# The unit tests: everything not marked e2e (agents, Prometheus, Alertmanager, pipelines).
+test-fast: system-deps-test lint
+	$(BIN)/python -m pytest -q -m "not e2e" --durations=5
 
 # Real PyTorch/XLA and JAX on CPU against the agent (a separate ~7 GB venv).
 test-frameworks:
@@ -58,6 +68,7 @@ test-frameworks:
 bench: system-deps-bench venv
 	$(BIN)/python bench/run.py
 	$(BIN)/python bench/detect.py
+	$(BIN)/python bench/analyze_speed.py
 	$(BIN)/python bench/store.py
 	$(BIN)/python bench/reporters.py
 	@if [ -x .venv-frameworks/bin/python ]; then .venv-frameworks/bin/python bench/reporters.py \
@@ -65,6 +76,7 @@ bench: system-deps-bench venv
 	else echo "(make test-frameworks first for the PyTorch/XLA and JAX loop overhead and snapshots)"; fi
 	$(BIN)/python bench/soak.py
 	$(BIN)/python bench/overhead.py
+	$(BIN)/python bench/startup.py
 
 clean:
 	rm -rf $(VENV) .venv-frameworks .pytest_cache build *.egg-info .demo-state

@@ -41,6 +41,8 @@ from fake_alert_apis import FakeAlertAPI
 from tools import (DENSE_POLLS, Processes, clean_env, free_port, get, prometheus_config,
                    ready, require_tool, wait_for)
 
+pytestmark = pytest.mark.e2e  # starts agents or external servers: seconds each
+
 ROOT = Path(__file__).resolve().parent.parent
 HOST = "t1v-n-e2e0pod-w-0"
 SLICE = "e2e-pod"

@@ -36,6 +36,7 @@ def config() -> dict:
     return yaml.safe_load(CONFIG.read_text())
 
 
+@pytest.mark.e2e
 def test_amtool_accepts_the_configuration_and_its_templates():
     # The template glob is relative to the configuration file, wherever amtool runs from.
     for cwd in (ROOT, ROOT / "tests"):
@@ -122,6 +123,7 @@ def render(template: str, data: Path) -> str:
     return result.stdout
 
 
+@pytest.mark.e2e
 def test_slack_message_names_host_worker_chip_growth_and_eta(leak_notification):
     title = render('{{ template "tpumon.slack.title" . }}', leak_notification)
     assert title == "[FIRING:2] TPUMonHBMLeakSuspected on llama-pod-a (v4-32)"
@@ -137,6 +139,7 @@ def test_slack_message_names_host_worker_chip_growth_and_eta(leak_notification):
     assert "host `t1v-n-pod-a-w-1` · worker `1` · chip `0`" in text
 
 
+@pytest.mark.e2e
 def test_pagerduty_summary_and_details(leak_notification):
     summary = render('{{ template "tpumon.pagerduty.description" . }}', leak_notification)
     assert summary == "[llama-pod-a] HBM leak on chip 2 of t1v-n-pod-a-w-3 (first of 2 alerts)"

@@ -62,6 +62,7 @@ def test_agent_missing_config_file(tmp_path):
     assert_one_line_error(run("agent", "--config", str(missing)), str(missing), "cannot read it")
 
 
+@pytest.mark.e2e
 def test_agent_bad_environment_and_flags():
     assert_one_line_error(run("agent", env={"TPUMON_AGENT_POLL_INTERVAL": "often"}),
                           "TPUMON_AGENT_POLL_INTERVAL")
@@ -93,6 +94,7 @@ def test_config_check_and_show(tmp_path):
     assert "poll_interval = 2.0" in shown.stdout and f"config file {good}" in shown.stdout
 
 
+@pytest.mark.e2e
 def test_status_against_a_runtime(runtime_servers):
     server = runtime_servers(chips_metrics({0: 3 * 2**30, 1: 4 * 2**30}, duty=75.0))
     result = run("status", "--direct", "--runtime-ports", str(server.port), "--format", "json")
@@ -106,6 +108,7 @@ def test_status_against_a_runtime(runtime_servers):
     assert table.returncode == 0 and "4.00 GiB" in table.stdout and "75.0 %" in table.stdout
 
 
+@pytest.mark.e2e
 def test_status_reads_the_runtime_and_says_so_when_the_local_agent_is_protected(
         runtime_servers, tmp_path):
     # An agent behind TLS or passwords answers nothing these commands can read: they say
@@ -129,6 +132,7 @@ def test_status_reads_the_runtime_and_says_so_when_the_local_agent_is_protected(
     assert direct.returncode == 0 and direct.stderr == ""
 
 
+@pytest.mark.e2e
 def test_status_without_a_runtime_reports_it():
     port = free_port()
     # no local agent (nothing at exporter.listen_address): the runtime is read instead
@@ -147,6 +151,7 @@ def scrape(url):
         return r.read().decode()
 
 
+@pytest.mark.e2e
 def test_agent_simulate_end_to_end(tmp_path):
     """The whole agent on the built-in simulator: metrics, promtool, owner RSS, SIGTERM."""
     log_path = tmp_path / "agent.log"
@@ -194,6 +199,7 @@ def test_agent_simulate_end_to_end(tmp_path):
             agent.kill()
 
 
+@pytest.mark.e2e
 def test_sim_writes_a_trace_that_reads_back(tmp_path):
     from tpumon.trace import read_trace
 

@@ -84,3 +84,12 @@ def test_a_constant_count_is_judged_as_the_full_fit_would_without_fitting():
             tracker.update(step, value)
         assert tracker.trend() == tracker._fit_slopes()
         assert tracker.trend().reason == "flat"
+
+
+def test_the_retained_tensors_text_fits_the_framework():
+    """JAX has no in-place sharding helper: its diagnosis must not send people to one."""
+    growing = CountTrend(True, 1.0, 0.9, 9.0, 100, 500)
+    jax_text = diagnose(growing, None, False, "jax").text
+    torch_text = diagnose(growing, None, False, "torch_xla").text
+    assert "sharding helper" not in jax_text and "closure" in jax_text
+    assert "in-place sharding helper keeping gradients alive" in torch_text

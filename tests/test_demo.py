@@ -99,7 +99,7 @@ def check_the_pages_agree(agent: AgentProcess) -> None:
 
 def check_the_log_says_so(agent: AgentProcess) -> None:
     """Without Slack or PagerDuty the journal once said nothing when a leak was called."""
-    said = (r"WARNING .*chip 0: verdict leak \(was \w+\): floor grows .*/step; "
+    said = (r"WARNING .*chip 0: verdict leak \(was \w+\): .*grows? [\d.]+ KiB/step; "
             r"OOM in [\d.]+ h; OOM at step ~[\d,]+ \(.* UTC\)")
     line = wait_for(lambda: re.search(said, agent.log()), timeout=10)
     assert line

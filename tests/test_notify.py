@@ -39,7 +39,9 @@ def leak(eta_hours: float, now: float, per_step: float | None = 150e3) -> Assess
     return Assessment(Verdict.LEAK, "floor grows", floor_bytes=20 * GiB, total_bytes=TOTAL,
                       slope_bytes_per_second=3e5, slope_bytes_per_step=per_step,
                       predicted_oom_time=now + eta_hours * 3600,
-                      predicted_oom_step=None if per_step is None else 48_200)
+                      predicted_oom_step=None if per_step is None else 48_200,
+                      predicted_oom_step_low=None if per_step is None else 47_000,
+                      predicted_oom_step_high=None if per_step is None else 49_900)
 
 
 def healthy(floor: float = 20 * GiB) -> Assessment:
@@ -236,6 +238,7 @@ def test_pagerduty_trigger_then_resolve_with_one_dedup_key():
         assert payload["severity"] == "critical" and payload["source"] == IDENT.host
         assert payload["component"] == "chip 0" and payload["group"] == "llama-pod-a"
         assert payload["custom_details"]["predicted_oom_step"] == 48_200
+        assert payload["custom_details"]["predicted_oom_step_interval"] == [47_000, 49_900]
         assert trigger["links"][0]["href"].startswith("https://grafana.example/")
         assert trigger["links"][1] == {"href": f"http://{IDENT.host}:9847/report",
                                        "text": "tpumon report"}

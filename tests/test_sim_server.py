@@ -97,6 +97,7 @@ def test_job_restart_closes_and_reopens_the_port(simulator):
     assert len(reading.chips) == 4
 
 
+@pytest.mark.e2e
 def test_agent_poll_loop_detects_a_leak_end_to_end(simulator):
     """Simulated runtime over gRPC -> runtime source -> agent -> detector -> /metrics."""
     from prometheus_client import generate_latest
@@ -171,6 +172,7 @@ def test_simulated_time_never_goes_back_whoever_reads_it(monkeypatch):
     assert last > 90.0 * 100  # and it went forward
 
 
+@pytest.mark.e2e
 def test_while_the_runtime_is_down_time_runs_unobserved(simulator):
     """Between jobs no reader can look (the port is closed), so the simulator itself moves
     the bound: the next job comes up although nothing polls."""

@@ -12,6 +12,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from fake_alert_apis import FakeAlertAPI
 from tools import DENSE_POLLS, TPUMON, AgentProcess, wait_for
 
+pytestmark = pytest.mark.e2e  # starts agents or external servers: seconds each
+
 
 def finished_snapshot(agent: AgentProcess) -> dict | None:
     for p in json.loads(agent.get("/api/status"))["processes"]:
@@ -84,3 +86,21 @@ def test_tpumon_snapshot_without_an_agent_is_one_error_line(tmp_path):
     assert done.returncode == 1 and done.stdout == ""
     assert done.stderr.startswith("Error: no agent answering at http://127.0.0.1:9")
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_the_table_says_how_to_record_creation_sites_when_none_were(capsys):
+    """A torch_xla snapshot without TPUMON_TRACK_SITES: "-" in the table, and the hint."""
+    from rich.console import Console
+
+    from tpumon.cli.snapshot import SITES_HINT, _render
+
+    result = {"pending": False, "error": None, "reason": "", "steps": 10, "from_step": 1,
+              "to_step": 11, "summary": "likely leak: +1 f32[] per step",
+              "grown": [{"group": "f32[]", "count_per_step": 1.0, "bytes_per_step": 4.0,
+                         "bytes_each": 4.0, "count_delta": 10, "sites": {}}]}
+    _render(7, result, Console(width=200))
+    out = capsys.readouterr().out
+    assert "TPUMON_TRACK_SITES=1" in out and SITES_HINT.split(":")[0] in out
+    result["grown"][0]["sites"] = {"train.py:3 (x)": 10}
+    _render(7, result, Console(width=200))
+    assert "TPUMON_TRACK_SITES" not in capsys.readouterr().out

@@ -212,3 +212,13 @@ def test_fuzz_diff_invariants(a, b, s1, s2, slope):
     assert f is None or 0.0 <= f <= 1.0
     text = d.summary(slope)
     assert "\n" not in text and text
+
+
+def test_an_empty_diff_beside_a_rising_live_count_does_not_say_nothing_grew():
+    """Both snapshots listed the same tensors while the process's count rose one a step:
+    the growth is held where a snapshot cannot list it, and the summary says so."""
+    d = diff(snap(100, params(), scalars(3)), snap(150, params(), scalars(3)))
+    text = d.summary(live_per_step=1.0)
+    assert text.startswith("no tensor the snapshots list grew between steps 100 and 150, "
+                           "though the live count rose by about 50 (+1.00 per step)"), text
+    assert d.summary(live_per_step=0.0) == "no live tensors grew between steps 100 and 150"

@@ -13,6 +13,8 @@ import pytest
 
 from tools import TPUMON, AgentProcess, clean_env, free_port, require_tool, wait_for
 
+pytestmark = pytest.mark.e2e  # starts agents or external servers: seconds each
+
 COLUMNS, ROWS = 80, 30
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import threading
 import time
 from typing import Callable, Mapping
@@ -17,16 +18,20 @@ from typing import Callable, Mapping
 from prometheus_client import CollectorRegistry, Histogram
 
 from tpumon.detect import Assessment, ChipDetector, DetectorSettings, Verdict, describe_growth
+from tpumon.detect.pooling import pool_jobs
 from tpumon.identity import LABELS
 from tpumon.leak_snapshots import LeakSnapshots
-from tpumon.samples import RuntimeReading
+from tpumon.samples import HostSample, RuntimeReading
 from tpumon.sources.health import SourceTracker
 from tpumon.sources.host import HostSource
+from tpumon.sources.kernel_log import KernelLog
 from tpumon.sources.tpu_runtime import TpuRuntimeSource
 from tpumon.notify.alerts import AlertLog
 from tpumon.notify.health import NotifierHealth
 from tpumon.notify.settings import AlertSettings
-from tpumon.processes import ProcessState, ProcessTracker, chip_processes
+from tpumon.job_ends import JobEndTracker
+from tpumon.processes import (ProcessState, ProcessTracker, chip_processes, growing_chips,
+                              with_hbm_growth)
 from tpumon.sources.reporter import ReporterSocket
 from tpumon.state import AgentState, Snapshot
 from tpumon.store.checkpoint import dump_detector
@@ -68,7 +73,7 @@ def forecast_text(a: Assessment) -> str:
         return ""
     growth = describe_growth(a.slope_bytes_per_step, a.slope_bytes_per_hour)
     at_step = "" if a.predicted_oom_step is None else f" at step ~{a.predicted_oom_step:,.0f}"
-    said = "" if "floor grows" in a.reason else f"; floor grows {growth}"
+    said = "" if re.search(r"\bgrows?\b", a.reason) else f"; floor grows {growth}"
     return f"{said}; OOM{at_step} ({utc(a.predicted_oom_time)})"
 
 
@@ -100,7 +105,8 @@ class Agent:
                  reporters: ReporterSocket | None = None,
                  notifier_health: Callable[[], NotifierHealth] | None = None,
                  alert_settings: AlertSettings | None = None,
-                 leak_snapshots: LeakSnapshots | None = None) -> None:
+                 leak_snapshots: LeakSnapshots | None = None,
+                 kernel_log: KernelLog | None = None) -> None:
         self.state = state
         self._detector_settings = detector_settings
         self._detectors: dict[str, ChipDetector] = dict(detectors or {})
@@ -114,6 +120,9 @@ class Agent:
         self._host = SourceTracker("host", HostSource(owners, min_interval=HOST_SECONDS).poll)
         self._reporters = None if reporters is None else SourceTracker("reporter", reporters.poll)
         self._processes = ProcessTracker()
+        self._kernel = None if kernel_log is None else SourceTracker("kernel_log",
+                                                                     kernel_log.poll)
+        self._ends = JobEndTracker(interval)
         self._leak_snapshots = leak_snapshots
         self._notifier_health = notifier_health
         self.alert_settings = alert_settings or AlertSettings()  # swapped by a reload
@@ -132,22 +141,25 @@ class Agent:
         runtime = self._runtime.poll()
         host = self._host.poll()
         reported = None if self._reporters is None else self._reporters.poll()
-        processes = self._processes.update(reported)
+        processes = self._processes.update(
+            reported, None if host is None else host.memory_available_bytes)
         owners = self._owners()
         attributed = chip_processes(runtime.chips if runtime else (), owners, processes)
         steps = self._steps(attributed, processes)
         samples = self._samples(runtime, steps)
         self._polls += 1
-        assessments = self._detect(samples)
+        assessments = self._detect(samples, owners)
         log_verdict_changes(self.state.snapshot.assessments, assessments)
+        processes = with_hbm_growth(processes, attributed, growing_chips(assessments))
+        self._notice_ends(runtime, owners, attributed, processes, assessments, host)
         if self._leak_snapshots is not None:
             self._leak_snapshots.update(assessments, attributed, processes, time.time())
         previous = self.state.snapshot
         wall = time.time()
         if runtime is not None:
             self._clock_offset = runtime.time - wall
-        health = (self._runtime.health, self._host.health) + (
-            () if self._reporters is None else (self._reporters.health,))
+        health = (self._runtime.health, self._host.health) + tuple(
+            t.health for t in (self._reporters, self._kernel) if t is not None)
         snapshot = Snapshot(
             time=wall, clock_offset=self._clock_offset, identity=previous.identity,
             inventory=previous.inventory,
@@ -160,14 +172,25 @@ class Agent:
             processes=processes, chip_processes=attributed, chip_steps=steps,
             reporter=reported,
             notifier=None if self._notifier_health is None else self._notifier_health(),
-            alert_settings=self.alert_settings)
+            alert_settings=self.alert_settings, job_ends=tuple(self._ends.recent),
+            job_ends_total=dict(self._ends.totals))
         self.state.publish(snapshot)
         if self._alert_log is not None:
             self._alert_log(snapshot)
         if self._store is not None:
-            self._record(samples)
+            self._record(self._store, samples)
         self._poll_seconds.observe(time.monotonic() - started)
         return snapshot
+
+    def _notice_ends(self, runtime: RuntimeReading | None, owners: Mapping[str, int],
+                     attributed: Mapping[str, int], processes: Mapping[int, ProcessState],
+                     assessments: Mapping[str, Assessment], host: HostSample | None) -> None:
+        """Jobs that ended since the last poll: one log line each (docs/job-ends.md)."""
+        kills = (self._kernel.poll() if self._kernel is not None else None) or {}
+        alerts = {name: d.alert for name, d in self._detectors.items()}
+        for end in self._ends.update(time.time(), runtime, owners, processes, assessments,
+                                     alerts, host, kills, attributed):
+            log.warning("%s", end.summary())
 
     @staticmethod
     def _steps(attributed: Mapping[str, int],
@@ -188,7 +211,8 @@ class Agent:
                              chip.hbm_total_bytes)
                 for name, chip in reading.chips.items() if chip.hbm_total_bytes is not None}
 
-    def _record(self, samples: Mapping[str, Sample], final: bool = False) -> None:
+    def _record(self, store: StoreWriter, samples: Mapping[str, Sample],
+                final: bool = False) -> None:
         """Hand the poll's samples to the store (a queue append) and, every
         ``checkpoint_interval`` or when stopping, the detectors' state after them."""
         checkpoints = {}
@@ -196,11 +220,13 @@ class Agent:
             checkpoints = {name: dump_detector(d) for name, d in self._detectors.items()}
             self._next_checkpoint = time.monotonic() + self._checkpoint_interval
         if samples or checkpoints:
-            self._store.submit(PollRecord(self.state.snapshot.identity.host,
+            store.submit(PollRecord(self.state.snapshot.identity.host,
                                           tuple(samples.items()), checkpoints))
 
-    def _detect(self, samples: Mapping[str, Sample]) -> dict[str, Assessment]:
-        """Feed each chip's sample to its detector (the same code ``tpumon analyze`` runs).
+    def _detect(self, samples: Mapping[str, Sample],
+                owners: Mapping[str, int]) -> dict[str, Assessment]:
+        """Feed each chip's sample to its detector (the same code ``tpumon analyze`` runs),
+        and pool the evidence of the chips one process holds (one job: ``pool_jobs``).
 
         A chip that does not answer gets no sample: to its detector that is a poll gap,
         and a gap followed by memory back at baseline is a job restart.
@@ -211,7 +237,8 @@ class Agent:
                 detector = self._detectors[name] = ChipDetector(self._detector_settings)
             detector.update((s.time,), (math.nan if s.step is None else s.step,), (s.used,),
                             (s.total,))
-        return {name: d.assessment for name, d in self._detectors.items()}
+        return pool_jobs({name: d.assessment for name, d in self._detectors.items()},
+                         {chip: f"process {pid}" for chip, pid in owners.items()})
 
     def run(self, stop: threading.Event,
             after_poll: Callable[[Snapshot], None] | None = None) -> None:
@@ -231,5 +258,5 @@ class Agent:
                 next_tick = now + self.interval - (now - next_tick) % self.interval
             stop.wait(next_tick - now)
         if self._store is not None:
-            self._record({}, final=True)
+            self._record(self._store, {}, final=True)
         self._runtime_source.close()

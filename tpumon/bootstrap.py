@@ -13,7 +13,7 @@ import time
 import os
 import sqlite3
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Callable, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry
 
@@ -30,6 +30,7 @@ from tpumon.notify.pagerduty import PagerDutyChannel
 from tpumon.notify.secrets import read_secret
 from tpumon.notify.slack import SlackChannel
 from tpumon.leak_snapshots import LeakSnapshots
+from tpumon.sources.kernel_log import KernelLog
 from tpumon.sources.reporter import ReporterSocket
 from tpumon.sources.tpu_runtime import TpuRuntimeSource
 from tpumon.state import AgentState
@@ -230,6 +231,17 @@ def open_notifier(config: Config, simulate: bool, state: AgentState,
     return Notifier(lambda: state.snapshot, tracker, outbox, channels)
 
 
+def simulated_owners(pid: int, devices: Sequence[str],
+                     runtime: list[TpuRuntimeSource]) -> Callable[[], dict[str, int]]:
+    """The simulator's process owns the chips while its job runs (its runtime's ports
+    answer), as a real job's process holds /dev/accel* while it lives: between jobs and
+    after an OOM nobody does, and the agent sees the job end."""
+    def owners() -> dict[str, int]:
+        up = bool(runtime) and any(runtime[0].ports_up.values())
+        return {d: pid for d in devices} if up else {}
+    return owners
+
+
 SPARSEST_SIMULATED_POLLS = 60.0  # simulated s between polls at most (see check_simulation_pace)
 
 
@@ -269,6 +281,7 @@ def build(config: Config, simulate: bool = False, env: Mapping[str, str] | None 
     simulator = None
     channels = notification_channels(config, env) if history else []  # a bad secret file
     reporters = open_reporter_socket(config, simulate) if history else None  # fails first
+    sources: list[TpuRuntimeSource] = []  # the runtime source, once made
     if simulate:
         check_simulation_pace(config)
         simulator = spawn_simulator(config["simulator.scenario"], config["simulator.chips"],
@@ -279,8 +292,7 @@ def build(config: Config, simulate: bool = False, env: Mapping[str, str] | None 
                                     start_time=simulated_start(config, simulate))
         inventory = inventory_for(config["simulator.chip_type"], config["simulator.chips"])
         address, ports, tpu_env = "127.0.0.1", simulator.ports, {}
-        sim_pid = simulator.pid
-        owners = OwnerScanner(lambda: {d: sim_pid for d in inventory.devices}, 5.0)
+        owners = OwnerScanner(simulated_owners(simulator.pid, inventory.devices, sources), 0.0)
         log.info("simulating %d %s chips (scenario %s, %gx time) on 127.0.0.1:%s",
                  inventory.count, inventory.chip_type, config["simulator.scenario"],
                  config["simulator.acceleration"], ",".join(map(str, ports)))
@@ -296,10 +308,13 @@ def build(config: Config, simulate: bool = False, env: Mapping[str, str] | None 
     runtime = TpuRuntimeSource(address, ports, config["runtime.timeout"], inventory,
                                runtime_clock=simulate,
                                slow_interval=config["runtime.slow_metrics_interval"])
+    sources.append(runtime)
     state = AgentState(identity, inventory, config["agent.history_points"])
     notifier = open_notifier(config, simulate, state, channels)
     store, detectors = open_store(config, simulate, identity.host) if history else (None, {})
-    registry = build_registry(lambda: state.snapshot)
+    registry = build_registry(lambda: state.snapshot,
+                              store_health=None if store is None else lambda: store.health,
+                              notifier_health=None if notifier is None else notifier.health)
     agent = Agent(state, runtime, owners, config["agent.poll_interval"], registry,
                   detectors=detectors, store=store,
                   checkpoint_interval=config["store.checkpoint_interval"], reporters=reporters,
@@ -307,7 +322,9 @@ def build(config: Config, simulate: bool = False, env: Mapping[str, str] | None 
                   alert_settings=AlertSettings.from_config(config),
                   leak_snapshots=None if reporters is None or not config[
                       "reporter.snapshot_on_leak"] else LeakSnapshots(
-                      reporters.request_snapshot, config["reporter.snapshot_steps"]))
+                      reporters.request_snapshot, config["reporter.snapshot_steps"]),
+                  kernel_log=KernelLog(config["agent.kernel_log"])
+                  if config["agent.kernel_log"] and not simulate else None)
     if store is not None:
         store.start()
     if notifier is not None:

@@ -1,18 +1,41 @@
-"""Reporting training processes: their count trends, and which chip each one drives.
+"""Reporting training processes: their count and host-memory trends, and which chip each
+one drives.
 
 Fed each poll with the reporter socket's reading. Keeps, per process, the trend of its
-live tensor count and of its uncached compiles (``detect.counts``), forgets processes
-that stopped reporting, and attributes chips to processes so that the HBM detector gets
-step numbers and the diagnosis can name a cause.
+live tensor count, of its uncached compiles and of its resident host memory
+(``detect.counts``: Sen's slope and Mann-Kendall over steps), forgets processes that
+stopped reporting, and attributes chips to processes so that the HBM detector gets step
+numbers and the diagnosis can name a cause.
+
+Two verdicts per process, because a run dies of either:
+
+- ``verdict`` (device tensors): a live count that rises steadily is a ``leak`` only when
+  memory grows with it (the HBM floor of a chip it drives, or its own RSS: on a CPU backend
+  device buffers are host memory); a rise alone is ``growing``. A count can rise with
+  nothing new alive (torch_xla's counters under SPMD did; see instrument/torch_xla.py), and
+  a leak of a few bytes a step never kills a job, so the count alone never calls a leak.
+- ``host_verdict``: the process's RSS, step-indexed, as reported: a host-side leak (a
+  Python list of losses or arrays, ``total_loss += loss`` keeping graphs, a growing cache)
+  grows it and never HBM, and ends in the kernel's OOM killer. Forecast against the host's
+  available memory.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterable, Mapping
 
-from tpumon.detect.counts import Cause, CountSettings, CountTracker, CountTrend, diagnose
+from tpumon.detect import Assessment, Verdict
+from tpumon.detect.counts import (Cause, CountSettings, CountTracker, CountTrend, diagnose,
+                                  host_memory_cause)
+from tpumon.known_issues import known_issue
 from tpumon.sources.reporter import ProcessReport, ReporterReading
+
+#: RSS trends: Python's heap and the framework's caches settle over more steps than the
+#: live count does, and a few MiB of drift is not a leak; 64 MiB of steady growth since
+#: warm-up is (or will be, at that rate, within the forecast).
+RSS_SETTINGS = CountSettings(warmup_steps=100, min_points=24, min_steps=200,
+                             min_growth=64 * 2**20)
 
 
 @dataclass(frozen=True)
@@ -22,60 +45,118 @@ class ProcessState:
     report: ProcessReport
     live: CountTrend
     compiles: CountTrend
+    rss: CountTrend = CountTrend(False)
+    #: Host memory the process could still take (the host's available bytes, last poll).
+    host_available: int | None = None
+    #: Whether HBM grows on a chip this process drives (set by the agent after detection).
+    hbm_growing: bool = False
 
     @property
     def verdict(self) -> str:
-        """``leak`` when live tensors grow steadily, ``ok`` when a trend was fitted and they
-        do not, ``warming_up`` before that, ``unknown`` without a live count."""
-        if self.report.live is None:
+        """``leak`` when live tensors grow steadily and memory grows with them, ``growing``
+        when they grow and no memory does (yet), ``ok`` when a trend was fitted and they do
+        not, ``warming_up`` before that, ``unknown`` without a live count."""
+        if self.report.live is None and not self.live.points:
             return "unknown"
         if self.live.growing:
-            return "leak"
+            return "leak" if self.hbm_growing or self.rss.growing else "growing"
         return "ok" if self.live.per_step is not None else "warming_up"
 
+    @property
+    def host_verdict(self) -> str:
+        """``leak`` when the RSS grows steadily over steps, else as :attr:`verdict`."""
+        if self.report.rss is None:
+            return "unknown"
+        if self.rss.growing:
+            return "leak"
+        return "ok" if self.rss.per_step is not None else "warming_up"
+
+    @property
+    def host_oom_seconds(self) -> float | None:
+        """Seconds until the RSS, at its trend, takes all the host's available memory."""
+        steps = self.host_oom_steps
+        rate = self.report.steps_per_second
+        return None if steps is None or not rate else steps / rate
+
+    @property
+    def host_oom_steps(self) -> float | None:
+        if not self.rss.growing or not self.rss.per_step or self.host_available is None:
+            return None
+        return self.host_available / self.rss.per_step
+
     def diagnosis(self, hbm_leak: bool = False) -> Cause | None:
-        return diagnose(self.live, self.compiles, hbm_leak)
+        cause = diagnose(self.live, self.compiles, hbm_leak or self.hbm_growing,
+                         self.report.framework)
+        if cause is None and self.rss.growing:
+            cause = host_memory_cause(self.rss, self.live)
+        known = known_issue(self.report.framework, self.report.framework_version,
+                            cause.code if cause else None)
+        return cause if known is None or cause is None else \
+            Cause(cause.code, f"{cause.text}; {known.text()}")
 
 
 class ProcessTracker:
     """Count trends per reporting process, rebuilt as processes come and go."""
 
-    def __init__(self, settings: CountSettings | None = None) -> None:
+    def __init__(self, settings: CountSettings | None = None,
+                 rss_settings: CountSettings = RSS_SETTINGS) -> None:
         self._settings = settings
-        self._trackers: dict[int, tuple[CountTracker, CountTracker]] = {}
+        self._rss_settings = rss_settings
+        self._trackers: dict[int, tuple[CountTracker, CountTracker, CountTracker]] = {}
 
-    def update(self, reading: ReporterReading | None) -> dict[int, ProcessState]:
+    def update(self, reading: ReporterReading | None,
+               host_available: int | None = None) -> dict[int, ProcessState]:
         if reading is None:
             return {}
         for pid in set(self._trackers) - set(reading.processes):
             del self._trackers[pid]
         states = {}
         for pid, report in reading.processes.items():
-            live, compiles = self._trackers.setdefault(
-                pid, (CountTracker(self._settings), CountTracker(self._settings)))
+            live, compiles, rss = self._trackers.setdefault(pid, (
+                CountTracker(self._settings), CountTracker(self._settings),
+                CountTracker(self._rss_settings)))
             for point in reading.points.get(pid, ()):
                 live.update(point.step, point.live)
                 compiles.update(point.step, point.compiles_uncached)
-            states[pid] = ProcessState(report, live.trend(), compiles.trend())
+                rss.update(point.step, point.rss)
+            states[pid] = ProcessState(report, live.trend(), compiles.trend(), rss.trend(),
+                                       host_available)
         return states
+
+
+def growing_chips(assessments: Mapping[str, Assessment]) -> list[str]:
+    """Chips whose HBM floor grows: a leak called, or growth whose whole confidence
+    interval is above zero (evidence of growth before a verdict's 30 minutes)."""
+    return [chip for chip, a in assessments.items()
+            if a.verdict is Verdict.LEAK or (a.slope_bytes_per_second_low or 0.0) > 0.0]
+
+
+def with_hbm_growth(processes: Mapping[int, ProcessState], chip_processes: Mapping[str, int],
+                    growing_chips: Iterable[str]) -> dict[int, ProcessState]:
+    """The processes, each told whether HBM grows on a chip it drives."""
+    growing = {chip_processes[c] for c in growing_chips if c in chip_processes}
+    return {pid: replace(s, hbm_growing=True) if pid in growing else s
+            for pid, s in processes.items()}
 
 
 def chip_processes(chips: Iterable[str], owners: Mapping[str, int],
                    processes: Mapping[int, ProcessState]) -> dict[str, int]:
     """Which reporting process drives each chip: the chip's owner (from /proc) when it
     reports; else the process whose report names the chip's device (PyTorch/XLA's
-    process-per-chip runs); else, when exactly one process reports, that one."""
+    process-per-chip runs); else, when exactly one process reports, that one. A process
+    whose pid is gone drives nothing."""
+    running = {pid: s for pid, s in processes.items() if not s.report.exited}
     by_device: dict[str, int] = {}
-    for pid, state in processes.items():
+    for pid, state in running.items():
         for device in state.report.devices:
             by_device.setdefault(device, pid)
         if state.report.ordinal is not None and not state.report.devices:
             by_device.setdefault(str(state.report.ordinal), pid)
-    only = next(iter(processes)) if len(processes) == 1 else None
+    only = next(iter(running)) if len(running) == 1 else None
     out = {}
     for chip in chips:
         owner = owners.get(chip)
-        pid = owner if owner in processes else by_device.get(chip, only)
-        if pid is not None:
-            out[chip] = pid
+        driver = owner if owner in running else by_device.get(chip, only)
+        if driver is not None:
+            out[chip] = driver
     return out

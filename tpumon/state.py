@@ -15,6 +15,7 @@ from typing import Mapping
 from tpumon.detect import Assessment, Verdict
 from tpumon.detect.counts import Cause
 from tpumon.identity import Identity
+from tpumon.job_ends import JobEnd
 from tpumon.samples import HostSample, RuntimeReading, chip_sort_key
 from tpumon.sources.chips import ChipInventory
 from tpumon.sources.health import SourceHealth
@@ -58,6 +59,8 @@ class Snapshot:
     reporter: ReporterReading | None = None  # None: no reporter socket configured
     notifier: NotifierHealth | None = None  # None: no Slack or PagerDuty configured
     alert_settings: AlertSettings = field(default_factory=AlertSettings)  # [alerts], reloadable
+    job_ends: tuple[JobEnd, ...] = ()  # training jobs that ended in the last hour
+    job_ends_total: Mapping[str, int] = field(default_factory=dict)  # by cause, since start
     # The samples' clock minus the wall clock: 0 on a TPU VM; under --simulate the simulated
     # time runs ahead. Verdicts and forecasts are on the samples' clock (samples_time).
     clock_offset: float = 0.0
@@ -98,7 +101,12 @@ class Snapshot:
         result = self.tensor_snapshot(pid)
         if result is None or result.diff is None:
             return None
-        return result.diff.summary(self.process_growth_per_step(pid))
+        return result.diff.summary(self.process_growth_per_step(pid),
+                                   live_per_step=self.live_per_step(pid))
+
+    def live_per_step(self, pid: int) -> float | None:
+        state = self.processes.get(pid)
+        return None if state is None else state.live.per_step
 
     def chips(self) -> list[str]:
         """Every chip to report: those that answered and those expected but missing."""

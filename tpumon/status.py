@@ -80,6 +80,7 @@ def status_document(snap: Snapshot, source: str = "agent") -> dict[str, Any]:
         "processes": [{**_process(pid, state), "tensor_snapshot": _tensor_snapshot(snap, pid)}
                       for pid, state in sorted(snap.processes.items())],
         "notifications": _notifications(snap),
+        "job_ends": [end.to_json() for end in reversed(snap.job_ends)],
         "store": None if store is None else {
             "path": store.path, "up": store.up, "error": store.error,
             "size_bytes": store.size_bytes, "polls_written_total": store.polls_written_total,
@@ -95,6 +96,9 @@ def _process(pid: int, state: ProcessState) -> dict[str, Any]:
             "live_tensors_per_step": state.live.per_step, "verdict": state.verdict,
             "compiles_cached": r.compiles_cached, "compiles_uncached": r.compiles_uncached,
             "recompiling": state.compiles.growing, "rss_bytes": r.rss,
+            "rss_growth_bytes_per_step": state.rss.per_step, "host_verdict": state.host_verdict,
+            "host_oom_seconds": state.host_oom_seconds, "exited": r.exited,
+            "framework_version": r.framework_version,
             "devices": dict(r.devices), **_cause(state.diagnosis())}
 
 
@@ -111,7 +115,8 @@ def _tensor_snapshot(snap: Snapshot, pid: int) -> dict[str, Any] | None:
         "pending": result.pending, "error": result.error,
         "from_step": result.before.step if result.before else None,
         "to_step": result.after.step if result.after else None,
-        "summary": None if found is None else found.summary(growth),
+        "summary": None if found is None else found.summary(
+            growth, live_per_step=snap.live_per_step(pid)),
         "explained_fraction": None if found is None else found.explained_fraction(growth),
         "grown": [] if found is None else [
             {"group": g.label(), "count_per_step": g.count_per_step,

@@ -1,4 +1,4 @@
-"""The command line both training loops take."""
+"""The command line the training loops take."""
 
 import argparse
 import itertools
@@ -9,8 +9,12 @@ from typing import Iterator
 def parse() -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--leak", action="store_true", help="keep every step's loss")
+    parser.add_argument("--leak", action="store_true", help="keep a device tensor every step")
+    parser.add_argument("--host-leak", action="store_true",
+                        help="keep a host-side array every step (RSS grows, HBM does not)")
     parser.add_argument("--recompile", action="store_true", help="a new shape every 10 steps")
+    parser.add_argument("--mark-function", action="store_true",
+                        help="SPMD loop: MarkShardingFunction on parameters and activations")
     parser.add_argument("--min-seconds", type=float, default=0.0,
                         help="go on past --steps until this long has passed: the reporter "
                              "sends at most 20 reports a second, a fast loop needs the time")

@@ -23,7 +23,7 @@ from tpumon.store.export import export_rows
 from tpumon.trace import TraceRow, write_trace
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-WRITABLE = {".csv": "csv", ".jsonl": "jsonl"}  # output suffix -> trace format
+WRITABLE = {".csv": "csv", ".jsonl": "jsonl", ".parquet": "parquet"}  # suffix -> format
 
 
 def parse_when(text: str, option: str, now: float | None = None) -> float:
@@ -42,7 +42,8 @@ def parse_when(text: str, option: str, now: float | None = None) -> float:
         moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
         raise click.BadParameter(f"{text!r} is not a time: use Unix seconds, "
-                                 "2026-11-21T08:00 (UTC) or an age like 6h", param_hint=option)
+                                 "2026-11-21T08:00 (UTC) or an age like 6h",
+                                 param_hint=option) from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=timezone.utc)
     return moment.timestamp()
@@ -90,8 +91,9 @@ def describe_selection(db: HistoryDB, since: str | None, until: str | None) -> s
 @history_selection
 @click.option("-o", "--output", default="-", show_default=True, type=click.Path(dir_okay=False,
               allow_dash=True), help="Output file; '-' is stdout.")
-@click.option("--format", "fmt", type=click.Choice(["csv", "jsonl"]), default=None,
-              help="Trace format [default: jsonl for a .jsonl output, else csv].")
+@click.option("--format", "fmt", type=click.Choice(["csv", "jsonl", "parquet"]), default=None,
+              help="Trace format [default: jsonl for a .jsonl output, parquet for .parquet, "
+              "else csv]; parquet needs an output file.")
 def command(config_path: str | None, state_dir: str | None, since: str | None,
             until: str | None, hosts: tuple[str, ...], chips: tuple[str, ...], output: str,
             fmt: str | None) -> None:
@@ -108,6 +110,8 @@ def command(config_path: str | None, state_dir: str | None, since: str | None,
     if not path.exists():
         raise click.ClickException(f"{path}: no history store here (is --state-dir right?)")
     fmt = fmt or output_format(output)
+    if fmt == "parquet" and output == "-":
+        raise click.UsageError("parquet is written to a file: give -o FILE.parquet")
     try:
         db = HistoryDB(path, Retention(), read_only=True)
         try:

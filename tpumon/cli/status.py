@@ -3,21 +3,19 @@
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import click
 from rich.console import Console
 from rich.table import Table
 
-from tpumon.bootstrap import build
 from tpumon.cli.options import (agent_client_options, agent_option, config_option,
                                 direct_option, ports_value, runtime_ports_option)
-from tpumon.client import (AgentClient, AgentError, AgentUnreachable, ClientAuth,
-                           StatusDocument)
+from tpumon.client import AgentClient, AgentError, AgentUnreachable, ClientAuth, StatusDocument
 from tpumon.config import Config, load_config, parse_listen_address, reachable_host
-from tpumon.detect import describe_growth
+from tpumon.describe import describe_growth
 from tpumon.logs import setup_logging
-from tpumon.status import status_document
 from tpumon.units import format_bytes, format_hours
 
 
@@ -65,6 +63,7 @@ def render_table(doc: dict[str, Any], console: Console) -> None:
             console.print(f"chip {chip['chip']}: likely cause: {chip['diagnosis']}",
                           highlight=False)
     render_processes(doc.get("processes") or [], console)
+    render_job_ends(doc.get("job_ends") or [], console)
     for name, source in doc["sources"].items():
         if not source["up"]:
             console.print(f"[yellow]{name}: down: {source['error']}[/]", highlight=False)
@@ -99,7 +98,8 @@ def render_processes(processes: list[dict[str, Any]], console: Console) -> None:
     if not processes:
         return
     table = Table(title="training processes (reporters)", title_justify="left")
-    for column in ("PID", "Framework", "Rank", "Step", "Steps/s", "Live", "Compiles", "Verdict"):
+    for column in ("PID", "Framework", "Rank", "Step", "Steps/s", "Live", "RSS", "Compiles",
+                   "Verdict"):
         table.add_column(column)
     for p in processes:
         growth = p["live_tensors_per_step"]
@@ -108,9 +108,8 @@ def render_processes(processes: list[dict[str, Any]], console: Console) -> None:
         rate = "-" if p["steps_per_second"] is None else f"{p['steps_per_second']:.1f}"
         compiles = f"{p['compiles_uncached'] if p['compiles_uncached'] is not None else '-'}" + (
             " [yellow]recompiling[/]" if p["recompiling"] else "")
-        verdict = "[bold red]leak[/]" if p["verdict"] == "leak" else p["verdict"]
         table.add_row(str(p["pid"]), p["framework"], "-" if p["rank"] is None else str(p["rank"]),
-                      f"{p['step']:,}", rate, live, compiles, verdict)
+                      f"{p['step']:,}", rate, live, _rss_cell(p), compiles, _process_verdict(p))
     console.print(table)
     for p in processes:
         if p["diagnosis"]:
@@ -118,6 +117,33 @@ def render_processes(processes: list[dict[str, Any]], console: Console) -> None:
         line = snapshot_line(p.get("tensor_snapshot"))
         if line:
             console.print(f"pid {p['pid']}: {line}", highlight=False)
+
+
+def render_job_ends(ends: list[dict[str, Any]], console: Console) -> None:
+    """Jobs that ended on this host in the last hour, newest first (docs/job-ends.md)."""
+    for end in ends:
+        when = time.strftime("%H:%M:%S UTC", time.gmtime(end["time"]))
+        console.print(f"[bold]{when}[/] {end['summary']}", highlight=False)
+
+
+def _rss_cell(p: dict[str, Any]) -> str:
+    from tpumon.detect.tensor_diff import human_bytes  # the detect package loads numpy
+
+    if p.get("rss_bytes") is None:
+        return "-"
+    growth = p.get("rss_growth_bytes_per_step")
+    grows = f" {human_bytes(growth)}/step" if growth and growth > 0 else ""
+    return human_bytes(p["rss_bytes"]) + grows
+
+
+def _process_verdict(p: dict[str, Any]) -> str:
+    """Device and host verdicts in one cell: an exited process says so first."""
+    if p.get("exited"):
+        return "[dim]exited[/]"
+    verdict = "[bold red]leak[/]" if p["verdict"] == "leak" else p["verdict"]
+    if p.get("host_verdict") == "leak":
+        verdict += ", [bold red]host leak[/]"
+    return verdict
 
 
 def snapshot_line(result: dict[str, Any] | None) -> str | None:
@@ -184,6 +210,9 @@ def ask_agent(client: AgentClient, named: bool) -> StatusDocument | None:
 
 def from_runtime(config: Config) -> dict[str, Any]:
     """One poll of the runtime and the host, as the agent would do it (no history)."""
+    from tpumon.bootstrap import build  # the agent, gRPC, numpy: only for this path
+    from tpumon.status import status_document
+
     assembly = build(config, history=False)
     try:
         return status_document(assembly.agent.poll_once(), source="runtime")
@@ -199,8 +228,14 @@ def from_runtime(config: Config) -> dict[str, Any]:
 @direct_option
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table",
               show_default=True, help="Output format.")
+@click.option("--metric", metavar="NAME", help="Show one of the runtime's other metrics "
+              "instead, read from the runtime like tpu-info: its name in tpu-info "
+              "(hlo_exec_timing, buffer_transfer_latency, ...), in tpumon or in libtpu.")
+@click.option("--list-metrics", is_flag=True, help="List the metrics the runtime serves "
+              "and the tpumon metric each is exported as.")
 def command(config_path: str | None, runtime_ports: str | None, agent: str | None,
-            auth: ClientAuth, direct: bool, fmt: str) -> None:
+            auth: ClientAuth, direct: bool, fmt: str, metric: str | None,
+            list_metrics: bool) -> None:
     """Show each chip's HBM, duty cycle, owner and leak verdict.
 
     Asks the local agent (which has the history behind the verdicts); if none answers, or
@@ -211,6 +246,10 @@ def command(config_path: str | None, runtime_ports: str | None, agent: str | Non
     """
     config = load_config(config_path, {"runtime.ports": ports_value(runtime_ports)})
     setup_logging("warning")
+    if metric is not None or list_metrics:
+        from tpumon.cli.runtime_view import show  # lazy: only for these options
+        show(config, metric, fmt)
+        return
     client = agent_to_ask(config, agent, direct, auth)
     doc: Any = None if client is None else ask_agent(client, named=agent is not None)
     if doc is None:

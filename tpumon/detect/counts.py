@@ -24,6 +24,7 @@ from typing import NamedTuple
 import numpy as np
 
 from tpumon.detect.robust import PairwiseSlopes
+from tpumon.detect.tensor_diff import human_bytes
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,7 @@ class CountTracker:
         if value is None:
             return
         if self._last_step is not None and step < self._last_step:
-            self.__init__(self.s)  # the step went back: a new run
+            CountTracker.__init__(self, self.s)  # the step went back: a new run
         if self._last_step is not None and step == self._last_step:
             return
         self._last_step = step
@@ -126,14 +127,23 @@ class Cause(NamedTuple):
     text: str
 
 
+#: What keeps device tensors alive across steps, per framework (the reporter's name).
+RETAINERS = {
+    "torch_xla": "a list of losses or outputs, a metric accumulating tensors, an in-place "
+                 "sharding helper keeping gradients alive",
+    "jax": "a list of losses or outputs, a metric accumulating arrays, arrays kept in a "
+           "dict or cache keyed by step, or captured by a closure",
+}
+RETAINERS_ANY = "a list of losses or outputs, a metric accumulating tensors, a cache"
+
+
 def diagnose(live: CountTrend | None, compiles: CountTrend | None,
-             hbm_leak: bool) -> Cause | None:
+             hbm_leak: bool, framework: str = "") -> Cause | None:
     """The likely cause of growth; None when nothing points anywhere."""
     if live is not None and live.growing:
         return Cause("retained_tensors", (
             f"live tensors grow {live.per_step:+.2f} per step: tensors are kept alive "
-            "across steps (a list of losses or outputs, a metric accumulating tensors, "
-            "an in-place sharding helper keeping gradients alive)"))
+            f"across steps ({RETAINERS.get(framework, RETAINERS_ANY)})"))
     if compiles is not None and compiles.growing:
         return Cause("recompilation", (
             f"uncached compiles keep coming ({compiles.per_step:.2f} per step after "
@@ -142,3 +152,13 @@ def diagnose(live: CountTrend | None, compiles: CountTrend | None,
         return Cause("allocator", "HBM grows while live tensors and compiles stay flat: "
                      "allocator fragmentation or the executable cache, not retained tensors")
     return None
+
+
+def host_memory_cause(rss: CountTrend, live: CountTrend | None) -> Cause:
+    """Resident host memory grows over steps while device tensors do not."""
+    per_step = human_bytes(rss.per_step or 0.0)
+    flat = "" if live is None or live.growing else " while live tensors stay flat"
+    return Cause("host_memory", (
+        f"host memory (RSS) grows {per_step} per step{flat}: host objects are kept across "
+        "steps (a Python list of losses, floats or arrays; total_loss += loss keeping "
+        "graphs alive instead of loss.item(); a dataloader or cache that never evicts)"))

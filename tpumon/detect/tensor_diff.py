@@ -114,16 +114,29 @@ class SnapshotDiff:
     def bytes_per_step(self) -> float | None:
         return self.bytes_delta / self.steps if self.steps > 0 else None
 
+    def _nothing_grew(self, live_per_step: float | None) -> str:
+        span = f"between steps {self.before_step} and {self.after_step}"
+        rise = (live_per_step or 0.0) * self.steps
+        if rise < 1:
+            return f"no live tensors grew {span}"
+        return (f"no tensor the snapshots list grew {span}, though the live count rose by "
+                f"about {rise:,.0f} ({live_per_step:+.2f} per step): the growth is held where "
+                "a snapshot cannot list it (not reachable from Python, e.g. inside the "
+                "framework)")
+
     def explained_fraction(self, hbm_bytes_per_step: float | None) -> float | None:
         """How much of an HBM slope (bytes per step, summed over the devices this process
         holds tensors on) the grown groups explain, in [0, 1]; None with no growing slope
         or no step difference."""
         return _fraction(self.bytes_per_step, hbm_bytes_per_step)
 
-    def summary(self, hbm_bytes_per_step: float | None = None, top: int = 3) -> str:
-        """One line for alerts and ``tpumon status``."""
+    def summary(self, hbm_bytes_per_step: float | None = None, top: int = 3,
+                live_per_step: float | None = None) -> str:
+        """One line for alerts and ``tpumon status``. ``live_per_step``: the process's
+        live-count trend, so that an empty diff beside a rising count is not read as
+        "nothing grows"."""
         if not self.grown:
-            text = f"no live tensors grew between steps {self.before_step} and {self.after_step}"
+            text = self._nothing_grew(live_per_step)
         else:
             parts = [_describe(g, hbm_bytes_per_step) for g in self.grown[:max(top, 1)]]
             more = len(self.grown) - len(parts)

@@ -13,7 +13,6 @@ that connects and sends nothing cannot stall the others.
 from __future__ import annotations
 
 import errno
-import html
 import json
 import logging
 import socket
@@ -24,6 +23,7 @@ import time
 from typing import Callable, Iterable
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
+import jinja2
 from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 
@@ -59,48 +59,25 @@ class _QuietHandler(WSGIRequestHandler):
         pass
 
 
-# The landing page's look: the report's (report/html.py), small enough to read on a phone.
-LANDING_CSS = (
-    'body { font-family: -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; '
-    "margin: 1.5em; color: #222; max-width: 1100px; } h1 { font-size: 1.4em; } "
-    "h2 { font-size: 1.1em; margin: 1.2em 0 0.5em 0; } "
-    "table { border-collapse: collapse; font-size: 0.92em; } "
-    "th, td { border: 1px solid #d0d0d0; padding: 0.35em 0.6em; text-align: left; "
-    "vertical-align: top; } th { background: #f2f2f2; } .nowrap { white-space: nowrap; } "
-    ".scroll { overflow-x: auto; }")
+_TEMPLATES = jinja2.Environment(loader=jinja2.PackageLoader("tpumon.exporters", "templates"),
+                                autoescape=True, undefined=jinja2.StrictUndefined)
 
 
 def landing_page(snap: Snapshot) -> str:
     """A small human page like node_exporter's: who am I, what do I see, where are metrics."""
-    rows = []
+    chips = []
     for chip in snap.chips():
         sample = snap.runtime.chips.get(chip) if snap.runtime else None
         a = snap.assessments.get(chip)
-        verdict = html.escape(f"{a.verdict.value}: {a.reason}") if a else ""
-        if sample is None:
-            rows.append(f"<tr><td>{html.escape(chip)}</td><td colspan=2>no data</td>"
-                        f"<td>{verdict}</td></tr>")
-            continue
-        total = sample.hbm_total_bytes or 0
-        pct = f"{100 * sample.hbm_used_bytes / total:.1f} %" if total else "?"
-        rows.append(f"<tr><td>{html.escape(chip)}</td>"
-                    f"<td>{format_bytes(sample.hbm_used_bytes)} / "
-                    f"{format_bytes(total)}</td><td class='nowrap'>{pct}</td>"
-                    f"<td>{verdict}</td></tr>")
-    sources = "".join(
-        f"<li>{html.escape(h.name)}: {'up' if h.up else 'down: ' + html.escape(h.error or '')}</li>"
-        for h in snap.health)
-    ident = ", ".join(f"{k}={html.escape(v)}" for k, v in snap.identity.labels().items() if v)
-    return (
-        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
-        "<meta name='viewport' content='width=device-width, initial-scale=1'>"
-        f"<link rel='icon' href='data:,'><title>tpumon</title><style>{LANDING_CSS}</style>"
-        f"</head><body><h1>tpumon {html.escape(__version__)}</h1><p>{ident}</p>"
-        "<p><a href='/metrics'>Metrics</a> &middot; <a href='/api/status'>status (JSON)</a>"
-        " &middot; <a href='/report'>report</a></p>"
-        "<h2>Chips</h2><div class='scroll'><table><tr><th>chip</th><th>HBM</th><th>used</th>"
-        f"<th>leak detector</th></tr>{''.join(rows)}"
-        f"</table></div><h2>Sources</h2><ul>{sources}</ul></body></html>")
+        row = {"chip": chip, "hbm": None, "verdict": f"{a.verdict.value}: {a.reason}" if a else ""}
+        if sample is not None:
+            total = sample.hbm_total_bytes or 0
+            row["hbm"] = f"{format_bytes(sample.hbm_used_bytes)} / {format_bytes(total)}"
+            row["used"] = f"{100 * sample.hbm_used_bytes / total:.1f} %" if total else "?"
+        chips.append(row)
+    return _TEMPLATES.get_template("index.html.j2").render(
+        version=__version__, chips=chips, sources=snap.health,
+        identity=[(k, v) for k, v in snap.identity.labels().items() if v])  # known ones only
 
 
 def _app(registry: CollectorRegistry, get_snapshot: Callable[[], Snapshot],
@@ -144,15 +121,19 @@ def _app(registry: CollectorRegistry, get_snapshot: Callable[[], Snapshot],
     return app
 
 
+#: What socketserver hands a server's request methods (a stream server's is a socket).
+_Request = socket.socket | tuple[bytes, socket.socket]
+
+
 class _Server(ThreadingWSGIServer):
     """prometheus-client's threading WSGI server, with TLS per connection when the web
     configuration has it, and quiet about clients that go away."""
 
     web: LiveWebConfig | None = None
 
-    def finish_request(self, request: socket.socket, client_address: tuple) -> None:
+    def finish_request(self, request: _Request, client_address: tuple) -> None:
         context = self.web.current()[1] if self.web is not None else None
-        if context is None:
+        if context is None or not isinstance(request, socket.socket):
             super().finish_request(request, client_address)
             return
         conn = _tls_accept(context, request, client_address)
@@ -163,7 +144,7 @@ class _Server(ThreadingWSGIServer):
         finally:
             _tls_close(conn)
 
-    def handle_error(self, request: object, client_address: tuple) -> None:
+    def handle_error(self, request: _Request, client_address: tuple) -> None:
         exc = sys.exc_info()[1]
         if isinstance(exc, OSError):  # a reset, a timeout, a TLS alert: the client's business
             log.debug("connection from %s: %s", client_address[0], exc)
@@ -264,8 +245,8 @@ class MetricsServer:
             self._server.base_environ["HTTPS"] = "on"  # wsgi.url_scheme
         threading.Thread(target=self._server.serve_forever, args=(IDLE_POLL,),
                          name="tpumon-http", daemon=True).start()
-        bound = self._server.server_address
-        return str(bound[0]), int(bound[1])
+        host, port = self._server.server_address[:2]
+        return str(host), int(port)
 
     def stop(self) -> None:
         """Stop serving (a request in progress finishes on its own thread), then close."""
@@ -282,8 +263,10 @@ class MetricsServer:
     def _wake(self) -> None:
         """Connect to the listening socket, so the serving loop, asleep in select() for
         up to IDLE_POLL, looks at its shutdown flag now."""
+        if self._server is None:
+            return
         host, port = self._server.server_address[:2]
         try:
-            socket.create_connection((reachable_host(host), port), timeout=1.0).close()
+            socket.create_connection((reachable_host(str(host)), port), timeout=1.0).close()
         except OSError:
             pass

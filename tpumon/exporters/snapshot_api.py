@@ -44,10 +44,13 @@ def handle(environ: Mapping[str, Any], snap: Snapshot,
 
 def _chosen_pid(snap: Snapshot, pid: int | None) -> int:
     """The process asked for, or the only one that can answer."""
-    able = sorted(p for p, s in snap.processes.items() if s.report.snapshots)
+    able = sorted(p for p, s in snap.processes.items()
+                  if s.report.snapshots and not s.report.exited)
     if pid is not None:
         if pid not in snap.processes:
             raise ValueError(f"no reporting process {pid}")
+        if snap.processes[pid].report.exited:
+            raise ValueError(f"process {pid} has exited")
         return pid
     if len(able) != 1:
         raise ValueError("no reporting process takes snapshots" if not able else

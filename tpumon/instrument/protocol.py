@@ -47,6 +47,12 @@ _REQUEST = re.compile(rf"{REQUEST} 1 ([0-9a-f]{{8,32}}) ([0-9]{{1,7}}) ([01])\Z"
 _PART = re.compile(rb"TPUMON-SNAPSHOT 1 ([0-9a-f]{8,32}) ([01])\Z")
 DEFAULT_SOCKET = "/run/tpumon/reporter.sock"
 SOCKET_ENV = "TPUMON_REPORTER_SOCKET"
+TRACK_SITES_ENV = "TPUMON_TRACK_SITES"
+#: The variables a *training process* reads (docs/reporters.md). They are often exported in
+#: a shell or a job spec that also starts tpumon commands, so the agent's configuration
+#: loader passes over them rather than calling them unknown keys. TPUMON_REPORTER_SOCKET is
+#: both: the reporters' destination and the agent's reporter.socket.
+REPORTER_ENV = (SOCKET_ENV, TRACK_SITES_ENV)
 
 
 def socket_path(path: str | None = None) -> str:

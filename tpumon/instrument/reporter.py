@@ -52,6 +52,9 @@ class Reporter:
         self._rss_value: int | None = None
         self._rss_due = 0.0
         self._head = f'{{"v":{PROTOCOL_VERSION},"pid":{self._pid},"framework":"{self.framework}"'
+        version = _version_field(self.framework_version())
+        if version:
+            self._head += f',"fv":{version}'
         self._job: SnapshotJob | None = None
         self._answers = "false" if self.live_module is None and \
             type(self).take_snapshot is Reporter.take_snapshot else "true"
@@ -70,7 +73,7 @@ class Reporter:
         """Report after a training step (``step`` defaults to the number of calls)."""
         self._calls += 1
         if self._job is not None:
-            self._advance_job(self._calls if step is None else int(step))
+            self._advance_job(self._job, self._calls if step is None else int(step))
         if (self._calls - 1) % self.every:
             return
         now = time.monotonic()
@@ -95,8 +98,7 @@ class Reporter:
         if parsed is not None:
             self._job = SnapshotJob(*parsed)
 
-    def _advance_job(self, step: int) -> None:
-        job = self._job
+    def _advance_job(self, job: SnapshotJob, step: int) -> None:
         try:
             job.at_step(step, self.take_snapshot, self.start_tracking, self.stop_tracking,
                         self._sender.send)
@@ -141,6 +143,8 @@ class Reporter:
         return self._tracker
 
     def _live(self) -> Any:
+        if self.live_module is None:  # callers look first: a reporter without one
+            raise LookupError(f"{type(self).__name__} has no live-tensor module")
         return importlib.import_module(self.live_module)
 
     def encode(self, step: int) -> bytes:
@@ -157,6 +161,11 @@ class Reporter:
                 f'"live":{_int(f.get("live"))},"compiles":{{"cached":{_int(c.get("cached"))},'
                 f'"uncached":{_int(c.get("uncached"))}}},"snapshots":{self._answers}'
                 f'{tail}}}').encode()
+
+    def framework_version(self) -> str | None:
+        """The framework's version, sent with every report: the agent matches known
+        framework leaks on it (tpumon.known_issues)."""
+        return None
 
     def framework_fields(self) -> dict[str, Any]:
         """rank, ordinal, live, compiles ({"cached", "uncached"}), devices: whatever the
@@ -184,6 +193,13 @@ def _open_statm() -> int | None:
         return os.open("/proc/self/statm", os.O_RDONLY)
     except OSError:
         return None
+
+
+def _version_field(version: str | None) -> str | None:
+    """A version as a JSON string, or None when it would not pass the agent's checks."""
+    if not version or len(version) > 32 or not version.isprintable():
+        return None
+    return json.dumps(version)
 
 
 def _int(value: Any) -> str:

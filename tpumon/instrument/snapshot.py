@@ -25,6 +25,8 @@ import tokenize
 from dataclasses import dataclass, field
 from typing import Any
 
+from tpumon.instrument.protocol import TRACK_SITES_ENV
+
 #: Bumped on any change to the wire form; from_json accepts only this one.
 FORMAT_VERSION = 1
 #: Limits from_json enforces (and to_json keeps to): the agent keeps snapshots in memory.
@@ -165,7 +167,7 @@ def _fit_groups(s: Snapshot, groups: list[TensorGroup], max_bytes: int,
     budget = max_bytes - len(_header(s, truncated + len(groups))) - 2
     if budget < 0:
         raise ValueError(f"max_bytes={max_bytes} is too small for a snapshot")
-    kept = []
+    kept: list[tuple[TensorGroup, list[tuple[str, int]]]] = []
     for g in groups:
         size = len(_group_json(g, [])) + (1 if kept else 0)
         if size > budget:
@@ -359,6 +361,7 @@ class SiteNamer:
         self._prefixes = tuple(d for d in dirs if d)
         self._stdlib = tuple({os.path.join(sysconfig.get_paths()[k], "")
                               for k in ("stdlib", "platstdlib")})
+        self._cwd: str | None
         try:
             self._cwd = os.path.join(os.getcwd(), "")
         except OSError:
@@ -430,4 +433,5 @@ def track_sites_setting(value: bool | None) -> bool:
     ("1", "true", "yes", "on": on; anything else: off)."""
     if value is not None:
         return bool(value)
-    return os.environ.get("TPUMON_TRACK_SITES", "").strip().lower() in ("1", "true", "yes", "on")
+    setting = os.environ.get(TRACK_SITES_ENV, "").strip().lower()
+    return setting in ("1", "true", "yes", "on")

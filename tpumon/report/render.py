@@ -17,7 +17,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
-from tpumon.report.data import ChipReport, HostReport
+from tpumon.report.data import ChipReport, Forecast, HostReport
 from tpumon.units import format_bytes, format_span, utc
 
 GiB = 2**30
@@ -108,7 +108,7 @@ def render_png(report: HostReport) -> bytes:
     axes = fig.subplots(n, 1, sharex=True, squeeze=False)[:, 0]
     t0 = report.start
     x_end = _x_end(report)
-    for ax, chip in zip(axes, report.chips):
+    for ax, chip in zip(axes, report.chips, strict=True):
         _panel(ax, chip, t0, x_end)
     axes[-1].set_xlim(0, (x_end - t0) / 3600)
     axes[-1].xaxis.set_major_locator(MaxNLocator(nbins=18, steps=[1, 2, 5, 10]))
@@ -146,8 +146,8 @@ def _panel(ax, r: ChipReport, t0: float, x_end: float) -> None:
     ft, fv = _broken(r.floor_times, r.floors, 1.5 * _bucket(r))
     ax.plot(h(ft), fv / GiB, color=FLOOR, linewidth=1.0, zorder=6, drawstyle="steps-post")
     ax.axhline(r.total / GiB, color="black", linewidth=1.3, zorder=2)
-    ax.text(0.998, r.total / GiB, f"HBM {format_bytes(r.total)} ", transform=ax.get_yaxis_transform(),
-            va="bottom", ha="right", fontsize=8.5)
+    ax.text(0.998, r.total / GiB, f"HBM {format_bytes(r.total)} ",
+            transform=ax.get_yaxis_transform(), va="bottom", ha="right", fontsize=8.5)
     bottom = _bottom(r)
     ax.set_ylim(bottom, r.total / GiB + 0.09 * (r.total / GiB - bottom))
     ax.yaxis.set_major_locator(MaxNLocator(nbins=5))
@@ -164,7 +164,7 @@ def _panel(ax, r: ChipReport, t0: float, x_end: float) -> None:
                         linewidth=0, zorder=4)
         ax.plot(h(tr.times), tr.value / GiB, color=TREND, linewidth=2.6, zorder=5)
     if r.forecast is not None:
-        _forecast(ax, r, h, x_end)
+        _forecast(ax, r, r.forecast, h, x_end)
     for e in r.excursions:
         ax.plot(h(e.time), e.value / GiB, marker="v" if e.drop else "^", markersize=5,
                 color=EXCURSION, linestyle="none", zorder=3)
@@ -239,8 +239,7 @@ def _ribbon(ax, r: ChipReport, h) -> None:
                    linewidth=0, zorder=2)
 
 
-def _forecast(ax, r: ChipReport, h, x_end: float) -> None:
-    f = r.forecast
+def _forecast(ax, r: ChipReport, f: Forecast, h, x_end: float) -> None:
     ax.axhline(f.limit / GiB, color=LIMIT, linestyle=":", linewidth=1.2, zorder=2)
     ax.text(0.002, f.limit / GiB, " OOM when the floor reaches this (HBM less the largest "
             "transient)", transform=ax.get_yaxis_transform(), va="top", ha="left",
@@ -254,7 +253,8 @@ def _forecast(ax, r: ChipReport, h, x_end: float) -> None:
     a = r.assessment
     future = np.linspace(f.now, x_end, 64)
     band = [np.minimum(f.level + s * (future - f.now), f.limit)
-            for s in (a.slope_bytes_per_second_low, a.slope_bytes_per_second_high)]
+            for s in (a.slope_bytes_per_second_low, a.slope_bytes_per_second_high)
+            if s is not None]  # a forecast has a trend, and a trend both ends of the interval
     ax.fill_between(h(future), np.minimum(*band) / GiB, np.maximum(*band) / GiB, color=TREND,
                     alpha=0.2, linewidth=0, zorder=4)
     for edge in band:  # its edges, so that a narrow band still shows

@@ -30,7 +30,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Collection, Mapping, NamedTuple
+from typing import Any, Collection, Literal, Mapping, NamedTuple, overload
 
 from tpumon.instrument.protocol import (MAX_DATAGRAM, MAX_SNAPSHOT_DATAGRAM, PART,
                                        PROTOCOL_VERSION, encode_request, parse_part)
@@ -68,6 +68,8 @@ class ProcessReport:
     rss: int | None = None
     steps_per_second: float | None = None
     snapshots: bool = False  # the reporter answers snapshot requests
+    framework_version: str | None = None  # e.g. "2.9.0": known issues are matched on it
+    exited: bool = False  # the pid is gone: kept a while for status and post-mortems
 
 
 class InvalidReport(ValueError):
@@ -108,9 +110,14 @@ def parse_report(payload: bytes, pid: int, uid: int, received: float) -> Process
         compiles_cached=_count(compiles.get("cached")),
         compiles_uncached=_count(compiles.get("uncached")),
         devices=_devices(doc.get("devices")), rss=_count(doc.get("rss")),
-        snapshots=doc.get("snapshots") is True)
+        snapshots=doc.get("snapshots") is True,
+        framework_version=None if doc.get("fv") is None else _text(doc.get("fv")))
 
 
+@overload
+def _count(value: Any, required: Literal[True]) -> int: ...
+@overload
+def _count(value: Any, required: bool = False) -> int | None: ...
 def _count(value: Any, required: bool = False) -> int | None:
     if value is None and not required:
         return None
@@ -150,6 +157,7 @@ class CountPoint(NamedTuple):
     step: int
     live: int | None
     compiles_uncached: int | None
+    rss: int | None = None
 
 
 @dataclass(frozen=True)
@@ -225,6 +233,7 @@ class ReporterSocket:
         self._clock = clock
         self._lock = threading.Lock()
         self._latest: dict[int, ProcessReport] = {}
+        self._exited: set[int] = set()  # pids of _latest found gone at the last poll
         self._steps: dict[int, deque[tuple[float, int]]] = {}
         self._points: dict[int, deque[CountPoint]] = {}
         self._reports = 0
@@ -249,8 +258,8 @@ class ReporterSocket:
         sock.bind(str(self.path))
         os.chmod(self.path, 0o666)
         self._sock = sock
-        self._thread = threading.Thread(target=self._receive, name="tpumon-reporter",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._receive, args=(sock,),
+                                        name="tpumon-reporter", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
@@ -284,12 +293,14 @@ class ReporterSocket:
             self._addresses.pop(pid, None)
         points = {pid: list(q) for pid, q in self._points.items() if q}
         self._points = {pid: deque(maxlen=PENDING_POINTS) for pid in self._latest}
+        exited = {pid for pid in self._latest if not pid_alive(pid)}
         with self._lock:
             dropped = {k: v + self._dropped_backlog * (k == "backlog")
                        for k, v in self._dropped.items()}
-            self._requests.expire(now, self._latest)
+            self._exited = exited
+            self._requests.expire(now, self._latest, exited)
             snapshots = dict(self._requests.results)
-        processes = {pid: replace(r, steps_per_second=self._rate(pid))
+        processes = {pid: replace(r, steps_per_second=self._rate(pid), exited=pid in exited)
                      for pid, r in self._latest.items()}
         return ReporterReading(processes, points, self._reports, dropped, snapshots)
 
@@ -304,6 +315,9 @@ class ReporterSocket:
             if report is None:
                 return SnapshotResult(pid, "", reason, now, steps, now,
                                       error=f"no reporting process {pid}")
+            if pid in self._exited:
+                return SnapshotResult(pid, "", reason, now, steps, now,
+                                      error=f"process {pid} has exited")
             if not report.snapshots or address is None:
                 return SnapshotResult(pid, "", reason, now, steps, now, error=(
                     f"process {pid}'s reporter ({report.framework}) takes no snapshots"))
@@ -311,9 +325,11 @@ class ReporterSocket:
             if request_id is None:
                 return self._requests.results[pid]  # the open one
             try:
+                if self._sock is None:
+                    raise OSError("the agent is stopping")
                 self._sock.sendto(encode_request(request_id, steps, sites),
                                   socket.MSG_DONTWAIT, address)
-            except (OSError, AttributeError) as exc:  # queue full, process gone, stopped
+            except OSError as exc:  # queue full, process gone, stopped
                 self._requests.cancel(request_id, f"could not ask: {exc}", now)
             return self._requests.results[pid]
 
@@ -323,10 +339,9 @@ class ReporterSocket:
             return False
         return silent > SILENT_MAX_SECONDS or not pid_alive(pid)
 
-    def _receive(self) -> None:
+    def _receive(self, sock: socket.socket) -> None:
         """Take datagrams off the socket for the next poll, paced by :class:`Pacer`:
         blocking for one, or sleeping and then taking all that wait."""
-        sock = self._sock
         pacer = Pacer(kernel_queue_length())
         looking = False
         while not self._stopping.is_set():
@@ -413,9 +428,11 @@ class ReporterSocket:
         steps.append((report.time, report.step))
         while steps[0][0] < report.time - RATE_WINDOW_SECONDS and len(steps) > 2:
             steps.popleft()
-        self._latest[report.pid] = report
+        previous = self._latest.get(report.pid)
+        self._latest[report.pid] = report if report.live is not None or previous is None \
+            else replace(report, live=previous.live)  # a report between two counts (JAX)
         self._points.setdefault(report.pid, deque(maxlen=PENDING_POINTS)).append(
-            CountPoint(report.step, report.live, report.compiles_uncached))
+            CountPoint(report.step, report.live, report.compiles_uncached, report.rss))
         self._reports += 1
         return True
 

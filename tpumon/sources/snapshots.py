@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Collection, Mapping
 
 from tpumon.detect.tensor_diff import SnapshotDiff, diff
 from tpumon.instrument.snapshot import Snapshot
@@ -86,10 +86,15 @@ class SnapshotRequests:
             self._finish(request_id, request, now)
         return None
 
-    def expire(self, now: float, alive: Mapping[int, object]) -> None:
-        """End requests unanswered for ``timeout``, or whose process is gone."""
+    def expire(self, now: float, alive: Mapping[int, object],
+               exited: Collection[int] = ()) -> None:
+        """End requests unanswered for ``timeout``, or whose process is gone: exited (its
+        pid no longer exists: it will never answer) or forgotten."""
         for request_id, request in list(self._open.items()):
-            if request.pid not in alive:
+            if request.pid in exited:
+                self._end(request_id, now, error=f"process {request.pid} exited before "
+                          "answering")
+            elif request.pid not in alive:
                 self._end(request_id, now, error="the process stopped reporting")
             elif now - request.requested > self.timeout:
                 self._end(request_id, now, error=f"no answer within {self.timeout:.0f} s (a "

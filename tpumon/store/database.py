@@ -133,7 +133,8 @@ class Checkpoint:
 def is_corruption(exc: sqlite3.Error) -> bool:
     """A damaged file (move it aside), as opposed to a disk that is full or read-only."""
     text = str(exc).lower()
-    return isinstance(exc, sqlite3.DatabaseError) and not isinstance(exc, sqlite3.OperationalError) \
+    return isinstance(exc, sqlite3.DatabaseError) \
+        and not isinstance(exc, sqlite3.OperationalError) \
         and any(m in text for m in ("malformed", "not a database", "encrypted", "corrupt"))
 
 
@@ -223,6 +224,7 @@ class HistoryDB:
             cur = self.conn.execute(
                 "INSERT INTO samples (series, time, step, used, total) VALUES (?, ?, ?, ?, ?)",
                 (series, s.time, s.step, s.used, s.total))
+            assert cur.lastrowid is not None  # every INSERT that succeeds sets it
             ids[chip] = cur.lastrowid
         return ids
 
@@ -337,9 +339,9 @@ class HistoryDB:
                                      " AND time < ? ORDER BY time, id", (sid, cutoff)).fetchall()
             if not rows:
                 continue
+            by_minute = groupby(rows, key=lambda s: math.floor(s[0] / MINUTE))
             self.conn.executemany(_UPSERT_MINUTE, (_minute_row(sid, minute, list(group))
-                                                   for minute, group in groupby(
-                                                       rows, key=lambda s: math.floor(s[0] / MINUTE))))
+                                                   for minute, group in by_minute))
             self.conn.execute("DELETE FROM samples WHERE series = ? AND time < ?", (sid, cutoff))
             rolled += len(rows)
         return rolled
@@ -348,7 +350,8 @@ class HistoryDB:
         """Bring a database under a cap lowered since it was written, then make SQLite
         enforce the cap (it cannot be set below the file's current size)."""
         self.enforce_cap()
-        self.conn.execute(f"PRAGMA max_page_count = {max(self.retention.max_pages, self._page_count())}")
+        pages = max(self.retention.max_pages, self._page_count())
+        self.conn.execute(f"PRAGMA max_page_count = {pages}")
 
     def used_pages(self) -> int:
         return self._page_count() - self.conn.execute("PRAGMA freelist_count").fetchone()[0]
