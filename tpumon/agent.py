@@ -73,7 +73,7 @@ def forecast_text(a: Assessment) -> str:
         return ""
     growth = describe_growth(a.slope_bytes_per_step, a.slope_bytes_per_hour)
     at_step = "" if a.predicted_oom_step is None else f" at step ~{a.predicted_oom_step:,.0f}"
-    said = "" if re.search(r"\bgrows?\b", a.reason) else f"; floor grows {growth}"
+    said = "" if " grow" in a.reason else f"; floor grows {growth}"  # "(floor|chips) grow"
     return f"{said}; OOM{at_step} ({utc(a.predicted_oom_time)})"
 
 

@@ -7,6 +7,5 @@ from tpumon.units import format_growth
 
 
 def describe_growth(bytes_per_step: float | None, bytes_per_hour: float | None) -> str:
-    """Growth as people read it: per step when steps are known, else per hour (binary
-    units, tpumon/units.py)."""
+    """Growth as people read it: per step when steps are known, else per hour."""
     return format_growth(bytes_per_step, bytes_per_hour)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from typing import Any
+from typing import Any, Mapping
 
 import click
 from rich.console import Console
@@ -60,8 +60,6 @@ def command(config_path: str | None, agent: str | None, auth: ClientAuth, pid: i
         asked: dict[str, Any] = dict(client.request_snapshot(pid, steps))
     except AgentError as exc:
         raise click.ClickException(str(exc)) from None
-    if asked.get("error"):
-        raise click.ClickException(f"process {asked['pid']}: {asked['error']}")
     result = _wait(client, asked, timeout)
     if fmt == "json":
         click.echo(json.dumps(result, indent=2))
@@ -73,7 +71,8 @@ def command(config_path: str | None, agent: str | None, auth: ClientAuth, pid: i
         raise SystemExit(1)
 
 
-def _wait(client: AgentClient, asked: dict[str, Any], timeout: float | None) -> dict[str, Any]:
+def _wait(client: AgentClient, asked: Mapping[str, Any],
+          timeout: float | None) -> dict[str, Any]:
     """The process's snapshot state once this request ended; one clear error when the
     process exits, stops reporting, or the wait runs past ``timeout`` (a progress bar on
     a terminal meanwhile, quiet when piped)."""
@@ -104,8 +103,8 @@ def _process(client: AgentClient, pid: int) -> dict[str, Any]:
     """The process's entry in the agent's status; an error once it is gone."""
     try:
         doc: dict[str, Any] = dict(client.status(timeout=5.0))
-    except AgentError:
-        raise click.ClickException(f"the agent at {client.url} stopped answering") from None
+    except AgentError as exc:
+        raise click.ClickException(f"the agent stopped answering: {exc}") from None
     process = next((p for p in doc.get("processes", []) if p["pid"] == pid), None)
     if process is None:
         raise click.ClickException(f"process {pid} is no longer reporting")

@@ -12,7 +12,8 @@ from rich.table import Table
 
 from tpumon.cli.options import (agent_client_options, agent_option, config_option,
                                 direct_option, ports_value, runtime_ports_option)
-from tpumon.client import AgentClient, AgentError, AgentUnreachable, ClientAuth, StatusDocument
+from tpumon.client import (AgentClient, AgentError, AgentUnreachable, ClientAuth,
+                           StatusDocument)
 from tpumon.config import Config, load_config, parse_listen_address, reachable_host
 from tpumon.describe import describe_growth
 from tpumon.logs import setup_logging
@@ -127,13 +128,11 @@ def render_job_ends(ends: list[dict[str, Any]], console: Console) -> None:
 
 
 def _rss_cell(p: dict[str, Any]) -> str:
-    from tpumon.detect.tensor_diff import human_bytes  # the detect package loads numpy
-
     if p.get("rss_bytes") is None:
         return "-"
     growth = p.get("rss_growth_bytes_per_step")
-    grows = f" {human_bytes(growth)}/step" if growth and growth > 0 else ""
-    return human_bytes(p["rss_bytes"]) + grows
+    grows = f" {format_bytes(growth)}/step" if growth and growth > 0 else ""
+    return format_bytes(p["rss_bytes"]) + grows
 
 
 def _process_verdict(p: dict[str, Any]) -> str:

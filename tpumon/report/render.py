@@ -147,7 +147,8 @@ def _panel(ax, r: ChipReport, t0: float, x_end: float) -> None:
     ax.plot(h(ft), fv / GiB, color=FLOOR, linewidth=1.0, zorder=6, drawstyle="steps-post")
     ax.axhline(r.total / GiB, color="black", linewidth=1.3, zorder=2)
     ax.text(0.998, r.total / GiB, f"HBM {format_bytes(r.total)} ",
-            transform=ax.get_yaxis_transform(), va="bottom", ha="right", fontsize=8.5)
+            transform=ax.get_yaxis_transform(),
+            va="bottom", ha="right", fontsize=8.5)
     bottom = _bottom(r)
     ax.set_ylim(bottom, r.total / GiB + 0.09 * (r.total / GiB - bottom))
     ax.yaxis.set_major_locator(MaxNLocator(nbins=5))

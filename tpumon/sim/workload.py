@@ -514,8 +514,8 @@ class Workload:
                 jobs.append(replace(job, end_time=oom, end_reason="oom"))
                 break
             if planned_end == math.inf:
-                finish = begin + p.finish_after_s if p.finish_after_s > 0 else None
-                finished = finish is not None and (oom is None or finish < oom)
+                finish = begin + p.finish_after_s if p.finish_after_s > 0 else math.inf
+                finished = finish < math.inf and (oom is None or finish < oom)
                 jobs.append(replace(job, end_time=finish, end_reason="exit") if finished
                             else job)
                 break
