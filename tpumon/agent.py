@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import math
-import re
 import threading
 import time
 from typing import Callable, Mapping

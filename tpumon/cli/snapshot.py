@@ -57,7 +57,7 @@ def command(config_path: str | None, agent: str | None, auth: ClientAuth, pid: i
     steps = steps or config["reporter.snapshot_steps"] or None
     try:
         client = AgentClient(agent or agent_url(config["exporter.listen_address"]), auth)
-        asked: dict[str, Any] = dict(client.request_snapshot(pid, steps))
+        asked = client.request_snapshot(pid, steps)
     except AgentError as exc:
         raise click.ClickException(str(exc)) from None
     result = _wait(client, asked, timeout)
