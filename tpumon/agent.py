@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import threading
 import time
 from typing import Callable, Mapping
@@ -72,7 +73,8 @@ def forecast_text(a: Assessment) -> str:
         return ""
     growth = describe_growth(a.slope_bytes_per_step, a.slope_bytes_per_hour)
     at_step = "" if a.predicted_oom_step is None else f" at step ~{a.predicted_oom_step:,.0f}"
-    said = "" if " grow" in a.reason else f"; floor grows {growth}"  # "(floor|chips) grow"
+    # "floor grows", "all 4 chips ... grow" give it; "slow growth: ..." does not
+    said = "" if re.search(r"\bgrows?\b", a.reason) else f"; floor grows {growth}"
     return f"{said}; OOM{at_step} ({utc(a.predicted_oom_time)})"
 
 
