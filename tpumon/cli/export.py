@@ -12,14 +12,14 @@ import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator
 
 import click
 
 from tpumon.cli.options import config_option, history_selection, state_dir_option
 from tpumon.config import ConfigError, load_config
 from tpumon.store.database import HistoryDB, Retention, database_path
-from tpumon.store.export import export_rows
+from tpumon.store.export import end_rows, export_rows
 from tpumon.trace import TraceRow, write_trace
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -85,6 +85,17 @@ def describe_selection(db: HistoryDB, since: str | None, until: str | None) -> s
             f"{window}")
 
 
+def _around_end(db: HistoryDB, path: Path, hosts: set[str],
+                chips: set[str]) -> Iterator[TraceRow]:
+    """The last end's evidence, said on stderr; one error line when none was kept."""
+    kept, rows = end_rows(db, hosts, chips)
+    if kept is None:
+        raise click.ClickException(f"{path}: no job end kept here (the agent keeps the "
+                                   "hour before each end it sees; docs/job-ends.md)")
+    click.echo(f"the hour before: {kept.summary}", err=True)
+    return rows
+
+
 @click.command("export")
 @config_option
 @state_dir_option
@@ -94,9 +105,13 @@ def describe_selection(db: HistoryDB, since: str | None, until: str | None) -> s
 @click.option("--format", "fmt", type=click.Choice(["csv", "jsonl", "parquet"]), default=None,
               help="Trace format [default: jsonl for a .jsonl output, parquet for .parquet, "
               "else csv]; parquet needs an output file.")
+@click.option("--around-end", is_flag=True,
+              help="The hour of raw samples before the last job end the agent saw (kept at "
+                   "full resolution whatever the retention; docs/job-ends.md) instead of the "
+                   "history; --host and --chip still select.")
 def command(config_path: str | None, state_dir: str | None, since: str | None,
             until: str | None, hosts: tuple[str, ...], chips: tuple[str, ...], output: str,
-            fmt: str | None) -> None:
+            fmt: str | None, around_end: bool) -> None:
     """Write the agent's stored HBM history as a trace (the format 'tpumon analyze' reads),
     for a post-mortem after the job died. Raw polls where they are still kept; older
     history as each minute's floor and peak. Safe to run while the agent writes.
@@ -115,7 +130,10 @@ def command(config_path: str | None, state_dir: str | None, since: str | None,
     try:
         db = HistoryDB(path, Retention(), read_only=True)
         try:
-            selected = export_rows(db, start, end, set(hosts), set(chips))
+            if around_end:
+                selected = _around_end(db, path, set(hosts), set(chips))
+            else:
+                selected = export_rows(db, start, end, set(hosts), set(chips))
             first = next(selected, None)
             if first is None:
                 raise click.ClickException(f"{path}: no samples match the selection "
