@@ -13,6 +13,7 @@ from rich.table import Table
 from tpumon.bootstrap import build
 from tpumon.cli.options import (agent_option, config_option, direct_option, ports_value,
                                 runtime_ports_option)
+from tpumon.cli.slice_view import show_slice, slice_options
 from tpumon.config import Config, load_config, parse_listen_address, reachable_host
 from tpumon.detect.tensor_diff import human_bytes
 from tpumon.detect import describe_growth
@@ -197,16 +198,20 @@ def from_runtime(config: Config) -> dict[str, Any]:
 @direct_option
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table",
               show_default=True, help="Output format.")
+@slice_options
 def command(config_path: str | None, runtime_ports: str | None, agent: str | None,
-            direct: bool, fmt: str) -> None:
+            direct: bool, fmt: str, slice_: bool, **slice_opts: Any) -> None:
     """Show each chip's HBM, duty cycle, owner and leak verdict.
 
     Asks the local agent (which has the history behind the verdicts); if none answers, or
     it is protected by exporter.web_config_file, reads the runtime once, like tpu-info. A
     runtime that is not running (between jobs) is shown as such, with exit status 0.
+    With --slice, every chip of the slice: every worker's agent asked at once.
     """
     config = load_config(config_path, {"runtime.ports": ports_value(runtime_ports)})
     setup_logging("warning")
+    if slice_:
+        return show_slice(config, fmt, slice_opts)
     url = agent_to_ask(config, agent, direct)
     doc = None if url is None else from_agent(url)
     if doc is None:

@@ -23,6 +23,7 @@ from rich.text import Text
 from tpumon.bootstrap import Assembly, build
 from tpumon.cli.options import (agent_option, config_option, direct_option, ports_value,
                                 runtime_ports_option)
+from tpumon.cli.slice_view import slice_options, watch_slice
 from tpumon.cli.status import agent_to_ask, format_eta, format_pct, from_agent
 from tpumon.config import load_config
 from tpumon.logs import setup_logging
@@ -144,15 +145,18 @@ def agent_feed(url: str) -> Callable[[], tuple[dict[str, Any] | None, str | None
 @direct_option
 @click.option("--interval", type=click.FloatRange(min=0.1), default=1.0, show_default=True,
               help="Seconds between refreshes.")
+@slice_options
 def command(config_path: str | None, runtime_ports: str | None, agent: str | None,
-            direct: bool, interval: float) -> None:
+            direct: bool, interval: float, slice_: bool, **slice_opts: Any) -> None:
     """Live full-screen view of every chip: HBM bar, floor, growth per step and per hour,
     time to OOM, verdict, duty cycle, and the training processes' step, step rate and live
     tensors. Reads the local agent; with none running, a protected one
     (exporter.web_config_file) or --direct, polls the runtime itself. Fits an 80-column
-    terminal; Ctrl-C quits."""
+    terminal; Ctrl-C quits. With --slice, every chip of the slice."""
     config = load_config(config_path, {"runtime.ports": ports_value(runtime_ports)})
     setup_logging("error")
+    if slice_:
+        return watch_slice(config, slice_opts, interval)
     url = agent_to_ask(config, agent, direct)
     assembly = None
     if url is None or (agent is None and from_agent(url) is None):
