@@ -9,8 +9,10 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from tpumon.cli.prometheus_source import (check_prometheus_options, prometheus_options,
+                                          prometheus_rows, rows_to_columns)
 from tpumon.detect import describe_growth
-from tpumon.detect.replay import SeriesResult, analyze_file
+from tpumon.detect.replay import SeriesResult, analyze_file, replay_series
 from tpumon.trace import TraceFormatError
 
 
@@ -40,24 +42,44 @@ def render_table(results: list[SeriesResult], console: Console) -> None:
 
 
 @click.command("analyze")
-@click.argument("trace", type=click.Path(dir_okay=False, allow_dash=True))
+@click.argument("trace", required=False, type=click.Path(dir_okay=False, allow_dash=True))
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table",
               show_default=True, help="Output format; json is the contract's shape.")
-def command(trace: str, fmt: str) -> None:
+@prometheus_options
+@click.option("--since", default=None, metavar="WHEN",
+              help="With --prometheus: from then on [default: 24h ago].")
+@click.option("--until", default=None, metavar="WHEN",
+              help="With --prometheus: up to then [default: now].")
+def command(trace: str | None, fmt: str, prometheus: str | None, slice_name: str | None,
+            resolution: float, since: str | None, until: str | None) -> None:
     """Replay the agent's streaming leak detector over a trace file (CSV, or JSON Lines
     for .jsonl; '-' reads stdin) and report, per (host, chip): the verdict at the end,
     the growth rate, the OOM forecast, and the first moment the leak alert would have
     fired. Same code and defaults as the agent.
 
     A malformed file stops with one line naming the line number and the problem, and
-    prints nothing on stdout.
+    prints nothing on stdout. With --prometheus URL --slice NAME, replays every chip of
+    the slice from what Prometheus scraped instead of a trace.
     """
+    if check_prometheus_options(prometheus, slice_name, trace is not None):
+        assert prometheus is not None and slice_name is not None
+        columns = rows_to_columns(prometheus_rows(prometheus, slice_name, since, until,
+                                                  resolution))
+        _print([replay_series(host, chip, c.times, c.steps, c.used, c.total)
+                for (host, chip), c in columns.items()], fmt)
+        return
+    if trace is None:
+        raise click.UsageError("give a TRACE file, or --prometheus URL --slice NAME")
     try:
         results = analyze_file(trace)
     except TraceFormatError as exc:
         raise click.ClickException(str(exc)) from None
     except OSError as exc:
         raise click.ClickException(f"{trace}: {exc.strerror or exc}") from None
+    _print(results, fmt)
+
+
+def _print(results: list[SeriesResult], fmt: str) -> None:
     if fmt == "json":
         click.echo(json.dumps({"series": [r.to_json() for r in results]}, indent=2))
     else:

@@ -14,10 +14,12 @@ from pathlib import Path
 import click
 
 from tpumon.cli.options import config_option, history_selection, state_dir_option
+from tpumon.cli.prometheus_source import (check_prometheus_options, prometheus_options,
+                                          prometheus_rows)
 from tpumon.config import ConfigError, load_config
 from tpumon.store.database import HistoryDB, Retention, database_path
 from tpumon.store.export import export_rows
-from tpumon.trace import write_trace
+from tpumon.trace import TraceRow, write_trace
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
@@ -52,13 +54,23 @@ def parse_when(text: str, option: str, now: float | None = None) -> float:
               allow_dash=True), help="Output file; '-' is stdout.")
 @click.option("--format", "fmt", type=click.Choice(["csv", "jsonl"]), default=None,
               help="Trace format [default: jsonl for a .jsonl output, else csv].")
+@prometheus_options
 def command(config_path: str | None, state_dir: str | None, since: str | None,
             until: str | None, hosts: tuple[str, ...], chips: tuple[str, ...], output: str,
-            fmt: str | None) -> None:
+            fmt: str | None, prometheus: str | None, slice_name: str | None,
+            resolution: float) -> None:
     """Write the agent's stored HBM history as a trace (the format 'tpumon analyze' reads),
     for a post-mortem after the job died. Raw polls where they are still kept; older
-    history as each minute's floor and peak. Safe to run while the agent writes.
+    history as each minute's floor and peak. Safe to run while the agent writes. With
+    --prometheus URL --slice NAME, the whole slice's history as Prometheus scraped it.
     """
+    fmt = fmt or ("jsonl" if Path(output).suffix == ".jsonl" else "csv")
+    if check_prometheus_options(prometheus, slice_name, state_dir is not None):
+        assert prometheus is not None and slice_name is not None
+        rows = [r for r in prometheus_rows(prometheus, slice_name, since, until, resolution)
+                if (not hosts or r.host in hosts) and (not chips or r.chip in chips)]
+        _write(rows, output, fmt)
+        return
     config = load_config(config_path, {"store.state_dir": state_dir})
     if not config["store.state_dir"]:
         raise ConfigError("store.state_dir is empty: no history store to export")
@@ -67,7 +79,6 @@ def command(config_path: str | None, state_dir: str | None, since: str | None,
     path = database_path(config["store.state_dir"])
     if not path.exists():
         raise click.ClickException(f"{path}: no history store here (is --state-dir right?)")
-    fmt = fmt or ("jsonl" if Path(output).suffix == ".jsonl" else "csv")
     try:
         db = HistoryDB(path, Retention(), read_only=True)
         try:
@@ -83,3 +94,12 @@ def command(config_path: str | None, state_dir: str | None, since: str | None,
         raise click.ClickException(f"{output}: {exc.strerror or exc}") from None
     if output != "-":
         click.echo(f"{rows} rows written to {output}", err=True)
+
+
+def _write(rows: list[TraceRow], output: str, fmt: str) -> None:
+    try:
+        count = write_trace(rows, output, fmt)
+    except OSError as exc:
+        raise click.ClickException(f"{output}: {exc.strerror or exc}") from None
+    if output != "-":
+        click.echo(f"{count} rows written to {output}", err=True)

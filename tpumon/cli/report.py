@@ -13,6 +13,8 @@ import click
 from tpumon import __version__
 from tpumon.cli.export import parse_when
 from tpumon.cli.options import config_option, history_selection, state_dir_option
+from tpumon.cli.prometheus_source import (check_prometheus_options, prometheus_options,
+                                          prometheus_rows, rows_to_columns)
 from tpumon.config import ConfigError, load_config
 from tpumon.trace import TraceFormatError
 
@@ -24,22 +26,31 @@ from tpumon.trace import TraceFormatError
 @history_selection
 @click.option("-o", "--outdir", default=".", show_default=True,
               type=click.Path(file_okay=False), help="Directory for the PNG and HTML files.")
+@prometheus_options
 def command(trace: str | None, config_path: str | None, state_dir: str | None,
             since: str | None, until: str | None, hosts: tuple[str, ...],
-            chips: tuple[str, ...], outdir: str) -> None:
+            chips: tuple[str, ...], outdir: str, prometheus: str | None,
+            slice_name: str | None, resolution: float) -> None:
     """Draw what the leak detector saw, per host: tpumon-report-HOST.png (one panel per
     chip: raw samples, the floor, the fitted trend and its 95% band, the OOM forecast,
     restarts, level jumps, the leak alert) and tpumon-report-HOST.html (the picture and a
     summary table per chip, in one self-contained file). Reads TRACE (CSV, or JSON Lines
     for .jsonl; '-' is stdin) or, without TRACE, the agent's history store. Prints the
-    paths written.
+    paths written. With --prometheus URL --slice NAME, one report per host of the slice
+    from what Prometheus scraped.
     """
     start = parse_when(since, "--since") if since else -math.inf
     end = parse_when(until, "--until") if until else math.inf
     from tpumon.report import build_reports, write_report
     from tpumon.report.data import select, series_from_rows
 
-    if trace is not None:
+    if check_prometheus_options(prometheus, slice_name,
+                                trace is not None or state_dir is not None):
+        assert prometheus is not None and slice_name is not None
+        source = f"{prometheus} slice {slice_name}"
+        series = select(rows_to_columns(prometheus_rows(prometheus, slice_name, since, until,
+                                                        resolution)), hosts, chips, start, end)
+    elif trace is not None:
         if state_dir is not None:
             raise click.UsageError("give a TRACE or --state-dir, not both")
         source = "standard input" if trace == "-" else str(Path(trace).resolve())

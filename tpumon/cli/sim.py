@@ -77,7 +77,8 @@ def hbm_total_bytes(chip_type: str) -> int:
               help="Seconds between trace rows with --write-trace.")
 @click.option("--report-to", default=None, metavar="SOCKET",
               help="Also act as the training process: send its step to this reporter socket "
-                   "four times a second (tpumon.instrument's protocol).")
+                   "four times a second (tpumon.instrument's protocol); with --hosts, a "
+                   "pattern with {worker} (one socket per host's agent).")
 @click.option("--exit-with-parent", is_flag=True, hidden=True)
 def command(config_path: str | None, scenario: str | None, chips: int | None,
             chip_type: str | None, acceleration: float | None, seed: int | None,
@@ -114,11 +115,11 @@ def command(config_path: str | None, scenario: str | None, chips: int | None,
                      poll_interval, chip_count, config["simulator.seed"], total)
         return
     if hosts > 1:
-        if report_to:
-            raise ConfigError("--report-to: one training process reports to one agent; "
-                              "not with --hosts")
+        if report_to and "{worker}" not in report_to:
+            raise ConfigError("--report-to: with --hosts, name each worker's socket with "
+                              "{worker}, e.g. /tmp/reporter-w{worker}.sock")
         _serve_slice(config, slice_name, hosts, listen_host, ports_value(ports) or [8431],
-                     total, exit_with_parent)
+                     total, exit_with_parent, report_to)
         return
     from tpumon.sim.server import SimClock
 
@@ -175,8 +176,11 @@ def _serve(workload: "Workload", clock: "SimClock", host: str, ports: list[int],
 
 
 def _serve_slice(config: Any, slice_name: str, hosts: int, base_address: str,
-                 ports: list[int], total: int, exit_with_parent: bool) -> None:
-    """N simulated VMs of one slice until SIGTERM; one line per host says where it is."""
+                 ports: list[int], total: int, exit_with_parent: bool,
+                 report_to: str | None) -> None:
+    """N simulated VMs of one slice until SIGTERM; one line per host says where it is.
+    With ``report_to`` (a pattern with {worker}) each host's job reports its step to its
+    own agent's socket, as an instrumented training process on each VM would."""
     from tpumon.sim.pod import SliceSpec, start_slice
 
     spec = SliceSpec(config["simulator.scenario"], hosts, config["simulator.chips"],
@@ -202,9 +206,17 @@ def _serve_slice(config: Any, slice_name: str, hosts: int, base_address: str,
         log.info("simulating slice %s: %d hosts of %d chips (scenario %s, %gx time)",
                  slice_name, hosts, spec.chips, spec.scenario, spec.acceleration)
         parent = os.getppid()
-        while not stop.wait(1.0):
+        reporters = [(h, _StepReporter(socket=report_to.format(worker=h.worker),
+                                       min_interval=0,
+                                       leaks=h.simulator.samples.workload.leak_bytes_per_step_by_chip))
+                     for h in started] if report_to else []
+        while not stop.wait(0.25 if reporters else 1.0):
             if exit_with_parent and os.getppid() != parent:
                 break
+            for host, reporter in reporters:
+                sample = host.simulator.samples.current()
+                if sample.runtime_up:
+                    reporter.step(sample.step)
     for host in started:
         host.stop()
 

@@ -20,6 +20,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from tpumon import __version__
+from tpumon.exporters.replay_metrics import ReplayCollector
 from tpumon.detect import Verdict
 from tpumon.identity import LABELS
 from tpumon.notify.health import NotifierHealth
@@ -384,6 +385,7 @@ def build_registry(get_snapshot: Callable[[], Snapshot]) -> CollectorRegistry:
     disable_created_metrics()  # *_created gauges per histogram: noise for a per-VM agent
     registry = CollectorRegistry()
     registry.register(SnapshotCollector(get_snapshot))
+    registry.register(ReplayCollector(get_snapshot))
     ProcessCollector(registry=registry)
     PlatformCollector(registry=registry)
     return registry
