@@ -64,9 +64,11 @@ def chunks(start: float, end: float, step: float,
         at = upto + step
 
 
+Series = dict[tuple, list[tuple[float, float]]]  # labels -> [(time, value)]
+
+
 def query_range(url: str, expr: str, start: float, end: float, step: float,
-                timeout: float = 30.0,
-                progress: Callable[[], None] | None = None) -> dict[tuple, list[tuple[float, float]]]:
+                timeout: float = 30.0, progress: Callable[[], None] | None = None) -> Series:
     """Every series of ``expr`` over [start, end] at ``step``: labels -> [(time, value)]."""
     series: dict[tuple, list[tuple[float, float]]] = defaultdict(list)
     for lo, hi in chunks(start, end, step):

@@ -20,7 +20,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from tpumon import __version__
-from tpumon.exporters.replay_metrics import ReplayCollector
+from tpumon.exporters.replay_metrics import replay_metrics
 from tpumon.detect import Verdict
 from tpumon.identity import LABELS
 from tpumon.notify.health import NotifierHealth
@@ -57,6 +57,7 @@ class SnapshotCollector(Collector):
         snap = self._get_snapshot()
         ident = [snap.identity.labels()[k] for k in IDENTITY]
         yield from self._chip_metrics(snap, ident)
+        yield from replay_metrics(snap, ident)
         yield from self._detector_metrics(snap, ident)
         yield from self._host_metrics(snap, ident)
         yield from self._source_metrics(snap, ident)
@@ -385,7 +386,6 @@ def build_registry(get_snapshot: Callable[[], Snapshot]) -> CollectorRegistry:
     disable_created_metrics()  # *_created gauges per histogram: noise for a per-VM agent
     registry = CollectorRegistry()
     registry.register(SnapshotCollector(get_snapshot))
-    registry.register(ReplayCollector(get_snapshot))
     ProcessCollector(registry=registry)
     PlatformCollector(registry=registry)
     return registry

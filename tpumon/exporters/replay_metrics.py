@@ -10,10 +10,9 @@ chip's step at that reading.
 
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from typing import Iterator
 
 from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.registry import Collector
 
 from tpumon.identity import LABELS
 from tpumon.state import Snapshot
@@ -21,25 +20,20 @@ from tpumon.state import Snapshot
 IDENTITY = list(LABELS)
 
 
-class ReplayCollector(Collector):
-    """tpumon_runtime_sample_timestamp_seconds and tpumon_chip_step."""
-
-    def __init__(self, get_snapshot: Callable[[], Snapshot]) -> None:
-        self._get_snapshot = get_snapshot
-
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        snap = self._get_snapshot()
-        ident = [snap.identity.labels()[k] for k in IDENTITY]
-        stamp = GaugeMetricFamily(
-            "tpumon_runtime_sample_timestamp_seconds",
-            "When the latest runtime reading was taken, on the agent's clock (simulated "
-            "under --simulate).", labels=IDENTITY)
-        if snap.runtime is not None and snap.runtime.chips:
-            stamp.add_metric(ident, snap.runtime.time)
-        yield stamp
-        step = GaugeMetricFamily("tpumon_chip_step",
-                                 "Training step of the process driving the chip, at the "
-                                 "latest runtime reading.", labels=IDENTITY + ["chip"])
-        for chip, value in sorted(snap.chip_steps.items()):
-            step.add_metric(ident + [chip], value)
-        yield step
+def replay_metrics(snap: Snapshot, ident: list[str]) -> Iterator[GaugeMetricFamily]:
+    """tpumon_runtime_sample_timestamp_seconds and tpumon_chip_step, from the snapshot the
+    scrape's other chip series come from (a poll published between two reads of the
+    snapshot would date one poll's HBM by the next one's clock)."""
+    stamp = GaugeMetricFamily(
+        "tpumon_runtime_sample_timestamp_seconds",
+        "When the latest runtime reading was taken, on the agent's clock (simulated "
+        "under --simulate).", labels=IDENTITY)
+    if snap.runtime is not None and snap.runtime.chips:
+        stamp.add_metric(ident, snap.runtime.time)
+    yield stamp
+    step = GaugeMetricFamily("tpumon_chip_step",
+                             "Training step of the process driving the chip, at the "
+                             "latest runtime reading.", labels=IDENTITY + ["chip"])
+    for chip, value in sorted(snap.chip_steps.items()):
+        step.add_metric(ident + [chip], value)
+    yield step
