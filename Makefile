@@ -8,12 +8,15 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 DEMO_ADDRESS ?= :9847
 DEMO_SCENARIO ?= linear-leak
+DEMO_HOSTS ?= 4
+DEMO_POD_SCENARIO ?= slice-leak
 
-.PHONY: help demo test test-frameworks bench venv system-deps-demo system-deps-test \
-	system-deps-bench clean
+.PHONY: help demo demo-pod test test-frameworks bench venv system-deps-demo system-deps-test \
+	system-deps-bench system-deps-pod clean
 
 help:
 	@echo "make demo    run the agent on the TPU simulator (metrics on $(DEMO_ADDRESS))"
+	@echo "make demo-pod   a simulated 4-host slice, 4 agents and Prometheus (docs/pods.md)"
 	@echo "make test    install test dependencies and run the whole suite"
 	@echo "make test-frameworks   the reporters against real PyTorch/XLA and JAX (CPU)"
 	@echo "make bench   run the benchmarks (figures go to docs/benchmarks.md)"
@@ -46,6 +49,13 @@ demo: venv
 	$(BIN)/tpumon agent --simulate --scenario $(DEMO_SCENARIO) --listen-address $(DEMO_ADDRESS) \
 		--poll-interval 0.25 --state-dir .demo-state --reporter-socket .demo-state/reporter.sock
 
+system-deps-pod:
+	@scripts/ensure-system-deps pod
+
+# A simulated v4-32 slice: 4 hosts on 127.0.0.1-4, an agent each, Prometheus on :9090
+demo-pod: system-deps-pod venv
+	$(BIN)/python scripts/demo-pod --hosts $(DEMO_HOSTS) --scenario $(DEMO_POD_SCENARIO)
+
 test: system-deps-test $(STAMP)
 	$(BIN)/python -m pytest -q --durations=15
 
@@ -66,5 +76,5 @@ bench: system-deps-bench venv
 	$(BIN)/python bench/overhead.py
 
 clean:
-	rm -rf $(VENV) .venv-frameworks .pytest_cache build *.egg-info .demo-state
+	rm -rf $(VENV) .venv-frameworks .pytest_cache build *.egg-info .demo-state .demo-pod
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
