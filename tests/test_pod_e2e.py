@@ -180,6 +180,14 @@ def test_a_slice_wide_leak_seen_as_one_slice(tmp_path, processes):
                 s["alert"] for s in series.values()) else None
         from_prom = bounded("analyze --prometheus to alert on all 16 chips",
                             prometheus_replay_alerts, 120, processes, interval=3)
+        result = run("report", "--prometheus", prom, "--slice", SLICE, "--since",
+                     repr(began - 5), "--resolution", repr(SCRAPE), "-o",
+                     str(tmp_path / "report"))
+        assert result.returncode == 0, result.stderr
+        written = sorted(Path(p).name for p in result.stdout.split())
+        assert written == sorted([f"tpumon-report-slice-{SLICE}.png"] + [
+            f"tpumon-report-{SLICE}-w-{w}.{ext}" for w in range(HOSTS) for ext in ("png",
+                                                                                   "html")])
         result = run("export", "--prometheus", prom, "--slice", SLICE, "--since",
                      repr(began - 5), "--resolution", repr(SCRAPE), "-o", "-")
         assert result.returncode == 0, result.stderr

@@ -93,3 +93,26 @@ def test_cli_errors_are_one_line(prometheus, args, message):
     assert result.returncode != 0 and result.stdout == ""
     assert "Traceback" not in result.stderr
     assert message.format(**fill) in result.stderr.strip().splitlines()[-1], result.stderr
+
+
+def test_slice_heatmap_rows_by_worker_then_chip_with_gaps_empty():
+    import numpy as np
+
+    from tpumon.report.slice_heatmap import BINS, heatmap, render_slice_png
+    from tpumon.trace import SeriesColumns
+
+    def series(times, used):
+        n = len(times)
+        return SeriesColumns(np.array(times, float), np.full(n, np.nan),
+                             np.array(used, np.int64), np.full(n, 100, np.int64))
+
+    data = {("pod-w-10", "0"): series([0, 1000], [10, 20]),
+            ("pod-w-2", "1"): series([0, 1000], [50, 90]),
+            ("pod-w-2", "0"): series([0, 500, 501], [30, 40, 70])}
+    keys, edges, ratios = heatmap(data)
+    assert keys == [("pod-w-2", "0"), ("pod-w-2", "1"), ("pod-w-10", "0")]
+    assert ratios.shape == (3, BINS) and edges[0] == 0 and edges[-1] == 1000
+    assert ratios[0, 0] == 0.3 and ratios[1, -1] == 0.9 and ratios[2, -1] == 0.2
+    assert ratios[0, BINS // 2] == 0.7  # the highest of the bin's samples
+    assert np.isnan(ratios[2, 1])  # no sample there: shown as a hole, never as 0
+    assert render_slice_png(data, [], "slice pod").startswith(b"\x89PNG")

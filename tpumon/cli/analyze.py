@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tpumon.cli.prometheus_source import (check_prometheus_options, prometheus_options,
-                                          prometheus_rows, rows_to_columns)
+                                          prometheus_rows)
 from tpumon.detect import describe_growth
 from tpumon.detect.replay import SeriesResult, analyze_file, replay_series
 from tpumon.trace import TraceFormatError
@@ -63,8 +63,10 @@ def command(trace: str | None, fmt: str, prometheus: str | None, slice_name: str
     """
     if check_prometheus_options(prometheus, slice_name, trace is not None):
         assert prometheus is not None and slice_name is not None
-        columns = rows_to_columns(prometheus_rows(prometheus, slice_name, since, until,
-                                                  resolution))
+        from tpumon.report.data import series_from_rows
+
+        columns = series_from_rows(prometheus_rows(prometheus, slice_name, since, until,
+                                                   resolution))
         _print([replay_series(host, chip, c.times, c.steps, c.used, c.total)
                 for (host, chip), c in columns.items()], fmt)
         return

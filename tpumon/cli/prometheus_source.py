@@ -4,8 +4,7 @@ Prometheus for `tpumon analyze`, `export` and `report` (tpumon/prometheus_histor
 from __future__ import annotations
 
 import time
-from collections import defaultdict
-from typing import Any, Callable
+from typing import Callable
 
 import click
 from rich.console import Console
@@ -67,24 +66,3 @@ def prometheus_rows(url: str, slice_name: str, since: str | None, until: str | N
                               progress=lambda: progress.advance(task))
         except PrometheusError as exc:
             raise click.ClickException(str(exc)) from None
-
-
-def rows_to_columns(rows: list[TraceRow]) -> dict[tuple[str, str], Any]:
-    """Rows as read_trace_columns gives a trace: (host, chip) -> SeriesColumns."""
-    import numpy as np
-
-    from tpumon.trace import SeriesColumns
-
-    grouped: dict[tuple[str, str], list[TraceRow]] = defaultdict(list)
-    for row in rows:
-        grouped[(row.host, row.chip)].append(row)
-    return {key: SeriesColumns(
-        times=np.array([r.time for r in series], dtype=np.float64),
-        steps=np.array([math_nan(r.step) for r in series], dtype=np.float64),
-        used=np.array([r.hbm_used_bytes for r in series], dtype=np.int64),
-        total=np.array([r.hbm_total_bytes for r in series], dtype=np.int64))
-        for key, series in grouped.items()}
-
-
-def math_nan(step: int | None) -> float:
-    return float("nan") if step is None else float(step)

@@ -14,7 +14,7 @@ from tpumon import __version__
 from tpumon.cli.export import parse_when
 from tpumon.cli.options import config_option, history_selection, state_dir_option
 from tpumon.cli.prometheus_source import (check_prometheus_options, prometheus_options,
-                                          prometheus_rows, rows_to_columns)
+                                          prometheus_rows)
 from tpumon.config import ConfigError, load_config
 from tpumon.trace import TraceFormatError
 
@@ -48,8 +48,9 @@ def command(trace: str | None, config_path: str | None, state_dir: str | None,
                                 trace is not None or state_dir is not None):
         assert prometheus is not None and slice_name is not None
         source = f"{prometheus} slice {slice_name}"
-        series = select(rows_to_columns(prometheus_rows(prometheus, slice_name, since, until,
-                                                        resolution)), hosts, chips, start, end)
+        # the range was Prometheus' question; the samples carry the agents' clocks
+        series = select(series_from_rows(prometheus_rows(prometheus, slice_name, since, until,
+                                                         resolution)), hosts, chips)
     elif trace is not None:
         if state_dir is not None:
             raise click.UsageError("give a TRACE or --state-dir, not both")
@@ -65,6 +66,10 @@ def command(trace: str | None, config_path: str | None, state_dir: str | None,
     reports = build_reports(series, source, __version__, time.time())
     try:
         Path(outdir).mkdir(parents=True, exist_ok=True)
+        if prometheus is not None and slice_name is not None:
+            from tpumon.report.slice_heatmap import write_slice_png
+
+            click.echo(str(write_slice_png(series, reports, slice_name, outdir)))
         for report in reports:
             for path in write_report(report, outdir):
                 click.echo(str(path))
