@@ -91,16 +91,21 @@ def test_agents_attached_to_a_simulated_slice_carry_its_labels(tmp_path):
         assert lines[2].startswith("TPUMON_SIM_READY"), lines
         metadata = re.search(r"worker=1 address=127.0.0.2 ports=\d+ metadata=(\S+) "
                              r"scenario=linear-leak", lines[1]).group(1)
-        agent = AgentProcess(tmp_path, None, "--sim-host", metadata)
-        try:
-            text = wait_for(lambda: 'chip="3"' in (t := agent.get("/metrics")) and t, 30)
-            assert re.search(r'tpumon_hbm_used_bytes\{accelerator_type="v4-16",chip="3",'
-                             r'host="my-tpu-w-1",slice="my-tpu",worker="1"\}', text), text
-        finally:
-            agent.stop()
+        labels = hbm_series_labels(AgentProcess(tmp_path, None, "--sim-host", metadata), "3")
+        assert labels == ('accelerator_type="v4-16",chip="3",host="my-tpu-w-1",'
+                          'slice="my-tpu",worker="1"')
     finally:
         sim.terminate()
         sim.wait(10)
+
+
+def hbm_series_labels(agent: AgentProcess, chip: str) -> str:
+    """The labels of the agent's tpumon_hbm_used_bytes series of ``chip``; stops it."""
+    try:
+        return wait_for(lambda: re.search(rf'tpumon_hbm_used_bytes{{(.*chip="{chip}".*)}}',
+                                          agent.get("/metrics")), 30).group(1)
+    finally:
+        agent.stop()
 
 
 def test_attaching_to_nothing_is_one_clear_error(tmp_path):
@@ -115,10 +120,6 @@ def test_attaching_to_nothing_is_one_clear_error(tmp_path):
 
 
 def test_the_one_vm_simulation_fills_slice_worker_and_accelerator(tmp_path):
-    agent = AgentProcess(tmp_path, None)
-    try:
-        text = wait_for(lambda: 'chip="0"' in (t := agent.get("/metrics")) and t, 30)
-        assert re.search(r'tpumon_hbm_used_bytes\{accelerator_type="v4-8",chip="0",host="[^"]+",'
-                         r'slice="tpumon-sim",worker="0"\}', text), text
-    finally:
-        agent.stop()
+    labels = hbm_series_labels(AgentProcess(tmp_path, None), "0")
+    assert re.fullmatch(r'accelerator_type="v4-8",chip="0",host="[^"]+",slice="tpumon-sim",'
+                        r'worker="0"', labels), labels
