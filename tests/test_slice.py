@@ -14,7 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from test_webconfig import PASSWORD, USER, pki, stack  # noqa: F401 (fixtures)
-from tools import TPUMON, clean_env, free_port
+from tools import TPUMON, clean_env, free_port, wait_for
 from tpumon.sim.metadata import MetadataServer
 from tpumon.slice import (ClientOptions, SliceError, WorkerAnswer, ask_all, build_view,
                           peer_url, peers_from_metadata, peers_from_service, summary_line)
@@ -208,3 +208,31 @@ def test_agents_behind_tls_and_basic_auth(stack, pki, tmp_path):  # noqa: F811
     workers = json.loads(result.stdout)["workers"]
     assert "HTTP 401" in workers[0]["error"], workers
     assert not workers[1]["up"], workers  # no client certificate
+
+
+def test_watch_slice_in_a_real_terminal(servers, tmp_path):
+    import sys
+
+    from test_watch import COLUMNS, Tmux
+
+    a, b = (servers(status_doc(w, ["leak", "ok"], ooms=[1000 + 3600 * (w + 1), None]))
+            for w in range(2))
+    dead = f"127.0.0.1:{free_port()}"
+    term = Tmux(tmp_path, f"{sys.executable} -m tpumon watch --slice --peers "
+                          f"{a.address},{b.address},{dead} --deadline 1 --interval 0.3")
+    try:
+        summary = ("v4-32 slice my-tpu: 2 workers, 4 chips; 2 leaking, first OOM w-0 chip 0 "
+                   "in 1 h 0 min; 1 worker not answering")
+        # the summary wraps at 80 columns, between words
+        screen = wait_for(lambda: (s := term.screen()) and summary in " ".join(s.split())
+                          and s, 30)
+        lines = screen.splitlines()
+        assert all(len(line) <= COLUMNS for line in lines)
+        assert sum(" leak " in line for line in lines) == 2, screen
+        assert any(line.split()[:1] == [dead] and "no answer" in line for line in lines)
+        term.run("send-keys", "-t", "w", "C-c")
+        wait_for(term.exit_file.exists, 20)
+        assert term.exit_file.read_text().strip() == "0"
+        assert "Traceback" not in term.screen()
+    finally:
+        term.close()
