@@ -105,6 +105,13 @@ do_install() {
   fi
 }
 
+remove_user() {   # --purge: the tpumon user and group that create_user made
+  local at=()
+  [ "$live" = yes ] || at=(--root "$root")
+  if grep -q '^tpumon:' "$root/etc/passwd" 2>/dev/null; then userdel "${at[@]}" tpumon; fi
+  if grep -q '^tpumon:' "$root/etc/group" 2>/dev/null; then groupdel "${at[@]}" tpumon; fi
+}
+
 do_uninstall() {
   if [ "$live" = yes ]; then systemctl disable --now tpumon.service 2>/dev/null || true
   else systemctl_ disable tpumon.service; fi
@@ -112,7 +119,8 @@ do_uninstall() {
   systemctl_ daemon-reload
   if [ "$purge" = yes ]; then
     rm -rf "$etc" "$root/var/lib/tpumon"
-    echo "tpumon removed, with its configuration and history"
+    remove_user
+    echo "tpumon removed, with its configuration, history, user and group"
   else
     echo "tpumon removed; kept $etc and $root/var/lib/tpumon (--purge removes them)"
   fi

@@ -39,6 +39,8 @@ class FakeRuntime(pb_grpc.RuntimeMetricServiceServicer):
         self.calls = 0
         self.requested: list[str] = []  # metric names, in the order asked
         self.hook: Callable[[pb.MetricRequest], None] | None = None
+        self.supported: list[str] | None = None  # None: ListSupportedMetrics unimplemented
+        self.list_calls = 0
         self._release = threading.Event()
 
     def release(self) -> None:
@@ -48,6 +50,8 @@ class FakeRuntime(pb_grpc.RuntimeMetricServiceServicer):
     def GetRuntimeMetric(self, request, context):
         self.calls += 1
         self.requested.append(request.metric_name)
+        if self.hook is not None:
+            self.hook(request)
         self.peers.append(context.peer())
         if self.delay:
             self._release.wait(self.delay)
@@ -55,6 +59,14 @@ class FakeRuntime(pb_grpc.RuntimeMetricServiceServicer):
             context.abort(grpc.StatusCode.NOT_FOUND, f"no metric {request.metric_name}")
         return pb.MetricResponse(metric=pb.TPUMetric(name=request.metric_name,
                                                      metrics=self.metrics[request.metric_name]))
+
+
+    def ListSupportedMetrics(self, request, context):
+        self.list_calls += 1
+        if self.supported is None:
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, "ListSupportedMetrics")
+        return pb.ListSupportedMetricsResponse(
+            supported_metric=[pb.SupportedMetric(metric_name=n) for n in self.supported])
 
 
 class RuntimeServer:

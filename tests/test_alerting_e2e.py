@@ -41,6 +41,8 @@ from fake_alert_apis import FakeAlertAPI
 from tools import (DENSE_POLLS, Processes, clean_env, free_port, get, prometheus_config,
                    ready, require_tool, wait_for)
 
+pytestmark = pytest.mark.e2e  # starts agents or external servers: seconds each
+
 ROOT = Path(__file__).resolve().parent.parent
 HOST = "t1v-n-e2e0pod-w-0"
 SLICE = "e2e-pod"
@@ -153,7 +155,7 @@ def test_leak_reaches_slack_and_pagerduty_through_prometheus_and_alertmanager(tm
         chips = re.findall(rf"host `{HOST}` · worker `0` · chip `(\d)`", text)
         assert chips, text
         assert f"HBM leak on chip {chips[0]} of {HOST}" in text
-        assert re.search(r"the HBM floor grows [\d.]+kB/step, [\d.]+[kMG]B/h; "
+        assert re.search(r"the HBM floor grows [\d.]+[kMG]iB/step, [\d.]+[kMG]iB/h; "
                          r"OOM in \d+h \d+m \d+s \(step \d+\)\.", text), text
         assert "docs/alerts.md#tpumonhbmleaksuspected" in text
         assert attachment["color"] == "warning"

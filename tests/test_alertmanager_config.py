@@ -36,6 +36,7 @@ def config() -> dict:
     return yaml.safe_load(CONFIG.read_text())
 
 
+@pytest.mark.e2e
 def test_amtool_accepts_the_configuration_and_its_templates():
     # The template glob is relative to the configuration file, wherever amtool runs from.
     for cwd in (ROOT, ROOT / "tests"):
@@ -103,7 +104,7 @@ def leak_notification(tmp_path) -> Path:
     data = {"receiver": "slack-tpumon", "status": "firing",
             "alerts": [alert(name, "warning", "2", "t1v-n-pod-a-w-3",
                              "Chip 2 of t1v-n-pod-a-w-3 (worker 3, slice llama-pod-a, v4-32): "
-                             "the HBM floor grows 41.23kB/step, 437.4MB/h; OOM in 5h 18m 0s "
+                             "the HBM floor grows 40.26kiB/step, 417.1MiB/h; OOM in 5h 18m 0s "
                              "(step 62000). Likely cause: retained_tensors."),
                        alert(name, "warning", "0", "t1v-n-pod-a-w-1", "Chip 0 of t1v-n-pod-a-w-1 ...")],
             "groupLabels": {"slice": "llama-pod-a", "alertname": name},
@@ -122,6 +123,7 @@ def render(template: str, data: Path) -> str:
     return result.stdout
 
 
+@pytest.mark.e2e
 def test_slack_message_names_host_worker_chip_growth_and_eta(leak_notification):
     title = render('{{ template "tpumon.slack.title" . }}', leak_notification)
     assert title == "[FIRING:2] TPUMonHBMLeakSuspected on llama-pod-a (v4-32)"
@@ -130,13 +132,14 @@ def test_slack_message_names_host_worker_chip_growth_and_eta(leak_notification):
     lines = text.splitlines()
     assert lines[0] == ":warning: *HBM leak on chip 2 of t1v-n-pod-a-w-3*"
     assert lines[1] == "host `t1v-n-pod-a-w-3` · worker `3` · chip `2`"
-    assert "41.23kB/step, 437.4MB/h; OOM in 5h 18m 0s (step 62000)" in lines[2]
+    assert "40.26kiB/step, 417.1MiB/h; OOM in 5h 18m 0s (step 62000)" in lines[2]
     assert "Likely cause: retained_tensors." in lines[2]
     assert lines[2].endswith("<https://github.com/tpumon/tpumon/blob/main/docs/alerts.md"
                              "#tpumonhbmleaksuspected|Runbook>")
     assert "host `t1v-n-pod-a-w-1` · worker `1` · chip `0`" in text
 
 
+@pytest.mark.e2e
 def test_pagerduty_summary_and_details(leak_notification):
     summary = render('{{ template "tpumon.pagerduty.description" . }}', leak_notification)
     assert summary == "[llama-pod-a] HBM leak on chip 2 of t1v-n-pod-a-w-3 (first of 2 alerts)"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import os
 import random
 import sys
 from collections import defaultdict
@@ -197,28 +198,36 @@ def test_full_corpus_has_the_required_composition():
     cases = bd.plan_corpus(0)
     truths = [t for _, ts in cases for t in ts]
     leaking = [t for t in truths if t.leaking]
-    assert len(truths) >= 200
-    assert sum(t.category in ("healthy", "step-change") for t in truths) >= len(leaking)
+    assert len(truths) >= 500
+    assert len(truths) - len(leaking) >= 0.4 * len(truths)  # false alarms are measured too
     assert {t.category for t in leaking} == {g.name for g in bd.GROUPS if g.leak}
     assert any(t.onset_step == 0 for t in leaking) and any(t.onset_step >= 5000 for t in leaking)
     assert any(not t.spec.steps for t in leaking) and any(not t.spec.steps for t in truths if not t.leaking)
     assert len({t.key for t in truths}) == len(truths)
+    # the late kinds of issue 20: multi-host slices, slow polls, JSON Lines traces
+    assert any(spec.hosts >= 4 for spec, _ in cases) and any(
+        spec.poll_interval_s >= 30 for spec, _ in cases)
+    assert any(g.jsonl for g in bd.GROUPS) and any(not g.jsonl for g in bd.GROUPS)
 
 
 @pytest.mark.parametrize("group", [g for g in bd.GROUPS if g.leak], ids=lambda g: g.name)
-def test_leaks_are_calibrated_to_oom_20k_to_80k_steps_after_the_onset(group):
+def test_leaks_are_calibrated_to_oom_in_their_groups_range_after_the_onset(group):
     spec, truths = bd.plan_case(group, 0, 77, True, random.Random(group.name))
     w = spec.workload()
     positives = [t for t in truths if t.leaking]
     onset = positives[0].onset_step
-    assert bd.OOM_STEPS[0] <= bd.steps_after_onset_at_oom(w, onset) <= bd.OOM_STEPS[1]
+    leak_onset = dict(spec.overrides)["leak_onset_step"]  # irregular stairs: onset = 1st jump
+    assert onset == leak_onset + (w.irregular_stair_steps[0] if w.irregular_stair_steps else 0)
+    low, high = group.oom_steps
+    assert low <= bd.steps_after_onset_at_oom(w, leak_onset) <= high
     assert all(t.oom_time == w.oom_time for t in truths) and w.jobs[-1].end_reason == "oom"
     job = w.jobs[-1]
     at_onset = w.sample(positives[0].onset_time).step - job.resume_step
     assert at_onset == max(onset, 1) or (onset <= 1 and at_onset <= 1)
     assert spec.duration_s > w.oom_time - bd.START_TIME  # the trace runs until the job dies
-    assert len(positives) == (1 if group.scenario == "chip0-leak" else bd.CHIPS)
-    assert [t.category for t in truths if not t.leaking] == [bd.OTHER_CHIPS] * (bd.CHIPS - len(positives))
+    chips = bd.CHIPS * group.hosts
+    assert len(positives) == (1 if group.scenario == "chip0-leak" else chips)
+    assert [t.category for t in truths if not t.leaking] == [bd.OTHER_CHIPS] * (chips - len(positives))
     if group.name == "restart+leak":
         first = w.jobs[0]
         assert first.end_reason == "crash" and bd.steps_done(w, first) < onset
@@ -229,7 +238,10 @@ def test_leaks_are_calibrated_to_oom_20k_to_80k_steps_after_the_onset(group):
 
 def stand_in_analyze(path):
     """A trivial detector with tpumon's replay API: alerts halfway through any "leak" host."""
-    rows = read_trace(path) if isinstance(path, str) else path
+    if isinstance(path, str):  # the corpus directory
+        rows = [r for name in sorted(os.listdir(path)) for r in read_trace(os.path.join(path, name))]
+    else:
+        rows = path
     by_series = defaultdict(list)
     for r in rows:
         by_series[(r.host, r.chip)].append(r)
@@ -254,7 +266,7 @@ def test_a_small_benchmark_runs_end_to_end(monkeypatch, tmp_path):
     monkeypatch.setattr(bd, "GROUPS", tuple(groups))
     monkeypatch.setattr(bd, "HEALTHY_HOURS", (2.0, 2.0))
     monkeypatch.setattr(bd, "POLL_INTERVAL_S", (30.0, 30.0))
-    trace = tmp_path / "corpus.csv"
+    trace = tmp_path / "corpus"
     run = bd.run_benchmark(0, True, str(trace), stand_in_analyze)
     assert trace.exists() and run.throughput.samples == run.samples > 0
     tpumon = run.columns[0][1]
@@ -262,5 +274,5 @@ def test_a_small_benchmark_runs_end_to_end(monkeypatch, tmp_path):
     assert all(0.3 < o.lead < 0.7 for o in tpumon.outcomes if o.verdict == bd.HIT)
     report = bd.render(run, all_failures=True)
     assert "| precision | >= 0.98 | 1.000 ✓" in report and "median lead (detected leaks)" in report
-    assert not bd.targets_met(run)  # lead about 0.5 < 0.75
+    assert not bd.targets_met(run)  # lead about 0.5 < 0.8
     assert "not there yet" in bd.render(bd.run_benchmark(0, True, None, None), all_failures=False)

@@ -62,6 +62,7 @@ def test_agent_missing_config_file(tmp_path):
     assert_one_line_error(run("agent", "--config", str(missing)), str(missing), "cannot read it")
 
 
+@pytest.mark.e2e
 def test_agent_bad_environment_and_flags():
     assert_one_line_error(run("agent", env={"TPUMON_AGENT_POLL_INTERVAL": "often"}),
                           "TPUMON_AGENT_POLL_INTERVAL")
@@ -93,6 +94,7 @@ def test_config_check_and_show(tmp_path):
     assert "poll_interval = 2.0" in shown.stdout and f"config file {good}" in shown.stdout
 
 
+@pytest.mark.e2e
 def test_status_against_a_runtime(runtime_servers):
     server = runtime_servers(chips_metrics({0: 3 * 2**30, 1: 4 * 2**30}, duty=75.0))
     result = run("status", "--direct", "--runtime-ports", str(server.port), "--format", "json")
@@ -106,6 +108,7 @@ def test_status_against_a_runtime(runtime_servers):
     assert table.returncode == 0 and "4.00 GiB" in table.stdout and "75.0 %" in table.stdout
 
 
+@pytest.mark.e2e
 def test_status_reads_the_runtime_and_says_so_when_the_local_agent_is_protected(
         runtime_servers, tmp_path):
     # An agent behind TLS or passwords answers nothing these commands can read: they say
@@ -117,8 +120,10 @@ def test_status_reads_the_runtime_and_says_so_when_the_local_agent_is_protected(
                  env={"TPUMON_EXPORTER_WEB_CONFIG_FILE": str(web)})
     assert result.returncode == 0, result.stderr
     assert result.stderr.strip() == (
-        f"tpumon: the local agent is protected by {web} (exporter.web_config_file), which "
-        "this command cannot use; reading the runtime directly, without the agent's history")
+        f"tpumon: the local agent is protected by {web} (exporter.web_config_file); give "
+        "--agent https://... with --agent-ca-file and --agent-user/--agent-password-file or "
+        "--agent-cert-file to ask it. Reading the runtime directly, without the agent's "
+        "history")
     doc = json.loads(result.stdout)
     assert doc["source"] == "runtime" and doc["chips"][0]["hbm_used_bytes"] == 3 * 2**30
     # --direct asks for exactly that: nothing to say.
@@ -127,11 +132,13 @@ def test_status_reads_the_runtime_and_says_so_when_the_local_agent_is_protected(
     assert direct.returncode == 0 and direct.stderr == ""
 
 
+@pytest.mark.e2e
 def test_status_without_a_runtime_reports_it():
     port = free_port()
-    result = run("status", "--agent", f"http://127.0.0.1:{free_port()}", "--runtime-ports",
-                 str(port), "--format", "json")
-    assert result.returncode == 0
+    # no local agent (nothing at exporter.listen_address): the runtime is read instead
+    result = run("status", "--runtime-ports", str(port), "--format", "json",
+                 env={"TPUMON_EXPORTER_LISTEN_ADDRESS": f"127.0.0.1:{free_port()}"})
+    assert result.returncode == 0, result.stderr
     doc = json.loads(result.stdout)
     assert doc["sources"]["tpu_runtime"] == {
         "up": False, "error": f"no runtime answering on localhost:{port}"}
@@ -144,6 +151,7 @@ def scrape(url):
         return r.read().decode()
 
 
+@pytest.mark.e2e
 def test_agent_simulate_end_to_end(tmp_path):
     """The whole agent on the built-in simulator: metrics, promtool, owner RSS, SIGTERM."""
     log_path = tmp_path / "agent.log"
@@ -191,6 +199,7 @@ def test_agent_simulate_end_to_end(tmp_path):
             agent.kill()
 
 
+@pytest.mark.e2e
 def test_sim_writes_a_trace_that_reads_back(tmp_path):
     from tpumon.trace import read_trace
 
@@ -205,3 +214,36 @@ def test_sim_writes_a_trace_that_reads_back(tmp_path):
     assert_one_line_error(run("sim", "--write-trace", str(tmp_path / "no/such/dir.csv"),
                               "--duration", "1m"), "--write-trace", "No such file")
     assert_one_line_error(run("sim", "--write-trace", str(out), "--duration", "soon"), "--duration")
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--poll-interval", "-5"], "--poll-interval"),
+    (["--poll-interval", "0"], "--poll-interval"),
+    (["--poll-interval", "nan"], "--poll-interval"),
+    (["--port", "99999"], "--port"),
+    (["--port", "65536"], "--port"),
+    (["--port", "0-3"], "--port"),
+    (["--port", ":9847"], "--port"),
+    (["--duration", "-1h"], "--duration"),
+])
+def test_sim_refuses_bad_input_and_keeps_the_output_file(tmp_path, args, fragment):
+    out = tmp_path / "kept.csv"
+    out.write_text("an older trace\n")
+    result = run("sim", "--write-trace", str(out), "--duration", "1m", *args)
+    assert_one_line_error(result, fragment)
+    assert "--runtime-ports" not in result.stderr
+    assert out.read_text() == "an older trace\n"
+
+
+def test_sim_port_out_of_range_is_not_served(tmp_path):
+    """--port 99999 once served on 99999 mod 65536; it must be refused, not bound."""
+    result = run("sim", "--port", "99999", timeout=20)
+    assert_one_line_error(result, "--port", "99999")
+
+
+def test_sim_trace_with_a_short_poll_interval(tmp_path):
+    out = tmp_path / "t.csv"
+    result = run("sim", "--write-trace", str(out), "--duration", "2s", "--poll-interval", "0.05")
+    assert result.returncode == 0, result.stderr
+    assert len(out.read_text().splitlines()) > 1 + 30 * 4
+    assert not list(tmp_path.glob("*.partial"))

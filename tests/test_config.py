@@ -134,3 +134,15 @@ def test_reporter_variables_in_the_environment_are_not_config_keys(tmp_path):
     done = subprocess.run([sys.executable, "-m", "tpumon", "config", "show"], env=env,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and "poll_interval" in done.stdout, done.stderr
+
+
+@pytest.mark.parametrize("url", ["https://grafana.example/d/tpumon\n[agent]\npoll_interval = 9",
+                                 "https://grafana.example/d/\x01tpumon\x7f\t\"\\"])
+def test_rendered_config_reads_back_any_string(tmp_path, url):
+    """A string with a line break or a control character (from the environment) is still
+    TOML that loads back as it was; the hand-written writer made invalid TOML of both."""
+    original = load_config(write(tmp_path, ""), env={"TPUMON_ALERTS_DASHBOARD_URL": url})
+    rendered = render_toml(original)
+    again = load_config(write(tmp_path, rendered), env={})
+    assert again["alerts.dashboard_url"] == url
+    assert again.values == original.values

@@ -138,6 +138,54 @@ def test_a_coarse_staircase_over_a_cache_filling_early_is_still_a_leak():
     assert d.assessment.verdict is Verdict.LEAK and d.assessment.predicted_oom_time is not None
 
 
+def irregular_staircase(seed: int, jumps: int = 9, hours: float = 16.0, steps: bool = True):
+    """A healthy run whose floor jumps ``jumps`` times at random times (recompilations, a
+    cache that never stops growing), flat between, sized to fill the chip: cut at the OOM.
+    Returns the arrays, the first jump's time and the OOM's."""
+    (t, s, u, total), _ = scenario_series("healthy", hours, poll=10, seed=seed, steps=steps)
+    rng = np.random.default_rng(seed)
+    headroom = total[0] - u[t > T0 + 3600].max()
+    at = np.sort(rng.uniform(T0 + 3600, T0 + (hours - 1) * 3600, jumps))
+    sizes = rng.uniform(0.7, 1.3, jumps) * headroom / (jumps - 0.5)
+    u = u + np.concatenate(([0.0], np.cumsum(sizes)))[np.searchsorted(at, t, side="right")]
+    full = np.flatnonzero(u >= total)
+    end = full[0] if len(full) else len(t)
+    return (t[:end], s[:end], u[:end], total[:end]), at[0], t[end - 1]
+
+
+@pytest.mark.parametrize("seed", [1, 5, 7, 12])
+def test_irregular_staircase_is_a_leak_with_a_forecast(seed):
+    arrays, onset, oom = irregular_staircase(seed, steps=seed != 12)
+    d = run(arrays)
+    a = d.assessment
+    assert a.verdict is Verdict.LEAK and a.predicted_oom_time is not None, a.reason
+    assert onset < d.alert["time"] < oom and d.alert["predicted_oom_time"] is not None
+    low, high = d.alert["predicted_oom_time_low"], d.alert["predicted_oom_time_high"]
+    assert low <= d.alert["predicted_oom_time"] and (high is None or
+                                                     d.alert["predicted_oom_time"] <= high)
+
+
+def test_jumps_that_keep_coming_are_a_jump_process_and_stop_when_they_stop():
+    from tpumon.detect.jumps import Jump
+    from tpumon.detect.staircase import find_staircase
+
+    hour = 3600.0
+    jumps = [Jump(T0 + h * hour, math.nan, 0.31e9) for h in (1.0, 2.4, 4.0, 4.6, 7.9, 9.1,
+                                                              10.0, 12.2, 13.5)]
+    stairs = find_staircase(jumps, T0 + 15 * hour, min_jumps=3)
+    assert stairs is not None
+    assert stairs.describe() == "9 jumps in 14 h, 0.31 GB each, every ~1.8 h"
+    assert stairs.growth == pytest.approx(8 * 0.31e9 / (14 * hour))  # 8 more after the first
+    low, high = stairs.growth_interval
+    assert low < stairs.growth < high
+    # the same jumps, then 8.5 quiet hours (5 mean spacings): the process stopped
+    assert find_staircase(jumps, T0 + 22 * hour, min_jumps=3) is None
+    # two jumps are events, not a process; a drop among them is not a staircase either
+    assert find_staircase(jumps[:2], T0 + 3 * hour, min_jumps=3) is None
+    mixed = jumps[:3] + [Jump(T0 + 4 * hour, math.nan, -0.3e9)] * 2
+    assert find_staircase(mixed, T0 + 5 * hour, min_jumps=3) is None
+
+
 def test_leak_starting_mid_run_is_found_with_its_own_rate():
     arrays, workload = scenario_series("linear-leak", 40, seed=3, leak_bytes_per_step=120_000,
                                        leak_chip_spread=0.0, leak_onset_step=20_000)

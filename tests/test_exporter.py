@@ -113,6 +113,7 @@ def test_runtime_down_is_exported_as_state(served):
     assert not [k for k in m if k[0] == "tpumon_hbm_used_bytes"]
 
 
+@pytest.mark.e2e
 def test_promtool_check_metrics_is_clean(served):
     text = get(served.base + "/metrics")[2]
     result = subprocess.run([require_tool("promtool"), "check", "metrics"], input=text, text=True,

@@ -63,7 +63,7 @@ def make_agent(ports, inventory=V4x4, interval=1.0, timeout=5.0, **kw):
     """An agent on the given runtime ports (loopback), with its state and registry."""
     clock = kw.pop("clock", time.time)
     state = AgentState(Identity(host="h"), inventory, history_points=64)
-    registry = build_registry(lambda: state.snapshot)
+    registry = build_registry(lambda: state.snapshot, notifier_health=kw.get("notifier_health"))
     source = TpuRuntimeSource("127.0.0.1", ports, timeout, inventory, clock=clock)
     agent = Agent(state, source, OwnerScanner(dict, 60), interval, registry, **kw)
     return SimpleNamespace(agent=agent, state=state, registry=registry, source=source)
@@ -567,6 +567,7 @@ def test_scrapes_during_fast_polls_each_see_one_whole_poll():
 # --- a notifier endpoint slower than the notifier's timeout ---------------------------
 
 
+@pytest.mark.e2e
 def test_a_slow_slack_is_a_network_failure_retried_while_polling_goes_on(runtime_servers):
     """Slack holds every request for longer than the notifier waits: each attempt ends at
     the timeout as a network failure and is retried; the agent, which reads the

@@ -161,6 +161,8 @@ def walk(node, path=""):
 def documented_metrics() -> set[str]:
     doc = (ROOT / "docs/metrics.md").read_text()
     names = set(re.findall(r"^\| `(tpumon_\w+)` \|", doc, re.M))
+    names |= {f"{h}_{suffix}" for h in re.findall(r"^\| `(tpumon_\w+)` \| histogram \|", doc, re.M)
+              for suffix in ("bucket", "sum", "count")}  # a histogram's series
     rules = yaml.safe_load((ROOT / "deploy/prometheus/tpumon.rules.yml").read_text())
     names |= {r["record"] for g in rules["groups"] for r in g["rules"] if "record" in r}
     return names | {"up", "ALERTS"}
@@ -274,7 +276,14 @@ def test_dashboards_show_what_the_issue_asks_for():
                    "tpumon_tensorcore_duty_cycle_ratio", "tpumon_process_step",
                    "tpumon_process_live_tensors", 'cache="miss"',
                    "tpumon_training_process_resident_memory_bytes",
-                   "tpumon_host_memory_used_bytes"):
+                   "tpumon_host_memory_used_bytes",
+                   # the runtime's other metrics (issue 25)
+                   "tpumon_hbm_bandwidth_utilization_ratio", "tpumon_tensorcore_idle_seconds",
+                   "tpumon_hlo_queue_size", "rate(tpumon_hlo_execution_seconds_bucket",
+                   "rate(tpumon_dcn_transfer_latency_seconds_bucket",
+                   "tpumon_collective_end_to_end_latency_seconds_bucket",
+                   "host:tpumon_dcn_transfer_latency_seconds:ratio_to_slice_median",
+                   "host:tpumon_hlo_execution_seconds:ratio_to_slice_median"):
         assert needle in host, needle
     types = {p["type"] for p in all_panels(load("tpumon-pod"))}
     assert {"stat", "table", "timeseries", "state-timeline"} <= types
@@ -392,6 +401,7 @@ def training(tmp_path):
         reporter.close()
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(300)  # about a minute and a half; the waits below bound it when loaded
 def test_every_query_returns_data_from_a_simulated_pod(tmp_path, processes, training):
     prometheus = require_tool("prometheus")

@@ -32,7 +32,9 @@ def test_the_client_experiment_only_on_measured_grpcio_versions(version, legacy,
 CONNECT = """
 import sys
 sys.argv = ["tpumon"]
-import tpumon.cli  # what every tpumon command imports first
+import click
+from tpumon.cli import main
+main.get_command(click.Context(main), "agent")  # what running `tpumon agent` loads first
 import grpc
 channel = grpc.insecure_channel("127.0.0.1:1")
 try:
@@ -51,6 +53,7 @@ def tcp_trace(**env: str) -> str:
                           text=True, timeout=60).stderr
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(
     grpc_env._version(grpc_env.grpcio_version() or "0") > grpc_env.LEGACY_CLIENT_UNTIL,
     reason="installed grpcio is newer than the client setting was measured on")

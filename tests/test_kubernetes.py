@@ -448,6 +448,7 @@ def test_the_optional_secret_gives_the_files_the_agent_reads(tmp_path: Path,
     assert sorted(c.name for c in notification_channels(config, env)) == ["pagerduty", "slack"]
 
 
+@pytest.mark.e2e
 def test_the_agent_runs_as_the_daemonset_runs_it(tmp_path: Path, config_file: Path):
     """The container's args and environment with the ConfigMap's file; only the host
     paths and the port move into tmp_path. Ready on the probe path, the node name as host
@@ -678,6 +679,7 @@ def test_every_copy_source_is_in_the_build_context():
                 assert any(p == prefix or p.startswith(prefix + "/") for p in context), source
 
 
+@pytest.mark.e2e
 def test_the_build_step_makes_a_wheel_without_test_dependencies(tmp_path: Path):
     """The build stage's `pip wheel --no-deps .` on a copy of the build context."""
     src = tmp_path / "context"

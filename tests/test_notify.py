@@ -39,7 +39,9 @@ def leak(eta_hours: float, now: float, per_step: float | None = 150e3) -> Assess
     return Assessment(Verdict.LEAK, "floor grows", floor_bytes=20 * GiB, total_bytes=TOTAL,
                       slope_bytes_per_second=3e5, slope_bytes_per_step=per_step,
                       predicted_oom_time=now + eta_hours * 3600,
-                      predicted_oom_step=None if per_step is None else 48_200)
+                      predicted_oom_step=None if per_step is None else 48_200,
+                      predicted_oom_step_low=None if per_step is None else 47_000,
+                      predicted_oom_step_high=None if per_step is None else 49_900)
 
 
 def healthy(floor: float = 20 * GiB) -> Assessment:
@@ -71,7 +73,7 @@ def test_a_leak_warns_and_a_near_oom_is_critical():
                                     ("trigger", OOM, "chip 0")]
     oom = next(t.alert for t in got if t.alert.name == OOM)
     assert oom.severity == "critical" and oom.key == f"tpumon/{IDENT.host}/{OOM}/chip0"
-    assert "in 2 h 0 min (~step 48,200)" in oom.summary and "150.0 KB/step" in oom.summary
+    assert "in 2 h 0 min (~step 48,200)" in oom.summary and "146.5 KiB/step" in oom.summary
     assert oom.details["time_to_oom_seconds"] == pytest.approx(7200)
     assert oom.dashboard == f"https://grafana.example/d/tpumon?var-host={IDENT.host}&var-chip=0"
     assert oom.where == f"{IDENT.host} (worker 3, slice llama-pod-a, v4-32)"
@@ -209,7 +211,7 @@ def test_slack_gets_one_message_naming_host_worker_chip_growth_eta_and_link():
         assert len(api.requests) == 1  # three alerts raised together: one message
         text = api.requests[0].body["text"]
         for expected in (IDENT.host, "worker 3", "llama-pod-a", "chip 0", "chip 1", OOM, LEAK,
-                         "150.0 KB/step", "OOM in 2 h", "grafana.example",
+                         "146.5 KiB/step", "OOM in 2 h", "grafana.example",
                          f"<http://{IDENT.host}:9847/report|Report>"):
             assert expected in text
         assert len(api.requests[0].body["blocks"]) == 3
@@ -237,6 +239,7 @@ def test_pagerduty_trigger_then_resolve_with_one_dedup_key():
         assert payload["severity"] == "critical" and payload["source"] == IDENT.host
         assert payload["component"] == "chip 0" and payload["group"] == "llama-pod-a"
         assert payload["custom_details"]["predicted_oom_step"] == 48_200
+        assert payload["custom_details"]["predicted_oom_step_interval"] == [47_000, 49_900]
         assert trigger["links"][0]["href"].startswith("https://grafana.example/")
         assert trigger["links"][1] == {"href": f"http://{IDENT.host}:9847/report",
                                        "text": "tpumon report"}

@@ -11,8 +11,11 @@ import subprocess
 import threading
 import time
 
+import pytest
 from fake_alert_apis import FakeAlertAPI
 from tools import TPUMON, AgentProcess, FakeReporter, clean_env, wait_for
+
+pytestmark = pytest.mark.e2e  # starts agents or external servers: seconds each
 
 WEBHOOK_SECRET = "/services/T0SECRET/B0SECRET/s3cr3tW3bh00kT0k3n"
 ROUTING_KEY = "R0UT1NGK3Y5ECRETR0UT1NGK3Y5ECRET"

@@ -136,10 +136,13 @@ def test_an_exited_process_is_marked_at_the_next_poll_and_drives_no_chip(tmp_pat
         r.stop()
 
 
-def _reporting_child(path) -> subprocess.Popen:
+def _reporting_child(path, snapshots: bool = False) -> subprocess.Popen:
+    """A process that reports step 1 (saying it takes snapshots, or not), then waits for
+    its stdin to close and exits without stepping again."""
+    live_module = "    live_module = 'tpumon.instrument.live_jax'\n" if snapshots else ""
     code = ("import sys\nfrom tpumon.instrument import Reporter\n"
             "class R(Reporter):\n"
-            "    framework = 'jax'\n"
+            "    framework = 'jax'\n" + live_module +
             "    def framework_fields(self):\n"
             "        return {'live': 5, 'ordinal': 0}\n"
             "r = R(socket=sys.argv[1], min_interval=0)\n"
@@ -151,7 +154,7 @@ def test_a_request_open_when_the_process_exits_ends_at_the_next_poll(tmp_path):
     r = ReporterSocket(tmp_path / "run" / "r.sock")
     r.start()
     try:
-        child = _snapshot_taking_child(r.path)
+        child = _reporting_child(r.path, snapshots=True)
         wait_for(lambda: r.poll() and child.pid in r._latest, 10)
         asked = r.request_snapshot(child.pid, 1000, "test")
         assert asked.pending, asked
@@ -164,19 +167,7 @@ def test_a_request_open_when_the_process_exits_ends_at_the_next_poll(tmp_path):
         r.stop()
 
 
-def _snapshot_taking_child(path) -> subprocess.Popen:
-    """A reporter that says it answers snapshot requests, and never steps again."""
-    code = ("import sys\nfrom tpumon.instrument import Reporter\n"
-            "class R(Reporter):\n"
-            "    framework = 'jax'\n"
-            "    live_module = 'tpumon.instrument.live_jax'\n"
-            "    def framework_fields(self):\n"
-            "        return {'live': 5}\n"
-            "r = R(socket=sys.argv[1], min_interval=0)\n"
-            "r.step(1)\nsys.stdin.readline()\n")
-    return subprocess.Popen([sys.executable, "-c", code, str(path)], stdin=subprocess.PIPE)
-
-
+@pytest.mark.e2e
 def test_tpumon_snapshot_fails_at_once_when_its_target_exits(tmp_path):
     """It used to wait ~300 s in silence; now: one line, non-zero, within a few polls."""
     from tools import TPUMON, AgentProcess
@@ -185,7 +176,7 @@ def test_tpumon_snapshot_fails_at_once_when_its_target_exits(tmp_path):
     agent = AgentProcess(tmp_path, None, "--reporter-socket", str(sock),
                          "--scenario", "healthy")
     try:
-        child = _snapshot_taking_child(sock)
+        child = _reporting_child(sock, snapshots=True)
         wait_for(lambda: f'"pid": {child.pid}' in agent.get("/api/status")
                  .replace('"pid":', '"pid": ').replace(":  ", ": "), 30)
         asking = subprocess.Popen([*TPUMON, "snapshot", "--agent", f"http://{agent.url}",

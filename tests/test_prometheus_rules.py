@@ -47,12 +47,14 @@ def github_anchors(markdown: str) -> set[str]:
             for m in re.finditer(r"^#{1,6} (.+)$", markdown, re.M)}
 
 
+@pytest.mark.e2e
 def test_promtool_checks_the_rules():
     result = promtool("check", "rules", str(RULES))
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"SUCCESS: {len(rules())} rules found" in result.stdout
 
 
+@pytest.mark.e2e
 def test_promtool_checks_the_example_configuration_and_finds_the_rules():
     # rule_files is relative to the configuration file, wherever promtool runs from.
     result = promtool("check", "config", "prometheus.yml", cwd=PROM)
@@ -63,6 +65,7 @@ def test_promtool_checks_the_example_configuration_and_finds_the_rules():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.e2e
 def test_the_rule_unit_tests_pass():
     assert len(UNIT_TESTS) >= 3
     result = promtool("test", "rules", *map(str, UNIT_TESTS))
@@ -144,12 +147,23 @@ MUTATIONS = {
     "TPUMonTrainingStalled ignoring the exported stall time": (
         "> ignoring (pid, framework, rank) group_left\n              tpumon_alert_training_stall_seconds",
         "> 60", "health.yml"),
+    "TPUMonJobDiedOOM also for a job that exited": (
+        'tpumon_job_ends_total{cause=~"hbm_oom|host_oom"}', 'tpumon_job_ends_total',
+        "ends.yml"),
+    "TPUMonHostDCNLatencyOutlier threshold 2x -> 5x the slice's median": (
+        "host:tpumon_dcn_transfer_latency_seconds:ratio_to_slice_median > 2\n",
+        "host:tpumon_dcn_transfer_latency_seconds:ratio_to_slice_median > 5\n", "outliers.yml"),
+    "TPUMonHostStepTimeOutlier without the three-host guard": (
+        "            and on (slice, accelerator_type)\n"
+        "              (count by (slice, accelerator_type) "
+        "(host:tpumon_hlo_execution_seconds:mean5m) >= 3)\n", "", "outliers.yml"),
     "TPUMonHostMemoryLeak also for a process that exited": (
         "            and on (instance, job, pid)\n              (tpumon_process_exited == 0)\n", "",
         "host.yml"),
 }
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("mutation", sorted(MUTATIONS))
 def test_the_unit_tests_fail_on_a_broken_rule(tmp_path, mutation):
     before, after, test_file = MUTATIONS[mutation]

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import signal
 
+import pytest
 from tools import AgentProcess, wait_for
+
+pytestmark = pytest.mark.e2e  # starts agents or external servers: seconds each
 
 CONFIG = """
 [alerts]

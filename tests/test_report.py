@@ -80,6 +80,7 @@ def summary_rows(html: str) -> list[str]:
     return re.findall(r"<tr>(.*?)</tr>", table, re.S)[1:]
 
 
+@pytest.mark.e2e
 def test_report_of_a_leak_via_the_command_line(traces, tmp_path):
     trace = traces["linear-leak.jsonl"]
     outdir = tmp_path / "out" / "nested"
@@ -108,11 +109,13 @@ def test_report_of_a_leak_via_the_command_line(traces, tmp_path):
         assert series["verdict"] == "leak" and ">leak</span>" in row
         assert f"step {series['predicted_oom']['step']:,}" in row
         assert f"step {series['alert']['step']:,}" in row  # the leak alert
-        assert "KB/step" in row
+        assert f"forecast then: step {series['alert']['predicted_oom']['step']:,} (" in row
+        assert "KiB/step" in row
     assert f"<td>{HOST}</td>" in html and "<td>1</td>" in html  # host and worker
     assert "2 of 2 chips leak" in html and "tpumon 0." in html
 
 
+@pytest.mark.e2e
 def test_healthy_report_says_ok(reports):
     _, png, html_path = reports["healthy"]
     html = html_path.read_text()
@@ -124,6 +127,7 @@ def test_healthy_report_says_ok(reports):
     assert_self_contained(html)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("scenario", ["linear-leak", "staircase-leak"])
 def test_leaking_reports_forecast_the_oom(reports, traces, scenario):
     html = reports[scenario][2].read_text()
@@ -134,6 +138,7 @@ def test_leaking_reports_forecast_the_oom(reports, traces, scenario):
         assert f"at step {result.predicted_oom['step']:,}" in row
 
 
+@pytest.mark.e2e
 def test_restarts_are_listed(reports, traces):
     html = reports["job-restart"][2].read_text()
     rows = summary_rows(html)
@@ -149,12 +154,13 @@ def test_restarts_are_listed(reports, traces):
     assert report.gaps and report.gaps[0][0] < report.restarts[0].start <= report.gaps[0][1]
 
 
+@pytest.mark.e2e
 def test_level_jumps_are_listed_and_drawn_as_steps(reports, traces):
     html = reports["step-change"][2].read_text()
     for row in summary_rows(html):
         cells = re.findall(r"<td>(.*?)</td>", row, re.S)
         assert ">step_change</span>" in cells[1]
-        assert re.match(r"1 \(\+1\.\d\d GB in all\)<br>\+1\.\d\d GB at \d\d:\d\d, step [\d,]+$",
+        assert re.match(r"1 \(\+1\.\d\d GiB in all\)<br>\+1\.\d\d GiB at \d\d:\d\d, step [\d,]+$",
                         cells[9]), cells[9]
     columns = read_trace_columns(traces["step-change"])
     report = chip_report(HOST, "0", columns[(HOST, "0")])
@@ -193,6 +199,7 @@ def test_excursions_are_marked(tmp_path):
         assert e.value - report.floors[report.floor_times.searchsorted(e.time)] > 1.4 * typical
 
 
+@pytest.mark.e2e
 def test_report_from_the_history_store(tmp_path):
     state = tmp_path / "state"
     rows = rows_of("linear-leak", hours=6, chips=3, seed=2)
@@ -217,6 +224,7 @@ def test_report_from_the_history_store(tmp_path):
     assert expected.start >= since
 
 
+@pytest.mark.e2e
 def test_one_report_per_host(tmp_path):
     rows = rows_of("healthy", hours=1, chips=1) + [
         r.__class__(r.time, "other host/1", r.chip, r.step, r.hbm_used_bytes, r.hbm_total_bytes)
@@ -279,6 +287,7 @@ def test_series_from_rows_keeps_missing_steps_as_nan():
     assert math.isnan(c.steps[3]) and c.used[3] == 5 and len(c.times) == len(rows)
 
 
+@pytest.mark.e2e
 def test_a_trace_on_stdin_and_the_agent_never_loads_matplotlib(traces, tmp_path):
     proc = subprocess.run(
         [sys.executable, "-c",

@@ -237,6 +237,7 @@ class Lateness:
 STARVED = 0.1
 
 
+@pytest.mark.e2e
 def test_a_steady_sender_loses_nothing_and_wakes_the_thread_for_a_fraction_of_reports(
         receiver):
     """At 25 reports a second for 4 s against the kernel's queue (10 by default): every
@@ -378,6 +379,7 @@ def test_the_agent_gives_each_chip_its_process_step(tmp_path, receiver, runtime_
         store.stop()
 
 
+@pytest.mark.e2e
 def test_the_simulated_job_reports_its_step_to_the_agent(tmp_path):
     """`tpumon agent --simulate --reporter-socket`: the simulator reports its step like an
     instrumented job, and the agent gives each chip that step."""

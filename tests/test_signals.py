@@ -12,6 +12,10 @@ import sys
 import textwrap
 import time
 
+import pytest
+
+pytestmark = pytest.mark.e2e  # starts agents or external servers: seconds each
+
 CHILD = textwrap.dedent("""
     import signal, sys, threading, time
     from tpumon.signals import signals_to_events

@@ -97,6 +97,7 @@ def test_job_restart_closes_and_reopens_the_port(simulator):
     assert len(reading.chips) == 4
 
 
+@pytest.mark.e2e
 def test_agent_poll_loop_detects_a_leak_end_to_end(simulator):
     """Simulated runtime over gRPC -> runtime source -> agent -> detector -> /metrics."""
     from prometheus_client import generate_latest
@@ -171,6 +172,7 @@ def test_simulated_time_never_goes_back_whoever_reads_it(monkeypatch):
     assert last > 90.0 * 100  # and it went forward
 
 
+@pytest.mark.e2e
 def test_while_the_runtime_is_down_time_runs_unobserved(simulator):
     """Between jobs no reader can look (the port is closed), so the simulator itself moves
     the bound: the next job comes up although nothing polls."""
@@ -194,21 +196,37 @@ def test_while_the_runtime_is_down_time_runs_unobserved(simulator):
 
 
 @pytest.mark.parametrize("poll_interval, acceleration, waits", [
-    (5.0, 60.0, True),  # 300 simulated s between polls: the job waits, at about 18x
+    (5.0, 60.0, True),  # 300 simulated s between polls: the job waits, at about 12x
     (0.25, 60.0, False),  # make demo's pace: 15 s apart
     (0.1, 480.0, False),  # the end-to-end tests': 48 s apart
 ])
 def test_the_agent_says_when_its_polls_slow_the_simulation(caplog, poll_interval,
                                                            acceleration, waits):
-    from tpumon.bootstrap import _note_simulation_pace
+    from tpumon.bootstrap import check_simulation_pace
     from tpumon.config import load_config
     config = load_config(overrides={"agent.poll_interval": poll_interval,
                                     "simulator.acceleration": acceleration}, env={})
     with caplog.at_level("INFO", logger="tpumon.bootstrap"):
-        _note_simulation_pace(config)
+        check_simulation_pace(config)
     said = [r.getMessage() for r in caplog.records]
     assert bool(said) == waits
     if waits:
         assert said == ["polls every 5 s at 60x are 300 simulated s apart, more than "
-                        "simulator.max_lag (90 s): the simulated job waits for each poll "
-                        "(about 18x)"]
+                        "simulator.max_lag (60 s): the simulated job waits for each poll "
+                        "(about 12x)"]
+
+
+@pytest.mark.parametrize("overrides", [
+    {"simulator.acceleration": 1200.0, "simulator.max_lag": 90.0},  # read 'ok' for 90 min
+    {"simulator.acceleration": 1200.0, "simulator.max_lag": 0.0},
+    {"simulator.acceleration": 100.0, "agent.poll_interval": 1.0, "simulator.max_lag": 0.0},
+])
+def test_a_pace_too_sparse_to_see_the_leak_is_refused(overrides):
+    """At 1200x, polls every 0.25 s and the bound at 90 s, the linear leak read 'ok: no
+    significant growth' after 90 simulated minutes: refused, with the reason."""
+    from tpumon.bootstrap import check_simulation_pace
+    from tpumon.config import ConfigError, load_config
+    config = load_config(overrides={"agent.poll_interval": 0.25, **overrides}, env={})
+    with pytest.raises(ConfigError, match=r"simulated s between polls .* needs a poll at "
+                                          r"least every 60 simulated s"):
+        check_simulation_pace(config)

@@ -12,6 +12,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from fake_alert_apis import FakeAlertAPI
 from tools import DENSE_POLLS, TPUMON, AgentProcess, wait_for
 
+pytestmark = pytest.mark.e2e  # starts agents or external servers: seconds each
+
 
 def finished_snapshot(agent: AgentProcess) -> dict | None:
     for p in json.loads(agent.get("/api/status"))["processes"]:

@@ -82,6 +82,7 @@ def test_restart_mid_run_resumes_verdict_slope_and_forecast(tmp_path):
     assert resumed.verdict is Verdict.LEAK and resumed.predicted_oom_time is not None
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("write_delay", [0.0, 0.5])
 def test_kill_9_loses_at_most_the_write_delay_and_the_restart_resumes(tmp_path, write_delay):
     """Polls wait up to store.write_delay to share a transaction: a kill -9 loses those
@@ -127,6 +128,7 @@ def _private_tmpfs_prefix(mountpoint: Path, size: str) -> tuple[str, ...]:
     return ("unshare", "-m", "sh", "-c", f'{mount} && exec "$@"', "sh")
 
 
+@pytest.mark.e2e
 def test_read_only_and_full_disks_are_reported_and_monitoring_goes_on(tmp_path):
     """The state directory starts on a read-only file system, which then becomes
     writable, then fills up, then has room again: each state is reported, logged once,
@@ -177,6 +179,7 @@ def test_read_only_and_full_disks_are_reported_and_monitoring_goes_on(tmp_path):
     assert len(re.findall(r"writing again", log)) == 2, log
 
 
+@pytest.mark.e2e
 def test_one_off_status_leaves_the_history_store_alone(tmp_path):
     """`tpumon status --direct` builds an agent for one poll; it must not open (or create)
     the store the real agent owns."""
@@ -188,6 +191,7 @@ def test_one_off_status_leaves_the_history_store_alone(tmp_path):
     assert not (tmp_path / "state").exists()
 
 
+@pytest.mark.e2e
 def test_another_user_can_export_a_stopped_agents_store(tmp_path):
     """A person without write access to the state directory (the agent runs as root or
     its own user) can still export after the agent stopped and removed the WAL index."""

@@ -92,6 +92,7 @@ class NotifySocket:
         raise AssertionError(f"no {key}={value!r} within {timeout} s; got {self.messages}")
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("abstract", [False, True])
 def test_the_agent_speaks_sd_notify(tmp_path, abstract):
     notify = NotifySocket(None if abstract else tmp_path / "notify.sock")
@@ -149,6 +150,7 @@ def install(root: Path, *args: str) -> subprocess.CompletedProcess:
 # Two real pip installs, each resolving tpumon's dependencies from the package index: how
 # long they take is the network's (1-2 min in all; 4 min for one when the index answered
 # slowly). The suite's 120 s hang guard is for tests that only wait on themselves.
+@pytest.mark.e2e
 @pytest.mark.timeout(1500)
 def test_install_upgrade_and_uninstall_in_a_scratch_root(tmp_path):
     require_tool("systemd-sysusers")

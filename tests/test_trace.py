@@ -235,7 +235,7 @@ def test_missing_file_is_an_os_error_not_a_format_error(tmp_path):
 
 def test_unknown_format_is_rejected(tmp_path):
     with pytest.raises(ValueError, match="unknown trace format"):
-        write_trace(ROWS, tmp_path / "t.parquet", format="parquet")
+        write_trace(ROWS, tmp_path / "t.xml", format="xml")
     with pytest.raises(ValueError, match="unknown trace format"):
         list(read_trace(io.StringIO(HEADER), format="xml"))
 
@@ -632,3 +632,45 @@ def test_a_binary_file_is_a_format_error_not_a_crash(tmp_path):
     path.write_bytes(b"SQLite format 3\x00" + bytes(range(256)) * 4)
     with pytest.raises(TraceFormatError, match="history.db: not UTF-8 text"):
         list(read_trace(path))
+
+
+# ---------------------------------------------------------------- pyarrow and Parquet
+
+
+def test_files_are_read_by_pyarrow_not_the_row_parser(tmp_path, monkeypatch):
+    path = tmp_path / "t.csv"
+    write_trace(generate_trace("healthy", duration_s=600, poll_interval_s=5, chips=2, seed=3),
+                path)
+    expected = read_trace_columns(path)
+    monkeypatch.setattr(trace, "_parsed_columns", lambda *a: pytest.fail("row parser used"))
+    assert read_trace_columns(path).keys() == expected.keys()
+
+
+@pytest.mark.parametrize("fmt", ["csv", "jsonl"])
+def test_parquet_round_trip_reads_as_the_text_formats(tmp_path, fmt):
+    rows = list(generate_trace("linear-leak", duration_s=900, poll_interval_s=7, chips=3,
+                               seed=5, drop_probability=0.1))
+    rows[4] = dataclasses.replace(rows[4], step=None)
+    write_trace(rows, tmp_path / f"t.{fmt}", format=fmt)
+    assert write_trace(iter(rows), tmp_path / "t.parquet", format="parquet") == len(rows)
+    text = read_trace_columns(tmp_path / f"t.{fmt}")
+    parquet = read_trace_columns(tmp_path / "t.parquet")
+    assert list(text) == list(parquet)
+    for key in text:
+        for a, b in zip(text[key], parquet[key], strict=True):
+            np.testing.assert_array_equal(a, b)
+    assert list(read_trace(tmp_path / "t.parquet")) == list(read_trace(tmp_path / f"t.{fmt}"))
+
+
+def test_parquet_errors_name_the_row_and_parquet_needs_a_file(tmp_path):
+    bad = [dataclasses.replace(ROWS[0], time=ROWS[0].time + 10), ROWS[0], ROWS[1]]
+    write_trace(bad, tmp_path / "back.parquet", format="parquet")
+    with pytest.raises(TraceFormatError, match=r"back.parquet: row 2: time .* must not go back"):
+        read_trace_columns(tmp_path / "back.parquet")
+    with pytest.raises(TraceFormatError, match="row 2"):
+        list(read_trace(tmp_path / "back.parquet"))
+    with pytest.raises(ValueError, match="Parquet is written to a file"):
+        write_trace(ROWS, "-", format="parquet")
+    (tmp_path / "junk.parquet").write_text("time,host\n")
+    with pytest.raises(TraceFormatError, match="junk.parquet: "):
+        read_trace_columns(tmp_path / "junk.parquet")

@@ -238,6 +238,7 @@ def stack(pki, tmp_path_factory):
         processes.stop_all()
 
 
+@pytest.mark.e2e
 def test_https_with_basic_auth_serves_metrics(stack, pki):
     assert stack.auth.startswith("https://127.0.0.1:")
     status, headers, body = fetch(f"{stack.auth}/metrics", ca=pki.ca_crt,
@@ -253,11 +254,13 @@ def test_https_with_basic_auth_serves_metrics(stack, pki):
                      auth=basic(USER, PASSWORD))[0] == 200
 
 
+@pytest.mark.e2e
 def test_server_certificate_must_be_trusted(stack):
     with pytest.raises(OSError, match="CERTIFICATE_VERIFY_FAILED"):
         fetch(f"{stack.auth}/metrics", auth=basic(USER, PASSWORD))  # system CAs only
 
 
+@pytest.mark.e2e
 def test_plain_http_is_refused(stack):
     url = stack.auth.replace("https://", "http://")
     status, _, body = fetch(f"{url}/metrics", auth=basic(USER, PASSWORD))
@@ -265,6 +268,7 @@ def test_plain_http_is_refused(stack):
     assert fetch(stack.mtls.replace("https://", "http://") + "/metrics")[0] == 400
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("auth", [
     None, basic(USER, "wrong"), basic("mallory", PASSWORD), basic(USER, ""),
     basic(USER, PASSWORD + "x"), "Bearer " + PASSWORD, "Basic not-base64!",
@@ -280,6 +284,7 @@ def test_missing_or_wrong_credentials_get_401_everywhere(stack, pki, auth):
         assert "tpumon_" not in body
 
 
+@pytest.mark.e2e
 def test_mutual_tls_requires_a_client_certificate_from_the_ca(stack, pki):
     url = f"{stack.mtls}/metrics"
     assert refused(url, ca=pki.ca_crt)  # no client certificate
@@ -293,6 +298,7 @@ def test_mutual_tls_requires_a_client_certificate_from_the_ca(stack, pki):
         urllib.request.urlopen(url, timeout=10, context=context)
 
 
+@pytest.mark.e2e
 def test_prometheus_scrapes_through_tls_basic_auth_and_client_certificates(stack):
     def up() -> dict[str, str] | None:
         stack.processes.check_alive()
@@ -312,6 +318,7 @@ def test_prometheus_scrapes_through_tls_basic_auth_and_client_certificates(stack
         raise AssertionError(f"targets: {targets.decode()[:3000]}") from None
 
 
+@pytest.mark.e2e
 def test_no_secret_in_the_logs_and_no_traceback(stack):
     """Runs after the others (file order): the debug log has seen every kind of request."""
     for name in stack.processes.procs:
@@ -370,6 +377,7 @@ def bad_configs(pki) -> list[tuple[str, str, list[str]]]:
     ]
 
 
+@pytest.mark.e2e
 def test_promtool_and_tpumon_reject_the_same_bad_files(pki, tmp_path):
     for name, content, fragments in bad_configs(pki):
         path = tmp_path / f"{name}.yml"
@@ -384,6 +392,7 @@ def test_promtool_and_tpumon_reject_the_same_bad_files(pki, tmp_path):
         assert PASSWORD not in message
 
 
+@pytest.mark.e2e
 def test_what_promtool_accepts_but_tpumon_cannot_honour_is_rejected_clearly(pki, tmp_path):
     """Python's ssl module cannot ask for a client certificate without verifying it, speak
     TLS 1.0/1.1 under OpenSSL 3, or set a curve list; and tpumon will not verify client

@@ -7,6 +7,7 @@ import time
 from collections import defaultdict
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from tpumon.sim.tracegen import generate_trace
@@ -41,8 +42,10 @@ def after_first_eval(w: Workload) -> float:
 
 
 def test_scenario_registry_has_the_documented_names():
-    assert set(SCENARIOS) == {"healthy", "linear-leak", "staircase-leak", "chip0-leak",
-                              "step-change", "job-restart", "saturating-cache"}
+    assert set(SCENARIOS) == {"healthy", "linear-leak", "fast-leak", "staircase-leak", "chip0-leak",
+                              "step-change", "job-restart", "job-exit", "saturating-cache",
+                              "irregular-staircase", "leak-rate-change", "stall",
+                              "slow-dcn"}
     for name, s in SCENARIOS.items():
         assert s.name == name and s.description and "\n" not in s.description
 
@@ -402,3 +405,17 @@ def test_staircase_counts_its_stairs_from_the_onset():
 def test_negative_onset_is_rejected():
     with pytest.raises(ValueError, match="leak_onset_step"):
         Workload("linear-leak", leak_onset_step=-1)
+
+
+def test_irregular_stairs_come_at_random_steps_and_a_leak_can_change_rate():
+    w = Workload("irregular-staircase", chips=1, seed=4, stair_every_steps=1000,
+                 cache_cap_bytes=0, eval_every_steps=100)
+    floors = [w._train_floors(n)[0] for n in range(200, 40_000, 20)]
+    rises = [i for i, (a, b) in enumerate(zip(floors, floors[1:])) if b - a > 1e8]
+    assert 20 <= len(rises) <= 60  # ~40 expected
+    gaps = np.diff(rises)
+    assert gaps.std() > 0.4 * gaps.mean()  # irregular, not every N steps
+    steady = Workload("leak-rate-change", chips=1, seed=4, leak_change_step=5000,
+                      leak_change_factor=2.0, cache_cap_bytes=0)
+    f = [steady._train_floors(n)[0] for n in (3000, 4000, 10_000, 11_000)]
+    assert (f[3] - f[2]) == pytest.approx(2 * (f[1] - f[0]), rel=1e-6)

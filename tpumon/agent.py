@@ -16,15 +16,19 @@ from typing import Callable, Mapping
 
 from prometheus_client import CollectorRegistry, Histogram
 
-from tpumon.detect import Assessment, ChipDetector, DetectorSettings
+from tpumon.detect import Assessment, ChipDetector, DetectorSettings, Verdict, describe_growth
+from tpumon.detect.pooling import pool_jobs
 from tpumon.identity import LABELS
 from tpumon.leak_snapshots import LeakSnapshots
-from tpumon.samples import RuntimeReading
+from tpumon.samples import HostSample, RuntimeReading
 from tpumon.sources.health import SourceTracker
 from tpumon.sources.host import HostSource
+from tpumon.sources.kernel_log import KernelLog
 from tpumon.sources.tpu_runtime import TpuRuntimeSource
+from tpumon.notify.alerts import AlertLog
 from tpumon.notify.health import NotifierHealth
 from tpumon.notify.settings import AlertSettings
+from tpumon.job_ends import JobEndTracker
 from tpumon.processes import (ProcessState, ProcessTracker, chip_processes, growing_chips,
                               with_hbm_growth)
 from tpumon.sources.reporter import ReporterSocket
@@ -32,12 +36,44 @@ from tpumon.state import AgentState, Snapshot
 from tpumon.store.checkpoint import dump_detector
 from tpumon.store.database import Sample
 from tpumon.store.writer import PollRecord, StoreWriter
+from tpumon.units import utc
 
 log = logging.getLogger("tpumon.agent")
 
 FRESH_SECONDS = 60.0  # a chip's step comes from a report at most this old
 HOST_SECONDS = 5.0  # host memory and owners' RSS at most this often (exported, not detected)
 POLL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+QUIET_START = (Verdict.WARMING_UP, Verdict.INSUFFICIENT_DATA)  # every chip starts so
+
+
+def log_verdict_changes(before: Mapping[str, Assessment],
+                        after: Mapping[str, Assessment]) -> None:
+    """One log line per chip whose verdict changed, with the reason and the forecast: the
+    journal says when a leak was called or cleared, with or without Slack and PagerDuty."""
+    for chip, a in sorted(after.items()):
+        was = before.get(chip)
+        if was is not None and was.verdict is a.verdict:
+            continue
+        if a.verdict in QUIET_START and (was is None or was.verdict in QUIET_START):
+            continue  # starting up: not news
+        level = logging.WARNING if a.verdict in (Verdict.LEAK, Verdict.STEP_CHANGE) \
+            else logging.INFO
+        since = "" if was is None else f" (was {was.verdict.value})"
+        log.log(level, "chip %s: verdict %s%s: %s%s", chip, a.verdict.value, since, a.reason,
+                forecast_text(a))
+
+
+def forecast_text(a: Assessment) -> str:
+    """'; floor grows 118.5 KiB/step; OOM at step ~62,000 (2026-11-25 18:02 UTC)' when the
+    floor grows (the growth only where the reason does not give it); '' otherwise."""
+    if a.predicted_oom_time is None or not (a.slope_bytes_per_second or 0) > 0:
+        return ""
+    growth = describe_growth(a.slope_bytes_per_step, a.slope_bytes_per_hour)
+    at_step = "" if a.predicted_oom_step is None else f" at step ~{a.predicted_oom_step:,.0f}"
+    said = "" if "floor grows" in a.reason else f"; floor grows {growth}"
+    return f"{said}; OOM{at_step} ({utc(a.predicted_oom_time)})"
 
 
 class OwnerScanner:
@@ -68,7 +104,8 @@ class Agent:
                  reporters: ReporterSocket | None = None,
                  notifier_health: Callable[[], NotifierHealth] | None = None,
                  alert_settings: AlertSettings | None = None,
-                 leak_snapshots: LeakSnapshots | None = None) -> None:
+                 leak_snapshots: LeakSnapshots | None = None,
+                 kernel_log: KernelLog | None = None) -> None:
         self.state = state
         self._detector_settings = detector_settings
         self._detectors: dict[str, ChipDetector] = dict(detectors or {})
@@ -82,10 +119,16 @@ class Agent:
         self._host = SourceTracker("host", HostSource(owners, min_interval=HOST_SECONDS).poll)
         self._reporters = None if reporters is None else SourceTracker("reporter", reporters.poll)
         self._processes = ProcessTracker()
+        self._kernel = None if kernel_log is None else SourceTracker("kernel_log",
+                                                                     kernel_log.poll)
+        self._ends = JobEndTracker(interval)
         self._leak_snapshots = leak_snapshots
         self._notifier_health = notifier_health
         self.alert_settings = alert_settings or AlertSettings()  # swapped by a reload
+        # without a notifier (no Slack, no PagerDuty) alerts are still raised, in the log
+        self._alert_log = AlertLog(self.alert_settings) if notifier_health is None else None
         self._polls = 0
+        self._clock_offset = 0.0  # the samples' clock minus the wall clock (simulated time)
         self._poll_seconds = Histogram(
             "tpumon_poll_duration_seconds", "Time taken by one poll of all sources.",
             labelnames=LABELS, buckets=POLL_BUCKETS, registry=registry,
@@ -104,15 +147,21 @@ class Agent:
         steps = self._steps(attributed, processes)
         samples = self._samples(runtime, steps)
         self._polls += 1
-        assessments = self._detect(samples)
+        assessments = self._detect(samples, owners)
+        log_verdict_changes(self.state.snapshot.assessments, assessments)
         processes = with_hbm_growth(processes, attributed, growing_chips(assessments))
+        self._notice_ends(runtime, owners, attributed, processes, assessments, host)
         if self._leak_snapshots is not None:
             self._leak_snapshots.update(assessments, attributed, processes, time.time())
         previous = self.state.snapshot
-        health = (self._runtime.health, self._host.health) + (
-            () if self._reporters is None else (self._reporters.health,))
+        wall = time.time()
+        if runtime is not None:
+            self._clock_offset = runtime.time - wall
+        health = (self._runtime.health, self._host.health) + tuple(
+            t.health for t in (self._reporters, self._kernel) if t is not None)
         snapshot = Snapshot(
-            time=time.time(), identity=previous.identity, inventory=previous.inventory,
+            time=wall, clock_offset=self._clock_offset, identity=previous.identity,
+            inventory=previous.inventory,
             runtime=runtime, host=host, owners=owners, health=health,
             runtime_ports_up=dict(self._runtime_source.ports_up),
             assessments=assessments,
@@ -122,12 +171,25 @@ class Agent:
             processes=processes, chip_processes=attributed, chip_steps=steps,
             reporter=reported,
             notifier=None if self._notifier_health is None else self._notifier_health(),
-            alert_settings=self.alert_settings)
+            alert_settings=self.alert_settings, job_ends=tuple(self._ends.recent),
+            job_ends_total=dict(self._ends.totals))
         self.state.publish(snapshot)
+        if self._alert_log is not None:
+            self._alert_log(snapshot)
         if self._store is not None:
-            self._record(samples)
+            self._record(self._store, samples)
         self._poll_seconds.observe(time.monotonic() - started)
         return snapshot
+
+    def _notice_ends(self, runtime: RuntimeReading | None, owners: Mapping[str, int],
+                     attributed: Mapping[str, int], processes: Mapping[int, ProcessState],
+                     assessments: Mapping[str, Assessment], host: HostSample | None) -> None:
+        """Jobs that ended since the last poll: one log line each (docs/job-ends.md)."""
+        kills = (self._kernel.poll() if self._kernel is not None else None) or {}
+        alerts = {name: d.alert for name, d in self._detectors.items()}
+        for end in self._ends.update(time.time(), runtime, owners, processes, assessments,
+                                     alerts, host, kills, attributed):
+            log.warning("%s", end.summary())
 
     @staticmethod
     def _steps(attributed: Mapping[str, int],
@@ -148,7 +210,8 @@ class Agent:
                              chip.hbm_total_bytes)
                 for name, chip in reading.chips.items() if chip.hbm_total_bytes is not None}
 
-    def _record(self, samples: Mapping[str, Sample], final: bool = False) -> None:
+    def _record(self, store: StoreWriter, samples: Mapping[str, Sample],
+                final: bool = False) -> None:
         """Hand the poll's samples to the store (a queue append) and, every
         ``checkpoint_interval`` or when stopping, the detectors' state after them."""
         checkpoints = {}
@@ -156,11 +219,13 @@ class Agent:
             checkpoints = {name: dump_detector(d) for name, d in self._detectors.items()}
             self._next_checkpoint = time.monotonic() + self._checkpoint_interval
         if samples or checkpoints:
-            self._store.submit(PollRecord(self.state.snapshot.identity.host,
+            store.submit(PollRecord(self.state.snapshot.identity.host,
                                           tuple(samples.items()), checkpoints))
 
-    def _detect(self, samples: Mapping[str, Sample]) -> dict[str, Assessment]:
-        """Feed each chip's sample to its detector (the same code ``tpumon analyze`` runs).
+    def _detect(self, samples: Mapping[str, Sample],
+                owners: Mapping[str, int]) -> dict[str, Assessment]:
+        """Feed each chip's sample to its detector (the same code ``tpumon analyze`` runs),
+        and pool the evidence of the chips one process holds (one job: ``pool_jobs``).
 
         A chip that does not answer gets no sample: to its detector that is a poll gap,
         and a gap followed by memory back at baseline is a job restart.
@@ -171,7 +236,8 @@ class Agent:
                 detector = self._detectors[name] = ChipDetector(self._detector_settings)
             detector.update((s.time,), (math.nan if s.step is None else s.step,), (s.used,),
                             (s.total,))
-        return {name: d.assessment for name, d in self._detectors.items()}
+        return pool_jobs({name: d.assessment for name, d in self._detectors.items()},
+                         {chip: f"process {pid}" for chip, pid in owners.items()})
 
     def run(self, stop: threading.Event,
             after_poll: Callable[[Snapshot], None] | None = None) -> None:
@@ -191,5 +257,5 @@ class Agent:
                 next_tick = now + self.interval - (now - next_tick) % self.interval
             stop.wait(next_tick - now)
         if self._store is not None:
-            self._record({}, final=True)
+            self._record(self._store, {}, final=True)
         self._runtime_source.close()

@@ -8,10 +8,12 @@ agent is pointed at a ``tpumon sim`` child instead of libtpu.
 from __future__ import annotations
 
 import logging
+import math
+import time
 import os
 import sqlite3
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Callable, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry
 
@@ -30,12 +32,15 @@ from tpumon.notify.pagerduty import PagerDutyChannel
 from tpumon.notify.secrets import read_secret
 from tpumon.notify.slack import SlackChannel
 from tpumon.leak_snapshots import LeakSnapshots
+from tpumon.sources.kernel_log import KernelLog
 from tpumon.sources.reporter import ReporterSocket
 from tpumon.sources.tpu_runtime import TpuRuntimeSource
 from tpumon.state import AgentState
-from tpumon.store.database import Retention, open_database
+from tpumon.store.database import (HistoryDB, Retention, database_path, move_aside,
+                                   open_database)
 from tpumon.store.resume import restore_detectors
 from tpumon.store.writer import StoreWriter
+from tpumon.units import format_bytes, utc
 
 log = logging.getLogger("tpumon.bootstrap")
 DEFAULT_RUNTIME_PORT = 8431
@@ -131,9 +136,67 @@ def open_store(config: Config, simulate: bool, host: str) -> tuple[StoreWriter |
     except (OSError, sqlite3.Error) as exc:
         return StoreWriter(state_dir, retention, open_error=exc,
                            write_delay=config["store.write_delay"]), {}
-    log.info("history store %s (%.1f MiB)", db.path, db.size_bytes() / 2**20)
+    try:
+        db = history_for_clock(db, simulate, retention)
+    except (OSError, sqlite3.Error) as exc:
+        return StoreWriter(state_dir, retention, open_error=exc,
+                           write_delay=config["store.write_delay"]), {}
+    log.info("history store %s (%s)", db.path, format_bytes(db.size_bytes()))
     return (StoreWriter(state_dir, retention, db, write_delay=config["store.write_delay"]),
             restore_detectors(db, host))
+
+
+RESTART_GAP = 600.0  # simulated s between one simulated run's last sample and the next's first
+
+
+def history_for_clock(db: HistoryDB, simulate: bool, retention: Retention) -> HistoryDB:
+    """The history this run may add to. Its samples are dated by one clock: the wall
+    clock, or a simulation's (which runs many times faster, and continues where the last
+    simulated run's history ends: simulated_start), and two clocks must never mix in one
+    history. So a real agent sets a simulated history aside (one copy kept beside it) and
+    starts a fresh one, and a simulation refuses a real agent's history outright."""
+    clock = "simulated" if simulate else "real"
+    stored = db.meta("clock") or ("real" if db.has_samples() else None)
+    if simulate and stored == "real":
+        db.close()
+        raise ConfigError(f"--state-dir {db.path.parent}: holds a real agent's history; a "
+                          "simulated run keeps its own (give it another directory)")
+    if stored == "simulated" and not simulate:
+        db.close()
+        aside = move_aside(db.path, "previous-simulated-run")
+        log.warning("history store %s: a simulated run's history (dated by its own clock) "
+                    "is kept as %s; this agent starts a fresh one", db.path, aside)
+        db = HistoryDB(db.path, retention)
+    with db.transaction():
+        db.set_meta("clock", clock)
+    return db
+
+
+def simulated_start(config: Config, simulate: bool) -> float | None:
+    """Where a simulated run's clock starts: RESTART_GAP after the newest sample of the
+    simulated history it adds to (a job restarted after a short outage), so that the
+    history stays in order however far ahead the last run's clock ran; None (now) for a
+    fresh history."""
+    state_dir = _path_for(config, "store.state_dir", simulate)
+    if not simulate or not state_dir or not database_path(state_dir).exists():
+        return None
+    try:
+        db = HistoryDB(database_path(state_dir), Retention(), read_only=True)
+    except (OSError, sqlite3.Error):
+        return None  # open_store says what is wrong with it
+    try:
+        if db.meta("clock") != "simulated":
+            return None
+        latest = max((db.latest_time(series) for series, _, _ in db.series()),
+                     default=-math.inf)
+    finally:
+        db.close()
+    if latest + RESTART_GAP <= time.time():
+        return None
+    log.info("simulated clock: continuing the stored simulated history at %s, %g simulated "
+             "s after its last sample (as a job restarted after an outage)",
+             utc(latest + RESTART_GAP, seconds=True), RESTART_GAP)
+    return latest + RESTART_GAP
 
 
 SEVERITIES = ("warning", "critical")
@@ -170,12 +233,37 @@ def open_notifier(config: Config, simulate: bool, state: AgentState,
     return Notifier(lambda: state.snapshot, tracker, outbox, channels)
 
 
-def _note_simulation_pace(config: Config) -> None:
-    """Say so when polls come further apart in simulated time than the simulator lets its
-    job run ahead (simulator.max_lag): the simulated job then waits for each poll, so
-    time runs slower than --acceleration asks, and the user should know why."""
-    apart = config["agent.poll_interval"] * config["simulator.acceleration"]
+def simulated_owners(pid: int, devices: Sequence[str],
+                     runtime: list[TpuRuntimeSource]) -> Callable[[], dict[str, int]]:
+    """The simulator's process owns the chips while its job runs (its runtime's ports
+    answer), as a real job's process holds /dev/accel* while it lives: between jobs and
+    after an OOM nobody does, and the agent sees the job end."""
+    def owners() -> dict[str, int]:
+        up = bool(runtime) and any(runtime[0].ports_up.values())
+        return {d: pid for d in devices} if up else {}
+    return owners
+
+
+SPARSEST_SIMULATED_POLLS = 60.0  # simulated s between polls at most (see check_simulation_pace)
+
+
+def check_simulation_pace(config: Config) -> None:
+    """Refuse a simulation whose polls would come more than SPARSEST_SIMULATED_POLLS
+    simulated seconds apart: so sparse, the polls catch the step's sawtooth at random
+    phases, the floors under it are not found, and the linear leak read 'ok' (1200x at
+    0.25 s, 90 s apart); at 60 s it is called within hours, at 15 (make demo) within one.
+    Say so when the bound (simulator.max_lag) makes the simulated job wait for polls."""
+    poll, acceleration = config["agent.poll_interval"], config["simulator.acceleration"]
+    apart = poll * acceleration
     bound = config["simulator.max_lag"]
+    if min(apart, bound if bound > 0 else math.inf) > SPARSEST_SIMULATED_POLLS:
+        raise ConfigError(
+            f"--acceleration {acceleration:g} with polls every {poll:g} s puts {apart:g} "
+            f"simulated s between polls (simulator.max_lag {bound:g}); the leak detector "
+            f"needs a poll at least every {SPARSEST_SIMULATED_POLLS:g} simulated s to find "
+            f"the floor under each step: use --acceleration "
+            f"{SPARSEST_SIMULATED_POLLS / poll:g} or less, poll more often, or set "
+            f"simulator.max_lag to {SPARSEST_SIMULATED_POLLS:g} or less")
     if bound > 0 and apart > bound:
         log.info("polls every %g s at %gx are %g simulated s apart, more than "
                  "simulator.max_lag (%g s): the simulated job waits for each poll "
@@ -213,27 +301,29 @@ def build(config: Config, simulate: bool = False, env: Mapping[str, str] | None 
     simulator = None
     channels = notification_channels(config, env) if history else []  # a bad secret file
     reporters = open_reporter_socket(config, simulate) if history else None  # fails first
+    sources: list[TpuRuntimeSource] = []  # the runtime source, once made
     if simulate and config["simulator.host"]:
+        check_simulation_pace(config)
         inventory, address, ports, tpu_env, owners = _attach_simulated_host(config)
         configured_identity["hostname"] = configured_identity["hostname"] or \
             f"{tpu_env['NODE_ID']}-w-{tpu_env['WORKER_ID']}"
     elif simulate:
+        check_simulation_pace(config)
         simulator = spawn_simulator(config["simulator.scenario"], config["simulator.chips"],
                                     config["simulator.chip_type"], config["simulator.acceleration"],
                                     config["simulator.seed"],
                                     report_to=str(reporters.path) if reporters else None,
-                                    max_lag=config["simulator.max_lag"])
+                                    max_lag=config["simulator.max_lag"],
+                                    start_time=simulated_start(config, simulate))
         inventory = inventory_for(config["simulator.chip_type"], config["simulator.chips"])
         address, ports = "127.0.0.1", simulator.ports
         # A one-VM slice, named as the simulated slices are, so that every label is filled
         tpu_env = simulated_tpu_env(DEFAULT_SLICE, 0, accelerator_type(
             config["simulator.chip_type"], config["simulator.chips"], 1), ports)
-        sim_pid = simulator.pid
-        owners = OwnerScanner(lambda: {d: sim_pid for d in inventory.devices}, 5.0)
+        owners = OwnerScanner(simulated_owners(simulator.pid, inventory.devices, sources), 0.0)
         log.info("simulating %d %s chips (scenario %s, %gx time) on 127.0.0.1:%s",
                  inventory.count, inventory.chip_type, config["simulator.scenario"],
                  config["simulator.acceleration"], ",".join(map(str, ports)))
-        _note_simulation_pace(config)
     else:
         inventory = detect_chips()
         tpu_env = discover_tpu_env(config["identity.metadata"],
@@ -246,10 +336,13 @@ def build(config: Config, simulate: bool = False, env: Mapping[str, str] | None 
     runtime = TpuRuntimeSource(address, ports, config["runtime.timeout"], inventory,
                                runtime_clock=simulate,
                                slow_interval=config["runtime.slow_metrics_interval"])
+    sources.append(runtime)
     state = AgentState(identity, inventory, config["agent.history_points"])
     notifier = open_notifier(config, simulate, state, channels)
     store, detectors = open_store(config, simulate, identity.host) if history else (None, {})
-    registry = build_registry(lambda: state.snapshot)
+    registry = build_registry(lambda: state.snapshot,
+                              store_health=None if store is None else lambda: store.health,
+                              notifier_health=None if notifier is None else notifier.health)
     agent = Agent(state, runtime, owners, config["agent.poll_interval"], registry,
                   detectors=detectors, store=store,
                   checkpoint_interval=config["store.checkpoint_interval"], reporters=reporters,
@@ -257,7 +350,9 @@ def build(config: Config, simulate: bool = False, env: Mapping[str, str] | None 
                   alert_settings=AlertSettings.from_config(config),
                   leak_snapshots=None if reporters is None or not config[
                       "reporter.snapshot_on_leak"] else LeakSnapshots(
-                      reporters.request_snapshot, config["reporter.snapshot_steps"]))
+                      reporters.request_snapshot, config["reporter.snapshot_steps"]),
+                  kernel_log=KernelLog(config["agent.kernel_log"])
+                  if config["agent.kernel_log"] and not simulate else None)
     if store is not None:
         store.start()
     if notifier is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import math
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +23,8 @@ if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised only on 3.10
     import tomli as tomllib
+
+import tomli_w
 
 DEFAULT_CONFIG_PATH = Path("/etc/tpumon/config.toml")
 ENV_PREFIX = "TPUMON_"
@@ -135,6 +138,10 @@ SCHEMA: tuple[Key, ...] = (
         _history_points),
     Key("agent", "log_level", str, "info",
         "One of debug, info, warning, error.", _one_of(*LOG_LEVELS)),
+    Key("agent", "kernel_log", str, "/dev/kmsg",
+        "The kernel's log, read for processes killed for memory (a job's end is then named "
+        "host_oom). Needs root or CAP_SYSLOG where kernel.dmesg_restrict is 1. Empty: not "
+        "read."),
     Key("exporter", "listen_address", str, f":{DEFAULT_PORT}",
         "HOST:PORT for /metrics; ':PORT' listens on all interfaces, '[::1]:PORT' on IPv6.",
         _listen_address),
@@ -151,8 +158,10 @@ SCHEMA: tuple[Key, ...] = (
         "Deadline in seconds for every gRPC call; a hung runtime costs at most this per poll.",
         _positive),
     Key("runtime", "slow_metrics_interval", float, 5.0,
-        "Seconds between asking for total memory and duty cycle (usage is asked every "
-        "poll); 0 asks for all three every poll.", _non_negative),
+        "Seconds between asking for everything but HBM usage (asked every poll): total "
+        "memory, duty cycle and the runtime's other metrics (bandwidth, idle time, HLO "
+        "queue and timings, megascale/DCN distributions); 0 asks for all every poll.",
+        _non_negative),
     Key("runtime", "owners_interval", float, 30.0,
         "Seconds between scans of /proc for the processes that own each chip.", _positive),
     Key("identity", "hostname", str, "",
@@ -252,7 +261,7 @@ SCHEMA: tuple[Key, ...] = (
         "With --simulate: the metadata address (HOST:PORT) of one host of a running "
         "'tpumon sim --hosts N' to attach to, instead of starting a simulator; its identity "
         "and runtime ports come from there. '': start one."),
-    Key("simulator", "max_lag", float, 90.0,
+    Key("simulator", "max_lag", float, 60.0,
         "Simulated seconds the job may run ahead of the runtime's last reader; a reader "
         "that comes later finds the simulated world waited for it (polls never farther "
         "apart than this, however busy the host; polls set further apart slow the "
@@ -317,7 +326,8 @@ def _parse_env_value(key: Key, raw: str) -> Any:
         if key.type is list:
             return parse_ports(raw)
     except (ValueError, KeyError):
-        raise ConfigError(f"environment {key.env_var}: cannot read {raw!r} as {key.type.__name__}")
+        raise ConfigError(f"environment {key.env_var}: cannot read {raw!r} "
+                          f"as {key.type.__name__}") from None
     return raw
 
 
@@ -365,15 +375,16 @@ def _apply_file(config: Config, path: Path) -> None:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise ConfigError(f"config file {path}: cannot read it: {exc.strerror or exc}")
+        raise ConfigError(
+            f"config file {path}: cannot read it: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
-        raise ConfigError(f"config file {path}: not UTF-8 text")
+        raise ConfigError(f"config file {path}: not UTF-8 text") from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"config file {path}: invalid TOML: {exc}")
+        raise ConfigError(f"config file {path}: invalid TOML: {exc}") from None
     except RecursionError:
-        raise ConfigError(f"config file {path}: invalid TOML: nested too deeply")
+        raise ConfigError(f"config file {path}: invalid TOML: nested too deeply") from None
     for section, table in data.items():
         if section not in SECTIONS:
             raise _unknown_key(section, list(SECTIONS), f"config file {path}")
@@ -423,18 +434,21 @@ def load_config(path: str | os.PathLike[str] | None = None,
 
 
 def render_toml(config: Config, with_docs: bool = True) -> str:
-    """The effective configuration as a TOML file that load_config reads back unchanged."""
+    """The effective configuration as a TOML file that load_config reads back unchanged:
+    values are written by tomli-w (any string, control characters included); the comments
+    around them are made one line each."""
     lines: list[str] = []
     for section in SECTIONS:
         lines.append(f"[{section}]")
         for key in (k for k in SCHEMA if k.section == section):
+            origin = config.origins[key.dotted]
             if with_docs:
-                lines.append(f"# {key.doc} Default: {_toml_value(key.default)}."
-                             f" Env: {key.env_var}.")
-                lines.append(f"#   (now from {config.origins[key.dotted]})")
+                lines.append(_comment(f"{key.doc} Default: {_toml_value(key.default)}."
+                                      f" Env: {key.env_var}."))
+                lines.append(_comment(f"  (now from {origin})"))
             value = config[key.dotted]
             if key.secret and value:  # set, but never printed: show where it came from
-                lines.append(f"# {key.name} is set ({config.origins[key.dotted]}); not shown")
+                lines.append(_comment(f"{key.name} is set ({origin}); not shown"))
                 continue
             lines.append(f"{key.name} = {_toml_value(value)}")
         lines.append("")
@@ -442,10 +456,16 @@ def render_toml(config: Config, with_docs: bool = True) -> str:
 
 
 def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    """One value as TOML, on one line (a list inline, as in docs/configuration.md)."""
     if isinstance(value, list):
-        return "[" + ", ".join(str(v) for v in value) + "]"
-    return repr(value)
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return tomli_w.dumps({"v": value})[len("v = "):].rstrip("\n")
+
+
+def _comment(text: str) -> str:
+    """A TOML comment line: control characters (which a comment may not hold, and a line
+    break would end it) written as escapes."""
+    return "# " + _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode(), text)
+
+
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")

@@ -1,13 +1,13 @@
 """gRPC settings for tpumon's own processes, made through the environment: gRPC's C core
-reads them once, when ``grpc`` is first imported, so :func:`apply` runs before that (at the
-top of the CLI). Training processes that import ``tpumon.instrument`` are never touched.
+reads them once, when ``grpc`` is first imported, so :func:`apply` runs before that (in the
+CLI, before it loads a command). Training processes that import ``tpumon.instrument`` are
+never touched.
 
 Each setting is a default: a value the operator put in the environment wins.
 """
 
 from __future__ import annotations
 
-from importlib import metadata
 from typing import MutableMapping
 
 # Newest grpcio the client setting below was measured with. gRPC removes experiments once
@@ -25,6 +25,8 @@ def _version(text: str) -> tuple[int, ...]:
 
 
 def grpcio_version() -> str | None:
+    from importlib import metadata  # 18 ms: only when a command is about to use gRPC
+
     try:
         return metadata.version("grpcio")
     except metadata.PackageNotFoundError:

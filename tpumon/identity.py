@@ -141,7 +141,8 @@ def resolve_identity(configured: Mapping[str, str], tpu_env: Mapping[str, str],
     return Identity(**values, origins=origins)
 
 
-def discover_tpu_env(mode: str, timeout: float, env: Mapping[str, str] | None = None) -> dict[str, str]:
+def discover_tpu_env(mode: str, timeout: float,
+                     env: Mapping[str, str] | None = None) -> dict[str, str]:
     """tpu-env per the identity.metadata setting: 'on', 'off', or 'auto' (only on GCE)."""
     if mode == "off" or (mode == "auto" and not on_gce()):
         return {}

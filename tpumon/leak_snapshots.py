@@ -41,12 +41,13 @@ class LeakSnapshots:
 
     def update(self, assessments: Mapping[str, Assessment], attributed: Mapping[str, int],
                processes: Mapping[int, ProcessState], now: float) -> None:
-        for pid in [p for p in self._asked if p not in processes]:
-            del self._asked[pid]
+        for gone in [p for p in self._asked if p not in processes]:
+            del self._asked[gone]
         for chip, a in sorted(assessments.items()):
             pid = attributed.get(chip)
             state = processes.get(pid) if pid is not None else None
-            if a.verdict is not Verdict.LEAK or state is None or not state.report.snapshots:
+            if a.verdict is not Verdict.LEAK or pid is None or state is None \
+                    or not state.report.snapshots:
                 continue
             if now - self._asked.get(pid, -math.inf) < REPEAT_SECONDS:
                 continue

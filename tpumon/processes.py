@@ -156,7 +156,7 @@ def chip_processes(chips: Iterable[str], owners: Mapping[str, int],
     out = {}
     for chip in chips:
         owner = owners.get(chip)
-        pid = owner if owner in running else by_device.get(chip, only)
-        if pid is not None:
-            out[chip] = pid
+        driver = owner if owner in running else by_device.get(chip, only)
+        if driver is not None:
+            out[chip] = driver
     return out

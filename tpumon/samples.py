@@ -23,6 +23,56 @@ class ChipSample:
 
 
 @dataclass(frozen=True, slots=True)
+class Histogram:
+    """A cumulative distribution in the family's base unit.
+
+    ``bounds`` are the finite buckets' upper bounds, increasing; ``counts`` has one entry
+    more (the overflow bucket) and holds per-bucket (not cumulative) counts."""
+
+    bounds: tuple[float, ...]
+    counts: tuple[int, ...]
+    sum: float
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
+
+    def merged(self, other: Histogram) -> Histogram | None:
+        """Both added up (ports or entries of one buffer size); None if the buckets differ."""
+        if other.bounds != self.bounds:
+            return None
+        return Histogram(self.bounds, tuple(a + b for a, b in zip(self.counts, other.counts,
+                                                                   strict=True)),
+                         self.sum + other.sum)
+
+    def quantile(self, q: float) -> float | None:
+        """The q-quantile by linear interpolation within its bucket (as histogram_quantile
+        does); None when empty. The overflow bucket answers its lower bound."""
+        total = self.count
+        if total == 0:
+            return None
+        rank, seen = q * total, 0
+        for i, n in enumerate(self.counts):
+            if n and seen + n >= rank:
+                if i == len(self.bounds):
+                    return self.bounds[-1] if self.bounds else None
+                low = self.bounds[i - 1] if i else min(0.0, self.bounds[0])
+                return low + (self.bounds[i] - low) * (rank - seen) / n
+            seen += n
+        return self.bounds[-1] if self.bounds else None
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeSeries:
+    """One series of a family: label values (in the spec's label order) and its value."""
+
+    family: str
+    labels: tuple[str, ...]
+    value: float | None = None  # gauges
+    histogram: Histogram | None = None  # histograms
+
+
+@dataclass(frozen=True, slots=True)
 class RuntimeReading:
     """What one poll of the runtime metric service returned, chip by chip.
 
@@ -33,6 +83,8 @@ class RuntimeReading:
     time: float
     chips: dict[str, ChipSample]
     missing: tuple[str, ...] = ()
+    series: tuple[RuntimeSeries, ...] = ()  # the other runtime metrics (runtime_catalog.py)
+    supported: tuple[str, ...] = ()  # what the runtime says it serves (ListSupportedMetrics)
 
 
 @dataclass(frozen=True, slots=True)

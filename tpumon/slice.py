@@ -10,7 +10,6 @@ is a row that says so and never hides the others.
 
 from __future__ import annotations
 
-import base64
 import json
 import math
 import socket
@@ -19,9 +18,9 @@ import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Mapping
 
+from tpumon.client import AgentError, ClientAuth
 from tpumon.identity import fetch_metadata_attribute, parse_worker_endpoints
 
 MAX_STATUS_BYTES = 16 * 2**20  # a status document of hundreds of chips is well under this
@@ -33,43 +32,29 @@ class SliceError(Exception):
 
 @dataclass(frozen=True)
 class ClientOptions:
-    """How to reach agents behind exporter.web_config_file: the same options a Prometheus
-    scrape configuration has (CA, client certificate, basic auth)."""
+    """How to reach agents behind exporter.web_config_file: the status command's --agent-*
+    options (a CA, a client certificate, basic auth), and whether they serve HTTPS."""
 
     tls: bool = False
-    ca_file: str | None = None
-    cert_file: str | None = None
-    key_file: str | None = None
-    user: str | None = None
-    password_file: str | None = None
+    auth: ClientAuth = field(default_factory=ClientAuth)
 
     @property
     def scheme(self) -> str:
-        return "https" if self.tls or self.ca_file or self.cert_file else "http"
+        return "https" if self.tls or self.auth.ca_file or self.auth.cert_file else "http"
 
     def ssl_context(self) -> ssl.SSLContext | None:
         if self.scheme != "https":
             return None
         try:
-            context = ssl.create_default_context(cafile=self.ca_file)
-            if self.cert_file:
-                context.load_cert_chain(self.cert_file, self.key_file)
-        except (OSError, ssl.SSLError) as exc:
-            raise SliceError(f"TLS client options: {exc}") from None
-        return context
+            return self.auth.ssl_context()
+        except AgentError as exc:
+            raise SliceError(str(exc)) from None
 
     def headers(self) -> dict[str, str]:
-        if not self.user:
-            return {}
-        password = ""
-        if self.password_file:
-            try:
-                password = Path(self.password_file).read_text().rstrip("\n")
-            except OSError as exc:
-                raise SliceError(f"--password-file {self.password_file}: "
-                                 f"{exc.strerror or exc}") from None
-        token = base64.b64encode(f"{self.user}:{password}".encode()).decode()
-        return {"Authorization": f"Basic {token}"}
+        try:
+            return self.auth.headers()
+        except AgentError as exc:
+            raise SliceError(str(exc)) from None
 
 
 # ------------------------------------------------------------------ finding the peers

@@ -15,6 +15,7 @@ from typing import Mapping
 from tpumon.detect import Assessment, Verdict
 from tpumon.detect.counts import Cause
 from tpumon.identity import Identity
+from tpumon.job_ends import JobEnd
 from tpumon.samples import HostSample, RuntimeReading, chip_sort_key
 from tpumon.sources.chips import ChipInventory
 from tpumon.sources.health import SourceHealth
@@ -58,6 +59,20 @@ class Snapshot:
     reporter: ReporterReading | None = None  # None: no reporter socket configured
     notifier: NotifierHealth | None = None  # None: no Slack or PagerDuty configured
     alert_settings: AlertSettings = field(default_factory=AlertSettings)  # [alerts], reloadable
+    job_ends: tuple[JobEnd, ...] = ()  # training jobs that ended in the last hour
+    job_ends_total: Mapping[str, int] = field(default_factory=dict)  # by cause, since start
+    # The samples' clock minus the wall clock: 0 on a TPU VM; under --simulate the simulated
+    # time runs ahead. Verdicts and forecasts are on the samples' clock (samples_time).
+    clock_offset: float = 0.0
+
+    @property
+    def samples_time(self) -> float:
+        """Now on the clock the samples, verdicts and OOM forecasts are dated by."""
+        return self.time + self.clock_offset
+
+    def wall_time_of(self, samples_time: float) -> float:
+        """A time on the samples' clock as the wall clock's (for Prometheus' time())."""
+        return samples_time - self.clock_offset
 
     def chip_cause(self, chip: str) -> Cause | None:
         """The likely cause of the chip's growth, from the reports of the process that

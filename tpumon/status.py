@@ -64,7 +64,8 @@ def status_document(snap: Snapshot, source: str = "agent") -> dict[str, Any]:
     return {
         "version": __version__,
         "source": source,
-        "time": snap.time,
+        "time": snap.samples_time,  # the clock of the verdicts and OOM forecasts
+        "wall_time": snap.time,
         "polls_total": snap.polls_total,
         "identity": snap.identity.labels(),
         "chip_type": snap.inventory.chip_type,
@@ -79,6 +80,7 @@ def status_document(snap: Snapshot, source: str = "agent") -> dict[str, Any]:
         "processes": [{**_process(pid, state), "tensor_snapshot": _tensor_snapshot(snap, pid)}
                       for pid, state in sorted(snap.processes.items())],
         "notifications": _notifications(snap),
+        "job_ends": [end.to_json() for end in reversed(snap.job_ends)],
         "store": None if store is None else {
             "path": store.path, "up": store.up, "error": store.error,
             "size_bytes": store.size_bytes, "polls_written_total": store.polls_written_total,

@@ -37,7 +37,7 @@ __all__ = ["TraceRow", "TraceFormatError", "SeriesColumns", "read_trace", "read_
 #: Column order used when writing; readers must not depend on it.
 COLUMNS = ("time", "host", "chip", "step", "hbm_used_bytes", "hbm_total_bytes")
 _REQUIRED = ("time", "host", "chip", "hbm_used_bytes", "hbm_total_bytes")
-_FORMATS = ("csv", "jsonl")
+_FORMATS = ("csv", "jsonl", "parquet")
 
 PathOrFile = Union[str, "os.PathLike[str]", IO[str]]
 
@@ -52,15 +52,6 @@ class TraceRow:
     step: int | None
     hbm_used_bytes: int
     hbm_total_bytes: int
-
-
-class _RowBuilder:
-    """A mutable twin of TraceRow that read_trace fills and then turns into a TraceRow by
-    assigning ``__class__`` (allowed between classes with the same slots). That costs a fifth
-    of TraceRow's frozen __init__ (six object.__setattr__ calls), which would cost as much
-    as parsing the row."""
-
-    __slots__ = TraceRow.__slots__
 
 
 class TraceFormatError(ValueError):
@@ -116,30 +107,71 @@ def read_trace(path: PathOrFile, *, format: str | None = None) -> Iterator[Trace
     ``format`` says. Raises :class:`TraceFormatError` at the first malformed
     row, so rows already yielded are valid and everything after is not read.
     """
+    if _resolve_format(format, _stream_name(path)) == "parquet":
+        yield from _parquet_rows(path)
+        return
     with _open_trace(path, format) as (stream, name, fmt, lines_are_plain):
         names: list[tuple[str, str]] = []
-        new, row_class = object.__new__, TraceRow
         for series, t, step, used, total in _records(stream, name, fmt, lines_are_plain, names):
-            row = new(_RowBuilder)
-            row.time = t
-            row.host, row.chip = names[series]
-            row.step = step
-            row.hbm_used_bytes = used
-            row.hbm_total_bytes = total
-            row.__class__ = row_class
-            yield row
+            host, chip = names[series]
+            yield TraceRow(t, host, chip, step, used, total)
+
+
+def _parquet_rows(path: PathOrFile) -> Iterator[TraceRow]:
+    """The rows of a Parquet trace in file order, checked as a whole first (the format is
+    read in columns; there is no line to name)."""
+    from tpumon import trace_columns
+
+    name = _stream_name(path)
+    if not isinstance(path, (str, os.PathLike)) or name == "-":
+        raise TraceFormatError(name, None, "Parquet is read from a file only")
+    try:
+        table = trace_columns.read_table(name, "parquet")
+        trace_columns.series_columns(table)
+    except trace_columns.NeedsStrictParser as exc:
+        raise TraceFormatError(name, None, str(exc)) from None
+    for batch in table.to_batches():
+        for record in batch.to_pylist():
+            yield TraceRow(record["time"], record["host"], record["chip"], record["step"],
+                           record["hbm_used_bytes"], record["hbm_total_bytes"])
 
 
 def read_trace_columns(path: PathOrFile, *,
                        format: str | None = None) -> dict[tuple[str, str], SeriesColumns]:
     """Read a whole trace into arrays per (host, chip) series: what ``analyze`` replays.
 
-    Same arguments, same validation and same errors as :func:`read_trace`: both
-    read through one validating parser. One pass; the dict is in order of first
-    appearance, and a series' arrays hold its rows from :func:`read_trace` in
-    file order, a missing step as NaN. The arrays of all series are views into
-    one array per column: 32 bytes a row, and about twice that at the peak.
+    Same arguments, same validation and same errors as :func:`read_trace`, and Parquet
+    (``.parquet``) too. The dict is in order of first appearance, and a series' arrays hold
+    its rows in file order, a missing step as NaN. Files are parsed by pyarrow
+    (:mod:`tpumon.trace_columns`); a CSV or JSON Lines file it does not take as is (and
+    stdin, and open text files) goes through the validating parser that :func:`read_trace`
+    uses, which accepts the same files and names the line of the first bad value.
     """
+    from tpumon import trace_columns
+
+    if isinstance(path, (str, os.PathLike)) and os.fspath(path) != "-":
+        name = os.fspath(path)
+        fmt = _resolve_format(format, name)
+        try:
+            return trace_columns.series_columns(trace_columns.read_table(name, fmt))
+        except trace_columns.NeedsStrictParser as exc:
+            if fmt == "parquet":
+                raise TraceFormatError(name, None, str(exc)) from None
+    if _resolve_format(format, _stream_name(path)) == "parquet":
+        raise TraceFormatError(_stream_name(path), None, "Parquet is read from a file only")
+    return _parsed_columns(path, format)
+
+
+def _stream_name(path: PathOrFile) -> str:
+    if isinstance(path, (str, os.PathLike)):
+        return os.fspath(path)
+    name = getattr(sys.stdin if path == "-" else path, "name", None)
+    return name if isinstance(name, str) else "<stream>"
+
+
+def _parsed_columns(path: PathOrFile,
+                    format: str | None) -> dict[tuple[str, str], SeriesColumns]:
+    """read_trace_columns through the validating parser, one row at a time."""
     import numpy as np
 
     names: list[tuple[str, str]] = []
@@ -148,7 +180,7 @@ def read_trace_columns(path: PathOrFile, *,
     chunks: list[list[np.ndarray]] = [[] for _ in lists]
 
     def move_to_arrays() -> None:
-        for values, dtype, arrays in zip(lists, dtypes, chunks):
+        for values, dtype, arrays in zip(lists, dtypes, chunks, strict=True):
             arrays.append(np.fromiter(values, dtype, len(values)))  # a step of None -> NaN
             values.clear()
 
@@ -174,7 +206,7 @@ def read_trace_columns(path: PathOrFile, *,
             del column
     ends = np.cumsum(counts).tolist()
     return {key: SeriesColumns(*(c[end - count:end] for c in columns))
-            for key, end, count in zip(names, ends, counts.tolist())}
+            for key, end, count in zip(names, ends, counts.tolist(), strict=True)}
 
 
 @contextmanager
@@ -207,7 +239,9 @@ def _text_only(name: str) -> Iterator[None]:
 
 def _resolve_format(format: str | None, name: str) -> str:
     if format is None:
-        return "jsonl" if name.lower().endswith(".jsonl") else "csv"
+        lower = name.lower()
+        return "jsonl" if lower.endswith(".jsonl") else \
+            "parquet" if lower.endswith(".parquet") else "csv"
     if format not in _FORMATS:
         raise ValueError(f"unknown trace format {format!r}; expected one of {_FORMATS}")
     return format
@@ -251,6 +285,18 @@ def _append_records(records: Iterator[_Record], lists: tuple[list[Any], ...]) ->
             yield None
 
 
+class _SeriesState:
+    """What the parser keeps of one series: its last time and that row's line, to check that
+    times do not go back, and its number in the list of names."""
+
+    __slots__ = ("last_time", "last_line", "number")
+
+    def __init__(self, number: int) -> None:
+        self.last_time = -math.inf
+        self.last_line = 0
+        self.number = number
+
+
 class _Series:
     """The series seen so far. Per series, a state list [last time, its line, series number],
     found by (host, chip) as spelled in the file: CSV rows are looked up before their names
@@ -260,23 +306,23 @@ class _Series:
 
     def __init__(self, names: list[tuple[str, str]]) -> None:
         self.names = names
-        self.by_spelling: dict[tuple[Any, Any], list[Any]] = {}
-        self.by_name: dict[tuple[str, str], list[Any]] = {}
+        self.by_spelling: dict[tuple[Any, Any], _SeriesState] = {}
+        self.by_name: dict[tuple[str, str], _SeriesState] = {}
 
-    def add(self, host: Any, chip: Any) -> list[Any]:
+    def add(self, host: Any, chip: Any) -> _SeriesState:
         """The state of a series not yet seen spelled this way; validates the names."""
         key = (_name_field(host, "host"), _name_field(chip, "chip", numbers=True))
         state = self.by_name.get(key)
         if state is None:
-            state = self.by_name[key] = [-math.inf, 0, len(self.names)]
+            state = self.by_name[key] = _SeriesState(len(self.names))
             self.names.append(key)
         self.by_spelling[(host, chip)] = state
         return state
 
-    def went_back(self, state: list[Any], time: float) -> _FieldError:
-        host, chip = self.names[state[2]]
+    def went_back(self, state: _SeriesState, time: float) -> _FieldError:
+        host, chip = self.names[state.number]
         return _FieldError(
-            f"time {time:.3f} is earlier than {state[0]:.3f} on line {state[1]} "
+            f"time {time:.3f} is earlier than {state.last_time:.3f} on line {state.last_line} "
             f"for host {host!r} chip {chip!r} (times of a series must not go back)")
 
 
@@ -365,14 +411,14 @@ def _csv_records(stream: IO[str], name: str, lines_are_plain: bool, names: list[
             state = get_state((host, chip))
             if state is None:
                 state = add_series(host, chip)
-            if t < state[0]:
+            if t < state.last_time:
                 raise went_back(state, t)
-            state[0] = t
-            state[1] = line
+            state.last_time = t
+            state.last_line = line
             if lists is None:
-                yield state[2], t, step, used, total
+                yield state.number, t, step, used, total
             else:
-                out_series.append(state[2])
+                out_series.append(state.number)
                 out_times.append(t)
                 out_steps.append(step)
                 out_used.append(used)
@@ -474,11 +520,11 @@ def _jsonl_records(stream: IO[str], name: str, names: list[tuple[str, str]]) -> 
             state = get_state((host, chip))
             if state is None:
                 state = add_series(host, chip)
-            if t < state[0]:
+            if t < state.last_time:
                 raise went_back(state, t)
-            state[0] = t
-            state[1] = line
-            yield state[2], t, step, used, total
+            state.last_time = t
+            state.last_line = line
+            yield state.number, t, step, used, total
     except _FieldError as e:
         raise TraceFormatError(name, line, e.args[0]) from None
 
@@ -571,10 +617,16 @@ def write_trace(rows: Iterable[TraceRow], path_or_file: PathOrFile, format: str 
 
     ``path_or_file`` is a file name, ``-`` for stdout, or an open text file
     (left open). Times are written with 3 decimals (millisecond resolution is
-    what polls have), so a row whose time has more digits reads back rounded.
+    what polls have), so a row whose time has more digits reads back rounded. Parquet
+    is written to a file name only (it is binary and written at the end).
     """
     if format not in _FORMATS:
         raise ValueError(f"unknown trace format {format!r}; expected one of {_FORMATS}")
+    if format == "parquet":
+        if not isinstance(path_or_file, (str, os.PathLike)) or path_or_file == "-":
+            raise ValueError("Parquet is written to a file, not to a stream")
+        from tpumon.trace_columns import write_parquet
+        return write_parquet(_batched(rows, _BATCH_ROWS), os.fspath(path_or_file))
     write = _write_csv if format == "csv" else _write_jsonl
     if path_or_file == "-":
         return write(rows, sys.stdout)
@@ -582,6 +634,17 @@ def write_trace(rows: Iterable[TraceRow], path_or_file: PathOrFile, format: str 
         with open(path_or_file, "w", encoding="utf-8", newline="") as f:
             return write(rows, f)
     return write(rows, path_or_file)
+
+
+def _batched(rows: Iterable[TraceRow], size: int) -> Iterator[list[TraceRow]]:
+    batch: list[TraceRow] = []
+    for row in rows:
+        batch.append(row)
+        if len(batch) >= size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
 
 
 def _write_csv(rows: Iterable[TraceRow], f: IO[str]) -> int:

@@ -3,46 +3,89 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import click
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
 from tpumon.cli.prometheus_source import (check_prometheus_options, prometheus_options,
                                           prometheus_rows)
 from tpumon.detect import describe_growth
-from tpumon.detect.replay import SeriesResult, analyze_file, replay_series
+from tpumon.detect.replay import SeriesResult, analyze_path, describe_forecast, replay_columns
 from tpumon.trace import TraceFormatError
+
+#: Widest host name shown: the table fits 80 columns with every other column full.
+HOST_WIDTH = 18
+_WORKER = re.compile(r"-w-\d+$")
+
+
+def short_host(host: str, width: int = HOST_WIDTH) -> str:
+    """A host name cut in the middle to ``width``, keeping its end: the worker suffix
+    (``-w-3``) is what tells the hosts of one slice apart (``t1v-n-39f…c0729-w-3``)."""
+    if len(host) <= width:
+        return host
+    worker = _WORKER.search(host)
+    tail = max(len(worker.group()) if worker else 0, (width - 1) // 2)
+    return host[:width - 1 - tail] + "…" + host[-tail:]
 
 
 def _when(unix: float | None) -> str:
-    return "-" if unix is None else time.strftime("%Y-%m-%d %H:%M", time.gmtime(unix))
+    return "-" if unix is None else time.strftime("%m-%d %H:%M", time.gmtime(unix))
 
 
 def _with_step(point: dict | None) -> str:
+    """A moment as two short lines: when (UTC), and the step where known."""
     if point is None:
         return "-"
-    step = f" (step {point['step']:,})" if point.get("step") is not None else ""
+    step = f"\nstep {point['step']:,}" if point.get("step") is not None else ""
     return _when(point["time"]) + step
 
 
+def post_mortem(r: SeriesResult) -> str | None:
+    """The forecast made when the alert fired, against where HBM filled up, if it did:
+    "forecast at alert: step 27,500 (26,900-28,200); HBM full at step 27,813"."""
+    said = None if r.alert is None else describe_forecast(r.alert)
+    if said is None:
+        return None
+    full = r.full_after_alert
+    if full is None:
+        came = "HBM did not fill up in the trace"
+    elif said.startswith("step") and full["step"] is not None:
+        came = f"HBM full at step {full['step']:,}"
+    else:
+        came = f"HBM full at {_when(full['time'])}"
+    return f"forecast at alert: {said}; {came}"
+
+
 def render_table(results: list[SeriesResult], console: Console) -> None:
-    table = Table(title="tpumon analyze (times UTC)", title_justify="left")
-    for column in ("Host", "Chip", "Verdict", "Growth", "Leak alert", "OOM forecast"):
+    """One row per series, in 80 columns: host (cut in the middle, so the worker shows),
+    chip, verdict, growth, alert and OOM forecast; then each series' reason."""
+    table = Table(title="tpumon analyze (times UTC)", title_justify="left",
+                  box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    table.add_column("Host", no_wrap=True, max_width=HOST_WIDTH)
+    table.add_column("Chip", no_wrap=True, max_width=6)
+    table.add_column("Verdict", max_width=12)  # "insufficient data" on two lines
+    for column in ("Growth", "Leak alert", "OOM forecast"):
         table.add_column(column)
     for r in results:
         style = {"leak": "bold red", "step_change": "yellow"}.get(r.verdict, "")
-        table.add_row(r.host, r.chip, f"[{style}]{r.verdict}[/]" if style else r.verdict,
+        verdict = r.verdict.replace("_", " ")
+        table.add_row(short_host(r.host), r.chip, f"[{style}]{verdict}[/]" if style else verdict,
                       describe_growth(r.slope_bytes_per_step, r.slope_bytes_per_hour),
                       _with_step(r.alert), _with_step(r.predicted_oom))
     console.print(table)
     for r in results:
         console.print(f"{r.host} chip {r.chip}: {r.assessment.reason}", highlight=False)
+        said = post_mortem(r)
+        if said:
+            console.print(f"  {said}", highlight=False)
 
 
 @click.command("analyze")
-@click.argument("trace", required=False, type=click.Path(dir_okay=False, allow_dash=True))
+@click.argument("trace", required=False, type=click.Path(allow_dash=True))
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table",
               show_default=True, help="Output format; json is the contract's shape.")
 @prometheus_options
@@ -52,10 +95,12 @@ def render_table(results: list[SeriesResult], console: Console) -> None:
               help="With --prometheus: up to then [default: now].")
 def command(trace: str | None, fmt: str, prometheus: str | None, slice_name: str | None,
             resolution: float, since: str | None, until: str | None) -> None:
-    """Replay the agent's streaming leak detector over a trace file (CSV, or JSON Lines
-    for .jsonl; '-' reads stdin) and report, per (host, chip): the verdict at the end,
-    the growth rate, the OOM forecast, and the first moment the leak alert would have
-    fired. Same code and defaults as the agent.
+    """Replay the agent's streaming leak detector over a trace file (CSV, JSON Lines for
+    .jsonl, Parquet for .parquet; '-' reads CSV or JSON Lines from stdin), or over every
+    trace file in a directory (one per host of a slice, say), and report, per (host, chip):
+    the verdict at the end, the growth rate, the OOM forecast with its interval, and the
+    first moment the leak alert would have fired, with the forecast made then. Same code
+    and defaults as the agent.
 
     A malformed file stops with one line naming the line number and the problem, and
     prints nothing on stdout. With --prometheus URL --slice NAME, replays every chip of
@@ -67,17 +112,18 @@ def command(trace: str | None, fmt: str, prometheus: str | None, slice_name: str
 
         columns = series_from_rows(prometheus_rows(prometheus, slice_name, since, until,
                                                    resolution))
-        _print([replay_series(host, chip, c.times, c.steps, c.used, c.total)
-                for (host, chip), c in columns.items()], fmt)
+        _print(replay_columns(columns), fmt)  # as a directory of the slice's traces
         return
     if trace is None:
         raise click.UsageError("give a TRACE file, or --prometheus URL --slice NAME")
     try:
-        results = analyze_file(trace)
+        results = analyze_path(trace)
     except TraceFormatError as exc:
         raise click.ClickException(str(exc)) from None
     except OSError as exc:
         raise click.ClickException(f"{trace}: {exc.strerror or exc}") from None
+    if not results:  # like `report` and `export`: nothing selected is an error
+        raise click.ClickException(f"{trace}: no samples to analyze (only a header?)")
     _print(results, fmt)
 
 

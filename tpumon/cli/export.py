@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import math
 import os
 import re
@@ -10,6 +12,7 @@ import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Iterable
 
 import click
 
@@ -22,6 +25,7 @@ from tpumon.store.export import export_rows
 from tpumon.trace import TraceRow, write_trace
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+WRITABLE = {".csv": "csv", ".jsonl": "jsonl", ".parquet": "parquet"}  # suffix -> format
 
 
 def parse_when(text: str, option: str, now: float | None = None) -> float:
@@ -40,10 +44,47 @@ def parse_when(text: str, option: str, now: float | None = None) -> float:
         moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
         raise click.BadParameter(f"{text!r} is not a time: use Unix seconds, "
-                                 "2026-11-21T08:00 (UTC) or an age like 6h", param_hint=option)
+                                 "2026-11-21T08:00 (UTC) or an age like 6h",
+                                 param_hint=option) from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=timezone.utc)
     return moment.timestamp()
+
+
+def output_format(output: str) -> str:
+    """The trace format for an output file, from its suffix; one that the command cannot
+    write is refused (it once wrote CSV into x.parquet)."""
+    suffix = Path(output).suffix.lower()
+    if output == "-" or suffix in WRITABLE:
+        return WRITABLE.get(suffix, "csv")
+    raise click.ClickException(f"{output}: cannot write {suffix or 'a file without a suffix'}"
+                               f"; give a name ending {' or '.join(WRITABLE)}, or '-'")
+
+
+def write_whole(rows: Iterable[TraceRow], output: str, fmt: str) -> int:
+    """Write beside ``output`` and rename over it when complete: an error half-way leaves
+    an existing file as it was."""
+    if output == "-":
+        return write_trace(rows, output, fmt)
+    partial = f"{output}.partial"
+    try:
+        count = write_trace(rows, partial, fmt)
+        os.replace(partial, output)
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(partial)
+    return count
+
+
+def describe_selection(db: HistoryDB, since: str | None, until: str | None) -> str:
+    """What there is to select from, so the next try can be right."""
+    series = db.series()
+    hosts = sorted({h for _, h, _ in series})
+    chips = sorted({c for _, _, c in series}, key=lambda c: (len(c), c))
+    window = f"; --since {since}" if since else ""
+    window += f"; --until {until}" if until else ""
+    return (f"stored: host(s) {', '.join(hosts) or 'none'}, chip(s) {', '.join(chips) or 'none'}"
+            f"{window}")
 
 
 @click.command("export")
@@ -52,8 +93,9 @@ def parse_when(text: str, option: str, now: float | None = None) -> float:
 @history_selection
 @click.option("-o", "--output", default="-", show_default=True, type=click.Path(dir_okay=False,
               allow_dash=True), help="Output file; '-' is stdout.")
-@click.option("--format", "fmt", type=click.Choice(["csv", "jsonl"]), default=None,
-              help="Trace format [default: jsonl for a .jsonl output, else csv].")
+@click.option("--format", "fmt", type=click.Choice(["csv", "jsonl", "parquet"]), default=None,
+              help="Trace format [default: jsonl for a .jsonl output, parquet for .parquet, "
+              "else csv]; parquet needs an output file.")
 @prometheus_options
 def command(config_path: str | None, state_dir: str | None, since: str | None,
             until: str | None, hosts: tuple[str, ...], chips: tuple[str, ...], output: str,
@@ -64,12 +106,14 @@ def command(config_path: str | None, state_dir: str | None, since: str | None,
     history as each minute's floor and peak. Safe to run while the agent writes. With
     --prometheus URL --slice NAME, the whole slice's history as Prometheus scraped it.
     """
-    fmt = fmt or ("jsonl" if Path(output).suffix == ".jsonl" else "csv")
+    fmt = fmt or output_format(output)
+    if fmt == "parquet" and output == "-":
+        raise click.UsageError("parquet is written to a file: give -o FILE.parquet")
     if check_prometheus_options(prometheus, slice_name, state_dir is not None):
         assert prometheus is not None and slice_name is not None
-        rows = [r for r in prometheus_rows(prometheus, slice_name, since, until, resolution)
-                if (not hosts or r.host in hosts) and (not chips or r.chip in chips)]
-        _write(rows, output, fmt)
+        _write([r for r in prometheus_rows(prometheus, slice_name, since, until, resolution)
+                if (not hosts or r.host in hosts) and (not chips or r.chip in chips)],
+               output, fmt)
         return
     config = load_config(config_path, {"store.state_dir": state_dir})
     if not config["store.state_dir"]:
@@ -82,7 +126,12 @@ def command(config_path: str | None, state_dir: str | None, since: str | None,
     try:
         db = HistoryDB(path, Retention(), read_only=True)
         try:
-            rows = write_trace(export_rows(db, start, end, set(hosts), set(chips)), output, fmt)
+            selected = export_rows(db, start, end, set(hosts), set(chips))
+            first = next(selected, None)
+            if first is None:
+                raise click.ClickException(f"{path}: no samples match the selection "
+                                           f"({describe_selection(db, since, until)})")
+            rows = write_whole(itertools.chain([first], selected), output, fmt)
         finally:
             db.close()
     except sqlite3.Error as exc:
@@ -98,7 +147,7 @@ def command(config_path: str | None, state_dir: str | None, since: str | None,
 
 def _write(rows: list[TraceRow], output: str, fmt: str) -> None:
     try:
-        count = write_trace(rows, output, fmt)
+        count = write_whole(rows, output, fmt)  # never a truncated file over an older one
     except OSError as exc:
         raise click.ClickException(f"{output}: {exc.strerror or exc}") from None
     if output != "-":

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from typing import Callable
 
+import functools
+
 import click
 
+from tpumon.client import ClientAuth
 from tpumon.config import ConfigError, parse_ports
 
 config_option = click.option(
@@ -33,6 +36,32 @@ runtime_ports_option = click.option(
 agent_option = click.option(
     "--agent", "agent", default=None, metavar="URL",
     help="The agent to ask [default: this host, at exporter.listen_address].")
+
+def agent_client_options(command: Callable) -> Callable:
+    """--agent-ca-file, --agent-cert-file, --agent-key-file, --agent-user,
+    --agent-password-file: what a Prometheus scrape job has for an agent behind
+    exporter.web_config_file; the command gets them as one ``auth`` (a ClientAuth)."""
+    @functools.wraps(command)
+    def wrapper(*args: object, **kwargs: object) -> object:
+        auth = ClientAuth(**{field: kwargs.pop(f"agent_{field}") for field in  # type: ignore
+                             ("ca_file", "cert_file", "key_file", "user", "password_file")})
+        return command(*args, auth=auth, **kwargs)
+
+    path = click.Path(dir_okay=False)
+    for option in reversed((
+            click.option("--agent-ca-file", type=path, default=None, metavar="FILE",
+                         help="CA certificate(s) that sign the agent's TLS certificate "
+                              "[default: the system's]."),
+            click.option("--agent-cert-file", type=path, default=None, metavar="FILE",
+                         help="Client certificate (PEM) for an agent that asks for one."),
+            click.option("--agent-key-file", type=path, default=None, metavar="FILE",
+                         help="The client certificate's key [default: in --agent-cert-file]."),
+            click.option("--agent-user", default=None, help="Basic-auth user at the agent."),
+            click.option("--agent-password-file", type=path, default=None, metavar="FILE",
+                         help="File whose first line is --agent-user's password."))):
+        wrapper = option(wrapper)
+    return wrapper
+
 
 direct_option = click.option(
     "--direct", is_flag=True,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -13,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from tpumon.cli.options import config_option, ports_value
-from tpumon.config import ConfigError, load_config
+from tpumon.cli.options import config_option
+from tpumon.config import ConfigError, load_config, parse_ports
 from tpumon.instrument import Reporter
 from tpumon.instrument.snapshot import Snapshot, make_snapshot
 from tpumon.logs import setup_logging
@@ -35,6 +36,28 @@ def parse_duration(raw: str) -> float:
         raise ConfigError(f"--duration: cannot read {raw!r} (e.g. 90s, 30m, 6h, 7d)")
     unit = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[match.group(2)]
     return float(match.group(1)) * unit
+
+
+def positive_seconds(option: str, value: float) -> float:
+    """A number of seconds that must be more than 0 (checked before any file is opened)."""
+    if not value > 0 or value == float("inf"):
+        raise ConfigError(f"{option}: must be a number of seconds more than 0, not {value:g}")
+    return value
+
+
+def sim_ports(raw: str) -> list[int]:
+    """--port LIST as the simulator serves it: ports 1-65535, or a lone 0 for a free one
+    (0 inside a list or a range would bind what nobody asked for)."""
+    try:
+        ports = parse_ports(raw)
+    except ValueError:
+        ports = []
+    if ports == [0]:
+        return ports
+    if not ports or any(not 0 < p < 65536 for p in ports):
+        raise ConfigError(f"--port: cannot read {raw!r} as ports 1-65535 (e.g. 8431, "
+                          "8431-8434, or 0 for a free port)")
+    return ports
 
 
 def hbm_total_bytes(chip_type: str) -> int:
@@ -80,12 +103,14 @@ def hbm_total_bytes(chip_type: str) -> int:
                    "four times a second (tpumon.instrument's protocol); with --hosts, a "
                    "pattern with {worker} (one socket per host's agent).")
 @click.option("--exit-with-parent", is_flag=True, hidden=True)
+@click.option("--start-time", type=float, default=None, hidden=True,
+              help="Unix time the simulated clock starts at [default: now].")
 def command(config_path: str | None, scenario: str | None, chips: int | None,
             chip_type: str | None, acceleration: float | None, seed: int | None,
             max_lag: float | None, listen_host: str, ports: str, hosts: int, slice_name: str,
             list_scenarios: bool,
             write_trace: str | None, duration: str, poll_interval: float, report_to: str | None,
-            exit_with_parent: bool) -> None:
+            exit_with_parent: bool, start_time: float | None) -> None:
     """Simulate a TPU VM's chips for a training workload, on loopback, with no TPU.
 
     Serves libtpu's RuntimeMetricService so that 'tpumon agent --runtime-ports PORT' (or
@@ -107,41 +132,55 @@ def command(config_path: str | None, scenario: str | None, chips: int | None,
         "simulator.chip_type": chip_type, "simulator.acceleration": acceleration,
         "simulator.seed": seed, "simulator.max_lag": max_lag})
     setup_logging(config["agent.log_level"])
+    served_ports = sim_ports(ports)  # every input checked before any file or port is touched
+    positive_seconds("--poll-interval", poll_interval)
+    trace_seconds = parse_duration(duration)
     chip_count = config["simulator.chips"]
     total = hbm_total_bytes(config["simulator.chip_type"])
     single = host_scenario(config["simulator.scenario"], 0, 1)
     if write_trace is not None:
-        _write_trace(single, write_trace, parse_duration(duration),
+        _write_trace(single, write_trace, trace_seconds,
                      poll_interval, chip_count, config["simulator.seed"], total)
         return
     if hosts > 1:
         if report_to and "{worker}" not in report_to:
             raise ConfigError("--report-to: with --hosts, name each worker's socket with "
                               "{worker}, e.g. /tmp/reporter-w{worker}.sock")
-        _serve_slice(config, slice_name, hosts, listen_host, ports_value(ports) or [8431],
+        _serve_slice(config, slice_name, hosts, listen_host, served_ports,
                      total, exit_with_parent, report_to)
         return
     from tpumon.sim.server import SimClock
 
-    clock = SimClock(config["simulator.acceleration"], max_lag=config["simulator.max_lag"])
+    clock = SimClock(config["simulator.acceleration"], start=start_time,
+                     max_lag=config["simulator.max_lag"])
     workload = Workload(single, chips=chip_count, hbm_total_bytes=total,
                         seed=config["simulator.seed"], start_time=clock.now())
-    _serve(workload, clock, listen_host, ports_value(ports) or [8431], chip_count,
+    _serve(workload, clock, listen_host, served_ports, chip_count,
            exit_with_parent, report_to)
 
 
 def _write_trace(scenario: str, path: str, duration_s: float, poll_interval: float,
                  chips: int, seed: int, total: int) -> None:
+    """Write the trace beside ``path`` and rename it over it once complete, so a failure
+    half-way never leaves a truncated file where an older trace was."""
     from tpumon.sim.tracegen import generate_trace
     from tpumon.trace import write_trace
 
     rows = generate_trace(scenario, duration_s=duration_s, poll_interval_s=poll_interval,
-                          chips=chips, seed=seed, hbm_total_bytes=total)
-    try:
-        count = write_trace(rows, sys.stdout if path == "-" else path,
-                            format="jsonl" if path.endswith(".jsonl") else "csv")
-    except OSError as exc:
-        raise ConfigError(f"--write-trace {path}: {exc.strerror or exc}") from None
+                          chips=chips, seed=seed, hbm_total_bytes=total,
+                          poll_jitter_s=min(0.05, poll_interval / 2))
+    fmt = "jsonl" if path.endswith(".jsonl") else "csv"
+    if path == "-":
+        count = write_trace(rows, sys.stdout, format=fmt)
+    else:
+        partial = f"{path}.partial"
+        try:
+            count = write_trace(rows, partial, format=fmt)
+            os.replace(partial, path)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(partial)
+            raise ConfigError(f"--write-trace {path}: {exc.strerror or exc}") from None
     log.info("wrote %d rows of scenario %s to %s", count, scenario, path)
 
 

@@ -14,6 +14,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from tpumon.client import ClientAuth
 from tpumon.config import Config, ConfigError, parse_listen_address
 from tpumon.detect import describe_growth
 from tpumon.slice import (ClientOptions, SliceError, SliceView, ask_all, build_view,
@@ -22,7 +23,8 @@ from tpumon.slice import (ClientOptions, SliceError, SliceView, ask_all, build_v
 
 
 def slice_options(command: Callable) -> Callable:
-    """--slice and where its peers are, and how to reach agents behind TLS or passwords."""
+    """--slice and where its peers are (the --agent-* options say how to reach agents
+    behind TLS or passwords)."""
     for option in reversed((
             click.option("--slice", "slice_", is_flag=True,
                          help="Every chip of the slice: ask every worker's agent."),
@@ -38,17 +40,9 @@ def slice_options(command: Callable) -> Callable:
             click.option("--deadline", type=click.FloatRange(min=0.1), default=3.0,
                          show_default=True,
                          help="With --slice: seconds to wait for the agents' answers."),
-            click.option("--tls", is_flag=True, help="With --slice: agents serve HTTPS."),
-            click.option("--ca-file", default=None, metavar="FILE",
-                         help="With --slice: CA to trust the agents' certificates (implies "
-                              "--tls)."),
-            click.option("--cert-file", default=None, metavar="FILE",
-                         help="With --slice: client certificate for mutual TLS."),
-            click.option("--key-file", default=None, metavar="FILE",
-                         help="With --slice: the client certificate's key."),
-            click.option("--user", default=None, help="With --slice: basic-auth user."),
-            click.option("--password-file", default=None, metavar="FILE",
-                         help="With --slice: file holding the basic-auth password."))):
+            click.option("--tls", is_flag=True,
+                         help="With --slice: the agents serve HTTPS (implied by "
+                              "--agent-ca-file and --agent-cert-file)."))):
         command = option(command)
     return command
 
@@ -64,10 +58,10 @@ def _peers(config: Config, peers: str | None, service: str | None) -> list[str]:
     return peers_from_metadata(max(2.0, config["identity.metadata_timeout"]))
 
 
-def slice_reader(config: Config, opts: dict[str, Any]) -> Callable[[], SliceView]:
+def slice_reader(config: Config, opts: dict[str, Any],
+                 auth: ClientAuth) -> Callable[[], SliceView]:
     """What asks the slice once: peers found once, agents asked at every call."""
-    client = ClientOptions(opts["tls"], opts["ca_file"], opts["cert_file"], opts["key_file"],
-                           opts["user"], opts["password_file"])
+    client = ClientOptions(opts["tls"], auth)
     try:
         client.ssl_context()  # bad client options fail now, once, not per worker
         client.headers()
@@ -94,8 +88,8 @@ def slice_table(view: SliceView) -> Table:
         table.add_row(row.worker or "?", row.chip, used,
                       describe_growth(row.growth_bytes_per_step, row.growth_bytes_per_hour),
                       verdict, eta)
-    for answer in view.missing:
-        table.add_row(answer.peer, "-", "-", "-", "[yellow]no answer[/]", "-")
+    for answer in view.missing:  # the peer where its HBM would be: the widest cell
+        table.add_row("?", "-", answer.peer, "-", "[yellow]no answer[/]", "-")
     return table
 
 
@@ -104,9 +98,9 @@ def problems(view: SliceView) -> list[str]:
     return [f"{a.url}: not answering: {a.error}" for a in view.missing]
 
 
-def show_slice(config: Config, fmt: str, opts: dict[str, Any]) -> None:
+def show_slice(config: Config, fmt: str, opts: dict[str, Any], auth: ClientAuth) -> None:
     """`tpumon status --slice`: the table (or JSON) once."""
-    view = slice_reader(config, opts)()
+    view = slice_reader(config, opts, auth)()
     if fmt == "json":
         click.echo(json.dumps(view.to_json(), indent=2))
     else:
@@ -117,9 +111,10 @@ def show_slice(config: Config, fmt: str, opts: dict[str, Any]) -> None:
             console.print(f"[yellow]{line}[/]", highlight=False)
 
 
-def watch_slice(config: Config, opts: dict[str, Any], interval: float) -> None:
+def watch_slice(config: Config, opts: dict[str, Any], auth: ClientAuth,
+                interval: float) -> None:
     """`tpumon watch --slice`: the slice's table redrawn in place until Ctrl-C."""
-    read = slice_reader(config, opts)
+    read = slice_reader(config, opts, auth)
     try:
         with Live(console=Console(), screen=True, auto_refresh=False) as live:
             while True:

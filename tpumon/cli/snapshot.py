@@ -11,20 +11,18 @@ from __future__ import annotations
 import json
 import sys
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
-from typing import Any
+from typing import Any, Mapping
 
 import click
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from tpumon.cli.options import agent_option, config_option
-from tpumon.cli.status import agent_url, from_agent, snapshot_line
+from tpumon.cli.options import agent_client_options, agent_option, config_option
+from tpumon.cli.status import agent_url, snapshot_line
+from tpumon.client import AgentClient, AgentError, ClientAuth
 from tpumon.config import load_config
-from tpumon.detect.tensor_diff import human_bytes
+from tpumon.units import format_bytes
 
 MAX_WAIT_SECONDS = 900.0
 SITES_HINT = ("creation sites were not recorded: for PyTorch/XLA set TPUMON_TRACK_SITES=1 in "
@@ -35,6 +33,7 @@ SITES_HINT = ("creation sites were not recorded: for PyTorch/XLA set TPUMON_TRAC
 @click.command("snapshot")
 @config_option
 @agent_option
+@agent_client_options
 @click.option("--pid", type=click.IntRange(1), default=None,
               help="The training process [default: the only one that reports].")
 @click.option("--steps", type=click.IntRange(1, 1_000_000), default=None,
@@ -45,8 +44,8 @@ SITES_HINT = ("creation sites were not recorded: for PyTorch/XLA set TPUMON_TRAC
                    "process's step rate needs for --steps, plus a minute; at most 15 min].")
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table",
               show_default=True, help="Output format.")
-def command(config_path: str | None, agent: str | None, pid: int | None, steps: int | None,
-            timeout: float | None, fmt: str) -> None:
+def command(config_path: str | None, agent: str | None, auth: ClientAuth, pid: int | None,
+            steps: int | None, timeout: float | None, fmt: str) -> None:
     """Diff two live-tensor snapshots of a training process: what grew, by shape, dtype and
     creation site, and how much of the HBM growth it explains.
 
@@ -55,12 +54,13 @@ def command(config_path: str | None, agent: str | None, pid: int | None, steps: 
     (PyTorch/XLA) or come by default (JAX).
     """
     config = load_config(config_path)
-    url = agent or agent_url(config["exporter.listen_address"])
     steps = steps or config["reporter.snapshot_steps"] or None
-    asked = _ask(url, pid, steps)
-    if asked.get("error"):
-        raise click.ClickException(f"process {asked['pid']}: {asked['error']}")
-    result = _wait(url, asked, timeout)
+    try:
+        client = AgentClient(agent or agent_url(config["exporter.listen_address"]), auth)
+        asked = client.request_snapshot(pid, steps)
+    except AgentError as exc:
+        raise click.ClickException(str(exc)) from None
+    result = _wait(client, asked, timeout)
     if fmt == "json":
         click.echo(json.dumps(result, indent=2))
     elif result.get("error"):
@@ -71,27 +71,8 @@ def command(config_path: str | None, agent: str | None, pid: int | None, steps: 
         raise SystemExit(1)
 
 
-def _ask(url: str, pid: int | None, steps: int | None) -> dict[str, Any]:
-    """POST the request; one clear error line if the agent refuses or is not there."""
-    query = urllib.parse.urlencode({k: v for k, v in (("pid", pid), ("steps", steps)) if v})
-    request = urllib.request.Request(f"{url}/api/snapshot?{query}", data=b"", method="POST")
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return json.loads(response.read())
-    except urllib.error.HTTPError as exc:
-        raise click.ClickException(f"the agent at {url} refused: {_error(exc)}") from None
-    except (OSError, ValueError) as exc:
-        raise click.ClickException(f"no agent answering at {url}: {exc}") from None
-
-
-def _error(exc: urllib.error.HTTPError) -> str:
-    try:
-        return json.loads(exc.read())["error"]
-    except (ValueError, KeyError, TypeError, OSError):
-        return f"HTTP {exc.code}"
-
-
-def _wait(url: str, asked: dict[str, Any], timeout: float | None) -> dict[str, Any]:
+def _wait(client: AgentClient, asked: Mapping[str, Any],
+          timeout: float | None) -> dict[str, Any]:
     """The process's snapshot state once this request ended; one clear error when the
     process exits, stops reporting, or the wait runs past ``timeout`` (a progress bar on
     a terminal meanwhile, quiet when piped)."""
@@ -103,7 +84,7 @@ def _wait(url: str, asked: dict[str, Any], timeout: float | None) -> dict[str, A
         task = progress.add_task(f"pid {pid}: {steps} steps between two snapshots",
                                  total=steps)
         while True:
-            process = _process(url, pid)
+            process = _process(client, pid)
             found = process.get("tensor_snapshot") or {}
             if found.get("request_id") == request_id and not found["pending"]:
                 return found
@@ -118,11 +99,12 @@ def _wait(url: str, asked: dict[str, Any], timeout: float | None) -> dict[str, A
             time.sleep(1.0)
 
 
-def _process(url: str, pid: int) -> dict[str, Any]:
+def _process(client: AgentClient, pid: int) -> dict[str, Any]:
     """The process's entry in the agent's status; an error once it is gone."""
-    doc = from_agent(url, timeout=5.0)
-    if doc is None:
-        raise click.ClickException(f"the agent at {url} stopped answering")
+    try:
+        doc: dict[str, Any] = dict(client.status(timeout=5.0))
+    except AgentError as exc:
+        raise click.ClickException(f"the agent stopped answering: {exc}") from None
     process = next((p for p in doc.get("processes", []) if p["pid"] == pid), None)
     if process is None:
         raise click.ClickException(f"process {pid} is no longer reporting")
@@ -152,8 +134,8 @@ def _render(pid: int, result: dict[str, Any], console: Console) -> None:
         table.add_column(column)
     for g in result["grown"]:
         per_step = "-" if g["count_per_step"] is None else f"{g['count_per_step']:+.3g}"
-        per_bytes = "-" if g["bytes_per_step"] is None else human_bytes(g["bytes_per_step"])
-        each = "-" if g["bytes_each"] is None else human_bytes(g["bytes_each"])
+        per_bytes = "-" if g["bytes_per_step"] is None else format_bytes(g["bytes_per_step"])
+        each = "-" if g["bytes_each"] is None else format_bytes(g["bytes_each"])
         sites = "\n".join(f"{site} (+{n})" for site, n in g["sites"].items()) or "-"
         table.add_row(g["group"], per_step, per_bytes, each, f"{g['count_delta']:+,}", sites)
     console.print(table)

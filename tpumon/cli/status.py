@@ -3,38 +3,36 @@
 from __future__ import annotations
 
 import json
-import urllib.request
+import time
 from typing import Any
 
 import click
 from rich.console import Console
 from rich.table import Table
 
-from tpumon.bootstrap import build
-from tpumon.cli.options import (agent_option, config_option, direct_option, ports_value,
-                                runtime_ports_option)
+from tpumon.cli.options import (agent_client_options, agent_option, config_option,
+                                direct_option, ports_value, runtime_ports_option)
+from tpumon.client import (AgentClient, AgentError, AgentUnreachable, ClientAuth,
+                           StatusDocument)
 from tpumon.cli.slice_view import show_slice, slice_options
 from tpumon.config import Config, load_config, parse_listen_address, reachable_host
-from tpumon.detect.tensor_diff import human_bytes
-from tpumon.detect import describe_growth
+from tpumon.describe import describe_growth
 from tpumon.logs import setup_logging
-from tpumon.status import status_document
-
-
-def format_gib(value: int | None) -> str:
-    return "-" if value is None else f"{value / 2**30:.2f} GiB"
+from tpumon.units import format_bytes, format_hours
 
 
 def format_pct(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.1f} %"
 
 
-def format_eta(chip: dict[str, Any], now: float) -> str:
+def format_eta(chip: Any, now: float) -> str:
+    """Time to OOM whenever the floor grows, whatever the verdict (an 'ok' chip with a
+    slow leak has a forecast too); '-' when it does not grow. ``now`` is the document's
+    time: the clock the forecast is on."""
     oom = chip.get("predicted_oom_time")
-    if oom is None or chip.get("verdict") != "leak":
+    if oom is None or not (chip.get("growth_bytes_per_hour") or 0) > 0:
         return "-"
-    hours = max(oom - now, 0) / 3600
-    return f"{hours:.1f} h" if hours < 48 else f"{hours / 24:.0f} d"
+    return format_hours(oom - now)
 
 
 def render_table(doc: dict[str, Any], console: Console) -> None:
@@ -42,14 +40,15 @@ def render_table(doc: dict[str, Any], console: Console) -> None:
     title = " ".join(f"{k}={v}" for k, v in ident.items() if v) or "tpumon status"
     table = Table(title=f"{title} ({doc['source']})", title_justify="left")
     for column in ("Chip", "HBM used", "Duty", "Verdict", "Growth", "OOM in", "Owner"):
-        table.add_column(column, justify="right" if column in ("HBM used", "Duty") else "left")
+        table.add_column(column, justify="right" if column in ("HBM used", "Duty") else "left",
+                         no_wrap=column != "Owner", overflow="fold")  # never cut a verdict
     for chip in doc["chips"]:
         owner = "-"
         if chip["owner_pid"] is not None:
-            rss = f" {format_gib(chip['owner_rss_bytes'])}" if chip["owner_rss_bytes"] else ""
+            rss = f" {format_bytes(chip['owner_rss_bytes'])}" if chip["owner_rss_bytes"] else ""
             owner = f"{chip['owner_pid']} {chip['owner_process'] or ''}{rss}".strip()
         used = "[yellow]no data[/]" if not chip["up"] else \
-            f"{format_gib(chip['hbm_used_bytes'])} {format_pct(chip['hbm_used_ratio'])}"
+            f"{format_bytes(chip['hbm_used_bytes'])} {format_pct(chip['hbm_used_ratio'])}"
         verdict = chip.get("verdict") or "-"
         if verdict == "leak":
             verdict = "[bold red]leak[/]"
@@ -59,23 +58,25 @@ def render_table(doc: dict[str, Any], console: Console) -> None:
                       format_eta(chip, doc["time"]), owner)
     console.print(table)
     for chip in doc["chips"]:
-        if chip.get("verdict") in ("leak", "step_change"):
-            console.print(f"chip {chip['chip']}: {chip['reason']}", highlight=False)
+        if chip.get("reason"):
+            console.print(f"chip {chip['chip']}: {chip['verdict']}: {chip['reason']}",
+                          highlight=False)
         if chip.get("diagnosis"):
             console.print(f"chip {chip['chip']}: likely cause: {chip['diagnosis']}",
                           highlight=False)
     render_processes(doc.get("processes") or [], console)
+    render_job_ends(doc.get("job_ends") or [], console)
     for name, source in doc["sources"].items():
         if not source["up"]:
             console.print(f"[yellow]{name}: down: {source['error']}[/]", highlight=False)
     host = doc["host"]
     if host:
-        console.print(f"host memory: {format_gib(host['memory_used_bytes'])} used of "
-                      f"{format_gib(host['memory_total_bytes'])}", highlight=False)
+        console.print(f"host memory: {format_bytes(host['memory_used_bytes'])} used of "
+                      f"{format_bytes(host['memory_total_bytes'])}", highlight=False)
     store = doc.get("store")
     if store:
         state = "writing" if store["up"] else f"[yellow]not writing: {store['error']}[/]"
-        console.print(f"history: {store['path']} ({store['size_bytes'] / 2**20:.1f} MiB), "
+        console.print(f"history: {store['path']} ({format_bytes(store['size_bytes'])}), "
                       f"{state}", highlight=False)
     render_notifications(doc.get("notifications"), console)
 
@@ -120,12 +121,19 @@ def render_processes(processes: list[dict[str, Any]], console: Console) -> None:
             console.print(f"pid {p['pid']}: {line}", highlight=False)
 
 
+def render_job_ends(ends: list[dict[str, Any]], console: Console) -> None:
+    """Jobs that ended on this host in the last hour, newest first (docs/job-ends.md)."""
+    for end in ends:
+        when = time.strftime("%H:%M:%S UTC", time.gmtime(end["time"]))
+        console.print(f"[bold]{when}[/] {end['summary']}", highlight=False)
+
+
 def _rss_cell(p: dict[str, Any]) -> str:
     if p.get("rss_bytes") is None:
         return "-"
     growth = p.get("rss_growth_bytes_per_step")
-    grows = f" {human_bytes(growth)}/step" if growth and growth > 0 else ""
-    return human_bytes(p["rss_bytes"]) + grows
+    grows = f" {format_bytes(growth)}/step" if growth and growth > 0 else ""
+    return format_bytes(p["rss_bytes"]) + grows
 
 
 def _process_verdict(p: dict[str, Any]) -> str:
@@ -151,6 +159,13 @@ def snapshot_line(result: dict[str, Any] | None) -> str | None:
             f"{result['summary']}")
 
 
+def output_console() -> Console:
+    """The terminal as it is; without one (a pipe, a file) wide enough that no cell is cut
+    short ('insufficien…' was what a pipe read)."""
+    console = Console()
+    return console if console.is_terminal else Console(width=160)
+
+
 def agent_url(listen_address: str) -> str:
     """Where the local agent serves, from its listen address (all interfaces -> loopback)."""
     host, port = parse_listen_address(listen_address)
@@ -158,32 +173,46 @@ def agent_url(listen_address: str) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-def agent_to_ask(config: Config, agent: str | None, direct: bool) -> str | None:
+def agent_to_ask(config: Config, agent: str | None, direct: bool,
+                 auth: ClientAuth | None = None) -> AgentClient | None:
     """The agent to ask, or None to read the runtime directly: with --direct, or when the
-    local agent serves behind exporter.web_config_file (TLS, passwords), which these
-    commands do not speak. That is said on stderr, so that verdicts built from this
-    command's own polls are not taken for the agent's."""
+    local agent serves behind exporter.web_config_file (TLS, passwords) and no --agent-*
+    client option says how to talk to it. That is said on stderr, so that verdicts built
+    from this command's own polls are not taken for the agent's."""
     if direct:
         return None
-    if agent is None and config["exporter.web_config_file"]:
-        click.echo(f"tpumon: the local agent is protected by {config['exporter.web_config_file']} "
-                   "(exporter.web_config_file), which this command cannot use; reading the "
-                   "runtime directly, without the agent's history", err=True)
+    protected = config["exporter.web_config_file"]
+    if agent is None and protected and auth == ClientAuth():
+        click.echo(f"tpumon: the local agent is protected by {protected} "
+                   "(exporter.web_config_file); give --agent https://... with --agent-ca-file "
+                   "and --agent-user/--agent-password-file or --agent-cert-file to ask it. "
+                   "Reading the runtime directly, without the agent's history", err=True)
         return None
-    return agent or agent_url(config["exporter.listen_address"])
-
-
-def from_agent(url: str, timeout: float = 2.0) -> dict[str, Any] | None:
-    """The running agent's status document, or None when no agent answers there."""
     try:
-        with urllib.request.urlopen(f"{url}/api/status", timeout=timeout) as response:
-            return json.loads(response.read())
-    except (OSError, ValueError):
+        return AgentClient(agent or agent_url(config["exporter.listen_address"]), auth)
+    except AgentError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def ask_agent(client: AgentClient, named: bool) -> StatusDocument | None:
+    """The agent's status document; None when the local agent (not one named with --agent)
+    does not answer, so the command reads the runtime instead. A named agent that cannot
+    be asked, or any agent that refuses, is a one-line error."""
+    try:
+        return client.status()
+    except AgentUnreachable as exc:
+        if named:
+            raise click.ClickException(str(exc)) from None
         return None
+    except AgentError as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 def from_runtime(config: Config) -> dict[str, Any]:
     """One poll of the runtime and the host, as the agent would do it (no history)."""
+    from tpumon.bootstrap import build  # the agent, gRPC, numpy: only for this path
+    from tpumon.status import status_document
+
     assembly = build(config, history=False)
     try:
         return status_document(assembly.agent.poll_once(), source="runtime")
@@ -195,28 +224,41 @@ def from_runtime(config: Config) -> dict[str, Any]:
 @config_option
 @runtime_ports_option
 @agent_option
+@agent_client_options
 @direct_option
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table",
               show_default=True, help="Output format.")
+@click.option("--metric", metavar="NAME", help="Show one of the runtime's other metrics "
+              "instead, read from the runtime like tpu-info: its name in tpu-info "
+              "(hlo_exec_timing, buffer_transfer_latency, ...), in tpumon or in libtpu.")
+@click.option("--list-metrics", is_flag=True, help="List the metrics the runtime serves "
+              "and the tpumon metric each is exported as.")
 @slice_options
 def command(config_path: str | None, runtime_ports: str | None, agent: str | None,
-            direct: bool, fmt: str, slice_: bool, **slice_opts: Any) -> None:
+            auth: ClientAuth, direct: bool, fmt: str, metric: str | None,
+            list_metrics: bool, slice_: bool, **slice_opts: Any) -> None:
     """Show each chip's HBM, duty cycle, owner and leak verdict.
 
     Asks the local agent (which has the history behind the verdicts); if none answers, or
-    it is protected by exporter.web_config_file, reads the runtime once, like tpu-info. A
-    runtime that is not running (between jobs) is shown as such, with exit status 0.
-    With --slice, every chip of the slice: every worker's agent asked at once.
+    it is protected by exporter.web_config_file and no --agent-* option says how to talk
+    to it, reads the runtime once, like tpu-info. An agent named with --agent that cannot
+    be asked is an error. A runtime that is not running (between jobs) is shown as such,
+    with exit status 0. With --slice, every chip of the slice: every worker's agent asked
+    at once.
     """
     config = load_config(config_path, {"runtime.ports": ports_value(runtime_ports)})
     setup_logging("warning")
     if slice_:
-        return show_slice(config, fmt, slice_opts)
-    url = agent_to_ask(config, agent, direct)
-    doc = None if url is None else from_agent(url)
+        return show_slice(config, fmt, slice_opts, auth)
+    if metric is not None or list_metrics:
+        from tpumon.cli.runtime_view import show  # lazy: only for these options
+        show(config, metric, fmt)
+        return
+    client = agent_to_ask(config, agent, direct, auth)
+    doc: Any = None if client is None else ask_agent(client, named=agent is not None)
     if doc is None:
         doc = from_runtime(config)
     if fmt == "json":
         click.echo(json.dumps(doc, indent=2))
     else:
-        render_table(doc, Console())
+        render_table(doc, output_console())

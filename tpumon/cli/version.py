@@ -6,8 +6,7 @@ import platform
 
 import click
 
-from tpumon import __version__
-from tpumon.exporters.prometheus import package_version
+from tpumon import __version__, package_version
 
 
 @click.command("version")

@@ -9,6 +9,8 @@ samples of this session). Ctrl-C leaves the screen as it was and exits with stat
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 from typing import Any, Callable
 
@@ -21,32 +23,32 @@ from rich.table import Table
 from rich.text import Text
 
 from tpumon.bootstrap import Assembly, build
-from tpumon.cli.options import (agent_option, config_option, direct_option, ports_value,
-                                runtime_ports_option)
+from tpumon.cli.options import (agent_client_options, agent_option, config_option,
+                                direct_option, ports_value, runtime_ports_option)
 from tpumon.cli.slice_view import slice_options, watch_slice
-from tpumon.cli.status import agent_to_ask, format_eta, format_pct, from_agent
+from tpumon.cli.status import agent_to_ask, ask_agent, format_eta, format_pct
+from tpumon.client import AgentClient, AgentError, ClientAuth
 from tpumon.config import load_config
 from tpumon.logs import setup_logging
 from tpumon.status import status_document
+from tpumon.units import format_bytes
 
 VERDICT_STYLE = {"leak": "bold red", "step_change": "yellow", "warming_up": "dim",
                  "insufficient_data": "dim", "ok": "green"}
-VERDICT_SHORT = {"warming_up": "warm-up", "insufficient_data": "sparse",
+VERDICT_SHORT = {"warming_up": "warm-up", "insufficient_data": "no trend",
                  "step_change": "step chg"}  # 80 columns; `tpumon status` has the reasons
+# Chip-table columns, most important first: dropped from the end until the table fits.
+COLUMNS = ("Chip", "HBM used", "OOM in", "Verdict", "/step", "Floor", "/hour", "Duty")
+RIGHT = {"Chip", "Floor", "/step", "/hour", "OOM in", "Duty"}
 
 
 def _size(value: float | None) -> str:
-    """Bytes in the fewest characters that still read well: 31.7G, 812M, 4.1K."""
-    if value is None:
-        return "-"
-    for unit, scale in (("G", 2**30), ("M", 2**20), ("K", 2**10)):
-        if abs(value) >= scale:
-            return f"{value / scale:.1f}{unit}"
-    return f"{value:.0f}B"
+    """Bytes in the fewest characters that still read well: 31.7Gi, 812.0Mi, 4.1Ki."""
+    return format_bytes(value, compact=True)
 
 
 def _growth(value: float | None, per: str) -> str:
-    return "-" if value is None else f"{'+' if value >= 0 else '-'}{_size(abs(value))}/{per}"
+    return "-" if value is None else f"{format_bytes(value, signed=True, compact=True)}/{per}"
 
 
 def _hbm(chip: dict[str, Any]) -> RenderableType:
@@ -60,23 +62,37 @@ def _hbm(chip: dict[str, Any]) -> RenderableType:
     return table
 
 
-def chip_table(doc: dict[str, Any]) -> Table:
-    """One row per chip: HBM bar, floor, growth per step and per hour, OOM, verdict, duty."""
-    table = Table(box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0), show_edge=False)
-    for name, justify in (("Chip", "right"), ("HBM used", "left"), ("Floor", "right"),
-                          ("/step", "right"), ("/hour", "right"), ("OOM in", "right"),
-                          ("Verdict", "left"), ("Duty", "right")):
-        table.add_column(name, justify=justify, no_wrap=True)
-    for chip in doc["chips"]:
-        verdict = chip.get("verdict") or "-"
-        shown = VERDICT_SHORT.get(verdict, verdict)
-        table.add_row(chip["chip"], _hbm(chip), _size(chip.get("floor_bytes")),
-                      _growth(chip.get("growth_bytes_per_step"), "st"),
-                      _growth(chip.get("growth_bytes_per_hour"), "h"),
-                      format_eta(chip, doc["time"]),
-                      Text(shown, style=VERDICT_STYLE.get(verdict, "")),
-                      format_pct(chip["duty_cycle"]).replace(" ", ""))
+def _cells(chip: dict[str, Any], now: float) -> dict[str, RenderableType]:
+    verdict = chip.get("verdict") or "-"
+    return {"Chip": chip["chip"], "HBM used": _hbm(chip),
+            "Floor": _size(chip.get("floor_bytes")),
+            "/step": _growth(chip.get("growth_bytes_per_step"), "st"),
+            "/hour": _growth(chip.get("growth_bytes_per_hour"), "h"),
+            "OOM in": format_eta(chip, now),
+            "Verdict": Text(VERDICT_SHORT.get(verdict, verdict),
+                            style=VERDICT_STYLE.get(verdict, "")),
+            "Duty": format_pct(chip["duty_cycle"]).replace(" ", "")}
+
+
+def chip_table(doc: dict[str, Any], width: int = 80) -> Table:
+    """One row per chip: HBM bar, OOM in, verdict, growth per step, floor, growth per hour,
+    duty cycle; the last columns are left out, in that order, until the table fits
+    ``width`` without cutting a cell short."""
+    rows = [_cells(chip, doc["time"]) for chip in doc["chips"]]
+    for count in range(len(COLUMNS), 1, -1):
+        table = Table(box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0), show_edge=False)
+        for name in COLUMNS[:count]:
+            table.add_column(name, justify="right" if name in RIGHT else "left", no_wrap=True)
+        for cells in rows:
+            table.add_row(*(cells[name] for name in COLUMNS[:count]))
+        if _width(table) <= width:
+            break
     return table
+
+
+def _width(table: Table) -> int:
+    """The width the table takes when nothing constrains it."""
+    return Console(width=1000).measure(table).maximum
 
 
 def process_table(doc: dict[str, Any]) -> Table | None:
@@ -98,14 +114,15 @@ def process_table(doc: dict[str, Any]) -> Table | None:
     return table
 
 
-def screen(doc: dict[str, Any] | None, where: str, problem: str | None = None) -> Group:
+def screen(doc: dict[str, Any] | None, where: str, problem: str | None = None,
+           width: int = 80) -> Group:
     """The whole view for one status document (or a line saying why there is none)."""
     header = Text(f"tpumon watch  {where}  {time.strftime('%H:%M:%S')}  (Ctrl-C to quit)",
                   style="bold")
     if doc is None:
         return Group(header, Text(problem or "waiting for data", style="yellow"))
     ident = " ".join(f"{k}={v}" for k, v in doc["identity"].items() if v)
-    parts: list[RenderableType] = [header, Text(ident, style="dim"), chip_table(doc)]
+    parts: list[RenderableType] = [header, Text(ident, style="dim"), chip_table(doc, width)]
     processes = process_table(doc)
     if processes is not None:
         parts += [Text(""), processes]
@@ -131,10 +148,13 @@ class RuntimeFeed:
         return status_document(self.assembly.agent.poll_once(), source="runtime"), None
 
 
-def agent_feed(url: str) -> Callable[[], tuple[dict[str, Any] | None, str | None]]:
+def agent_feed(client: AgentClient) -> Callable[[], tuple[dict[str, Any] | None, str | None]]:
+    """Status documents from the agent; a failed read is shown and retried next refresh."""
     def read() -> tuple[dict[str, Any] | None, str | None]:
-        doc = from_agent(url)
-        return doc, None if doc else f"no agent answering at {url}; retrying"
+        try:
+            return dict(client.status()), None
+        except AgentError as exc:
+            return None, f"{exc}; retrying"
     return read
 
 
@@ -142,28 +162,40 @@ def agent_feed(url: str) -> Callable[[], tuple[dict[str, Any] | None, str | None
 @config_option
 @runtime_ports_option
 @agent_option
+@agent_client_options
 @direct_option
 @click.option("--interval", type=click.FloatRange(min=0.1), default=1.0, show_default=True,
               help="Seconds between refreshes.")
 @slice_options
 def command(config_path: str | None, runtime_ports: str | None, agent: str | None,
-            direct: bool, interval: float, slice_: bool, **slice_opts: Any) -> None:
+            auth: ClientAuth, direct: bool, interval: float, slice_: bool,
+            **slice_opts: Any) -> None:
     """Live full-screen view of every chip: HBM bar, floor, growth per step and per hour,
     time to OOM, verdict, duty cycle, and the training processes' step, step rate and live
     tensors. Reads the local agent; with none running, a protected one
-    (exporter.web_config_file) or --direct, polls the runtime itself. Fits an 80-column
-    terminal; Ctrl-C quits. With --slice, every chip of the slice."""
+    (exporter.web_config_file, without --agent-* options) or --direct, polls the runtime
+    itself. An agent named with --agent is waited for while it does not answer.
+
+    Fits the terminal, 80 columns and up: where it is narrower than every column needs,
+    duty cycle, growth per hour, floor and growth per step are left out, in that order.
+    Verdicts: ok, leak, warm-up (warming_up), no trend (insufficient_data: less than 30
+    minutes of floors), step chg (step_change). Without a terminal (a pipe, a file) it
+    prints the same view as plain text every interval. Ctrl-C quits. With --slice, every
+    chip of the slice."""
     config = load_config(config_path, {"runtime.ports": ports_value(runtime_ports)})
     setup_logging("error")
     if slice_:
-        return watch_slice(config, slice_opts, interval)
-    url = agent_to_ask(config, agent, direct)
+        return watch_slice(config, slice_opts, auth, interval)
+    client = agent_to_ask(config, agent, direct, auth)
     assembly = None
-    if url is None or (agent is None and from_agent(url) is None):
+    feed: Callable[[], tuple[dict[str, Any] | None, str | None]]
+    # a named agent that does not answer yet is waited for (shown, retried); the local
+    # one, when none runs, is replaced by this command's own polls of the runtime
+    if client is None or (agent is None and ask_agent(client, named=False) is None):
         assembly = build(config, history=False)
         feed, where = RuntimeFeed(assembly), "runtime (no agent)"
     else:
-        feed, where = agent_feed(url), url
+        feed, where = agent_feed(client), client.url
     try:
         _loop(feed, where, interval)
     finally:
@@ -175,10 +207,31 @@ def _loop(feed: Callable[[], tuple[dict[str, Any] | None, str | None]], where: s
           interval: float) -> None:
     console = Console()
     try:
+        if not console.is_terminal:
+            _plain(feed, where, interval)
+            return
         with Live(console=console, screen=True, auto_refresh=False) as live:
             while True:
                 doc, problem = feed()
-                live.update(screen(doc, where, problem), refresh=True)
+                live.update(screen(doc, where, problem, console.width), refresh=True)
                 time.sleep(interval)
     except KeyboardInterrupt:
         pass
+
+
+def _plain(feed: Callable[[], tuple[dict[str, Any] | None, str | None]], where: str,
+           interval: float) -> None:
+    """No terminal (a pipe, a file, a log): the same view as plain text, one snapshot per
+    interval, each followed by a blank line and flushed, until interrupted or the reader
+    goes away."""
+    console = Console(width=80, no_color=True, force_terminal=False, soft_wrap=False)
+    try:
+        while True:
+            doc, problem = feed()
+            with console.capture() as captured:
+                console.print(screen(doc, where, problem, 80))
+            sys.stdout.write(captured.get() + "\n")
+            sys.stdout.flush()
+            time.sleep(interval)
+    except BrokenPipeError:  # the reader left (| head): stop quietly, nothing left to flush
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

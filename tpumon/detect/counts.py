@@ -67,7 +67,7 @@ class CountTracker:
         if value is None:
             return
         if self._last_step is not None and step < self._last_step:
-            self.__init__(self.s)  # the step went back: a new run
+            CountTracker.__init__(self, self.s)  # the step went back: a new run
         if self._last_step is not None and step == self._last_step:
             return
         self._last_step = step

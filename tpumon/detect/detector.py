@@ -11,7 +11,8 @@ Method (docs/detector.md explains the reasoning):
    trend: at least ``warmup_seconds`` and until the floor stops moving.
 3. **Jumps.** A persistent level shift of the floor (confirmed on both sides by medians)
    is a jump. Jumps are taken out before fitting the continuous trend; one or two big ones
-   are a ``step_change``, a regular series of them a staircase leak.
+   are a ``step_change``; jumps that keep coming, at regular or irregular times, are a
+   staircase leak (a jump process with a rate: ``staircase.py``).
 4. **Trend.** Over the longest recent window in which growth is not accelerating (a leak
    that began mid-run must not be diluted by the flat hours before it), Sen's slope with
    its interval and the Mann-Kendall test on the jump-corrected floors, per second and
@@ -33,19 +34,15 @@ from typing import Iterator, NamedTuple
 
 import numpy as np
 
+from tpumon.describe import describe_growth
 from tpumon.detect import jumps as level_shifts
 from tpumon.detect.floors import FloorHistory, group_by_bucket
 from tpumon.detect.jumps import Jump
 from tpumon.detect.robust import PairwiseSlopes, lower_quartiles, sen_mann_kendall
+from tpumon.detect.staircase import Staircase, find_staircase
+from tpumon.units import format_bytes
 
 
-def describe_growth(bytes_per_step: float | None, bytes_per_hour: float | None) -> str:
-    """Growth as people read it: per step when steps are known, else per hour."""
-    if bytes_per_step is not None:
-        return f"{bytes_per_step / 1e3:,.1f} KB/step"
-    if bytes_per_hour is not None:
-        return f"{bytes_per_hour / 1e6:,.1f} MB/h"
-    return "-"
 
 
 class Verdict(str, enum.Enum):
@@ -100,6 +97,12 @@ class Assessment:
     slope_bytes_per_step_high: float | None = None
     predicted_oom_time: float | None = None
     predicted_oom_step: float | None = None
+    # the forecast's interval, from the growth's 95 % interval: earliest and latest OOM
+    # (latest None when the growth's lower bound is not above zero)
+    predicted_oom_time_low: float | None = None
+    predicted_oom_time_high: float | None = None
+    predicted_oom_step_low: float | None = None
+    predicted_oom_step_high: float | None = None
     window_start: float | None = None
     window_seconds: float | None = None
     points: int = 0
@@ -134,8 +137,9 @@ class _Job:
     leaking: bool = False
     last_floor: float | None = None
     last_step: float = math.nan
-    jump_times: np.ndarray | None = None  # of ``jumps``, for ``corrected``
-    jump_levels: np.ndarray | None = None  # 0, then the cumulative sizes of ``jumps``
+    jump_times: np.ndarray = field(default_factory=lambda: np.empty(0))  # of ``jumps``
+    jump_levels: np.ndarray = field(  # 0, then the cumulative sizes of ``jumps``
+        default_factory=lambda: np.zeros(1))
 
     def add_jumps(self, found: list[Jump]) -> None:
         """Keep the last 1024 jumps; the arrays that correct floors for them change only
@@ -169,6 +173,31 @@ class JobView:
 
 _UNFITTED = (Verdict.INSUFFICIENT_DATA, Verdict.WARMING_UP)
 
+#: What a leak alert keeps of the assessment that raised it.
+_ALERT_FIELDS = ("predicted_oom_time", "predicted_oom_time_low", "predicted_oom_time_high",
+                 "predicted_oom_step", "predicted_oom_step_low", "predicted_oom_step_high",
+                 "slope_bytes_per_second", "slope_bytes_per_step")
+
+
+def slope_fields(per_s: float, low: float, high: float,
+                 steps_per_second: float | None) -> dict[str, float]:
+    """An assessment's slopes per second and, where steps are known, per step (the same
+    growth, rescaled)."""
+    out = dict(slope_bytes_per_second=per_s, slope_bytes_per_second_low=low,
+               slope_bytes_per_second_high=high)
+    if steps_per_second:
+        out.update(slope_bytes_per_step=per_s / steps_per_second,
+                   slope_bytes_per_step_low=low / steps_per_second,
+                   slope_bytes_per_step_high=high / steps_per_second)
+    return out
+
+
+def leak_alert(time: float, step: float, assessment: Assessment) -> dict:
+    """A leak alert raised at the sample (time, step; NaN if unknown) by an assessment: when,
+    and what was forecast and measured then, for a post-mortem against the OOM that came."""
+    return {"time": time, "step": None if math.isnan(step) else int(step),
+            "reason": assessment.reason, **{k: getattr(assessment, k) for k in _ALERT_FIELDS}}
+
 
 class _Said(NamedTuple):
     """What an assessment says; the frozen :class:`Assessment` is built from it only when
@@ -190,22 +219,41 @@ class _Bucket(NamedTuple):
     trigger_step: float
 
 
+class _OpenBucket:
+    """The bucket still taking samples: later ones may lower its floor or raise its peak."""
+
+    __slots__ = ("bucket_id", "floor", "peak", "first_step", "last_step")
+
+    def __init__(self, bucket_id: int, floor: float, peak: float, first_step: float,
+                 last_step: float) -> None:
+        self.bucket_id, self.floor, self.peak = bucket_id, floor, peak
+        self.first_step, self.last_step = first_step, last_step
+
+
+class _LastSample(NamedTuple):
+    time: float
+    step: float
+
+
 class ChipDetector:
     """Feed with :meth:`update`; read :attr:`assessment` and :attr:`alert`."""
 
     def __init__(self, settings: DetectorSettings | None = None) -> None:
-        self.s = settings or DetectorSettings()
+        self.settings = settings or DetectorSettings()
         self.width: float | None = None
         self.per_bucket = 1.0  # polls per bucket, from the poll interval
         self._confirm, self._envelope = self._level_sizes()
         self.total: float | None = None
-        self.alert: dict | None = None  # first leak alert: time, step, predicted OOM then
+        self.alert: dict | None = None  # the first leak alert: see _set
+        #: with a list here, every assessment as it is set: (time, step, assessment) of the
+        #: sample that closed the bucket (``analyze`` pools the chips of a job over these)
+        self.log: list[tuple[float, float, Assessment]] | None = None
         self._said = _Said(Verdict.INSUFFICIENT_DATA, "no samples yet", {})
         self._assessment: Assessment | None = None  # built from _said when read
         self.restarts = 0
         self._pending: list[np.ndarray] = []
-        self._open: tuple[int, float, float, float, float] | None = None
-        self._last: tuple[float, float] | None = None  # time, step of the last sample
+        self._open: _OpenBucket | None = None
+        self._last: _LastSample | None = None
         self._job: _Job | None = None
         self._after_break = False
 
@@ -253,24 +301,24 @@ class ChipDetector:
         step, so this does in plain Python what the batch path does with ~100 us of numpy
         on one-element arrays; False (nothing changed) for anything else."""
         t, st, u = float(time), float(step), float(used)
-        if self._open is None or self._last is None or not (math.isfinite(t)
-                                                             and math.isfinite(u)):
+        if self._open is None or self._last is None or self.width is None \
+                or not (math.isfinite(t) and math.isfinite(u)):
             return False
-        prev_t, prev_st = self._last
-        if not 0 <= t - prev_t < self.s.restart_gap_seconds or st < prev_st \
-                or math.floor(t / self.width) != self._open[0]:
+        last, bucket = self._last, self._open
+        if not 0 <= t - last.time < self.settings.restart_gap_seconds or st < last.step \
+                or math.floor(t / self.width) != bucket.bucket_id:
             return False
-        bucket, floor, peak, first_step, _ = self._open
-        self._open = (bucket, min(floor, u), max(peak, u), first_step, st)
-        self._last = (t, st)
+        bucket.floor, bucket.peak, bucket.last_step = min(bucket.floor, u), max(bucket.peak, u), st
+        self._last = _LastSample(t, st)
         self.total = float(total)
         return True
 
     def _bucket_width(self, times: np.ndarray) -> float:
         """About ``samples_per_bucket`` polls per bucket, in whole minutes where possible."""
         interval = max(float(np.median(np.diff(times))), 1e-3)
-        width = min(max(interval * self.s.samples_per_bucket, self.s.bucket_min_seconds),
-                    self.s.bucket_max_seconds)
+        cfg = self.settings
+        width = min(max(interval * cfg.samples_per_bucket, cfg.bucket_min_seconds),
+                    self.settings.bucket_max_seconds)
         width = float(math.ceil(width / 60.0) * 60.0) if width >= 60 else width
         self.per_bucket = max(width / interval, 1.0)
         self._confirm, self._envelope = self._level_sizes()
@@ -279,23 +327,23 @@ class ChipDetector:
     def _level_sizes(self) -> tuple[int, int]:
         """Buckets on each side of a level shift needed to confirm it as a jump, and in a
         lower envelope; fixed with the bucket width, so computed once, not at every fit."""
-        confirm = max(self.s.jump_confirm_buckets,
-                      math.ceil(self.s.jump_confirm_polls / self.per_bucket))
-        return confirm, max(2, math.ceil(self.s.envelope_polls / self.per_bucket))
+        confirm = max(self.settings.jump_confirm_buckets,
+                      math.ceil(self.settings.jump_confirm_polls / self.per_bucket))
+        return confirm, max(2, math.ceil(self.settings.envelope_polls / self.per_bucket))
 
     def _segments(self, batch: np.ndarray) -> Iterator[tuple[np.ndarray, bool]]:
         """Split where time jumps ahead by a restart gap or goes back, or the step goes back;
         yields each piece and whether it starts after such a break."""
         t, st = batch[0], batch[1]
-        prev_t, prev_st = self._last if self._last else (t[0], math.nan)
+        prev_t, prev_st = self._last if self._last else _LastSample(t[0], math.nan)
         dt = np.diff(np.r_[prev_t, t])
         with np.errstate(invalid="ignore"):
             back = np.diff(np.r_[prev_st, st]) < 0
-        cut = (dt >= self.s.restart_gap_seconds) | (dt < 0) | back
+        cut = (dt >= self.settings.restart_gap_seconds) | (dt < 0) | back
         cut[0] |= self._last is None
-        self._last = (float(t[-1]), float(st[-1]))
+        self._last = _LastSample(float(t[-1]), float(st[-1]))
         bounds = np.unique(np.r_[0, np.flatnonzero(cut), len(t)])
-        for a, b in zip(bounds[:-1], bounds[1:]):
+        for a, b in zip(bounds[:-1], bounds[1:], strict=True):
             yield batch[:, a:b], bool(cut[a])
 
     def _add_segment(self, seg: np.ndarray) -> None:
@@ -306,24 +354,26 @@ class ChipDetector:
         ids, floors, peaks = g.ids.tolist(), g.floor.tolist(), g.peak.tolist()
         first_steps, last_steps = g.first_step.tolist(), g.last_step.tolist()
         trigger_times, trigger_steps = seg[0, g.first].tolist(), seg[1, g.first].tolist()
-        if self._open is not None and self._open[0] == ids[0]:  # the open bucket goes on
-            _, f0, p0, first_steps[0], _ = self._open
-            floors[0], peaks[0] = min(f0, floors[0]), max(p0, peaks[0])
+        open_bucket = self._open
+        if open_bucket is not None and open_bucket.bucket_id == ids[0]:  # it goes on
+            first_steps[0] = open_bucket.first_step
+            floors[0] = min(open_bucket.floor, floors[0])
+            peaks[0] = max(open_bucket.peak, peaks[0])
         else:
             self._close_open(trigger_times[0], trigger_steps[0])
         starts = (g.ids * self.width).tolist()
+        # every bucket but the last, which stays open
         for bucket in map(_Bucket._make, zip(starts[:-1], floors, peaks, first_steps, last_steps,
-                                             trigger_times[1:], trigger_steps[1:])):
+                                             trigger_times[1:], trigger_steps[1:], strict=False)):
             self._on_bucket(bucket)
-        self._open = (ids[-1], floors[-1], peaks[-1], first_steps[-1], last_steps[-1])
+        self._open = _OpenBucket(ids[-1], floors[-1], peaks[-1], first_steps[-1], last_steps[-1])
 
     def _close_open(self, trigger_time: float, trigger_step: float) -> None:
-        if self._open is None:
+        if self._open is None or self.width is None:
             return
-        bucket_id, floor, peak, first_step, last_step = self._open
-        self._open = None
-        self._on_bucket(_Bucket(bucket_id * self.width, floor, peak, first_step, last_step,
-                                trigger_time, trigger_step))
+        b, self._open = self._open, None
+        self._on_bucket(_Bucket(b.bucket_id * self.width, b.floor, b.peak, b.first_step,
+                                b.last_step, trigger_time, trigger_step))
 
     # ------------------------------------------------------------------ jobs
 
@@ -348,7 +398,7 @@ class ChipDetector:
         """A new job: the step went back, or the floor is far below where it was."""
         if b.first_step < job.last_step:  # False when either is unknown (NaN)
             return True
-        drop = self.s.restart_drop_fraction * (self.total or 0.0)
+        drop = self.settings.restart_drop_fraction * (self.total or 0.0)
         return job.last_floor is not None and b.floor < job.last_floor - drop
 
     def _warm_up(self, job: _Job, b: _Bucket) -> None:
@@ -357,8 +407,9 @@ class ChipDetector:
         age = b.start - job.start
         recent = job.warm_floors[-2:]
         settled = len(recent) == 2 and max(recent) - min(recent) <= \
-            self.s.step_change_min_fraction * (self.total or 0.0)
-        if age >= self.s.warmup_seconds and (settled or age >= self.s.warmup_max_seconds):
+            self.settings.step_change_min_fraction * (self.total or 0.0)
+        cfg = self.settings
+        if age >= cfg.warmup_seconds and (settled or age >= cfg.warmup_max_seconds):
             job.trend_start = b.start
             job.warm_floors = []
             self._trend_bucket(job, b)
@@ -372,7 +423,8 @@ class ChipDetector:
     # ------------------------------------------------------------------ level shifts
 
     def _jump_threshold(self, job: _Job) -> float:
-        return max(self.s.jump_sigmas * job.sigma, self.s.jump_min_fraction * (self.total or 0.0))
+        cfg = self.settings
+        return max(cfg.jump_sigmas * job.sigma, cfg.jump_min_fraction * (self.total or 0.0))
 
     def _update_jumps(self, job: _Job) -> None:
         """Refresh the noise scale and scan the boundaries that arrived since the last fit."""
@@ -407,9 +459,10 @@ class ChipDetector:
             self._set(_Said(Verdict.WARMING_UP, "job starting: compiling and loading", base), b)
             return
         span = b.start - job.trend_start
-        if span < self.s.min_window_seconds:
+        if span < self.settings.min_window_seconds:
             self._set(_Said(Verdict.INSUFFICIENT_DATA,
-                            f"{span / 60:.0f} of {self.s.min_window_seconds / 60:.0f} min of "
+                            f"{span / 60:.0f} of "
+                            f"{self.settings.min_window_seconds / 60:.0f} min of "
                             "floors since warm-up", dict(base, transient_bytes=job.transient)), b)
             return
         job.last_fit = b.start
@@ -420,8 +473,9 @@ class ChipDetector:
         """Whether a bucket at ``now``, in the trend phase, is assessed: at every bucket
         until a fit gave a verdict; then refit often while something grows, rarely on a
         flat floor (bounded CPU)."""
+        assert job.trend_start is not None and self.width is not None
         span = now - job.trend_start
-        if span < self.s.min_window_seconds or self._said.verdict in _UNFITTED:
+        if span < self.settings.min_window_seconds or self._said.verdict in _UNFITTED:
             return True
         if job.growing:
             interval = min(max(span / 16, self.width), 600.0)
@@ -431,11 +485,12 @@ class ChipDetector:
 
     def _set(self, said: _Said, b: _Bucket) -> None:
         self._said, self._assessment = said, None
+        if self.log is not None:
+            self.log.append((b.trigger_time, b.trigger_step, self.assessment))
         if said.verdict is Verdict.LEAK and self.alert is None:
-            self.alert = {"time": b.trigger_time,
-                          "step": None if math.isnan(b.trigger_step) else int(b.trigger_step),
-                          "predicted_oom_time": said.fields.get("predicted_oom_time"),
-                          "predicted_oom_step": said.fields.get("predicted_oom_step")}
+            # when it fired, and what was forecast and measured then: a post-mortem holds
+            # the forecast against the OOM that came
+            self.alert = leak_alert(b.trigger_time, b.trigger_step, self.assessment)
 
     def _choose_window(self, job: _Job, now: float) -> tuple[float, bool]:
         """The longest window, back to the trend start, whose growth does not accelerate
@@ -457,16 +512,17 @@ class ChipDetector:
             early, late = l2 - l1, l3 - l2
             # about 3 sigma of (l3 - l2) - (l2 - l1) for levels of n/3 floors each
             noise = 3 * 1.25 * job.sigma * math.sqrt(18.0 / len(y))
-            accelerating = late - early > max(noise, self.s.shape_change_fraction * abs(late))
-            if not accelerating or shorter < self.s.min_window_seconds:
-                slowing = early - late > max(noise, self.s.slowdown_fraction * early)
+            accelerating = late - early > max(noise,
+                                              self.settings.shape_change_fraction * abs(late))
+            if not accelerating or shorter < self.settings.min_window_seconds:
+                slowing = early - late > max(noise, self.settings.slowdown_fraction * early)
                 return start, early > 0 and slowing
             length = shorter
 
     def _fit(self, job: _Job, b: _Bucket, base: dict) -> _Said:
         now = b.start
         start, decelerating = self._choose_window(job, now)
-        data = job.history.window(start, self.s.fit_points)
+        data = job.history.window(start, self.settings.fit_points)
         pairs = PairwiseSlopes(data[0], job.corrected(data))
         fit = pairs.fit(now)
         if fit is None:
@@ -474,18 +530,23 @@ class ChipDetector:
         first = data.item(0, 0)
         window = now - first
         in_window = [j for j in job.jumps if j.time >= first]
-        continuous = fit.z >= self.s.z_threshold and fit.slope_low > 0
-        stair = self._staircase(in_window, now, window)
-        if stair and not continuous and not self._significant(data, now):
-            stair = 0.0
+        continuous = fit.z >= self.settings.z_threshold and fit.slope_low > 0
+        start = job.trend_start if job.trend_start is not None else first
+        stairs = find_staircase([j for j in job.jumps if j.time >= start], now,
+                                self.settings.staircase_min_jumps)
+        if stairs and not continuous and not self._significant(
+                job.history.window(now - stairs.span_seconds, self.settings.fit_points), now):
+            stairs = None
+        stair = stairs.growth if stairs else 0.0
+        stair_low, stair_high = stairs.growth_interval if stairs else (0.0, 0.0)
         job.growing = continuous or stair > 0
         job.slope = fit.slope if continuous else 0.0
         steps_per_second = self._step_rate(data)
         common = dict(base, floor_bytes=fit.level, transient_bytes=job.transient,
                       window_start=first, window_seconds=window, points=fit.n,
                       z=fit.z, jumps=len(in_window),
-                      **self._slopes(fit.slope + stair, fit.slope_low + stair,
-                                     fit.slope_high + stair, steps_per_second))
+                      **slope_fields(fit.slope + stair, fit.slope_low + stair_low,
+                                     fit.slope_high + stair_high, steps_per_second))
         rate = (fit.slope if continuous else 0.0) + stair
         if rate > 0 and continuous and not decelerating:
             rate = min(rate, self._recent_rate(pairs) + stair)
@@ -494,7 +555,8 @@ class ChipDetector:
             # job); the staircase itself goes on, so it alone is the leak's rate
             rate = stair
         if rate > 0 and (not decelerating or job.leaking or stair > 0):
-            return self._forecast(common, rate, steps_per_second, fit.level, job, window, b)
+            return self._forecast(common, rate, steps_per_second, fit.level, job, window, b,
+                                  stairs if stair and not continuous else None)
         job.leaking = False
         return self._no_leak(job, common, decelerating)
 
@@ -513,34 +575,10 @@ class ChipDetector:
         rate = (data.item(1, b) - data.item(1, a)) / elapsed if elapsed > 0 else 0.0
         return rate if rate > 0 else None
 
-    @staticmethod
-    def _slopes(per_s: float, low: float, high: float, steps_per_second: float | None) -> dict:
-        """Slopes per second and, where steps are known, per step (same fit, rescaled)."""
-        out = dict(slope_bytes_per_second=per_s, slope_bytes_per_second_low=low,
-                   slope_bytes_per_second_high=high)
-        if steps_per_second:
-            out.update(slope_bytes_per_step=per_s / steps_per_second,
-                       slope_bytes_per_step_low=low / steps_per_second,
-                       slope_bytes_per_step_high=high / steps_per_second)
-        return out
-
-    def _staircase(self, jumps: list[Jump], now: float, window: float) -> float:
-        """Growth per second from a staircase: upward jumps, evenly spaced (a retained
-        buffer every N steps), still going on; 0 for anything else."""
-        ups = [j for j in jumps if j.size > 0]
-        if len(ups) < self.s.staircase_min_jumps or len(ups) < 0.8 * len(jumps):
-            return 0.0
-        gaps = np.diff([j.time for j in ups])
-        spacing = float(np.median(gaps))
-        if spacing <= 0 or float(np.std(gaps)) > 0.5 * float(np.mean(gaps)) \
-                or now - ups[-1].time > 2.5 * spacing:
-            return 0.0
-        return sum(j.size for j in ups) / window
-
     def _significant(self, data: np.ndarray, now: float) -> bool:
         """Growth of the raw floors (jumps left in) is significant: a staircase must be."""
         raw = sen_mann_kendall(data[0], data[2], now)
-        return raw is not None and raw.z >= self.s.z_threshold and raw.slope_low > 0
+        return raw is not None and raw.z >= self.settings.z_threshold and raw.slope_low > 0
 
     @staticmethod
     def _recent_rate(pairs: PairwiseSlopes) -> float:
@@ -551,21 +589,30 @@ class ChipDetector:
         return sen[0]
 
     def _forecast(self, common: dict, rate: float, steps_per_second: float | None,
-                  level: float, job: _Job, window: float, b: _Bucket) -> _Said:
-        """When floor plus the largest transient seen reaches capacity, at this rate."""
+                  level: float, job: _Job, window: float, b: _Bucket,
+                  stairs: Staircase | None) -> _Said:
+        """When floor plus the largest transient seen reaches capacity, at this rate;
+        ``stairs`` when the growth is a staircase alone (the reason describes it)."""
         headroom = max((self.total or 0.0) - job.transient - level, 0.0)
         tto = headroom / rate
-        oom_step = None
+        fastest = max(rate, common["slope_bytes_per_second_high"])
+        slowest = min(rate, common["slope_bytes_per_second_low"])
+        ttos = (tto, headroom / fastest, headroom / slowest if slowest > 0 else None)
+        times = [None if t is None else b.start + t for t in ttos]
+        steps: list[float | None] = [None, None, None]
         if steps_per_second and not math.isnan(b.last_step):
-            oom_step = b.last_step + tto * steps_per_second
-        common = dict(common, predicted_oom_time=b.start + tto, predicted_oom_step=oom_step)
+            steps = [None if t is None else b.last_step + t * steps_per_second for t in ttos]
+        common = dict(common, predicted_oom_time=times[0], predicted_oom_time_low=times[1],
+                      predicted_oom_time_high=times[2], predicted_oom_step=steps[0],
+                      predicted_oom_step_low=steps[1], predicted_oom_step_high=steps[2])
         if not job.leaking:  # hysteresis: a leak stays one while growth stays significant
             why_not = self._not_a_leak_yet(job, tto, window)
             if why_not:
                 return _Said(Verdict.OK, why_not, common)
             job.leaking = True
         per = describe_growth(rate / steps_per_second if steps_per_second else None, rate * 3600)
-        return _Said(Verdict.LEAK, f"floor grows {per}; OOM in {tto / 3600:.1f} h", common)
+        growth = stairs.describe() if stairs else f"floor grows {per}"
+        return _Said(Verdict.LEAK, f"{growth}; OOM in {tto / 3600:.1f} h", common)
 
     def _not_a_leak_yet(self, job: _Job, tto: float, window: float) -> str | None:
         """Why growth that would OOM in ``tto`` seconds is not (yet) a leak; None if it is."""
@@ -573,16 +620,17 @@ class ChipDetector:
         if level_shifts.pending(self._detrended(job, recent), self._confirm, self._envelope,
                                 self._jump_threshold(job)):
             return "a level shift is being confirmed"
-        if tto <= self.s.horizon_seconds and tto <= self.s.max_extrapolation * window:
+        if tto <= self.settings.horizon_seconds and tto <= self.settings.max_extrapolation * window:
             return None
         return f"slow growth: OOM would take {tto / 3600:.0f} h"
 
     def _no_leak(self, job: _Job, common: dict, decelerating: bool) -> _Said:
-        big = [j for j in job.jumps if j.size >= self.s.step_change_min_fraction * (self.total or 0)]
+        least = self.settings.step_change_min_fraction * (self.total or 0)
+        big = [j for j in job.jumps if j.size >= least]
         if big:
             size = sum(j.size for j in big)
             return _Said(Verdict.STEP_CHANGE,
-                         f"{len(big)} permanent jump(s), {size / 1e9:.2f} GB in all; "
+                         f"{len(big)} permanent jump(s), {format_bytes(size)} in all; "
                          "flat otherwise", common)
         why = "growth is slowing down (saturating)" if decelerating else "no significant growth"
         return _Said(Verdict.OK, why, common)

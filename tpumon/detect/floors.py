@@ -63,7 +63,7 @@ class _Ring:
 
     def __setstate__(self, state: tuple[int, np.ndarray]) -> None:
         capacity, rows = state
-        self.__init__(capacity)
+        _Ring.__init__(self, capacity)
         self._data[:, :rows.shape[1]] = rows
         self._end = rows.shape[1]
 
@@ -133,7 +133,8 @@ class FloorHistory:
         if fine.shape[1] and fine[0, 0] <= start:
             return fine[:, fine[0].searchsorted(start):]
         coarse = self.coarse.view()
-        older = coarse[:, (coarse[0] >= start) & (coarse[0] < (fine[0, 0] if fine.shape[1] else np.inf))]
+        fine_start = fine[0, 0] if fine.shape[1] else np.inf
+        older = coarse[:, (coarse[0] >= start) & (coarse[0] < fine_start)]
         return np.concatenate([older, fine], axis=1) if older.shape[1] else fine
 
 

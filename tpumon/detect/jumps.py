@@ -45,12 +45,12 @@ def _second_lowest(values: list[float]) -> float:
     return sorted(values)[1]
 
 
-def _tolist(values: Sequence[float]) -> list[float]:
+def _tolist(values: Sequence[float] | np.ndarray) -> list[float]:
     return values.tolist() if isinstance(values, np.ndarray) else list(values)
 
 
-def scan(times: Sequence[float], steps: Sequence[float], floors: Sequence[float], first: int,
-         k: int, e: int, threshold: float) -> tuple[list[Jump], int]:
+def scan(times: Sequence[float], steps: Sequence[float], floors: Sequence[float] | np.ndarray,
+         first: int, k: int, e: int, threshold: float) -> tuple[list[Jump], int]:
     """Jumps at boundaries ``first``.. ``len - k``: ``k`` buckets confirm the new level on
     the right; on the left, up to ``k`` (fewer early in a job, but at least ``e``).
 
@@ -68,7 +68,7 @@ def scan(times: Sequence[float], steps: Sequence[float], floors: Sequence[float]
     shifts = [sorted(f[c:c + k])[1] - sorted(f[max(c - k, 0):c])[1] for c in boundaries]
     found: list[Jump] = []
     next_free = first
-    for c, shift in zip(boundaries, shifts):
+    for c, shift in zip(boundaries, shifts, strict=True):
         if c >= next_free and abs(shift) > threshold and _is_jump(f, c, k, e, shift):
             found.append(Jump(float(times[c]), float(steps[c]), shift))
             next_free = c + k
@@ -87,7 +87,7 @@ def _is_jump(f: list[float], c: int, k: int, e: int, shift: float) -> bool:
             and abs(left_rise) <= 0.3 * size and abs(right_rise) <= 0.3 * size)
 
 
-def pending(floors: Sequence[float], k: int, e: int, threshold: float) -> bool:
+def pending(floors: Sequence[float] | np.ndarray, k: int, e: int, threshold: float) -> bool:
     """A rise in the last ``k`` buckets, already ``e`` buckets long, that may yet be
     confirmed as a jump: until it is, a fit would mistake it for steep growth. (One
     bucket that reads high is noise, not the start of a jump.)"""

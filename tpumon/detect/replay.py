@@ -7,20 +7,34 @@ verdict at the end and the first moment the leak alert would have fired.
 
 from __future__ import annotations
 
+import itertools
 import math
+import os
+import re
+import time
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from tpumon.detect.detector import Assessment, ChipDetector, DetectorSettings
-from tpumon.trace import read_trace_columns
+from tpumon.detect.detector import (Assessment, ChipDetector, DetectorSettings, Verdict,
+                                    leak_alert)
+from tpumon.detect.pooling import pool_job
+from tpumon.trace import SeriesColumns, TraceFormatError, read_trace_columns
 
 
 def _opt(value: float | None, digits: int | None = None) -> float | int | None:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return None
     return round(value, digits) if digits is not None else value
+
+
+def _interval_per_hour(a: Assessment) -> list[float] | None:
+    """The 95 % interval of the floor's growth, bytes per hour."""
+    low, high = a.slope_bytes_per_second_low, a.slope_bytes_per_second_high
+    if low is None or high is None:
+        return None
+    return [round(low * 3600, 1), round(high * 3600, 1)]
 
 
 @dataclass(frozen=True)
@@ -32,6 +46,9 @@ class SeriesResult:
     samples: int
     assessment: Assessment
     alert: dict | None
+    #: the first sample after the alert with HBM all but full (time, step): where the OOM
+    #: came, to hold the forecast made at the alert against; None if HBM never filled
+    full_after_alert: dict | None = None
 
     @property
     def verdict(self) -> str:
@@ -47,19 +64,13 @@ class SeriesResult:
 
     @property
     def predicted_oom(self) -> dict | None:
-        a = self.assessment
-        if a.predicted_oom_time is None:
-            return None
-        step = a.predicted_oom_step
-        return {"time": round(a.predicted_oom_time, 3), "step": None if step is None else int(step)}
+        """The OOM forecast at the end of the trace, with its interval."""
+        return _forecast(vars(self.assessment))
 
     @property
     def alert_forecast(self) -> dict | None:
         """The OOM forecast as it stood when the alert fired (scored by the benchmark)."""
-        if self.alert is None or self.alert["predicted_oom_time"] is None:
-            return None
-        step = self.alert["predicted_oom_step"]
-        return {"time": self.alert["predicted_oom_time"], "step": None if step is None else int(step)}
+        return None if self.alert is None else _forecast(self.alert)
 
     def to_json(self) -> dict[str, Any]:
         a = self.assessment
@@ -67,14 +78,20 @@ class SeriesResult:
             "host": self.host,
             "chip": self.chip,
             "verdict": self.verdict,
-            "alert": None if self.alert is None else {"time": self.alert["time"],
-                                                      "step": self.alert["step"]},
+            "alert": None if self.alert is None else {
+                "time": self.alert["time"], "step": self.alert["step"],
+                "predicted_oom": self.alert_forecast,
+                "slope_bytes_per_step": _opt(self.alert["slope_bytes_per_step"], 3),
+                "slope_bytes_per_hour": _opt(None if self.alert["slope_bytes_per_second"] is None
+                                             else self.alert["slope_bytes_per_second"] * 3600, 1)},
             "slope_bytes_per_step": self.slope_bytes_per_step,
             "slope_bytes_per_hour": self.slope_bytes_per_hour,
             "predicted_oom": self.predicted_oom,
+            "hbm_full_after_alert": self.full_after_alert,
             "reason": a.reason,
             "floor_bytes": _opt(a.floor_bytes, 0),
-            "slope_bytes_per_hour_interval": None if a.slope_bytes_per_second_low is None else [
+            "slope_bytes_per_hour_interval": None if a.slope_bytes_per_second_low is None
+            or a.slope_bytes_per_second_high is None else [
                 round(a.slope_bytes_per_second_low * 3600, 1),
                 round(a.slope_bytes_per_second_high * 3600, 1)],
             "window_seconds": _opt(a.window_seconds, 1),
@@ -84,13 +101,137 @@ class SeriesResult:
         }
 
 
+def _forecast(fields: dict) -> dict | None:
+    """An OOM forecast (time, step) and its interval (earliest, latest; None where the growth's
+    lower bound is not above zero), from an assessment's or an alert's fields."""
+    if fields.get("predicted_oom_time") is None:
+        return None
+
+    def step(value: float | None) -> int | None:
+        return None if value is None else int(value)
+
+    def ms(value: float | None) -> float | None:
+        return None if value is None else round(value, 3)
+
+    return {"time": ms(fields["predicted_oom_time"]),
+            "step": step(fields["predicted_oom_step"]),
+            "interval": {"time": [ms(fields["predicted_oom_time_low"]),
+                                  ms(fields["predicted_oom_time_high"])],
+                         "step": [step(fields["predicted_oom_step_low"]),
+                                  step(fields["predicted_oom_step_high"])]}}
+
+
+def describe_forecast(fields: dict) -> str | None:
+    """An OOM forecast (an alert's or an assessment's fields) as people read it: "step
+    27,500 (26,900-28,200)", or a time (UTC) and its interval without steps; None if none."""
+    forecast = _forecast(fields)
+    if forecast is None:
+        return None
+
+    def when(unix: float | None) -> str:
+        return "?" if unix is None else time.strftime("%m-%d %H:%M", time.gmtime(unix))
+
+    if forecast["step"] is not None:
+        low, high = ("?" if s is None else f"{s:,}" for s in forecast["interval"]["step"])
+        return f"step {forecast['step']:,} ({low}-{high})"
+    low, high = (when(t) for t in forecast["interval"]["time"])
+    return f"{when(forecast['time'])} UTC ({low} to {high})"
+
+
+#: HBM in use at this share of capacity is full: the job is at its OOM.
+FULL_FRACTION = 0.98
+
+
+def full_after(alert: dict | None, times: np.ndarray, steps: np.ndarray, used: np.ndarray,
+               totals: np.ndarray) -> dict | None:
+    """The first sample at or after the alert with HBM at least FULL_FRACTION full."""
+    if alert is None:
+        return None
+    start = int(np.searchsorted(times, alert["time"]))
+    full = np.flatnonzero(used[start:] >= FULL_FRACTION * totals[start:])
+    if not len(full):
+        return None
+    i = start + int(full[0])
+    return {"time": float(times[i]), "step": None if math.isnan(steps[i]) else int(steps[i])}
+
+
 def replay_series(host: str, chip: str, times: np.ndarray, steps: np.ndarray,
                   used: np.ndarray, totals: np.ndarray,
                   settings: DetectorSettings | None = None) -> SeriesResult:
     """Run one detector over one series' arrays (the agent's code path, in one batch)."""
     detector = ChipDetector(settings)
     detector.update(times, steps, used, totals)
-    return SeriesResult(host, chip, len(times), detector.assessment, detector.alert)
+    return SeriesResult(host, chip, len(times), detector.assessment, detector.alert,
+                        full_after(detector.alert, times, steps, used, totals))
+
+
+def analyze_path(path: str, settings: DetectorSettings | None = None) -> list[SeriesResult]:
+    """``analyze_file`` of a trace file, or of every trace file (.csv, .jsonl, .parquet) in a
+    directory, in name order: a slice recorded one file per host, its chips pooled as one
+    job. A series in two files is an error."""
+    if path == "-" or not os.path.isdir(path):
+        return analyze_file(path, settings)
+    columns: dict[tuple[str, str], SeriesColumns] = {}
+    for name in sorted(n for n in os.listdir(path) if n.lower().endswith(TRACE_SUFFIXES)):
+        file = os.path.join(path, name)
+        for key, c in read_trace_columns(file).items():
+            if key in columns:
+                raise TraceFormatError(file, None, f"host {key[0]!r} chip {key[1]!r} is also "
+                                       "in an earlier file of the directory")
+            columns[key] = c
+    return replay_columns(columns, settings)
+
+
+#: What a trace file's name ends with, in a directory that ``analyze_path`` reads.
+TRACE_SUFFIXES = (".csv", ".jsonl", ".parquet")
+
+
+def replay_job(job: str, series: list[tuple[str, str, SeriesColumns]],
+               settings: DetectorSettings | None = None) -> list[SeriesResult]:
+    """Replay the chips of one job, each on its own detector, and share their evidence
+    (:mod:`tpumon.detect.pooling`) at every moment one of their assessments changed: what
+    the agent does at every poll, as pooled verdicts change only at those moments. A chip's
+    alert is the first moment its pooled verdict was ``leak``."""
+    if len(series) == 1:
+        host, chip, c = series[0]
+        return [replay_series(host, chip, c.times, c.steps, c.used, c.total, settings)]
+    detectors = []
+    for _, _, c in series:
+        detector = ChipDetector(settings)
+        detector.log = []
+        detector.update(c.times, c.steps, c.used, c.total)
+        detectors.append(detector)
+    events = sorted(((t, i, a) for i, d in enumerate(detectors) for t, _, a in d.log or ()),
+                    key=lambda e: (e[0], e[1]))
+    current: dict[str, Assessment] = {}
+    alerts: dict[str, dict] = {}
+    for moment, group in itertools.groupby(events, key=lambda e: e[0]):
+        for _, i, a in group:
+            current[str(i)] = a
+        if not any(a.verdict is Verdict.LEAK for a in current.values()):
+            continue
+        for name, a in pool_job(job, current).items():
+            if a.verdict is Verdict.LEAK and name not in alerts:
+                c = series[int(name)][2]
+                at = max(int(np.searchsorted(c.times, moment, side="right")) - 1, 0)
+                alerts[name] = leak_alert(moment, float(c.steps[at]), a)
+    final = pool_job(job, {str(i): d.assessment for i, d in enumerate(detectors)})
+    results = []
+    for i, (host, chip, c) in enumerate(series):
+        alert = alerts.get(str(i))
+        results.append(SeriesResult(host, chip, len(c.times), final[str(i)], alert,
+                                    full_after(alert, c.times, c.steps, c.used, c.total)))
+    return results
+
+
+#: A slice's hosts are named ``PREFIX-w-N``: the chips of a slice run one job.
+_WORKER = re.compile(r"-w-\d+$")
+
+
+def job_name(host: str) -> str:
+    """The job a host's chips belong to in a trace: its slice, else the host itself."""
+    prefix = _WORKER.sub("", host)
+    return f"slice {prefix}" if prefix != host else f"host {host}"
 
 
 def analyze_file(path: str, settings: DetectorSettings | None = None) -> list[SeriesResult]:
@@ -99,7 +240,17 @@ def analyze_file(path: str, settings: DetectorSettings | None = None) -> list[Se
     Raises TraceFormatError (with the line number) before any result exists, so a caller
     prints all or nothing.
     """
-    columns = read_trace_columns(path)
-    return [replay_series(host, chip, c.times, c.steps, c.used, c.total, settings)
-            for (host, chip), c in columns.items()]
+    return replay_columns(read_trace_columns(path), settings)
+
+
+def replay_columns(columns: dict[tuple[str, str], SeriesColumns],
+                   settings: DetectorSettings | None = None) -> list[SeriesResult]:
+    """Replay every series, the chips of each job (slice, or host) together, in the
+    columns' order."""
+    jobs: dict[str, list[tuple[str, str, SeriesColumns]]] = {}
+    for (host, chip), c in columns.items():
+        jobs.setdefault(job_name(host), []).append((host, chip, c))
+    by_key = {(r.host, r.chip): r for job, series in jobs.items()
+              for r in replay_job(job, series, settings)}
+    return [by_key[key] for key in columns]
 

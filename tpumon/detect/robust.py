@@ -51,7 +51,7 @@ def lower_quartiles(values: np.ndarray, bounds: Sequence[int]) -> list[float]:
     copy, each part sorted in place."""
     ordered = values.copy()
     out = []
-    for a, b in zip(bounds[:-1], bounds[1:]):
+    for a, b in zip(bounds[:-1], bounds[1:], strict=True):
         part = ordered[a:b]
         part.sort()
         out.append(part.item((b - a - 1) // 4))

@@ -13,7 +13,6 @@ that connects and sends nothing cannot stall the others.
 from __future__ import annotations
 
 import errno
-import html
 import json
 import logging
 import socket
@@ -24,6 +23,7 @@ import time
 from typing import Callable, Iterable
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
+import jinja2
 from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 
@@ -32,6 +32,7 @@ from tpumon.config import parse_listen_address, reachable_host
 from tpumon.exporters import snapshot_api
 from tpumon.exporters.webconfig import LiveWebConfig, protect
 from tpumon.state import Snapshot
+from tpumon.units import format_bytes
 from tpumon.status import status_document
 
 
@@ -58,34 +59,25 @@ class _QuietHandler(WSGIRequestHandler):
         pass
 
 
+_TEMPLATES = jinja2.Environment(loader=jinja2.PackageLoader("tpumon.exporters", "templates"),
+                                autoescape=True, undefined=jinja2.StrictUndefined)
+
+
 def landing_page(snap: Snapshot) -> str:
     """A small human page like node_exporter's: who am I, what do I see, where are metrics."""
-    rows = []
+    chips = []
     for chip in snap.chips():
         sample = snap.runtime.chips.get(chip) if snap.runtime else None
         a = snap.assessments.get(chip)
-        verdict = html.escape(f"{a.verdict.value}: {a.reason}") if a else ""
-        if sample is None:
-            rows.append(f"<tr><td>{html.escape(chip)}</td><td colspan=2>no data</td>"
-                        f"<td>{verdict}</td></tr>")
-            continue
-        total = sample.hbm_total_bytes or 0
-        pct = f"{100 * sample.hbm_used_bytes / total:.1f} %" if total else "?"
-        rows.append(f"<tr><td>{html.escape(chip)}</td>"
-                    f"<td>{sample.hbm_used_bytes / 2**30:.2f} / {total / 2**30:.2f} GiB</td>"
-                    f"<td>{pct}</td><td>{verdict}</td></tr>")
-    sources = "".join(
-        f"<li>{html.escape(h.name)}: {'up' if h.up else 'down: ' + html.escape(h.error or '')}</li>"
-        for h in snap.health)
-    ident = ", ".join(f"{k}={html.escape(v or '?')}" for k, v in snap.identity.labels().items())
-    return (
-        "<!DOCTYPE html><html><head><meta charset='utf-8'><title>tpumon</title></head><body>"
-        f"<h1>tpumon {html.escape(__version__)}</h1><p>{ident}</p>"
-        "<p><a href='/metrics'>Metrics</a> &middot; <a href='/api/status'>status (JSON)</a>"
-        " &middot; <a href='/report'>report</a></p>"
-        "<h2>Chips</h2><table><tr><th>chip</th><th>HBM</th><th>used</th><th>leak detector</th>"
-        f"</tr>{''.join(rows)}"
-        f"</table><h2>Sources</h2><ul>{sources}</ul></body></html>")
+        row = {"chip": chip, "hbm": None, "verdict": f"{a.verdict.value}: {a.reason}" if a else ""}
+        if sample is not None:
+            total = sample.hbm_total_bytes or 0
+            row["hbm"] = f"{format_bytes(sample.hbm_used_bytes)} / {format_bytes(total)}"
+            row["used"] = f"{100 * sample.hbm_used_bytes / total:.1f} %" if total else "?"
+        chips.append(row)
+    return _TEMPLATES.get_template("index.html.j2").render(
+        version=__version__, chips=chips, sources=snap.health,
+        identity=[(k, v) for k, v in snap.identity.labels().items() if v])  # known ones only
 
 
 def _app(registry: CollectorRegistry, get_snapshot: Callable[[], Snapshot],
@@ -112,6 +104,9 @@ def _app(registry: CollectorRegistry, get_snapshot: Callable[[], Snapshot],
         if path == "/-/healthy":
             start_response("200 OK", [("Content-Type", "text/plain")])
             return [b"OK\n"]
+        if path == "/favicon.ico":  # every browser asks; a 404 is a console error in each
+            start_response("204 No Content", [])
+            return []
         if path == "/report" and report is not None:
             status, body = report()
             kind = "text/html; charset=utf-8" if status.startswith("200") else "text/plain"
@@ -126,15 +121,19 @@ def _app(registry: CollectorRegistry, get_snapshot: Callable[[], Snapshot],
     return app
 
 
+#: What socketserver hands a server's request methods (a stream server's is a socket).
+_Request = socket.socket | tuple[bytes, socket.socket]
+
+
 class _Server(ThreadingWSGIServer):
     """prometheus-client's threading WSGI server, with TLS per connection when the web
     configuration has it, and quiet about clients that go away."""
 
     web: LiveWebConfig | None = None
 
-    def finish_request(self, request: socket.socket, client_address: tuple) -> None:
+    def finish_request(self, request: _Request, client_address: tuple) -> None:
         context = self.web.current()[1] if self.web is not None else None
-        if context is None:
+        if context is None or not isinstance(request, socket.socket):
             super().finish_request(request, client_address)
             return
         conn = _tls_accept(context, request, client_address)
@@ -145,7 +144,7 @@ class _Server(ThreadingWSGIServer):
         finally:
             _tls_close(conn)
 
-    def handle_error(self, request: object, client_address: tuple) -> None:
+    def handle_error(self, request: _Request, client_address: tuple) -> None:
         exc = sys.exc_info()[1]
         if isinstance(exc, OSError):  # a reset, a timeout, a TLS alert: the client's business
             log.debug("connection from %s: %s", client_address[0], exc)
@@ -246,8 +245,8 @@ class MetricsServer:
             self._server.base_environ["HTTPS"] = "on"  # wsgi.url_scheme
         threading.Thread(target=self._server.serve_forever, args=(IDLE_POLL,),
                          name="tpumon-http", daemon=True).start()
-        bound = self._server.server_address
-        return str(bound[0]), int(bound[1])
+        host, port = self._server.server_address[:2]
+        return str(host), int(port)
 
     def stop(self) -> None:
         """Stop serving (a request in progress finishes on its own thread), then close."""
@@ -264,8 +263,10 @@ class MetricsServer:
     def _wake(self) -> None:
         """Connect to the listening socket, so the serving loop, asleep in select() for
         up to IDLE_POLL, looks at its shutdown flag now."""
+        if self._server is None:
+            return
         host, port = self._server.server_address[:2]
         try:
-            socket.create_connection((reachable_host(host), port), timeout=1.0).close()
+            socket.create_connection((reachable_host(str(host)), port), timeout=1.0).close()
         except OSError:
             pass

@@ -1,6 +1,9 @@
-"""Prometheus metrics built from the agent's published snapshot at scrape time.
+"""Prometheus metrics built at scrape time, one collector per subsystem (as node_exporter's
+collectors): chips, detector, host, sources, reporters, alert settings and build info from
+the agent's published poll snapshot; the history store and the notifiers, where the agent
+has them, from their own health.
 
-A custom collector rather than long-lived Gauge objects: a chip or a process that goes
+Custom collectors rather than long-lived Gauge objects: a chip or a process that goes
 away simply stops being exported (no stale series to delete by hand), and a scrape reads
 one snapshot, so all values in one scrape come from the same poll. Every tpumon series
 carries the identity labels (host, worker, accelerator_type, slice): pod-wide rules and
@@ -11,7 +14,6 @@ from __future__ import annotations
 
 import platform
 from collections import Counter
-from importlib import metadata
 from typing import Callable, Iterator
 
 from prometheus_client import (CollectorRegistry, PlatformCollector, ProcessCollector,
@@ -19,9 +21,11 @@ from prometheus_client import (CollectorRegistry, PlatformCollector, ProcessColl
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from tpumon import __version__
-from tpumon.exporters.replay_metrics import replay_metrics
+from tpumon import __version__, package_version
 from tpumon.detect import Verdict
+from tpumon.exporters.job_ends import job_end_metrics
+from tpumon.exporters.replay_metrics import replay_metrics
+from tpumon.exporters.runtime_families import RuntimeMetricsCollector
 from tpumon.identity import LABELS
 from tpumon.notify.health import NotifierHealth
 from tpumon.notify.notifier import FAILURE_REASONS, GIVE_UP_REASONS
@@ -39,39 +43,29 @@ def _counter(name: str, doc: str, labels: list[str]) -> CounterMetricFamily:
     return CounterMetricFamily(name, doc, labels=IDENTITY + labels)
 
 
-def package_version(name: str) -> str:
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return "unknown"
+def _identity_values(snap: Snapshot) -> list[str]:
+    return [snap.identity.labels()[k] for k in IDENTITY]
 
 
-class SnapshotCollector(Collector):
-    """Yields tpumon's metrics from whatever snapshot ``get_snapshot`` returns now."""
+class _PollCollector(Collector):
+    """One subsystem's families, from the poll's snapshot: one scrape reads one snapshot,
+    so its values all come from the same poll."""
 
     def __init__(self, get_snapshot: Callable[[], Snapshot]) -> None:
         self._get_snapshot = get_snapshot
-        self._build = [__version__, package_version("tpu-info"), platform.python_version()]
 
     def collect(self) -> Iterator[Metric]:
         snap = self._get_snapshot()
-        ident = [snap.identity.labels()[k] for k in IDENTITY]
-        yield from self._chip_metrics(snap, ident)
-        yield from replay_metrics(snap, ident)
-        yield from self._detector_metrics(snap, ident)
-        yield from self._host_metrics(snap, ident)
-        yield from self._source_metrics(snap, ident)
-        if snap.store is not None:
-            yield from self._store_metrics(snap.store, ident)
-        if snap.reporter is not None:
-            yield from self._process_metrics(snap, ident)
-        yield from self._alert_metrics(snap, ident)
-        info = _gauge("tpumon_build_info", "tpumon build: always 1, versions in labels.",
-                      ["version", "tpu_info_version", "python_version"])
-        info.add_metric(ident + self._build, 1)
-        yield info
+        return self.families(snap, _identity_values(snap))
 
-    def _chip_metrics(self, snap: Snapshot, ident: list[str]) -> Iterator[Metric]:
+    def families(self, snap: Snapshot, ident: list[str]) -> Iterator[Metric]:
+        raise NotImplementedError
+
+
+class ChipCollector(_PollCollector):
+    """HBM, duty cycle, up and owner of each chip, as the runtime reported them."""
+
+    def families(self, snap: Snapshot, ident: list[str]) -> Iterator[Metric]:
         used = _gauge("tpumon_hbm_used_bytes", "HBM in use on the chip, as libtpu reports it.",
                       ["chip"])
         total = _gauge("tpumon_hbm_total_bytes", "HBM capacity of the chip.", ["chip"])
@@ -100,21 +94,29 @@ class SnapshotCollector(Collector):
                           "Chips (HBM devices) this VM should report; 0 when unknown.", [])
         expected.add_metric(ident, len(snap.inventory.devices))
         yield from (used, total, duty, up, owner, expected)
+        yield from replay_metrics(snap, ident)  # the clock of these very HBM samples
 
-    def _detector_metrics(self, snap: Snapshot, ident: list[str]) -> Iterator[Metric]:
-        """The leak detector's view of each chip: floor, growth, forecast, verdict."""
+
+class DetectorCollector(_PollCollector):
+    """The leak detector's view of each chip: floor, growth, forecast, verdict."""
+
+    def families(self, snap: Snapshot, ident: list[str]) -> Iterator[Metric]:
         gauges = {
-            "floor_bytes": _gauge("tpumon_hbm_floor_bytes",
-                                  "HBM floor under the in-step transients (fitted level).", ["chip"]),
-            "transient_bytes": _gauge("tpumon_hbm_transient_bytes",
-                                      "Largest in-step transient above the floor this job.", ["chip"]),
+            "floor_bytes": _gauge(
+                "tpumon_hbm_floor_bytes",
+                "HBM floor under the in-step transients (fitted level).", ["chip"]),
+            "transient_bytes": _gauge(
+                "tpumon_hbm_transient_bytes",
+                "Largest in-step transient above the floor this job.", ["chip"]),
             "slope_bytes_per_second": _gauge(
-                "tpumon_hbm_growth_bytes_per_second", "Growth of the floor (Sen's slope).", ["chip"]),
+                "tpumon_hbm_growth_bytes_per_second",
+                "Growth of the floor (Sen's slope).", ["chip"]),
             "slope_bytes_per_second_low": _gauge(
                 "tpumon_hbm_growth_lower_bound_bytes_per_second",
                 "Lower end of the 95% interval of the floor's growth.", ["chip"]),
             "slope_bytes_per_step": _gauge(
-                "tpumon_hbm_growth_bytes_per_step", "Growth of the floor per training step.", ["chip"]),
+                "tpumon_hbm_growth_bytes_per_step",
+                "Growth of the floor per training step.", ["chip"]),
             "predicted_oom_time": _gauge(
                 "tpumon_oom_predicted_timestamp_seconds",
                 "When floor plus the largest transient reaches capacity at the current growth.",
@@ -133,6 +135,8 @@ class SnapshotCollector(Collector):
         for chip, a in sorted(snap.assessments.items()):
             for attr, family in gauges.items():
                 value = getattr(a, attr)
+                if value is not None and attr == "predicted_oom_time":
+                    value = snap.wall_time_of(value)  # so that `- time()` is the time left
                 if value is not None:
                     family.add_metric(ident + [chip], value)
             for v in Verdict:
@@ -142,7 +146,11 @@ class SnapshotCollector(Collector):
         yield verdict
         yield restarts
 
-    def _host_metrics(self, snap: Snapshot, ident: list[str]) -> Iterator[Metric]:
+
+class HostCollector(_PollCollector):
+    """Host memory and the resident memory of the processes that own chips."""
+
+    def families(self, snap: Snapshot, ident: list[str]) -> Iterator[Metric]:
         host = snap.host
         if host is None:
             return
@@ -160,7 +168,12 @@ class SnapshotCollector(Collector):
             rss.add_metric(ident + [str(proc.pid), proc.name], proc.rss_bytes)
         yield rss
 
-    def _source_metrics(self, snap: Snapshot, ident: list[str]) -> Iterator[Metric]:
+
+class SourceCollector(_PollCollector):
+    """Each data source's last poll (node_exporter's scrape_collector_success and
+    _duration_seconds, per source), the runtime's ports and its unreadable entries."""
+
+    def families(self, snap: Snapshot, ident: list[str]) -> Iterator[Metric]:
         up = _gauge("tpumon_source_up", "1 if the source's last poll succeeded.", ["source"])
         polls = _counter("tpumon_source_polls", "Polls of the source.", ["source"])
         errors = _counter("tpumon_source_errors", "Failed polls of the source.", ["source"])
@@ -185,9 +198,26 @@ class SnapshotCollector(Collector):
         yield from (up, polls, errors, duration, last_ok, ports, malformed)
 
 
+class ReporterCollector(_PollCollector):
+    """Per reporting training process (tpumon.instrument), and the socket's counts."""
+
+    def families(self, snap: Snapshot, ident: list[str]) -> Iterator[Metric]:
+        if snap.reporter is None:
+            return
+        yield from self._processes(snap, ident)
+        received = _counter("tpumon_reporter_reports", "Reports received from training "
+                            "processes.", [])
+        received.add_metric(ident, snap.reporter.reports_total)
+        dropped = _counter("tpumon_reporter_dropped_reports", "Datagrams dropped by the "
+                           "agent, by reason (oversized, malformed, version, forbidden, backlog).",
+                           ["reason"])
+        for reason, count in snap.reporter.dropped_total.items():
+            dropped.add_metric(ident + [reason], count)
+        yield from (received, dropped)
+        yield from _tensor_growth_metrics(snap, ident)
+
     @staticmethod
-    def _process_metrics(snap: Snapshot, ident: list[str]) -> Iterator[Metric]:
-        """Per reporting training process (tpumon.instrument), and the socket's counts."""
+    def _processes(snap: Snapshot, ident: list[str]) -> Iterator[Metric]:
         labels = ["pid", "framework", "rank"]
         families = {
             "step": _gauge("tpumon_process_step", "Training step of the last report.", labels),
@@ -261,20 +291,13 @@ class SnapshotCollector(Collector):
             if found is not None:
                 cause.add_metric(ident + [chip, found.code], 1)
         yield cause
-        received = _counter("tpumon_reporter_reports", "Reports received from training "
-                            "processes.", [])
-        received.add_metric(ident, snap.reporter.reports_total)
-        dropped = _counter("tpumon_reporter_dropped_reports", "Datagrams dropped by the "
-                           "agent, by reason (oversized, malformed, version, forbidden, backlog).",
-                           ["reason"])
-        for reason, count in snap.reporter.dropped_total.items():
-            dropped.add_metric(ident + [reason], count)
-        yield from (received, dropped)
-        yield from _tensor_growth_metrics(snap, ident)
 
-    def _alert_metrics(self, snap: Snapshot, ident: list[str]) -> Iterator[Metric]:
-        """The alert thresholds this agent uses (the Prometheus rules compare against them,
-        so one configuration drives both paths) and its direct notifiers' counts."""
+
+class AlertSettingsCollector(_PollCollector):
+    """The alert thresholds this agent uses: the Prometheus rules compare against them, so
+    one configuration drives both paths."""
+
+    def families(self, snap: Snapshot, ident: list[str]) -> Iterator[Metric]:
         alerts = snap.alert_settings
         for name, doc, value in (
             ("tpumon_alert_oom_horizon_seconds", "Critical alert when a forecast OOM is "
@@ -288,11 +311,18 @@ class SnapshotCollector(Collector):
             family = _gauge(name, doc, [])
             family.add_metric(ident, value)
             yield family
-        if snap.notifier is not None:
-            yield from self._notifier_metrics(snap.notifier, ident)
 
-    @staticmethod
-    def _notifier_metrics(h: NotifierHealth, ident: list[str]) -> Iterator[Metric]:
+
+class NotifierCollector(Collector):
+    """The direct notifiers' (Slack, PagerDuty) deliveries and the alerts they hold, read
+    from the notifier itself at scrape time."""
+
+    def __init__(self, get_snapshot: Callable[[], Snapshot],
+                 health: Callable[[], NotifierHealth]) -> None:
+        self._get_snapshot, self._health = get_snapshot, health
+
+    def collect(self) -> Iterator[Metric]:
+        h, ident = self._health(), _identity_values(self._get_snapshot())
         up = _gauge("tpumon_notifier_up", "1 if the notifier's last delivery attempt "
                     "succeeded (or none was needed).", ["notifier"])
         pending = _gauge("tpumon_notifier_pending_notifications", "Notifications waiting in "
@@ -320,8 +350,16 @@ class SnapshotCollector(Collector):
             active.add_metric(ident + [name, severity], n)
         yield from (up, pending, delivered, failures, given_up, active)
 
-    @staticmethod
-    def _store_metrics(h: StoreHealth, ident: list[str]) -> Iterator[Metric]:
+
+class StoreCollector(Collector):
+    """The history store's writes, errors and size, read from the store at scrape time."""
+
+    def __init__(self, get_snapshot: Callable[[], Snapshot],
+                 health: Callable[[], StoreHealth]) -> None:
+        self._get_snapshot, self._health = get_snapshot, health
+
+    def collect(self) -> Iterator[Metric]:
+        h, ident = self._health(), _identity_values(self._get_snapshot())
         up = _gauge("tpumon_store_up", "1 if the history store's last write succeeded.", [])
         up.add_metric(ident, 1 if h.up else 0)
         error = _gauge("tpumon_store_error_info",
@@ -367,25 +405,68 @@ def _tensor_growth_metrics(snap: Snapshot, ident: list[str]) -> Iterator[Metric]
                    "snapshot pair of the process was completed.", ["pid", "framework"])
     for pid, state in snap.processes.items():
         result = snap.tensor_snapshot(pid)
-        if result is None or result.diff is None:
+        if result is None or result.diff is None or result.completed is None:
             continue
         key = ident + [str(pid), state.report.framework]
         taken.add_metric(key, result.completed)
         for g in result.diff.grown[:TOP_TENSOR_GROUPS]:
-            if g.count_per_step is not None:
-                count.add_metric(key + [g.label()], g.count_per_step)
-                size.add_metric(key + [g.label()], g.bytes_per_step)
+            per_count, per_bytes = g.count_per_step, g.bytes_per_step
+            if per_count is not None and per_bytes is not None:  # None: the same step
+                count.add_metric(key + [g.label()], per_count)
+                size.add_metric(key + [g.label()], per_bytes)
         share = result.diff.explained_fraction(snap.process_growth_per_step(pid))
         if share is not None:
             explained.add_metric(key, share)
     yield from (count, size, explained, taken)
 
 
-def build_registry(get_snapshot: Callable[[], Snapshot]) -> CollectorRegistry:
+class JobEndCollector(_PollCollector):
+    """Training jobs' ends (tpumon.job_ends)."""
+
+    def families(self, snap: Snapshot, ident: list[str]) -> Iterator[Metric]:
+        return job_end_metrics(snap, ident)
+
+
+class BuildInfoCollector(_PollCollector):
+    """tpumon_build_info: the versions tpumon runs with, in labels."""
+
+    def __init__(self, get_snapshot: Callable[[], Snapshot]) -> None:
+        super().__init__(get_snapshot)
+        self._build = [__version__, package_version("tpu-info"), platform.python_version()]
+
+    def families(self, snap: Snapshot, ident: list[str]) -> Iterator[Metric]:
+        info = _gauge("tpumon_build_info", "tpumon build: always 1, versions in labels.",
+                      ["version", "tpu_info_version", "python_version"])
+        info.add_metric(ident + self._build, 1)
+        yield info
+
+
+def register_collectors(registry: CollectorRegistry, get_snapshot: Callable[[], Snapshot],
+                        store_health: Callable[[], StoreHealth] | None = None,
+                        notifier_health: Callable[[], NotifierHealth] | None = None) -> None:
+    """tpumon's collectors, one per subsystem: the store's and the notifiers' only where
+    there is one, reading its own health."""
+    for collector in (ChipCollector, DetectorCollector, HostCollector, SourceCollector):
+        registry.register(collector(get_snapshot))
+    if store_health is not None:
+        registry.register(StoreCollector(get_snapshot, store_health))
+    registry.register(ReporterCollector(get_snapshot))
+    registry.register(AlertSettingsCollector(get_snapshot))
+    registry.register(JobEndCollector(get_snapshot))
+    if notifier_health is not None:
+        registry.register(NotifierCollector(get_snapshot, notifier_health))
+    registry.register(BuildInfoCollector(get_snapshot))
+
+
+def build_registry(get_snapshot: Callable[[], Snapshot],
+                   store_health: Callable[[], StoreHealth] | None = None,
+                   notifier_health: Callable[[], NotifierHealth] | None = None
+                   ) -> CollectorRegistry:
     """A registry with tpumon's metrics and the agent's own process and platform metrics."""
     disable_created_metrics()  # *_created gauges per histogram: noise for a per-VM agent
     registry = CollectorRegistry()
-    registry.register(SnapshotCollector(get_snapshot))
+    register_collectors(registry, get_snapshot, store_health, notifier_health)
+    registry.register(RuntimeMetricsCollector(get_snapshot))
     ProcessCollector(registry=registry)
     PlatformCollector(registry=registry)
     return registry

@@ -245,6 +245,26 @@ def _tls_settings(table: dict, base: Path, where: str) -> TLSSettings | None:
         raise ConfigError(f"{where}: {p}curve_preferences is not supported by tpumon "
                           "(Python's ssl module cannot set a list of curves); remove it to "
                           "use OpenSSL's defaults (X25519, P-256, P-384, P-521)")
+    versions = _tls_versions(table, p, where)
+    suites = _cipher_suites(table, p, where)
+    prefer = table.get("prefer_server_cipher_suites", True)
+    if not isinstance(prefer, bool):
+        raise ConfigError(f"{where}: {p}prefer_server_cipher_suites must be true or false")
+    if not (cert or key or auth or ca):
+        return None  # as in the exporter-toolkit: no TLS (other keys have no effect then)
+    if not cert:
+        raise ConfigError(f"{where}: {p}cert_file is missing")
+    if not key:
+        raise ConfigError(f"{where}: {p}key_file is missing")
+    _check_client_auth(auth, ca, p, where)
+    return TLSSettings(cert_file=base / cert, key_file=base / key,
+                       client_auth_type=auth or "NoClientCert",
+                       client_ca_file=base / ca if ca else None,
+                       min_version=versions["min_version"], max_version=versions["max_version"],
+                       cipher_suites=tuple(suites), prefer_server_cipher_suites=prefer)
+
+
+def _tls_versions(table: dict, p: str, where: str) -> dict[str, str]:
     versions = {}
     for name, default in (("min_version", "TLS12"), ("max_version", "TLS13")):
         value = _string(table, name, p, where) or default
@@ -257,6 +277,10 @@ def _tls_settings(table: dict, base: Path, where: str) -> TLSSettings | None:
         versions[name] = value
     if TLS_VERSIONS[versions["min_version"]] > TLS_VERSIONS[versions["max_version"]]:
         raise ConfigError(f"{where}: {p}min_version is above max_version")
+    return versions
+
+
+def _cipher_suites(table: dict, p: str, where: str) -> list[str]:
     suites = table.get("cipher_suites") or []
     if not isinstance(suites, list) or not all(isinstance(s, str) for s in suites):
         raise ConfigError(f"{where}: {p}cipher_suites must be a list of names")
@@ -265,15 +289,10 @@ def _tls_settings(table: dict, base: Path, where: str) -> TLSSettings | None:
             raise ConfigError(f"{where}: {p}cipher_suites: unknown or insecure cipher suite "
                               f"{suite!r} (Go's names, such as "
                               "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256)")
-    prefer = table.get("prefer_server_cipher_suites", True)
-    if not isinstance(prefer, bool):
-        raise ConfigError(f"{where}: {p}prefer_server_cipher_suites must be true or false")
-    if not (cert or key or auth or ca):
-        return None  # as in the exporter-toolkit: no TLS (other keys have no effect then)
-    if not cert:
-        raise ConfigError(f"{where}: {p}cert_file is missing")
-    if not key:
-        raise ConfigError(f"{where}: {p}key_file is missing")
+    return suites
+
+
+def _check_client_auth(auth: str, ca: str, p: str, where: str) -> None:
     if auth in UNSUPPORTED_CLIENT_AUTH:
         raise ConfigError(f"{where}: {p}client_auth_type {auth} is not supported by tpumon "
                           "(OpenSSL verifies every client certificate it asks for); use "
@@ -288,11 +307,6 @@ def _tls_settings(table: dict, base: Path, where: str) -> TLSSettings | None:
     if not ca and CLIENT_AUTH[auth] != ssl.CERT_NONE:
         raise ConfigError(f"{where}: {p}client_auth_type {auth} needs client_ca_file (tpumon "
                           "does not trust the system's CAs for client certificates)")
-    return TLSSettings(cert_file=base / cert, key_file=base / key,
-                       client_auth_type=auth or "NoClientCert",
-                       client_ca_file=base / ca if ca else None,
-                       min_version=versions["min_version"], max_version=versions["max_version"],
-                       cipher_suites=tuple(suites), prefer_server_cipher_suites=prefer)
 
 
 def _headers(table: dict, where: str) -> tuple[tuple[str, str], ...]:
@@ -474,7 +488,7 @@ class BasicAuth:
         user, password = credentials
         hashed = users.get(user)
         known = hashed is not None
-        hashed = hashed if known else _FAKE_HASH
+        hashed = hashed if hashed is not None else _FAKE_HASH
         key = hmac.new(self._secret, repr((user, hashed, password)).encode(),
                        hashlib.sha256).digest()
         with self._cache_lock:

@@ -72,7 +72,7 @@ class SiteTracker:
             return None
         codes, offsets = traceback.raw_frames()
         internal = self._namer.internal
-        for code, lasti in zip(codes, offsets):
+        for code, lasti in zip(codes, offsets, strict=True):
             if not internal(code.co_filename):
                 return self._namer.name(code.co_filename,
                                         _jaxlib.Traceback.code_addr2line(code, lasti))

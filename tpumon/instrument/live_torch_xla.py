@@ -39,6 +39,7 @@ import sys
 import threading
 import time
 import weakref
+from types import FrameType
 from typing import Any, Callable
 
 import torch
@@ -140,7 +141,8 @@ def addressable_bytes(shape: tuple[int, ...], itemsize: int, spec: str, local_de
     if tiles is None:  # maximal (one device), manual, or a form not known here
         return full
     dims = [int(d) for d in tiles.group(1).split(",") if d]
-    shard = [-(-size // max(t, 1)) for size, t in zip(shape, dims)] + list(shape[len(dims):])
+    shard = [-(-size // max(t, 1)) for size, t in zip(shape, dims, strict=False)]
+    shard += list(shape[len(dims):])
     return math.prod(shard) * itemsize * local_devices
 
 
@@ -156,6 +158,8 @@ class _Ref(weakref.ref):
     after construction: a Python ``__init__`` here would double the cost of a note."""
 
     __slots__ = ("key", "site")
+    key: int
+    site: str
 
 
 class SiteTracker:
@@ -234,7 +238,7 @@ class SiteTracker:
         the per-file verdicts are looked up inline, one dict get per frame."""
         namer = self._namer
         known = namer.verdicts
-        frame = sys._getframe(2)
+        frame: FrameType | None = sys._getframe(2)
         while frame is not None:
             filename = frame.f_code.co_filename
             internal = known.get(filename)

@@ -73,7 +73,7 @@ class Reporter:
         """Report after a training step (``step`` defaults to the number of calls)."""
         self._calls += 1
         if self._job is not None:
-            self._advance_job(self._calls if step is None else int(step))
+            self._advance_job(self._job, self._calls if step is None else int(step))
         if (self._calls - 1) % self.every:
             return
         now = time.monotonic()
@@ -98,8 +98,7 @@ class Reporter:
         if parsed is not None:
             self._job = SnapshotJob(*parsed)
 
-    def _advance_job(self, step: int) -> None:
-        job = self._job
+    def _advance_job(self, job: SnapshotJob, step: int) -> None:
         try:
             job.at_step(step, self.take_snapshot, self.start_tracking, self.stop_tracking,
                         self._sender.send)
@@ -144,6 +143,8 @@ class Reporter:
         return self._tracker
 
     def _live(self) -> Any:
+        if self.live_module is None:  # callers look first: a reporter without one
+            raise LookupError(f"{type(self).__name__} has no live-tensor module")
         return importlib.import_module(self.live_module)
 
     def encode(self, step: int) -> bytes:

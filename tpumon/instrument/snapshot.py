@@ -167,7 +167,7 @@ def _fit_groups(s: Snapshot, groups: list[TensorGroup], max_bytes: int,
     budget = max_bytes - len(_header(s, truncated + len(groups))) - 2
     if budget < 0:
         raise ValueError(f"max_bytes={max_bytes} is too small for a snapshot")
-    kept = []
+    kept: list[tuple[TensorGroup, list[tuple[str, int]]]] = []
     for g in groups:
         size = len(_group_json(g, [])) + (1 if kept else 0)
         if size > budget:
@@ -361,6 +361,7 @@ class SiteNamer:
         self._prefixes = tuple(d for d in dirs if d)
         self._stdlib = tuple({os.path.join(sysconfig.get_paths()[k], "")
                               for k in ("stdlib", "platstdlib")})
+        self._cwd: str | None
         try:
             self._cwd = os.path.join(os.getcwd(), "")
         except OSError:

@@ -54,6 +54,7 @@ class DatagramSender:
                 return None
             if self._from_agent(sender):
                 return data
+        return None
 
     def _from_agent(self, sender: object) -> bool:
         if sender == self.path:

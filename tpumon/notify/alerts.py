@@ -10,6 +10,7 @@ from paging twice.
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Iterable, Mapping
@@ -18,6 +19,8 @@ from tpumon.detect import Assessment, Verdict, describe_growth
 from tpumon.notify.settings import AlertSettings
 from tpumon.state import Snapshot
 
+log = logging.getLogger("tpumon.notify")
+
 LEAK = "TPUMonHBMLeakSuspected"
 OOM = "TPUMonOOMForecast"
 HIGH = "TPUMonHBMHigh"
@@ -25,7 +28,12 @@ STALLED = "TPUMonTrainingStalled"
 #: Conditions of the SPMD program rather than of one VM: every worker of a slice sees them
 #: at once, so they page once per slice (PagerDuty's dedup_key names the slice, not the host)
 SLICE_WIDE = (LEAK, OOM)
-SEVERITY = {LEAK: "warning", OOM: "critical", HIGH: "warning", STALLED: "warning"}
+ENDED = "TPUMonJobEnded"
+SEVERITY = {LEAK: "warning", OOM: "critical", HIGH: "warning", STALLED: "warning",
+            ENDED: "warning"}
+#: A job that died of memory pages; one that exited with memory far from full (often a run
+#: that finished) or of an unknown cause is a warning.
+END_SEVERITY = {"hbm_oom": "critical", "host_oom": "critical"}
 RAISE_AFTER = {HIGH: 300.0}  # seconds a condition must hold first; the others are sustained
 # by construction (a leak verdict needs 30 min of evidence; a stall is a duration itself)
 INCIDENT_OPEN = "incident_still_open"  # a resolve's detail: the shared incident stays open
@@ -99,6 +107,8 @@ def evaluate(snap: Snapshot, settings: AlertSettings) -> dict[str, Alert]:
                 found[alert.key] = alert
     for alert in _stalls(snap, settings):
         found[alert.key] = alert
+    for alert in _ends(snap, settings):
+        found[alert.key] = alert
     return found
 
 
@@ -115,6 +125,10 @@ def _alert(snap: Snapshot, name: str, subject: str, summary: str, details: dict,
                  report=settings.report_url.format(**fill))
 
 
+def _interval(low: float | None, high: float | None) -> list[float | None] | None:
+    return None if low is None and high is None else [low, high]
+
+
 def _chip_alerts(snap: Snapshot, chip: str, a: Assessment, now: float,
                  settings: AlertSettings) -> Iterable[Alert]:
     cause = snap.chip_cause(chip)
@@ -125,6 +139,11 @@ def _chip_alerts(snap: Snapshot, chip: str, a: Assessment, now: float,
                "growth_bytes_per_hour": a.slope_bytes_per_hour,
                "predicted_oom_time": a.predicted_oom_time,
                "predicted_oom_step": a.predicted_oom_step,
+               # the forecast's interval (earliest, latest) as it stands when the alert fires
+               "predicted_oom_time_interval": _interval(a.predicted_oom_time_low,
+                                                        a.predicted_oom_time_high),
+               "predicted_oom_step_interval": _interval(a.predicted_oom_step_low,
+                                                        a.predicted_oom_step_high),
                "cause": cause.code if cause else None, "cause_text": cause.text if cause else None}
     if a.verdict is Verdict.LEAK:
         growth = describe_growth(a.slope_bytes_per_step, a.slope_bytes_per_hour)
@@ -151,7 +170,7 @@ def _tensor_details(snap: Snapshot, chip: str, settings: AlertSettings) -> dict[
     (the agent asks for them when the leak is called; the warning waits a little)."""
     pid = snap.chip_processes.get(chip)
     state = snap.processes.get(pid) if pid is not None else None
-    if state is None:
+    if pid is None or state is None:
         return {}
     result = snap.tensor_snapshot(pid)
     coming = settings.wait_for_snapshots and state.report.snapshots and (
@@ -178,6 +197,17 @@ def _stalls(snap: Snapshot, settings: AlertSettings) -> Iterable[Alert]:
                           "hbm_held_bytes": held, "chips": ",".join(mine)}, settings)
 
 
+def _ends(snap: Snapshot, settings: AlertSettings) -> Iterable[Alert]:
+    """Each job that ended in the last hour: one notification an end (its key names the
+    pid and when it ended, so a later job under a reused pid is another)."""
+    for end in snap.job_ends:
+        alert = _alert(snap, ENDED, f"pid {end.pid} at {end.time:.0f}", end.summary(),
+                       {"pid": end.pid, "cause": end.cause, "step": end.view.step,
+                        "evidence": end.evidence, "forecast": end.forecast_comparison()},
+                       settings)
+        yield replace(alert, severity=END_SEVERITY.get(end.cause, "warning"))
+
+
 def _raise_after(alert: Alert) -> float:
     """Seconds the alert's condition must hold before it is raised."""
     if alert.name == LEAK and alert.details.get("tensors_pending"):
@@ -192,6 +222,27 @@ class Transition:
     action: str  # "trigger" or "resolve"
     alert: Alert
     time: float
+
+
+def log_transition(t: Transition) -> None:
+    """One log line per alert raised or resolved (a raise at WARNING: journalctl -p
+    warning shows it), whether or not a notifier delivers it anywhere."""
+    level = logging.WARNING if t.action == "trigger" else logging.INFO
+    log.log(level, "alert %s: %s on %s (%s): %s", t.action, t.alert.name, t.alert.subject,
+            t.alert.severity, t.alert.summary)
+
+
+class AlertLog:
+    """Alerts raised and resolved, with the notifier's hold-downs, only logged: what the
+    agent does when no Slack or PagerDuty is configured (then no notifier runs)."""
+
+    def __init__(self, settings: AlertSettings) -> None:
+        self._tracker = AlertTracker(settings)
+
+    def __call__(self, snap: Snapshot) -> None:
+        self._tracker.settings = snap.alert_settings  # follows a reload
+        for t in self._tracker.update(snap):
+            log_transition(t)
 
 
 class AlertTracker:

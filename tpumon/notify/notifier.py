@@ -23,7 +23,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence
 
-from tpumon.notify.alerts import AlertTracker, Transition
+from tpumon.notify.alerts import AlertTracker, Transition, log_transition
 from tpumon.notify.health import ChannelHealth, NotifierHealth
 from tpumon.notify.outbox import Event, Outbox
 from tpumon.notify.post import DELIVERED, REJECTED, Outcome, post_json
@@ -159,8 +159,7 @@ class Notifier:
             log.info("notification outbox: writing again")
             self._outbox_error = None
         for t in self._unsaved:
-            log.info("alert %s: %s on %s (%s): %s", t.action, t.alert.name, t.alert.subject,
-                     t.alert.severity, t.alert.summary)
+            log_transition(t)
         self._unsaved = []
         for name, p in self._progress.items():
             p.pending = self.outbox.pending_count(name)

@@ -13,7 +13,8 @@ from tpumon.notify.alerts import describe_duration
 from tpumon.notify.outbox import Event
 
 ICONS = {("trigger", "critical"): ":red_circle:", ("trigger", "warning"): ":warning:",
-         ("resolve", "critical"): ":white_check_mark:", ("resolve", "warning"): ":white_check_mark:"}
+         ("resolve", "critical"): ":white_check_mark:",
+         ("resolve", "warning"): ":white_check_mark:"}
 
 
 class SlackChannel:

@@ -237,7 +237,7 @@ def _slices(times: np.ndarray) -> Iterable[tuple[int, int]]:
     width = max(SLICE_SECONDS, span / MAX_SLICES)
     edges = times[0] + width * np.arange(1, math.ceil(span / width) + 1)
     bounds = np.unique(np.r_[0, times.searchsorted(edges, side="right"), len(times)])
-    return [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+    return [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:], strict=True) if b > a]
 
 
 def _jobs(starts: dict[float, float | None], end: float, times: np.ndarray,
@@ -309,10 +309,13 @@ def _excursions(times: np.ndarray, floors: np.ndarray, peaks: np.ndarray, jobs: 
 def _trend(r: ChipReport) -> Trend | None:
     """The fitted floor over the evidence window, with the 95 % band of its slope."""
     a = r.assessment
-    if a.window_start is None or a.slope_bytes_per_second is None or a.floor_bytes is None:
+    slope, slope_low, slope_high = (a.slope_bytes_per_second, a.slope_bytes_per_second_low,
+                                    a.slope_bytes_per_second_high)
+    if a.window_start is None or a.floor_bytes is None \
+            or slope is None or slope_low is None or slope_high is None:
         return None
     now = a.window_start + (a.window_seconds or 0.0)
-    level, slope = a.floor_bytes, a.slope_bytes_per_second
+    level = a.floor_bytes
     inside = [j for j in r.jumps if a.window_start <= j.time <= now]
     knots = [t for j in inside for t in (j.time - 1e-3, j.time)]
     times = np.unique(np.r_[np.linspace(a.window_start, now, 64), knots])
@@ -323,8 +326,8 @@ def _trend(r: ChipReport) -> Trend | None:
     shifted = straight - _later_jumps(inside, times)
     with_jumps = bool(inside) and _misfit(r, shifted, times) < _misfit(r, straight, times)
     value = shifted if with_jumps else straight
-    low = value + (a.slope_bytes_per_second_low - slope) * (times - now)
-    high = value + (a.slope_bytes_per_second_high - slope) * (times - now)
+    low = value + (slope_low - slope) * (times - now)
+    high = value + (slope_high - slope) * (times - now)
     return Trend(times, value, np.minimum(low, high), np.maximum(low, high), now, level,
                  with_jumps)
 
@@ -345,16 +348,16 @@ def _misfit(r: ChipReport, model: np.ndarray, times: np.ndarray) -> float:
 
 
 def _forecast(r: ChipReport) -> Forecast | None:
-    a = r.assessment
-    if a.predicted_oom_time is None or r.trend is None:
+    a, trend = r.assessment, r.trend
+    if a.predicted_oom_time is None or trend is None:
         return None
     limit = r.total - (a.transient_bytes or 0.0)
-    headroom = max(limit - r.trend.level, 0.0)
+    headroom = max(limit - trend.level, 0.0)
 
     def reach(slope: float | None) -> float | None:
-        return None if not slope or slope <= 0 else r.trend.now + headroom / slope
+        return None if not slope or slope <= 0 else trend.now + headroom / slope
 
-    return Forecast(r.trend.now, r.trend.level, a.predicted_oom_time, a.predicted_oom_step,
+    return Forecast(trend.now, trend.level, a.predicted_oom_time, a.predicted_oom_step,
                     limit, reach(a.slope_bytes_per_second_high),
                     reach(a.slope_bytes_per_second_low))
 

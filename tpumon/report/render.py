@@ -17,9 +17,10 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
-from tpumon.report.data import ChipReport, HostReport
+from tpumon.report.data import ChipReport, Forecast, HostReport
+from tpumon.units import format_bytes, format_span, utc
 
-GB = 1e9
+GiB = 2**30
 
 RAW = "#c9d6e3"
 FLOOR = "#1f4e79"
@@ -46,22 +47,13 @@ MAX_JUMP_LABELS = 4  # more jumps on a panel get one label for all
 
 # ------------------------------------------------------------------------- wording
 
-def utc(t: float, seconds: bool = False) -> str:
-    return time.strftime("%Y-%m-%d %H:%M" + (":%S" if seconds else ""), time.gmtime(t)) + " UTC"
-
-
 def hhmm(t: float) -> str:
     return time.strftime("%H:%M", time.gmtime(t))
 
 
 def size(b: float, signed: bool = False) -> str:
-    """Bytes as people read HBM: GB, MB or KB (decimal, like the detector's messages)."""
-    sign = ("+" if b > 0 else "-" if b < 0 else "") if signed else ("-" if b < 0 else "")
-    b = abs(b)
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if b >= scale:
-            return f"{sign}{b / scale:,.{2 if unit == 'GB' else 1}f} {unit}"
-    return f"{sign}{b:,.0f} B"
+    """Bytes as every tpumon output writes them (binary units: tpumon/units.py)."""
+    return format_bytes(b, signed=signed)
 
 
 def per_step(r: ChipReport) -> str | None:
@@ -116,7 +108,7 @@ def render_png(report: HostReport) -> bytes:
     axes = fig.subplots(n, 1, sharex=True, squeeze=False)[:, 0]
     t0 = report.start
     x_end = _x_end(report)
-    for ax, chip in zip(axes, report.chips):
+    for ax, chip in zip(axes, report.chips, strict=True):
         _panel(ax, chip, t0, x_end)
     axes[-1].set_xlim(0, (x_end - t0) / 3600)
     axes[-1].xaxis.set_major_locator(MaxNLocator(nbins=18, steps=[1, 2, 5, 10]))
@@ -124,7 +116,7 @@ def render_png(report: HostReport) -> bytes:
     _step_axis(axes[0], report, t0)
     identity = f"host {report.host}" + (f" (worker {report.worker})" if report.worker else "")
     fig.suptitle(f"tpumon report: {identity}, {n} chip{'s' if n != 1 else ''}, "
-                 f"{utc(report.start)} to {utc(report.end)} "
+                 f"{format_span(report.start, report.end)} "
                  f"({(report.end - report.start) / 3600:.1f} h)",
                  x=0.06, ha="left", y=1 - 0.12 / height, va="top", fontsize=14,
                  fontweight="bold")
@@ -149,17 +141,18 @@ def _x_end(report: HostReport) -> float:
 
 def _panel(ax, r: ChipReport, t0: float, x_end: float) -> None:
     h = lambda t: (np.asarray(t, dtype=float) - t0) / 3600  # noqa: E731
-    ax.fill_between(h(r.envelope_times), r.envelope_low / GB, r.envelope_high / GB,
+    ax.fill_between(h(r.envelope_times), r.envelope_low / GiB, r.envelope_high / GiB,
                     color=RAW, linewidth=0, step="mid", zorder=1)
     ft, fv = _broken(r.floor_times, r.floors, 1.5 * _bucket(r))
-    ax.plot(h(ft), fv / GB, color=FLOOR, linewidth=1.0, zorder=6, drawstyle="steps-post")
-    ax.axhline(r.total / GB, color="black", linewidth=1.3, zorder=2)
-    ax.text(0.998, r.total / GB, f"HBM {r.total / GB:.1f} GB ", transform=ax.get_yaxis_transform(),
+    ax.plot(h(ft), fv / GiB, color=FLOOR, linewidth=1.0, zorder=6, drawstyle="steps-post")
+    ax.axhline(r.total / GiB, color="black", linewidth=1.3, zorder=2)
+    ax.text(0.998, r.total / GiB, f"HBM {format_bytes(r.total)} ",
+            transform=ax.get_yaxis_transform(),
             va="bottom", ha="right", fontsize=8.5)
     bottom = _bottom(r)
-    ax.set_ylim(bottom, r.total / GB + 0.09 * (r.total / GB - bottom))
+    ax.set_ylim(bottom, r.total / GiB + 0.09 * (r.total / GiB - bottom))
     ax.yaxis.set_major_locator(MaxNLocator(nbins=5))
-    ax.set_ylabel("HBM (GB)", fontsize=10)
+    ax.set_ylabel("HBM (GiB)", fontsize=10)
     ax.grid(True, color="#e6e6e6", linewidth=0.6, zorder=0)
     ax.set_axisbelow(True)
     _ribbon(ax, r, h)
@@ -168,13 +161,13 @@ def _panel(ax, r: ChipReport, t0: float, x_end: float) -> None:
                    linewidth=0, zorder=1)
     if r.trend is not None:
         tr = r.trend
-        ax.fill_between(h(tr.times), tr.low / GB, tr.high / GB, color=TREND, alpha=0.25,
+        ax.fill_between(h(tr.times), tr.low / GiB, tr.high / GiB, color=TREND, alpha=0.25,
                         linewidth=0, zorder=4)
-        ax.plot(h(tr.times), tr.value / GB, color=TREND, linewidth=2.6, zorder=5)
+        ax.plot(h(tr.times), tr.value / GiB, color=TREND, linewidth=2.6, zorder=5)
     if r.forecast is not None:
-        _forecast(ax, r, h, x_end)
+        _forecast(ax, r, r.forecast, h, x_end)
     for e in r.excursions:
-        ax.plot(h(e.time), e.value / GB, marker="v" if e.drop else "^", markersize=5,
+        ax.plot(h(e.time), e.value / GiB, marker="v" if e.drop else "^", markersize=5,
                 color=EXCURSION, linestyle="none", zorder=3)
     labels: list[tuple[float, str, str]] = []
     for job in r.restarts:
@@ -183,12 +176,12 @@ def _panel(ax, r: ChipReport, t0: float, x_end: float) -> None:
         labels.append((float(h(job.start)), "restart" + (f" ({at})" if at else ""), RESTART))
     for j in r.jumps:
         after = _floor_after(r, j.time)
-        ax.plot(h(j.time), after / GB, marker="^" if j.size > 0 else "v", markersize=10,
+        ax.plot(h(j.time), after / GiB, marker="^" if j.size > 0 else "v", markersize=10,
                 color=JUMP, markeredgecolor="white", linestyle="none", zorder=7)
         if len(r.jumps) <= MAX_JUMP_LABELS:
             at = step_text(j.step)
             ax.annotate(f"jump {size(j.size, signed=True)}" + (f" ({at})" if at else ""),
-                        (float(h(j.time)), after / GB),
+                        (float(h(j.time)), after / GiB),
                         xytext=(6, 8 if j.size > 0 else -14), textcoords="offset points",
                         fontsize=8.5, color=JUMP, fontweight="bold", zorder=8)
     if len(r.jumps) > MAX_JUMP_LABELS:  # one label for them all
@@ -221,15 +214,15 @@ def _broken(times: np.ndarray, values: np.ndarray, gap: float) -> tuple[np.ndarr
 
 
 def _bottom(r: ChipReport) -> float:
-    """Bottom of the y axis (GB): a little under the lowest floor after warm-up, so the
+    """Bottom of the y axis (GiB): a little under the lowest floor after warm-up, so the
     floor's slope fills the panel; loading at the start of a job may go off the bottom."""
     trend = np.zeros(len(r.floor_times), dtype=bool)
     for job in r.jobs:
         if job.trend_start is not None:
             trend |= (r.floor_times >= job.trend_start) & (r.floor_times < job.end)
     floors = r.floors[trend] if trend.any() else r.floors
-    low = float(np.percentile(floors, 1)) / GB
-    return max(0.0, low - 0.25 * (r.total / GB - low))
+    low = float(np.percentile(floors, 1)) / GiB
+    return max(0.0, low - 0.25 * (r.total / GiB - low))
 
 
 def _floor_after(r: ChipReport, t: float) -> float:
@@ -247,29 +240,29 @@ def _ribbon(ax, r: ChipReport, h) -> None:
                    linewidth=0, zorder=2)
 
 
-def _forecast(ax, r: ChipReport, h, x_end: float) -> None:
-    f = r.forecast
-    ax.axhline(f.limit / GB, color=LIMIT, linestyle=":", linewidth=1.2, zorder=2)
-    ax.text(0.002, f.limit / GB, " OOM when the floor reaches this (HBM less the largest "
+def _forecast(ax, r: ChipReport, f: Forecast, h, x_end: float) -> None:
+    ax.axhline(f.limit / GiB, color=LIMIT, linestyle=":", linewidth=1.2, zorder=2)
+    ax.text(0.002, f.limit / GiB, " OOM when the floor reaches this (HBM less the largest "
             "transient)", transform=ax.get_yaxis_transform(), va="top", ha="left",
             fontsize=8, color=LIMIT)
     rate = (f.limit - f.level) / max(f.time - f.now, 1e-9)
     end = min(f.time, x_end)
     xs = np.array([f.now, end])
-    ax.plot(h(xs), (f.level + rate * (xs - f.now)) / GB, color=TREND, linestyle="--",
+    ax.plot(h(xs), (f.level + rate * (xs - f.now)) / GiB, color=TREND, linestyle="--",
             linewidth=2.0, zorder=5)
     # the slope's 95 % interval, carried forward from the last fit to the limit
     a = r.assessment
     future = np.linspace(f.now, x_end, 64)
     band = [np.minimum(f.level + s * (future - f.now), f.limit)
-            for s in (a.slope_bytes_per_second_low, a.slope_bytes_per_second_high)]
-    ax.fill_between(h(future), np.minimum(*band) / GB, np.maximum(*band) / GB, color=TREND,
+            for s in (a.slope_bytes_per_second_low, a.slope_bytes_per_second_high)
+            if s is not None]  # a forecast has a trend, and a trend both ends of the interval
+    ax.fill_between(h(future), np.minimum(*band) / GiB, np.maximum(*band) / GiB, color=TREND,
                     alpha=0.2, linewidth=0, zorder=4)
     for edge in band:  # its edges, so that a narrow band still shows
-        ax.plot(h(future), edge / GB, color=TREND, linewidth=0.7, alpha=0.7, zorder=4)
+        ax.plot(h(future), edge / GiB, color=TREND, linewidth=0.7, alpha=0.7, zorder=4)
     span_h = (x_end - r.start) / 3600
     if f.time <= x_end:
-        ax.plot(h(f.time), f.limit / GB, marker="X", markersize=13, color="black",
+        ax.plot(h(f.time), f.limit / GiB, marker="X", markersize=13, color="black",
                 markeredgecolor="white", zorder=9, linestyle="none")
         at = step_text(f.step)
         text = f"OOM {utc(f.time)}" + (f"\n{at}" if at else "") + _oom_range(f)
@@ -277,10 +270,10 @@ def _forecast(ax, r: ChipReport, h, x_end: float) -> None:
         # above the limit line (away from the forecast line coming up to it) where the
         # band between it and the HBM line is tall enough for the box, else below
         lines = text.count("\n") + 1
-        room = (ax.transData.transform((0, r.total / GB))[1]
-                - ax.transData.transform((0, f.limit / GB))[1]) * 72 / DPI
+        room = (ax.transData.transform((0, r.total / GiB))[1]
+                - ax.transData.transform((0, f.limit / GiB))[1]) * 72 / DPI
         above = room > 13 * lines + 12
-        ax.annotate(text, (float(h(f.time)), f.limit / GB),
+        ax.annotate(text, (float(h(f.time)), f.limit / GiB),
                     xytext=(10 if right_room else -14, 5 if above else -10),
                     textcoords="offset points", ha="left" if right_room else "right",
                     va="bottom" if above else "top", fontsize=9.5,
@@ -291,7 +284,7 @@ def _forecast(ax, r: ChipReport, h, x_end: float) -> None:
         y = f.level + rate * (x_end - f.now)
         at = step_text(f.step)
         ax.annotate(f"OOM {utc(f.time)}" + (f", {at}" if at else "") + " \u2192",
-                    (float(h(x_end)), y / GB), xytext=(-8, 8), textcoords="offset points",
+                    (float(h(x_end)), y / GiB), xytext=(-8, 8), textcoords="offset points",
                     ha="right", va="bottom", fontsize=9.5, fontweight="bold", zorder=9,
                     bbox=dict(boxstyle="round,pad=0.3", facecolor="white", edgecolor="black",
                               linewidth=0.8))

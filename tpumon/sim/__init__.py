@@ -1,1 +1,2 @@
-"""Simulated TPU workloads: what libtpu would report during long training runs, for tests and demos."""
+"""Simulated TPU workloads: what libtpu would report during long training runs, for tests
+and demos."""

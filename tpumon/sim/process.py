@@ -45,7 +45,7 @@ class SimulatorProcess:
 
 def spawn_simulator(scenario: str, chips: int, chip_type: str, acceleration: float,
                     seed: int, timeout: float = 30.0, report_to: str | None = None,
-                    max_lag: float = 0.0) -> SimulatorProcess:
+                    max_lag: float = 0.0, start_time: float | None = None) -> SimulatorProcess:
     """Start the child on free loopback ports and wait for its ready line; with
     ``report_to`` it also reports its step there, as an instrumented job would."""
     cmd = [sys.executable, "-m", "tpumon", "sim", "--listen", "127.0.0.1", "--port", "0",
@@ -54,6 +54,8 @@ def spawn_simulator(scenario: str, chips: int, chip_type: str, acceleration: flo
            "--exit-with-parent"]
     if report_to:
         cmd += ["--report-to", report_to]
+    if start_time is not None:
+        cmd += ["--start-time", repr(start_time)]
     env = {k: v for k, v in os.environ.items() if not k.startswith("TPUMON_")}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
     assert proc.stdout is not None

@@ -19,6 +19,8 @@ import grpc
 from tpu_info.proto import tpu_metric_service_pb2 as pb
 from tpu_info.proto import tpu_metric_service_pb2_grpc as pb_grpc
 
+from tpumon.sim.runtime_entries import device_attribute, gauge_entry
+from tpumon.sim.runtime_metrics import SERVED, RuntimeMetricsModel
 from tpumon.sim.workload import Workload, WorkloadSample
 from tpumon.sources.tpu_runtime import DUTY_CYCLE, TOTAL, USAGE
 
@@ -89,36 +91,42 @@ class SampleCache:
         with self._lock:
             now = time.monotonic()
             sim_now = self.clock.observe() if observed else self.clock.now()
-            stale = self._sample is None or now - self._taken > self._hold or \
-                abs(sim_now - self._sample.time) > self._hold * self.clock.acceleration
-            if stale:
-                self._sample = self.workload.sample(sim_now)
+            sample = self._sample
+            if sample is None or now - self._taken > self._hold or \
+                    abs(sim_now - sample.time) > self._hold * self.clock.acceleration:
+                sample = self._sample = self.workload.sample(sim_now)
                 self._taken = now
-            return self._sample
+            return sample
 
 
 def gauge_metric(device_id: int, value: int | float, timestamp: float | None = None) -> pb.Metric:
     """One entry of a runtime metric response, keyed by device id as libtpu does; stamped
     with the (simulated) time it describes when ``timestamp`` is given."""
-    gauge = pb.Gauge(as_int=value) if isinstance(value, int) else pb.Gauge(as_double=value)
-    metric = pb.Metric(attribute=pb.Attribute(key="device-id",
-                                              value=pb.AttrValue(int_attr=device_id)), gauge=gauge)
-    if timestamp is not None:
-        metric.timestamp.FromNanoseconds(int(timestamp * 1e9))
-    return metric
+    return gauge_entry(device_attribute(device_id), value, timestamp)
 
 
 class SimulatedRuntime(pb_grpc.RuntimeMetricServiceServicer):
-    """The service for one port, answering for the device ids this port owns."""
+    """The service for one port, answering for the device ids this port owns; the
+    megascale (DCN) metrics on one port only (``megascale``)."""
 
-    def __init__(self, samples: SampleCache, device_ids: list[int]) -> None:
+    def __init__(self, samples: SampleCache, device_ids: list[int],
+                 model: RuntimeMetricsModel | None = None, megascale: bool = False) -> None:
         self._samples = samples
         self._device_ids = device_ids
+        self._model = model
+        self._megascale = megascale
 
-    def GetRuntimeMetric(self, request: pb.MetricRequest, context: grpc.ServicerContext) -> pb.MetricResponse:
+    def GetRuntimeMetric(self, request: pb.MetricRequest,
+                         context: grpc.ServicerContext) -> pb.MetricResponse:
         sample = self._samples.current(observed=True)
         if not sample.runtime_up:
             context.abort(grpc.StatusCode.UNAVAILABLE, "runtime is not running")
+        if self._model is not None and request.metric_name in SERVED:
+            self._model.advance(sample)
+            entries = self._model.entries(request.metric_name, sample, self._device_ids,
+                                          self._megascale)
+            return pb.MetricResponse(metric=pb.TPUMetric(name=request.metric_name,
+                                                         metrics=entries))
         values = {
             USAGE: lambda d: sample.hbm_used_bytes[d],
             TOTAL: lambda d: sample.hbm_total_bytes,
@@ -131,8 +139,9 @@ class SimulatedRuntime(pb_grpc.RuntimeMetricServiceServicer):
 
     def ListSupportedMetrics(self, request: pb.ListSupportedMetricsRequest,
                              context: grpc.ServicerContext) -> pb.ListSupportedMetricsResponse:
+        names = (USAGE, TOTAL, DUTY_CYCLE) + (SERVED if self._model is not None else ())
         return pb.ListSupportedMetricsResponse(
-            supported_metric=[pb.SupportedMetric(metric_name=n) for n in (USAGE, TOTAL, DUTY_CYCLE)])
+            supported_metric=[pb.SupportedMetric(metric_name=n) for n in names])
 
 
 def split_devices(chips: int, ports: int) -> list[list[int]]:
@@ -146,6 +155,8 @@ class Simulator:
     def __init__(self, workload: Workload, clock: SimClock, host: str, ports: list[int],
                  chips: int) -> None:
         self.samples = SampleCache(workload, clock)
+        self.model = RuntimeMetricsModel(chips, workload.params.step_time_s,
+                                         seed=int(workload.params.step_time_s * 1e6))
         self.host = host
         self.ports = list(ports)
         self._devices = split_devices(chips, len(ports))
@@ -164,7 +175,8 @@ class Simulator:
     def _open(self, i: int) -> None:
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
         pb_grpc.add_RuntimeMetricServiceServicer_to_server(
-            SimulatedRuntime(self.samples, self._devices[i]), server)
+            SimulatedRuntime(self.samples, self._devices[i], self.model, megascale=i == 0),
+            server)
         bound = server.add_insecure_port(f"{self.host}:{self.ports[i]}")
         if bound == 0:
             raise OSError(f"cannot listen on {self.host}:{self.ports[i]}")

@@ -58,5 +58,5 @@ def generate_trace(
         s = workload.sample(t)
         if rng.random() < drop_probability or not s.runtime_up:
             continue
-        for chip, used in zip(chip_names, s.hbm_used_bytes):
+        for chip, used in zip(chip_names, s.hbm_used_bytes, strict=True):
             yield TraceRow(t, host, chip, s.step, used, s.hbm_total_bytes)

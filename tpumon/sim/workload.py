@@ -59,11 +59,12 @@ import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
-from typing import Union
+from typing import Any, Union
 
 __all__ = [
     "V4_HBM_TOTAL_BYTES",
     "Scenario",
+    "Params",
     "SCENARIOS",
     "WorkloadSample",
     "Job",
@@ -85,7 +86,7 @@ _FOOTPRINT_FIELDS = (
     "train_transient_bytes", "eval_transient_bytes", "eval_executable_bytes",
     "checkpoint_bytes", "cache_cap_bytes", "noise_bytes",
 )
-_NOT_DRAWN = ("name", "description", "leak_chips")
+_NOT_DRAWN = ("name", "description", "leak_chips", "stair_irregular")
 _NEVER = 1 << 60  # "every 0 steps" means never: a period no run reaches
 _SEARCH_STEPS = 10**13  # OOM search horizon, steps (centuries at any step time)
 
@@ -138,24 +139,110 @@ class Scenario:
     restarts: int = 0
     restart_after_s: Range = (7200.0, 14400.0)  # life of a job that gets restarted
     restart_downtime_s: Range = (120.0, 420.0)
+    # more faults (last, so that the draws of the fields above stay as they were)
+    stair_irregular: bool = False  # stairs at random steps (a Poisson process), not every N
+    leak_change_step: Range = 0  # steps after the onset at which the leak's rate changes
+    leak_change_factor: Range = 1.0  # the rate after the change, as a multiple of before
+    # runtime metrics (scalar defaults draw nothing, so older scenarios' seeds are unchanged)
+    stall_after_s: Range = 0.0  # training seconds into each job before a stall; 0: none
+    stall_s: Range = 300.0  # the stall: duty cycle near 0, the step held, HBM held
+    dcn_slow_after_s: Range = 0.0  # seconds into each job before DCN slows; 0: never
+    dcn_slowdown: Range = 4.0  # factor on this host's DCN latencies from then on
+    finish_after_s: Range = 0.0  # the (last) job exits cleanly this long after it starts; 0: never
+
+
+@dataclass(frozen=True)
+class Params:
+    """A :class:`Scenario` as one :class:`Workload` realised it: every range drawn (an int
+    where both bounds were ints), the program's footprint scaled to the chip's HBM."""
+
+    name: str
+    description: str
+    leak_chips: tuple[int, ...] | None
+    restarts: float  # an int unless a range with a float bound was given
+    step_time_s: float
+    step_rate_wobble: float
+    warmup_s: float
+    runtime_reserved_bytes: float
+    chip0_extra_bytes: float
+    chip_imbalance: float
+    weights_bytes: float
+    weight_chunks: float
+    executable_bytes: float
+    optimizer_ratio: float
+    train_transient_bytes: float
+    idle_fraction: float
+    eval_every_steps: float
+    eval_s: float
+    eval_transient_bytes: float
+    eval_executable_bytes: float
+    checkpoint_every_steps: float
+    checkpoint_s: float
+    checkpoint_bytes: float
+    cache_cap_bytes: float
+    cache_tau_s: float
+    noise_bytes: float
+    duty_train_pct: float
+    duty_eval_pct: float
+    leak_bytes_per_step: float
+    leak_chip_spread: float
+    leak_onset_step: float
+    stair_bytes: float
+    stair_every_steps: float
+    step_change_bytes: float
+    step_change_at_step: float
+    restart_after_s: float
+    restart_downtime_s: float
+    stair_irregular: bool
+    leak_change_step: float
+    leak_change_factor: float
+    stall_after_s: float
+    stall_s: float
+    dcn_slow_after_s: float
+    dcn_slowdown: float
+    finish_after_s: float
 
 
 SCENARIOS: dict[str, Scenario] = {
     s.name: s
     for s in (
-        Scenario("healthy", "No leak: warm-up, sawtooth, eval, checkpoints, a cache that saturates."),
-        Scenario("linear-leak", "Every chip's floor grows by ~150 KB per step until the job OOMs.",
+        Scenario("healthy",
+                 "No leak: warm-up, sawtooth, eval, checkpoints, a cache that saturates."),
+        Scenario("linear-leak", "Every chip's floor grows by 98-195 KiB per step (about 117 "
+                 "with the default seed) until the job OOMs.",
                  leak_bytes_per_step=(100_000, 200_000)),
+        Scenario("fast-leak", "Like linear-leak at 440-540 KiB per step (about 455 with the "
+                 "default seed): called within two hours of simulated time, OOM after "
+                 "about six (make demo's default).",
+                 leak_bytes_per_step=(450_000, 550_000)),
         Scenario("staircase-leak", "The floor jumps by a fixed amount every few hundred steps.",
                  stair_bytes=(48 * MiB, 80 * MiB), stair_every_steps=(400, 600)),
         Scenario("chip0-leak", "Only chip 0 leaks (SPMD imbalance); the other chips are healthy.",
                  leak_bytes_per_step=(100_000, 200_000), leak_chips=(0,)),
+        Scenario("irregular-staircase", "The floor jumps by 0.2-0.4 GB at random times "
+                 "(recompilations, a cache that never stops growing), flat between.",
+                 stair_bytes=(200 * MB, 400 * MB), stair_every_steps=(6000, 12000),
+                 stair_irregular=True),
+        Scenario("leak-rate-change", "A linear leak whose rate changes part-way (x1.5-3).",
+                 leak_bytes_per_step=(100_000, 200_000), leak_change_step=(5000, 20000),
+                 leak_change_factor=(1.5, 3.0)),
         Scenario("step-change", "One permanent jump of ~1.5 GB, flat before and after: not a leak.",
                  step_change_bytes=(1.2 * GB, 1.8 * GB)),
-        Scenario("job-restart", "Healthy job dies, runtime gone for minutes, restarts from a checkpoint.",
+        Scenario("job-exit",
+                 "Healthy job runs three hours and exits cleanly; nothing runs after it.",
+                 finish_after_s=3 * 3600.0),
+        Scenario("job-restart",
+                 "Healthy job dies, runtime gone for minutes, restarts from a checkpoint.",
                  restarts=1),
-        Scenario("saturating-cache", "Healthy run whose cache grows ~2 GB over hours, then saturates.",
+        Scenario("saturating-cache",
+                 "Healthy run whose cache grows ~2 GB over hours, then saturates.",
                  cache_cap_bytes=(1.5 * GB, 2.5 * GB), cache_tau_s=(5400.0, 10800.0)),
+        Scenario("stall", "Healthy job that stalls for minutes (a starved input pipeline, a hung "
+                 "collective): duty cycle near 0, the step held, HBM held.",
+                 stall_after_s=(1200.0, 2400.0), stall_s=(300.0, 600.0)),
+        Scenario("slow-dcn", "Healthy job whose DCN transfers on this host get 3-5x slower "
+                 "(a bad NIC, a congested link) while the rest of the slice stays fast.",
+                 dcn_slow_after_s=(1200.0, 2400.0), dcn_slowdown=(3.0, 5.0)),
     )
 }
 
@@ -170,6 +257,8 @@ class WorkloadSample:
     hbm_used_bytes: tuple[int, ...]  # per chip (empty when runtime down)
     hbm_total_bytes: int
     duty_cycle_pct: tuple[float, ...]  # per chip (empty when runtime down)
+    stalled: bool = False  # the job is in its stall (scenario "stall")
+    dcn_slowdown: float = 1.0  # factor on this host's DCN latencies now
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,7 +267,7 @@ class Job:
 
     start_time: float
     end_time: float  # math.inf if it never ends
-    end_reason: str | None  # "oom", "crash" (restarted) or None
+    end_reason: str | None  # "oom", "crash" (restarted), "exit" (finished) or None
     resume_step: int
     load_times: tuple[float, ...]  # seconds after start at which weight chunks finished loading
     load_fractions: tuple[float, ...]  # cumulative fraction of the weights loaded by then
@@ -220,7 +309,7 @@ class Workload:
         hbm_total_bytes: int = V4_HBM_TOTAL_BYTES,
         seed: int = 0,
         start_time: float = 0.0,
-        **overrides: object,
+        **overrides: Any,  # Scenario fields, of their types
     ) -> None:
         if isinstance(scenario, str):
             if scenario not in SCENARIOS:
@@ -237,6 +326,9 @@ class Workload:
         self._eval_every = _every(p.eval_every_steps)
         self._ckpt_every = _every(p.checkpoint_every_steps)
         self._stair_every = _every(p.stair_every_steps)
+        self._stair_steps = _poisson_steps(p.stair_every_steps, seed) if p.stair_irregular \
+            else None
+        self._leak_change = _every(p.leak_change_step)
         self._leak_onset = int(p.leak_onset_step)
         self._ckpt_steps = max(1, round(p.checkpoint_s / p.step_time_s))
         self._cycle_s = self._eval_every * p.step_time_s + p.eval_s
@@ -253,7 +345,7 @@ class Workload:
         return self._scenario
 
     @property
-    def params(self) -> Scenario:
+    def params(self) -> Params:
         """The scenario as realised for this seed: every range drawn, sizes scaled to the chip."""
         return self._params
 
@@ -276,6 +368,11 @@ class Workload:
         return last.end_time if last.end_reason == "oom" else None
 
     @property
+    def irregular_stair_steps(self) -> tuple[int, ...]:
+        """Steps after the leak's onset at which irregular stairs come; () if regular."""
+        return tuple(self._stair_steps or ())
+
+    @property
     def leak_bytes_per_step_by_chip(self) -> tuple[float, ...]:
         """Ground truth linear leak rate of each chip (0 where it does not leak)."""
         return tuple(c.leak for c in self._chips)
@@ -289,7 +386,8 @@ class Workload:
         job = self._job_at(t)
         if job is None:
             return WorkloadSample(t, False, None, (), self._total, ())
-        kind, n = self._locate(job, t)
+        stalled, t_job = self._stall(job, t)
+        kind, n = self._locate(job, t_job)
         floors = self._floors(job, kind, n)
         rand = self._rng.random
         if kind == _WARMUP:
@@ -308,17 +406,35 @@ class Workload:
             duty = [eval_duty + 6.0 * rand() - 3.0 for _ in self._chips]
         total = self._total
         used = tuple(
-            min(total, int(f + e + c.noise * rand())) for f, e, c in zip(floors, extras, self._chips)
+            min(total, int(f + e + c.noise * rand()))
+            for f, e, c in zip(floors, extras, self._chips, strict=True)
         )
-        step = job.resume_step + (0 if kind == _WARMUP else n)
-        return WorkloadSample(t, True, step, used, total, tuple(min(100.0, max(0.0, d)) for d in duty))
+        step = job.resume_step + (0 if kind == _WARMUP else int(n))
+        if stalled:
+            duty = [1.5 * rand() for _ in duty]
+        p = self._params
+        slow = p.dcn_slowdown if 0 < p.dcn_slow_after_s <= t - job.start_time else 1.0
+        return WorkloadSample(t, True, step, used, total,
+                              tuple(min(100.0, max(0.0, d)) for d in duty), stalled, slow)
+
+    def _stall(self, job: Job, t: float) -> tuple[bool, float]:
+        """Whether the job is in its stall at ``t``, and the time its steps and memory are
+        read at: held at the stall's start during it, ``stall_s`` behind after it (the
+        scenario has no leak, so the OOM search need not know)."""
+        p = self._params
+        if p.stall_after_s <= 0:
+            return False, t
+        begin = job.start_time + p.warmup_s + p.stall_after_s
+        if t < begin:
+            return False, t
+        return (True, begin) if t < begin + p.stall_s else (False, t - p.stall_s)
 
     def floor_bytes(self, t: float) -> tuple[int, ...]:
         """Ground truth floor per chip at ``t`` (no transients, no noise); empty when down."""
         job = self._job_at(t)
         if job is None:
             return ()
-        kind, n = self._locate(job, t)
+        kind, n = self._locate(job, self._stall(job, t)[1])
         return tuple(int(f) for f in self._floors(job, kind, n))
 
     # ------------------------------------------------------------ time -> state
@@ -370,8 +486,11 @@ class Workload:
         cache = -math.expm1(-n / self._cache_tau_steps)
         optimizer = n >= 1
         evaluated = n >= self._eval_every
-        leaked = max(0, n - self._leak_onset)  # steps leaked so far: a leak can start mid-run
-        stairs = leaked // self._stair_every
+        steps = max(0, n - self._leak_onset)  # steps leaked so far: a leak can start mid-run
+        stairs = steps // self._stair_every if self._stair_steps is None else \
+            bisect.bisect_right(self._stair_steps, steps)
+        # a rate that changes part-way: steps after the change leak at factor x the rate
+        leaked = steps + (self._params.leak_change_factor - 1.0) * max(0, steps - self._leak_change)
         jumped = n >= self._params.step_change_at_step
         return [
             c.static + c.optimizer * optimizer + c.cache * cache + c.eval_executable * evaluated
@@ -395,7 +514,10 @@ class Workload:
                 jobs.append(replace(job, end_time=oom, end_reason="oom"))
                 break
             if planned_end == math.inf:
-                jobs.append(job)
+                finish = begin + p.finish_after_s if p.finish_after_s > 0 else math.inf
+                finished = finish < math.inf and (oom is None or finish < oom)
+                jobs.append(replace(job, end_time=finish, end_reason="exit") if finished
+                            else job)
                 break
             jobs.append(replace(job, end_time=planned_end, end_reason="crash"))
             kind, n = self._locate(job, planned_end)
@@ -430,7 +552,8 @@ class Workload:
         st, cycle = self._params.step_time_s, self._cycle_s
 
         def over(n: int, extra: Callable[[_Chip], float]) -> bool:
-            return any(f + extra(c) > total for f, c in zip(self._train_floors(n), chips))
+            floors = self._train_floors(n)
+            return any(f + extra(c) > total for f, c in zip(floors, chips, strict=True))
 
         def train_clock(n: int) -> float:
             return (n // E) * cycle + (n % E) * st
@@ -465,28 +588,31 @@ def _draw(value: Range, rng: random.Random) -> float:
     return rng.uniform(low, high)
 
 
-def _realize(scenario: Scenario, rng: random.Random, scale: float) -> Scenario:
+def _realize(scenario: Scenario, rng: random.Random, scale: float) -> Params:
     drawn = {f.name: _draw(getattr(scenario, f.name), rng)
              for f in fields(scenario) if f.name not in _NOT_DRAWN}
     for name in _FOOTPRINT_FIELDS:
         drawn[name] = int(drawn[name] * scale)
-    p = replace(scenario, **drawn)
+    p = Params(name=scenario.name, description=scenario.description,
+               leak_chips=scenario.leak_chips, stair_irregular=scenario.stair_irregular,
+               **drawn)
     _validate(p)
     return p
 
 
-def _validate(p: Scenario) -> None:
+def _validate(p: Params) -> None:
     if p.step_time_s <= 0 or p.warmup_s < 0 or p.eval_s < 0 or p.checkpoint_s < 0:
         raise ValueError("step_time_s must be positive and durations non-negative")
     for name in ("leak_bytes_per_step", "stair_bytes", "step_change_bytes", "restarts",
-                 "leak_onset_step", "eval_every_steps", "checkpoint_every_steps", "stair_every_steps"):
+                 "leak_onset_step", "eval_every_steps", "checkpoint_every_steps",
+                 "stair_every_steps"):
         if getattr(p, name) < 0:
             raise ValueError(f"{name} must not be negative (the floor only grows within a job)")
     if not 0 <= p.idle_fraction < 1 or not 0 <= p.step_rate_wobble < 0.5:
         raise ValueError("idle_fraction must be in [0, 1) and step_rate_wobble in [0, 0.5)")
 
 
-def _make_chips(p: Scenario, chips: int, rng: random.Random) -> tuple[_Chip, ...]:
+def _make_chips(p: Params, chips: int, rng: random.Random) -> tuple[_Chip, ...]:
     leaking = range(chips) if p.leak_chips is None else p.leak_chips
     result = []
     for i in range(chips):
@@ -521,6 +647,16 @@ def _wobble_terms(amplitude: float, rng: random.Random) -> tuple[tuple[float, fl
         omega = 2 * math.pi / rng.uniform(lo, hi)
         terms.append((amplitude * share / omega, omega, rng.uniform(0, 2 * math.pi)))
     return tuple(terms)
+
+
+def _poisson_steps(every: float, seed: int, count: int = 4096) -> list[int]:
+    """Steps (after the onset) of ``count`` stairs at random, on average ``every`` apart."""
+    rng = random.Random(f"tpumon-sim:{seed}:stairs")
+    steps, n = [], 0.0
+    for _ in range(count):
+        n += rng.expovariate(1.0 / max(every, 1.0))
+        steps.append(max(int(n), 1))
+    return steps
 
 
 def _every(steps: float) -> int:

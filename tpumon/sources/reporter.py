@@ -30,7 +30,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Collection, Mapping, NamedTuple
+from typing import Any, Collection, Literal, Mapping, NamedTuple, overload
 
 from tpumon.instrument.protocol import (MAX_DATAGRAM, MAX_SNAPSHOT_DATAGRAM, PART,
                                        PROTOCOL_VERSION, encode_request, parse_part)
@@ -114,6 +114,10 @@ def parse_report(payload: bytes, pid: int, uid: int, received: float) -> Process
         framework_version=None if doc.get("fv") is None else _text(doc.get("fv")))
 
 
+@overload
+def _count(value: Any, required: Literal[True]) -> int: ...
+@overload
+def _count(value: Any, required: bool = False) -> int | None: ...
 def _count(value: Any, required: bool = False) -> int | None:
     if value is None and not required:
         return None
@@ -254,8 +258,8 @@ class ReporterSocket:
         sock.bind(str(self.path))
         os.chmod(self.path, 0o666)
         self._sock = sock
-        self._thread = threading.Thread(target=self._receive, name="tpumon-reporter",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._receive, args=(sock,),
+                                        name="tpumon-reporter", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
@@ -321,9 +325,11 @@ class ReporterSocket:
             if request_id is None:
                 return self._requests.results[pid]  # the open one
             try:
+                if self._sock is None:
+                    raise OSError("the agent is stopping")
                 self._sock.sendto(encode_request(request_id, steps, sites),
                                   socket.MSG_DONTWAIT, address)
-            except (OSError, AttributeError) as exc:  # queue full, process gone, stopped
+            except OSError as exc:  # queue full, process gone, stopped
                 self._requests.cancel(request_id, f"could not ask: {exc}", now)
             return self._requests.results[pid]
 
@@ -333,10 +339,9 @@ class ReporterSocket:
             return False
         return silent > SILENT_MAX_SECONDS or not pid_alive(pid)
 
-    def _receive(self) -> None:
+    def _receive(self, sock: socket.socket) -> None:
         """Take datagrams off the socket for the next poll, paced by :class:`Pacer`:
         blocking for one, or sleeping and then taking all that wait."""
-        sock = self._sock
         pacer = Pacer(kernel_queue_length())
         looking = False
         while not self._stopping.is_set():

@@ -1,4 +1,5 @@
-"""HBM and duty cycle per chip from libtpu's runtime metric service (what tpu-info reads).
+"""HBM, duty cycle and the runtime's other metrics from libtpu's runtime metric service
+(what tpu-info reads).
 
 Built on the gRPC stubs that ship in the tpu-info wheel and on its metric names, but
 sturdier than ``tpu_info.metrics.get_chip_usage``, which an agent cannot afford:
@@ -9,7 +10,11 @@ sturdier than ``tpu_info.metrics.get_chip_usage``, which an agent cannot afford:
 * one channel per port lives as long as the source; gRPC reconnects it by itself (with a
   short back-off) when the next job starts, so "no runtime between jobs" heals unaided;
 * answers are matched by device id, not list position, and a partial answer (fewer devices
-  than chips, or a metric missing for one chip) is handled chip by chip.
+  than chips, or a metric missing for one chip) is handled chip by chip;
+* each port is asked which metrics it serves (``ListSupportedMetrics``) when it first
+  answers and again after it comes back (a runtime restart may be another libtpu); of those,
+  the ones in :data:`~tpumon.sources.runtime_catalog.CATALOG` are asked with the slow
+  metrics (every ``slow_interval``), one call each, a failure costing that metric only.
 """
 
 from __future__ import annotations
@@ -26,7 +31,9 @@ from tpu_info.metrics import MetricName
 from tpu_info.proto import tpu_metric_service_pb2 as pb
 from tpu_info.proto import tpu_metric_service_pb2_grpc as pb_grpc
 
-from tpumon.samples import ChipSample, RuntimeReading, chip_sort_key
+from tpumon.samples import ChipSample, Histogram, RuntimeReading, RuntimeSeries, chip_sort_key
+from tpumon.sources.runtime_catalog import BY_RUNTIME_NAME, MetricSpec, entry_key, \
+    gauge_value, histogram_of
 from tpumon.sources.chips import ChipInventory
 from tpumon.sources.health import SourceUnavailable
 
@@ -49,6 +56,9 @@ CHANNEL_OPTIONS = (
     ("grpc.http2.bdp_probe", 0),
 )
 
+
+# one readable entry of a catalogue metric: its spec, label values, gauge value or histogram
+_Entry = tuple[MetricSpec, tuple[str, ...], "float | Histogram"]
 
 _DIGITS = re.compile(r"[0-9]{1,18}")  # a device id as text: ASCII digits, within int64
 
@@ -161,6 +171,10 @@ class TpuRuntimeSource:
         self._seen: set[str] = set()
         self._last_total: dict[str, int] = {}
         self._per_process = False
+        self._slow_round = False  # this poll asked for the slow metrics
+        self._supported: dict[int, frozenset[str] | None] = {p: None for p in self.ports}
+        self._extras: dict[int, dict[str, list[_Entry]]] = {}  # port -> metric -> entries
+        self._series: tuple[RuntimeSeries, ...] = ()
         self._channels = {port: self._channel(port) for port in self.ports}
         self._stubs = {port: pb_grpc.RuntimeMetricServiceStub(ch)
                        for port, ch in self._channels.items()}
@@ -187,22 +201,132 @@ class TpuRuntimeSource:
         now = max(self._stamps) if self._runtime_clock and self._stamps else self._clock()
         self.ports_up = {a.port: a.usage is not None for a in answers}
         live = [a for a in answers if a.usage is not None]
+        self._forget_ports_down()
         if not live:
             raise SourceUnavailable("; ".join(a.error or "" for a in answers))
         chips = self._merge(live)
         self._seen.update(chips)
         expected = self.inventory.devices or sorted(self._seen, key=chip_sort_key)
         missing = tuple(c for c in expected if c not in chips)
-        return RuntimeReading(now, chips, missing)
+        if self._list_supported() or self._slow_round:
+            self._ask_extras()
+        return RuntimeReading(now, chips, missing, self._series, self.supported_metrics)
+
+    @property
+    def supported_metrics(self) -> tuple[str, ...]:
+        """Every metric name some port said it serves, sorted (empty until one said)."""
+        return tuple(sorted(set().union(*(s for s in self._supported.values() if s))))
+
+    def _forget_ports_down(self) -> None:
+        """A port that stopped answering: its list of metrics is asked again when it is back
+        (the runtime restarted, maybe another libtpu) and its last values are dropped."""
+        for port, up in self.ports_up.items():
+            if not up and (self._supported[port] is not None or port in self._extras):
+                self._supported[port] = None
+                self._extras.pop(port, None)
+                self._series = self._build_series()
+
+    def _list_supported(self) -> bool:
+        """Ask each answering port that has not said yet which metrics it serves; True if one
+        said (its metrics are then asked at once). A runtime without ListSupportedMetrics
+        (UNIMPLEMENTED) is served the three core metrics only; another failure is asked
+        again next poll."""
+        listed = False
+        for port, up in self.ports_up.items():
+            if not up or self._supported[port] is not None:
+                continue
+            try:
+                answer = self._stubs[port].ListSupportedMetrics(
+                    pb.ListSupportedMetricsRequest(), timeout=self.timeout)
+            except grpc.RpcError as exc:
+                if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                    self._supported[port] = frozenset(METRICS)
+                else:
+                    log.info("ListSupportedMetrics: %s", _describe(exc, self.target(port),
+                                                                   self.timeout))
+                continue
+            names = frozenset(m.metric_name[:256] for m in answer.supported_metric[:1024])
+            self._supported[port] = names
+            unknown = sorted(n for n in names if n not in BY_RUNTIME_NAME and n not in METRICS)
+            log.info("runtime on %s serves %d metric(s)%s", self.target(port), len(names),
+                     f"; not exported by tpumon: {', '.join(unknown)}" if unknown else "")
+            listed = True
+        return listed
+
+    def _ask_extras(self) -> None:
+        """The catalogue's metrics each answering port serves, one call each, within one
+        deadline per port; a metric the port does not have after all (NOT_FOUND,
+        UNIMPLEMENTED) is dropped from its list, any other failure skips the port's rest
+        (whose last values stand until the next round)."""
+        for port, up in self.ports_up.items():
+            names = sorted(n for n in self._supported.get(port) or () if n in BY_RUNTIME_NAME)
+            if not up or not names:
+                continue
+            deadline = time.monotonic() + self.timeout
+            entries = self._extras.setdefault(port, {})
+            for name in names:
+                try:
+                    response = self._stubs[port].GetRuntimeMetric(
+                        pb.MetricRequest(metric_name=name),
+                        timeout=max(deadline - time.monotonic(), 0.001))
+                except grpc.RpcError as exc:
+                    if exc.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNIMPLEMENTED):
+                        self._supported[port] = (self._supported[port] or frozenset()) - {name}
+                        entries.pop(name, None)
+                        continue
+                    log.debug("%s", _describe(exc, self.target(port), self.timeout))
+                    break
+                entries[name] = self._entries(port, BY_RUNTIME_NAME[name], response)
+        self._series = self._build_series()
+
+    def _entries(self, port: int, spec: MetricSpec,
+                 response: pb.MetricResponse) -> list[_Entry]:
+        """(spec, label values, value or histogram) per readable entry; the rest counted."""
+        out: list[_Entry] = []
+        for metric in response.metric.metrics:
+            key = entry_key(spec, metric)
+            value: float | Histogram | None = None if key is None else (
+                gauge_value(spec, metric) if spec.kind == "gauge" else histogram_of(spec, metric))
+            if key is None or value is None:
+                self.malformed_total += 1
+                continue
+            if spec.key == "buffer":
+                labels: tuple[str, ...] = (key.buffer_size,)
+            else:
+                chip = str(self.ports.index(port)) if self._per_process else str(key.device_id)
+                labels = (chip,) if spec.key == "device" else (chip, key.core_type)
+            out.append((spec, labels, value))
+        return out
+
+    def _build_series(self) -> tuple[RuntimeSeries, ...]:
+        """One series per family and labels across ports: histograms of one buffer size
+        added up (as tpu-info does), a repeated gauge counted as malformed."""
+        merged: dict[tuple[str, tuple[str, ...]], RuntimeSeries] = {}
+        for by_metric in self._extras.values():
+            for spec, labels, value in (e for entries in by_metric.values() for e in entries):
+                key = (spec.family, labels)
+                seen = merged.get(key)
+                if seen is None:
+                    merged[key] = (RuntimeSeries(spec.family, labels, histogram=value)
+                                   if isinstance(value, Histogram) else
+                                   RuntimeSeries(spec.family, labels, value=value))
+                    continue
+                both = seen.histogram.merged(value) if seen.histogram is not None and \
+                    isinstance(value, Histogram) else None
+                if both is None:
+                    self.malformed_total += 1
+                else:
+                    merged[key] = RuntimeSeries(spec.family, labels, histogram=both)
+        return tuple(merged.values())
 
     def _ask_all_ports(self) -> list[_PortAnswer]:
         """Every call on every port, one deadline for the lot; usage alone between the
         slow metrics' turns (then each port's last duty cycle stands)."""
-        slow = time.monotonic() >= self._slow_due
+        slow = self._slow_round = time.monotonic() >= self._slow_due
         calls = [(port, name) for port in self.ports for name in (METRICS if slow else (USAGE,))]
         results: dict[tuple[int, str], dict[int, float] | None] = {}
         errors: dict[int, str] = {}
-        for (port, name), response in zip(calls, self._call_all(calls)):
+        for (port, name), response in zip(calls, self._call_all(calls), strict=True):
             if isinstance(response, str):
                 errors.setdefault(port, response)
                 results[(port, name)] = None
@@ -235,7 +359,8 @@ class TpuRuntimeSource:
         futures = [self._stubs[port].GetRuntimeMetric.future(
                        pb.MetricRequest(metric_name=name), timeout=self.timeout)
                    for port, name in calls]
-        return [self._collect(port, future) for (port, _), future in zip(calls, futures)]
+        return [self._collect(port, future)
+                for (port, _), future in zip(calls, futures, strict=True)]
 
     def _call_in_turn(self, calls: list[tuple[int, str]]) -> list[pb.MetricResponse | str]:
         deadline = time.monotonic() + self.timeout

@@ -133,7 +133,8 @@ class Checkpoint:
 def is_corruption(exc: sqlite3.Error) -> bool:
     """A damaged file (move it aside), as opposed to a disk that is full or read-only."""
     text = str(exc).lower()
-    return isinstance(exc, sqlite3.DatabaseError) and not isinstance(exc, sqlite3.OperationalError) \
+    return isinstance(exc, sqlite3.DatabaseError) \
+        and not isinstance(exc, sqlite3.OperationalError) \
         and any(m in text for m in ("malformed", "not a database", "encrypted", "corrupt"))
 
 
@@ -150,6 +151,9 @@ class HistoryDB:
             self.conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False,
                                         timeout=5.0)
         self._series: dict[tuple[str, str], int] = {}
+        self._latest: dict[int, float] = {}  # series -> newest stored sample time
+        self._refusing: set[int] = set()  # series whose backward samples were logged
+        self.refused_total = 0  # samples refused for running backwards
         try:
             self._prepare()
         except BaseException:
@@ -206,14 +210,61 @@ class HistoryDB:
 
     def add_samples(self, host: str, rows: Iterable[tuple[str, Sample]]) -> dict[str, int]:
         """Insert one poll's samples; returns each chip's new samples.id. Call inside a
-        transaction (the poll and its checkpoints commit together)."""
+        transaction (the poll and its checkpoints commit together).
+
+        A sample older than the newest stored for its chip is refused, not stored: the
+        history stays monotonic, so a clock set back, or a run whose simulated clock
+        starts behind the last one's, cannot interleave two runs (which replayed as
+        hundreds of restarts). One warning line says so per chip until samples move on."""
         ids = {}
         for chip, s in rows:
+            series = self.series_id(host, chip)
+            if not self._in_order(series, host, chip, s.time):
+                continue
             cur = self.conn.execute(
                 "INSERT INTO samples (series, time, step, used, total) VALUES (?, ?, ?, ?, ?)",
-                (self.series_id(host, chip), s.time, s.step, s.used, s.total))
+                (series, s.time, s.step, s.used, s.total))
+            assert cur.lastrowid is not None  # every INSERT that succeeds sets it
             ids[chip] = cur.lastrowid
         return ids
+
+    def _in_order(self, series: int, host: str, chip: str, t: float) -> bool:
+        latest = self._latest.get(series)
+        if latest is None:
+            latest = self.latest_time(series)
+        if t >= latest:
+            self._latest[series] = t
+            if series in self._refusing:
+                self._refusing.discard(series)
+                log.info("history store: chip %s of %s: samples in order again", chip, host)
+            return True
+        self.refused_total += 1
+        if series not in self._refusing:
+            self._refusing.add(series)
+            log.warning("history store: chip %s of %s: refusing samples dated before the "
+                        "newest stored (%.3f < %.3f): the clock went back, or another run's "
+                        "clock is ahead of this one's; stored history stays in order",
+                        chip, host, t, latest)
+        return False
+
+    def latest_time(self, series: int) -> float:
+        """The newest stored sample time of a series, raw or rolled up (-inf if none)."""
+        row = self.conn.execute(
+            "SELECT max(coalesce((SELECT max(time) FROM samples WHERE series = ?), -1e300), "
+            "coalesce((SELECT max(last_time) FROM minutes WHERE series = ?), -1e300))",
+            (series, series)).fetchone()
+        return -math.inf if row[0] is None or row[0] <= -1e300 else float(row[0])
+
+    def meta(self, key: str) -> str | None:
+        row = self.conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def set_meta(self, key: str, value: str) -> None:
+        self.conn.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
+
+    def has_samples(self) -> bool:
+        return self.conn.execute("SELECT 1 FROM samples UNION ALL SELECT 1 FROM minutes "
+                                 "LIMIT 1").fetchone() is not None
 
     def save_checkpoint(self, host: str, chip: str, checkpoint: Checkpoint) -> None:
         self.conn.execute("INSERT OR REPLACE INTO checkpoints VALUES (?, ?, ?, ?, ?)",
@@ -288,9 +339,9 @@ class HistoryDB:
                                      " AND time < ? ORDER BY time, id", (sid, cutoff)).fetchall()
             if not rows:
                 continue
+            by_minute = groupby(rows, key=lambda s: math.floor(s[0] / MINUTE))
             self.conn.executemany(_UPSERT_MINUTE, (_minute_row(sid, minute, list(group))
-                                                   for minute, group in groupby(
-                                                       rows, key=lambda s: math.floor(s[0] / MINUTE))))
+                                                   for minute, group in by_minute))
             self.conn.execute("DELETE FROM samples WHERE series = ? AND time < ?", (sid, cutoff))
             rolled += len(rows)
         return rolled
@@ -299,7 +350,8 @@ class HistoryDB:
         """Bring a database under a cap lowered since it was written, then make SQLite
         enforce the cap (it cannot be set below the file's current size)."""
         self.enforce_cap()
-        self.conn.execute(f"PRAGMA max_page_count = {max(self.retention.max_pages, self._page_count())}")
+        pages = max(self.retention.max_pages, self._page_count())
+        self.conn.execute(f"PRAGMA max_page_count = {pages}")
 
     def used_pages(self) -> int:
         return self._page_count() - self.conn.execute("PRAGMA freelist_count").fetchone()[0]
@@ -412,12 +464,13 @@ def open_database(state_dir: str | os.PathLike[str], retention: Retention) -> Hi
         return HistoryDB(path, retention)
 
 
-def move_aside(path: Path) -> Path:
+def move_aside(path: Path, label: str = "corrupt") -> Path:
     """Rename a damaged database (and its WAL and index) out of the way; only the latest
-    damaged copy is kept, so a disk that keeps corrupting files cannot fill up with them."""
-    for old in path.parent.glob(f"{path.name}.corrupt-*"):
+    damaged copy is kept, so a disk that keeps corrupting files cannot fill up with them.
+    ``label`` names why (another run's history is kept the same way, one copy)."""
+    for old in path.parent.glob(f"{path.name}.{label}-*"):
         old.unlink(missing_ok=True)
-    aside = path.with_name(f"{path.name}.corrupt-{int(time.time())}")
+    aside = path.with_name(f"{path.name}.{label}-{int(time.time())}")
     for suffix in ("", "-wal", "-shm"):
         source = Path(f"{path}{suffix}")
         if source.exists():

@@ -26,7 +26,7 @@ def feed(detector: ChipDetector, samples: list[Sample]) -> None:
     """Feed stored samples to a detector in one batch."""
     if not samples:
         return
-    times, steps, used, totals = zip(*samples)
+    times, steps, used, totals = zip(*samples, strict=True)
     detector.update(np.array(times, dtype=float),
                     np.array([math.nan if s is None else s for s in steps], dtype=float),
                     np.array(used, dtype=float), np.array(totals, dtype=float))

@@ -23,7 +23,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Mapping
 
 from tpumon.store.checkpoint import fingerprint
 from tpumon.store.database import (Checkpoint, HistoryDB, Retention, Sample, database_path,
@@ -72,7 +72,8 @@ def classify_error(exc: BaseException, state_dir: Path) -> tuple[str, str]:
     if isinstance(exc, OSError):
         text = f"{exc.strerror or text}: {exc.filename}" if exc.filename else exc.strerror or text
     code = getattr(exc, "errno", None)
-    if "readonly" in low or "read-only" in low or code == errno.EROFS or _on_read_only_fs(state_dir):
+    if ("readonly" in low or "read-only" in low or code == errno.EROFS
+            or _on_read_only_fs(state_dir)):
         return "read_only", f"read-only ({text})"
     if "full" in low or code == errno.ENOSPC:
         return "disk_full", f"disk full ({text})"
@@ -278,6 +279,6 @@ class StoreWriter:
                          self._health.path, self._dropped)
             self._update(up=True, error=None, error_kind=None)
 
-    def _update(self, **changes: object) -> None:
+    def _update(self, **changes: Any) -> None:
         """Only the writer thread changes the health (the poll thread counts drops apart)."""
         self._health = replace(self._health, **changes)

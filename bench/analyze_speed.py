@@ -1,0 +1,180 @@
+"""``tpumon analyze`` end to end, in samples per second: this tree against a baseline tree.
+
+Two workloads (issue 20, item 5): one large trace (8M rows by default: 32 hosts of a slice,
+4 chips each, polled every 5 s; the simulator's scenarios, leaks included) and a directory
+of many small traces (the same rows cut into files of one host and a few hours each). Each
+is analyzed by this tree's ``analyze_path`` and by the baseline's (``git archive`` of
+``--baseline-ref``, default ``main``: what `tpumon analyze` is today), each in a fresh
+subprocess, alternating, median CPU seconds of ``--runs`` runs. CPU time, not wall time:
+the machine is shared, and CPU time is what one core's throughput means (pyarrow's reader
+threads are counted too). The table says whether both gave the same verdicts, alerts and
+forecasts (they differ where the detector itself changed, not where the reader did).
+
+The corpus is built once from the simulator (about 1M rows) and multiplied: each copy is
+another host of the slice, its times shifted by a few seconds, so every series is replayed
+on its own; then written by pyarrow as CSV.
+
+    python bench/analyze_speed.py [--rows 8000000] [--runs 3] [--baseline-ref main]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pcsv
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+sys.path.insert(0, ROOT)
+
+from tpumon.sim.tracegen import generate_trace  # noqa: E402
+from tpumon.trace_columns import arrow_schema  # noqa: E402
+
+CHIPS = 4
+POLL_S = 5.0
+SCENARIOS = ("healthy", "linear-leak", "staircase-leak", "step-change", "saturating-cache",
+             "chip0-leak", "job-restart", "healthy")
+SMALL_HOURS = 6.0  # one small trace: one host, this many hours
+
+#: Run in a subprocess with PYTHONPATH set to the tree under test: prints CPU seconds,
+#: samples and a digest of the results.
+_MEASURE = """
+import json, sys, time
+from tpumon.detect import replay
+paths = sys.argv[1:]
+analyze = getattr(replay, "analyze_path", None) or replay.analyze_file
+start = time.process_time()
+wall = time.perf_counter()
+results = [r for p in paths for r in analyze(p)]
+cpu = time.process_time() - start
+wall = time.perf_counter() - wall
+import tpumon
+print(json.dumps({"tree": tpumon.__file__, "cpu": cpu, "wall": wall,
+                  "samples": sum(r.samples for r in results),
+                  "digest": [[r.host, r.chip, r.verdict,
+                              r.alert and [r.alert["time"], r.alert["step"]],
+                              r.predicted_oom and [r.predicted_oom["time"],
+                                                   r.predicted_oom["step"]]]
+                             for r in results]}))
+"""
+
+
+def base_table() -> pa.Table:
+    """About 1M rows: one host per scenario, 4 chips, 5 s polls, 1.25 days each."""
+    columns: dict[str, list] = {name: [] for name in arrow_schema().names}
+    for i, scenario in enumerate(SCENARIOS):
+        for r in generate_trace(scenario, duration_s=30 * 3600, poll_interval_s=POLL_S,
+                                chips=CHIPS, seed=100 + i, host=f"s{i}", drop_probability=0.01):
+            columns["time"].append(round(r.time, 3))
+            columns["host"].append(r.host)
+            columns["chip"].append(r.chip)
+            columns["step"].append(r.step)
+            columns["hbm_used_bytes"].append(r.hbm_used_bytes)
+            columns["hbm_total_bytes"].append(r.hbm_total_bytes)
+    return pa.table(columns, schema=arrow_schema())
+
+
+def slice_table(base: pa.Table, rows: int) -> pa.Table:
+    """Copies of ``base`` as hosts ``t1v-n-5f0c1a2b-w-K`` of one slice, ``rows`` rows."""
+    copies = []
+    for k in range(-(-rows // len(base))):
+        hosts = np.char.add(f"t1v-n-5f0c1a2b-w-{k}-", base.column("host").to_numpy(
+            zero_copy_only=False).astype(str))
+        times = np.round(base.column("time").to_numpy() + 0.5 * k, 3)
+        copies.append(base.set_column(0, "time", pa.array(times))
+                      .set_column(1, "host", pa.array(hosts)))
+    return pa.concat_tables(copies).slice(0, rows)
+
+
+def write_small(table: pa.Table, directory: str) -> list[str]:
+    """Cut a table into files of one host and SMALL_HOURS each."""
+    os.makedirs(directory, exist_ok=True)
+    times = table.column("time").to_numpy()
+    hosts = table.column("host").to_numpy(zero_copy_only=False)
+    piece = np.floor((times - times.min()) / (SMALL_HOURS * 3600)).astype(int)
+    paths = []
+    for host in dict.fromkeys(hosts.tolist()):
+        mine = hosts == host
+        for p in np.unique(piece[mine]).tolist():
+            rows = np.flatnonzero(mine & (piece == p))
+            path = os.path.join(directory, f"{host}-{p:03d}.csv")
+            pcsv.write_csv(table.take(rows), path)
+            paths.append(path)
+    return paths
+
+
+def baseline_tree(ref: str, directory: str) -> str:
+    """The tpumon package at git ``ref``, extracted under ``directory``."""
+    archive = subprocess.run(["git", "-C", ROOT, "archive", ref, "tpumon"], check=True,
+                             capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", directory], input=archive, check=True)
+    return directory
+
+
+def measure(tree: str, paths: list[str]) -> dict:
+    env = dict(os.environ, PYTHONPATH=tree)
+    # cwd too: ``python -c`` puts the working directory first on sys.path
+    out = subprocess.run([sys.executable, "-c", _MEASURE, *paths], env=env, cwd=tree,
+                         check=True, capture_output=True, text=True).stdout
+    return json.loads(out)
+
+
+def compare(label: str, paths: list[str], trees: dict[str, str], runs: int) -> list[str]:
+    cpu: dict[str, list[float]] = {name: [] for name in trees}
+    wall: dict[str, list[float]] = {name: [] for name in trees}
+    digests: dict[str, list] = {}
+    samples = 0
+    for _ in range(runs):
+        for name, tree in trees.items():
+            got = measure(tree, paths)
+            assert got["tree"].startswith(os.path.realpath(tree)), got["tree"]
+            cpu[name].append(got["cpu"])
+            wall[name].append(got["wall"])
+            digests[name], samples = got["digest"], got["samples"]
+    same = len({json.dumps(d) for d in digests.values()}) == 1
+    rates = {name: samples / statistics.median(c) for name, c in cpu.items()}
+    walls = {name: samples / statistics.median(c) for name, c in wall.items()}
+    base, new = rates["baseline"], rates["this tree"]
+    return [f"| {label} | {samples:,} | {base:,.0f} ({walls['baseline']:,.0f}) | "
+            f"{new:,.0f} ({walls['this tree']:,.0f}) | {new / base:.2f}x | "
+            f"{'same' if same else 'different'} |"]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=8_000_000)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--baseline-ref", default="main")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        start = time.perf_counter()
+        big = slice_table(base_table(), args.rows)
+        big_path = os.path.join(tmp, "slice.csv")
+        pcsv.write_csv(big, big_path)
+        small = write_small(big.slice(0, min(args.rows, 4_000_000)),
+                            os.path.join(tmp, "small"))
+        print(f"corpus written in {time.perf_counter() - start:.0f} s: {len(big):,} rows in "
+              f"one file; {len(small)} files of one host and {SMALL_HOURS:.0f} h",
+              file=sys.stderr)
+        trees = {"baseline": baseline_tree(args.baseline_ref, tempfile.mkdtemp(dir=tmp)),
+                 "this tree": ROOT}
+        lines = ["| trace | samples | baseline samples/s, CPU (wall) | this tree samples/s, "
+                 "CPU (wall) | ratio (CPU) | results |", "|---|---|---|---|---|---|"]
+        lines += compare("one large CSV", [big_path], trees, args.runs)
+        lines += compare(f"{len(small)} small CSVs", sorted(small), trees, args.runs)
+    print(f"`analyze` end to end, CPU time, median of {args.runs} runs each, baseline = "
+          f"`{args.baseline_ref}`:\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""The agent's web pages as a person sees them: headless Chromium loads each page from a
+running agent (make demo's leak, 4x faster) at 1280 and 390 px wide (a desk, a phone at
+3 a.m.): no console errors, every image loads, every link resolves, nothing runs off the
+right edge, plots stay readable. Screenshots are kept under pytest's tmp dir."""
+
+from __future__ import annotations
+
+import json
+import urllib.parse
+import urllib.request
+
+import pytest
+
+from browser import Chromium
+from tools import AgentProcess, wait_for
+
+DEMO = ("--scenario", "fast-leak", "--acceleration", "240", "--poll-interval", "0.0625")
+PAGES = ("/", "/report")
+WIDTHS = (1280, 390)
+
+
+@pytest.fixture(scope="module")
+def agent(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("agent")
+    a = AgentProcess(tmp, tmp / "state", *DEMO)
+    try:
+        wait_for(lambda: all(c["verdict"] == "leak" for c in
+                             json.loads(a.get("/api/status"))["chips"]), 120, 0.5)
+        yield a
+    finally:
+        a.stop()
+
+
+@pytest.fixture(scope="module")
+def chromium():
+    browser = Chromium()
+    yield browser
+    browser.close()
+
+
+def resolves(url: str) -> bool:
+    if url.startswith(("data:", "mailto:")):
+        return True
+    try:
+        with urllib.request.urlopen(url, timeout=120) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.parametrize("path", PAGES)
+def test_page_in_a_browser(agent, chromium, tmp_path, path, width):
+    shot = tmp_path / f"{path.strip('/') or 'index'}-{width}.png"
+    view = chromium.load(f"http://{agent.url}{path}", width, shot)
+    assert shot.stat().st_size > 1000  # kept as the test's artifact
+    assert view.errors == [], view.errors
+    assert view.scroll_width <= view.width, \
+        f"{path} is {view.scroll_width} px wide on a {view.width} px screen ({shot})"
+    for image in view.images:
+        assert image["ok"], image
+        assert image["shown"] >= min(width - 40, 600), (image, shot)  # readable, not shrunk
+    local = {link for link in view.links
+             if urllib.parse.urlsplit(link).netloc in ("", agent.url)}
+    for link in local:
+        assert resolves(link), link
+    assert "=?" not in view.text, view.text[:300]  # identity labels nobody knows
+
+
+def test_index_and_report_say_the_same_size(agent, chromium, tmp_path):
+    """The report said HBM per chip 34.09 GB where the index said 31.75 GiB."""
+    index = chromium.load(f"http://{agent.url}/", 1280, tmp_path / "index.png").text
+    report = chromium.load(f"http://{agent.url}/report", 1280, tmp_path / "report.png").text
+    assert "31.75 GiB" in index and "31.75 GiB" in report

@@ -1,0 +1,196 @@
+"""A job's end: noticed when its process is gone (or its chips freed), named from the last
+view with the evidence, never for a job that is still running. Real processes and the real
+kernel log where the machine allows."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tools import wait_for
+from tpumon.detect import Assessment, Verdict
+from tpumon.instrument.protocol import PROTOCOL_VERSION
+from tpumon.job_ends import JobEndTracker
+from tpumon.processes import ProcessTracker
+from tpumon.samples import ChipSample, HostSample, RuntimeReading
+from tpumon.sources.kernel_log import KernelLog, OomKill
+from tpumon.sources.reporter import ReporterSocket, parse_report
+
+GiB = 2**30
+
+
+def reading(now: float, used: dict[str, int]) -> RuntimeReading:
+    return RuntimeReading(now, {c: ChipSample(c, u, 32 * GiB, 0.9, int(c), 8431)
+                                for c, u in used.items()})
+
+
+def host(available: int = 200 * GiB) -> HostSample:
+    return HostSample(0.0, 256 * GiB, available, 256 * GiB - available)
+
+
+def sleeper() -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+
+
+def reporting(pid: int, step: int):
+    """The ProcessTracker's view of one reporting pid at ``step``."""
+    r = ReporterSocket(Path("/nonexistent/r.sock"))
+    r._record(parse_report(json.dumps({"v": PROTOCOL_VERSION, "framework": "jax", "step": step,
+                                       "time": time.time(), "live": 3}).encode(), pid, 0,
+                           time.time()))
+    return ProcessTracker().update(r.poll())
+
+
+def feed(tracker, job, used, processes=None, owners=True, assessments=None, alerts=None,
+         kills=None, runtime=True):
+    now = time.time()
+    return tracker.update(now, reading(now, used) if runtime else None,
+                          {c: job.pid for c in used} if owners else {}, processes or {},
+                          assessments or {}, alerts or {}, host(), kills or {})
+
+
+def test_an_owner_that_dies_with_a_chip_full_is_an_hbm_oom():
+    tracker, job = JobEndTracker(interval=1.0), sleeper()
+    for used in (20 * GiB, 25 * GiB, 31.5 * GiB):
+        assert feed(tracker, job, {"0": int(used), "1": 10 * GiB}) == []
+    job.kill()
+    job.wait()
+    [end] = feed(tracker, job, {"0": 0, "1": 0}, owners=False)
+    assert end.cause == "hbm_oom" and end.pid == job.pid
+    assert end.evidence.startswith("chip 0 reached 98.4% of its HBM lately"), end.evidence
+    assert [c.chip for c in end.view.chips] == ["0", "1"]
+    assert tracker.totals == {"hbm_oom": 1} and list(tracker.recent) == [end]
+    assert feed(tracker, job, {"0": 0, "1": 0}, owners=False) == []  # once
+
+
+def test_a_reporting_loop_that_exits_with_memory_far_from_full_exited():
+    tracker, job = JobEndTracker(), sleeper()
+    assert feed(tracker, job, {"0": 8 * GiB}, reporting(job.pid, 1200)) == []
+    job.kill()
+    job.wait()
+    [end] = feed(tracker, job, {"0": 8 * GiB}, reporting(job.pid, 1200), owners=False)
+    assert end.cause == "exited" and end.view.step == 1200 and end.view.framework == "jax"
+    assert end.summary() == (f"training job pid {job.pid} (jax) ended at step 1,200: exited "
+                             "(memory far from full at the last poll: HBM at most 25% used, "
+                             "host memory 22% used)")
+
+
+def test_the_kernels_word_makes_it_a_host_oom():
+    tracker, job = JobEndTracker(), sleeper()
+    feed(tracker, job, {"0": 8 * GiB})
+    job.kill()
+    job.wait()
+    kill = OomKill(job.pid, time.time(), f"Killed process {job.pid} (python3)")
+    [end] = feed(tracker, job, {"0": 0}, owners=False, kills={job.pid: kill})
+    assert end.cause == "host_oom" and "the kernel killed pid" in end.evidence
+
+
+def test_a_runtime_restart_or_a_long_pause_is_not_an_end():
+    """The pid lives and holds its chips: the runtime not answering for a while (a restart
+    of libtpu's service, a hung call) or no step for minutes (a checkpoint) ends nothing."""
+    tracker, job = JobEndTracker(), sleeper()
+    try:
+        feed(tracker, job, {"0": 20 * GiB}, reporting(job.pid, 50))
+        for _ in range(5):
+            assert feed(tracker, job, {"0": 20 * GiB}, runtime=False) == []
+        assert feed(tracker, job, {"0": 20 * GiB}, reporting(job.pid, 50)) == []
+        assert tracker.totals == {}
+    finally:
+        job.kill()
+        job.wait()
+
+
+def test_chips_freed_while_the_pid_lives_end_the_job_it_ran():
+    """The simulator's process (or a launcher that runs job after job) lives on; its job
+    released the chips and they read idle: that job ended."""
+    tracker, job = JobEndTracker(), sleeper()
+    try:
+        feed(tracker, job, {"0": 20 * GiB})
+        [end] = feed(tracker, job, {"0": 0}, owners=False)
+        assert end.cause == "exited"
+    finally:
+        job.kill()
+        job.wait()
+
+
+def test_the_forecast_at_alert_time_is_compared_with_the_death():
+    tracker, job = JobEndTracker(), sleeper()
+    alert = {"time": 1_800_000_000.0, "step": 40_000, "predicted_oom_time": 1_800_020_000.0,
+             "predicted_oom_step": 61_100, "predicted_oom_step_low": 60_400,
+             "predicted_oom_step_high": 61_900}
+    a = Assessment(Verdict.LEAK, "leak", floor_bytes=30 * GiB, transient_bytes=1.5 * GiB)
+    feed(tracker, job, {"0": 30 * GiB}, reporting(job.pid, 61_234), assessments={"0": a},
+         alerts={"0": alert})
+    job.kill()
+    job.wait()
+    [end] = feed(tracker, job, {"0": 0}, reporting(job.pid, 61_234), owners=False)
+    assert end.cause == "hbm_oom"
+    assert end.forecast_comparison() == ("forecast at 08:00 UTC for step 61,100 "
+                                         "(60,400-61,900); died at step 61,234")
+    assert end.summary().endswith("; forecast at 08:00 UTC for step 61,100 (60,400-61,900); "
+                                  "died at step 61,234")
+
+
+def test_the_kernel_log_names_oom_kills_from_recorded_lines(tmp_path):
+    log = tmp_path / "kmsg"
+    log.write_text("6,1,1,-;eth0: link up\n")
+    kernel = KernelLog(str(log))
+    assert kernel.poll() == {}
+    with open(log, "a") as f:
+        f.write("6,423,1745637389,-;oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),"
+                "task=python3,pid=23613,uid=0\n")
+        f.write("3,424,1745637414,-;Memory cgroup out of memory: Killed process 23614 "
+                "(python3) total-vm:82132kB, anon-rss:72192kB\n")
+        f.write(" SUBSYSTEM=memory\n")
+    kills = kernel.poll()
+    assert sorted(kills) == [23613, 23614]
+    assert kills[23614].line.startswith("Memory cgroup out of memory: Killed process 23614")
+
+
+MEMCG = Path("/sys/fs/cgroup/memory")
+
+
+def _own_memcg() -> Path | None:
+    """A memory cgroup (v1) this test may create under its own, or None."""
+    try:
+        rel = next(line.split(":", 2)[2].strip() for line in
+                   Path("/proc/self/cgroup").read_text().splitlines()
+                   if line.split(":")[1] == "memory")
+    except (OSError, StopIteration, IndexError):
+        return None
+    base = MEMCG / rel.lstrip("/")
+    return base if os.access(base, os.W_OK) else None
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or _own_memcg() is None or
+                    not os.access("/dev/kmsg", os.R_OK),
+                    reason="needs root, a writable memory cgroup (v1) and /dev/kmsg")
+def test_a_process_killed_under_a_cgroup_memory_limit_is_a_host_oom():
+    """A real Python loop allocating host memory until the kernel's OOM killer ends it
+    under a 64 MiB cgroup limit: the agent's view of it ends as host_oom, on the kernel's
+    word from the real /dev/kmsg."""
+    cgroup = _own_memcg() / f"tpumon-test-{os.getpid()}"
+    cgroup.mkdir()
+    try:
+        (cgroup / "memory.limit_in_bytes").write_text(str(64 << 20))
+        kernel, tracker = KernelLog(), JobEndTracker()
+        kernel.poll()
+        job = subprocess.Popen([sys.executable, "-c", (
+            "import sys, time\nopen(sys.argv[1], 'w').write(str(__import__('os').getpid()))\n"
+            "sys.stdin.readline()\nx = []\nwhile True:\n    x.append(bytearray(8 << 20))\n"),
+            str(cgroup / "cgroup.procs")], stdin=subprocess.PIPE)
+        feed(tracker, job, {"0": 4 * GiB}, reporting(job.pid, 10))
+        job.stdin.write(b"go\n")
+        job.stdin.flush()
+        assert job.wait(60) == -9
+        kills = wait_for(lambda: kernel.poll().get(job.pid) and kernel.kills, 10)
+        [end] = feed(tracker, job, {"0": 0}, reporting(job.pid, 10), owners=False,
+                     kills=kills)
+        assert end.cause == "host_oom", end
+        assert f"pid={job.pid}" in end.evidence or f"process {job.pid}" in end.evidence
+    finally:
+        cgroup.rmdir()

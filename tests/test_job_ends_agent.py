@@ -1,0 +1,134 @@
+"""A job's end through the real agent: the simulated job's HBM OOM (named, forecast
+compared, one Slack message and one PagerDuty page, not again after an agent restart),
+and a real reporting process that exits."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+from fake_alert_apis import FakeAlertAPI
+from tools import TPUMON, AgentProcess, clean_env, free_port, wait_for
+
+ROUTING_KEY = "R0UT1NGK3Y5ECRETR0UT1NGK3Y5ECRET"
+
+pytestmark = pytest.mark.e2e  # real agents, a simulated job to its OOM
+
+
+def ended(agent: AgentProcess) -> list[dict]:
+    return json.loads(agent.get("/api/status"))["job_ends"]
+
+
+def test_the_simulated_jobs_hbm_oom_is_named_compared_and_told_once(tmp_path):
+    with FakeAlertAPI("slack") as slack, FakeAlertAPI("pagerduty") as pagerduty:
+        env = {"TPUMON_SLACK_WEBHOOK_URL": slack.url,
+               "TPUMON_PAGERDUTY_ROUTING_KEY": ROUTING_KEY,
+               "TPUMON_PAGERDUTY_URL": pagerduty.url}
+        state = tmp_path / "state"
+        agent = AgentProcess(tmp_path, state, "--acceleration", "960", "--reporter-socket",
+                             str(tmp_path / "r.sock"), env=env)
+        try:
+            [end] = wait_for(lambda: ended(agent), 240)
+            assert end["cause"] == "hbm_oom", end
+            assert re.match(r"chip \d reached 9\d\.\d% of its HBM lately", end["evidence"]), end
+            assert end["step"] > 0 and len(end["chips"]) == 4
+            assert end["forecast"] and end["forecast"].endswith(f"died at step {end['step']:,}")
+            assert "ended at step" in agent.log() and ": hbm_oom (" in agent.log()
+            page = wait_for(lambda: next((r.body for r in pagerduty.requests
+                                          if r.body.get("payload", {}).get("class") ==
+                                          "TPUMonJobEnded"), None), 60)
+            assert page["event_action"] == "trigger"
+            assert page["payload"]["severity"] == "critical"
+            assert f"ended at step {end['step']:,}: hbm_oom" in page["payload"]["summary"]
+            wait_for(lambda: any("hbm_oom" in r.body.get("text", "") for r in slack.requests), 60)
+            assert agent.value("tpumon_job_ends_total", cause="hbm_oom") == 1
+            assert agent.value("tpumon_job_ends_total", cause="exited") == 0
+            table = subprocess.run([*TPUMON, "status", "--agent", f"http://{agent.url}"],
+                                   capture_output=True, text=True, timeout=60,
+                                   env={**os.environ, "COLUMNS": "200"})
+            assert f"ended at step {end['step']:,}: hbm_oom" in table.stdout
+            time.sleep(3)
+            assert len(ended(agent)) == 1  # the dead job's silence is not another end
+        finally:
+            assert agent.stop() == 0
+        again = AgentProcess(tmp_path, state, "--acceleration", "960", env=env)
+        try:
+            time.sleep(5)
+            assert ended(again) == []
+        finally:
+            assert again.stop() == 0
+        triggers = [r for r in pagerduty.requests if r.body["event_action"] == "trigger"
+                    and r.body["payload"]["class"] == "TPUMonJobEnded"]
+        assert len(triggers) == 1, [r.body for r in pagerduty.requests]
+        assert sum("hbm_oom" in r.body.get("text", "") and "Resolved" not in
+                   r.body.get("text", "") for r in slack.requests) == 1
+
+
+def test_a_real_reporting_process_that_exits_is_a_job_that_exited(tmp_path):
+    """No simulator: the agent on this machine, a real process reporting its steps then
+    exiting with memory far from full."""
+    socket_path = tmp_path / "r.sock"
+    env = clean_env()
+    env.update(TPUMON_REPORTER_SOCKET=str(socket_path), TPUMON_STORE_STATE_DIR="",
+               TPUMON_AGENT_KERNEL_LOG="", PYTHONFAULTHANDLER="1")
+    log_path = tmp_path / "agent.log"
+    with open(log_path, "w") as log:
+        agent = subprocess.Popen([*TPUMON, "agent", "--listen-address", "127.0.0.1:0",
+                                  "--poll-interval", "0.2", "--runtime-ports",
+                                  str(free_port())], stderr=log, env=env)
+    try:
+        url = wait_for(lambda: re.search(r"serving metrics on (http://\S+)/metrics",
+                                         log_path.read_text()), 60).group(1)
+        code = ("import sys, time\nfrom tpumon.instrument import Reporter\n"
+                "class R(Reporter):\n    framework = 'jax'\n"
+                "    def framework_fields(self):\n        return {'live': 9}\n"
+                "r = R(socket=sys.argv[1], min_interval=0)\n"
+                "for step in range(1, 31):\n    r.step(step)\n    time.sleep(0.05)\n"
+                "time.sleep(1)\n")
+        job = subprocess.run([sys.executable, "-c", code, str(socket_path)], timeout=60)
+        assert job.returncode == 0
+
+        def status() -> list[dict]:
+            import urllib.request
+            with urllib.request.urlopen(f"{url}/api/status", timeout=5) as r:
+                return json.loads(r.read())["job_ends"]
+
+        [end] = wait_for(status, 30)
+        assert (end["cause"], end["step"], end["framework"]) == ("exited", 30, "jax"), end
+        assert end["evidence"].startswith("memory far from full at the last poll: no chips "
+                                          "held, host memory"), end
+        assert f"training job pid {end['pid']} (jax) ended at step 30: exited" in \
+            log_path.read_text()
+    finally:
+        agent.terminate()
+        assert agent.wait(20) == 0
+
+
+def test_the_simulated_job_that_finishes_is_a_job_that_exited(tmp_path):
+    """The job-exit scenario: three simulated hours, then a clean exit with HBM far from
+    full; the agent names it exited, with the step: Slack is told, PagerDuty (critical
+    only, by default) is not paged."""
+    with FakeAlertAPI("slack") as slack, FakeAlertAPI("pagerduty") as pagerduty:
+        agent = AgentProcess(tmp_path, None, "--scenario", "job-exit", "--acceleration", "960",
+                             "--reporter-socket", str(tmp_path / "r.sock"),
+                             env={"TPUMON_SLACK_WEBHOOK_URL": slack.url,
+                                  "TPUMON_PAGERDUTY_ROUTING_KEY": ROUTING_KEY,
+                                  "TPUMON_PAGERDUTY_URL": pagerduty.url})
+        try:
+            [end] = wait_for(lambda: ended(agent), 120)
+            assert end["cause"] == "exited", end
+            assert end["evidence"].startswith("memory far from full at the last poll: HBM at "
+                                              "most"), end
+            assert end["step"] > 0 and end["forecast"] is None
+            assert agent.value("tpumon_job_ends_total", cause="exited") == 1
+            wait_for(lambda: any(f"ended at step {end['step']:,}: exited" in r.body.get("text", "")
+                                 for r in slack.requests), 60)
+            assert not any(r.body.get("payload", {}).get("class") == "TPUMonJobEnded"
+                           for r in pagerduty.requests)
+        finally:
+            assert agent.stop() == 0

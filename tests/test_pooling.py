@@ -1,0 +1,81 @@
+"""Chips of one job share evidence: the agent (every poll) and analyze (replay) agree."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from tpumon.detect import ChipDetector, Verdict
+from tpumon.detect.pooling import pool_jobs
+from tpumon.detect.replay import replay_columns
+from tpumon.sim.tracegen import generate_trace
+from tpumon.trace import SeriesColumns
+
+HOST = "t1v-n-77aa"
+
+
+def columns(scenario: str, hours: float, seed: int, **overrides) -> dict:
+    rows = list(generate_trace(scenario, duration_s=hours * 3600, poll_interval_s=10, chips=4,
+                               seed=seed, host=HOST, drop_probability=0.02, **overrides))
+    out = {}
+    for chip in sorted({r.chip for r in rows}):
+        mine = [r for r in rows if r.chip == chip]
+        out[(HOST, chip)] = SeriesColumns(
+            np.array([r.time for r in mine]),
+            np.array([math.nan if r.step is None else r.step for r in mine], float),
+            np.array([r.hbm_used_bytes for r in mine]), np.array([r.hbm_total_bytes for r in mine]))
+    return out
+
+
+def agent_alerts(cols: dict) -> dict:
+    """What the agent does: every poll, each chip's sample to its detector, then the chips
+    of the process pooled; the first poll at which a chip's pooled verdict is leak."""
+    detectors = {chip: ChipDetector() for _, chip in cols}
+    polls = sorted({t for c in cols.values() for t in c.times.tolist()})
+    index = {chip: {t: i for i, t in enumerate(c.times.tolist())} for (_, chip), c in cols.items()}
+    first: dict[str, tuple[float, float | None]] = {}
+    for t in polls:
+        for (_, chip), c in cols.items():
+            i = index[chip].get(t)
+            if i is not None:
+                detectors[chip].update((t,), (c.steps[i],), (c.used[i],), (c.total[i],))
+        pooled = pool_jobs({c: d.assessment for c, d in detectors.items()},
+                           {c: "process 7" for c in detectors})
+        for chip, a in pooled.items():
+            if a.verdict is Verdict.LEAK and chip not in first:
+                first[chip] = (t, a.predicted_oom_time)
+    return first
+
+
+@pytest.mark.parametrize("scenario,seed", [("linear-leak", 11), ("chip0-leak", 3)])
+def test_agent_and_analyze_give_the_same_pooled_alerts(scenario, seed):
+    cols = columns(scenario, 10, seed, leak_chip_spread=0.3)
+    replayed = {r.chip: r for r in replay_columns(cols)}
+    agent = agent_alerts(cols)
+    assert set(agent) == {chip for chip, r in replayed.items() if r.alert}
+    for chip, (t, forecast) in agent.items():
+        assert replayed[chip].alert["time"] == t
+        assert replayed[chip].alert["predicted_oom_time"] == forecast
+
+
+def test_chips_that_grow_alike_share_one_verdict_and_earlier_alerts():
+    cols = columns("linear-leak", 10, 11, leak_chip_spread=0.3)
+    pooled = replay_columns(cols)
+    alone = [ChipDetector() for _ in cols]
+    for d, c in zip(alone, cols.values(), strict=True):
+        d.update(c.times, c.steps, c.used, c.total)
+    assert all(r.verdict == "leak" for r in pooled)
+    assert all(r.assessment.reason.startswith(f"all 4 chips of host {HOST} grow ")
+               for r in pooled)
+    own = [d.alert["time"] for d in alone]
+    shared = [r.alert["time"] for r in pooled]
+    assert all(s <= o for s, o in zip(shared, own, strict=True)) and shared != own
+
+
+def test_a_leak_on_one_rank_is_caught_alone():
+    pooled = {r.chip: r for r in replay_columns(columns("chip0-leak", 10, 3))}
+    assert pooled["0"].verdict == "leak" and pooled["0"].alert is not None
+    assert "(1 of 4 chips" in pooled["0"].assessment.reason
+    assert all(pooled[c].alert is None and pooled[c].verdict != "leak" for c in "123")

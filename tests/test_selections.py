@@ -1,0 +1,77 @@
+"""Every command treats an empty selection and an unwritable output the same way: one
+error line, a non-zero exit, and an existing output file left as it was."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from test_store import record_all
+from tools import clean_env
+from tpumon.sim.tracegen import generate_trace
+from tpumon.trace import write_trace
+
+TPUMON = [sys.executable, "-m", "tpumon"]
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*TPUMON, *args], capture_output=True, text=True, timeout=60,
+                          env=clean_env())
+
+
+def one_line_error(result: subprocess.CompletedProcess, *fragments: str) -> None:
+    assert result.returncode != 0 and result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+@pytest.fixture(scope="module")
+def state(tmp_path_factory):
+    d = tmp_path_factory.mktemp("state")
+    record_all(d, list(generate_trace("healthy", duration_s=1200, poll_interval_s=5, chips=2)))
+    return d
+
+
+def test_analyze_of_a_header_only_trace_is_an_error(tmp_path):
+    """It printed an empty table and exited 0, where `report` said there was nothing."""
+    trace = tmp_path / "empty.csv"
+    write_trace([], str(trace))
+    one_line_error(run("analyze", str(trace)), "no samples")
+    one_line_error(run("analyze", str(trace), "--format", "json"), "no samples")
+    one_line_error(run("report", str(trace), "-o", str(tmp_path / "r")))
+
+
+@pytest.mark.parametrize("args, fragments", [
+    (["--chip", "99"], ["no samples match", "chip(s) 0, 1"]),
+    (["--host", "elsewhere"], ["no samples match", "host(s) "]),
+    (["--since", "1d"], ["no samples match", "--since 1d"]),
+])
+def test_export_of_an_empty_selection_is_an_error_and_keeps_the_file(state, tmp_path, args,
+                                                                     fragments):
+    """`export --chip 99` wrote a header over the output and exited 0."""
+    out = tmp_path / "kept.csv"
+    out.write_text("an earlier export\n")
+    one_line_error(run("export", "--state-dir", str(state), "-o", str(out), *args), *fragments)
+    assert out.read_text() == "an earlier export\n"
+    one_line_error(run("export", "--state-dir", str(state), *args), *fragments)  # stdout
+
+
+@pytest.mark.parametrize("name", ["x.parquet", "x.json", "x"])
+def test_export_refuses_a_file_it_cannot_write(state, tmp_path, name):
+    """`export -o x.parquet` wrote CSV into it."""
+    one_line_error(run("export", "--state-dir", str(state), "-o", str(tmp_path / name)),
+                   name, ".csv or .jsonl")
+    assert not (tmp_path / name).exists()
+
+
+def test_export_writes_what_it_selected(state, tmp_path):
+    result = run("export", "--state-dir", str(state), "--chip", "1", "-o",
+                 str(tmp_path / "one.jsonl"))
+    assert result.returncode == 0, result.stderr
+    lines = (tmp_path / "one.jsonl").read_text().splitlines()
+    assert lines and all('"chip": "1"' in line or '"chip":"1"' in line for line in lines)
+    assert not list(tmp_path.glob("*.partial"))

@@ -1,0 +1,294 @@
+"""A training job's end, noticed as it happens, with its likely cause and the evidence.
+
+The runs tpumon watches often die with no message: the process is simply gone. The agent
+keeps, for each process that holds chips (their owner, from /proc) or reports its steps,
+the last view it had of it (step, step rate, each chip's HBM, the detector's verdict and
+forecast, host memory). A job has ended when its pid no longer exists, or when it no longer
+holds its chips and their runtime stopped answering or fell idle (a runtime that restarts,
+or a checkpoint that pauses the steps, leaves the pid holding the chips: no end). The cause
+is named from that last view, never more certain than it allows:
+
+- ``host_oom``: the kernel's log says it killed the pid for memory;
+- ``hbm_oom``: a chip was within a few percent of its HBM at the last poll, its floor was,
+  or the detector's forecast put the OOM within a few polls of it;
+- ``exited``: memory was far from full (a clean exit or an error, which the agent cannot
+  tell apart: it is not the process's parent);
+- ``unknown``: anything between.
+
+When the detector had raised a leak with a forecast on one of the job's chips, the end says
+how the forecast compared: "forecast at 02:14 UTC for step 61,100; died at step 61,234".
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, field, replace
+from typing import Any, Mapping
+
+from tpumon.detect import Assessment
+from tpumon.processes import ProcessState
+from tpumon.samples import HostSample, RuntimeReading
+from tpumon.sources.kernel_log import OomKill
+from tpumon.sources.reporter import pid_alive
+
+CAUSES = ("hbm_oom", "host_oom", "exited", "unknown")
+NEAR_FULL = 0.95        # of a chip's HBM at the last poll: an OOM is the likely end
+FAR_FROM_FULL = 0.80    # below this everywhere (HBM and host): a plain exit
+HOST_NEAR_FULL = 0.97   # of host memory in use, without the kernel's word: "unknown"
+FORECAST_POLLS = 3      # a forecast OOM this many polls after the last one: hbm_oom
+PEAK_POLLS = 32         # polls over which a chip's recent peak is kept
+IDLE = 0.01             # of a chip's HBM: freed
+RECENT_SECONDS = 3600.0  # ends kept for status, metrics and notifications
+
+
+@dataclass(frozen=True)
+class ChipAtEnd:
+    """One of the job's chips at the last poll before the end."""
+
+    chip: str
+    used_bytes: int
+    total_bytes: int
+    verdict: str
+    floor_bytes: float | None = None
+    peak_bytes: int = 0  # the most used in the last PEAK_POLLS polls (in-step peaks)
+    transient_bytes: float | None = None  # the detector's in-step swing above the floor
+    predicted_oom_time: float | None = None
+    predicted_oom_step: float | None = None
+
+    @property
+    def used_ratio(self) -> float:
+        return self.used_bytes / self.total_bytes if self.total_bytes else 0.0
+
+    @property
+    def peak_ratio(self) -> float:
+        """The highest the chip was seen to reach lately, or its floor plus the detector's
+        in-step swing when that is higher (a poll rarely lands on a step's peak)."""
+        peak = max(self.peak_bytes, self.used_bytes,
+                   (self.floor_bytes or 0.0) + (self.transient_bytes or 0.0))
+        return peak / self.total_bytes if self.total_bytes else 0.0
+
+
+@dataclass(frozen=True)
+class JobView:
+    """The last view of a live job: what an end is judged on."""
+
+    pid: int
+    time: float
+    framework: str | None = None
+    step: int | None = None
+    steps_per_second: float | None = None
+    chips: tuple[ChipAtEnd, ...] = ()
+    host_available_bytes: int | None = None
+    host_total_bytes: int | None = None
+    forecast: Mapping[str, Any] | None = None  # the detector's first leak alert on its chips
+    #: The runtime's clock at the chips' last reading: the detector's forecasts are on it
+    #: (a simulated runtime's clock runs ahead of the wall clock).
+    reading_time: float | None = None
+    owned: bool = False  # its chips' device files were its own (not only named in reports)
+
+
+@dataclass(frozen=True)
+class JobEnd:
+    """A job that ended: when it was noticed, its last view, the cause and why."""
+
+    time: float
+    view: JobView
+    cause: str
+    evidence: str
+
+    @property
+    def pid(self) -> int:
+        return self.view.pid
+
+    def forecast_comparison(self) -> str | None:
+        """"forecast at 02:14 UTC for step 61,100; died at step 61,234", when the detector
+        had forecast an OOM for one of the job's chips."""
+        f = self.view.forecast
+        if not f or f.get("predicted_oom_time") is None:
+            return None
+        at = time.strftime("%H:%M UTC", time.gmtime(f["time"]))
+        step = f.get("predicted_oom_step")
+        target = f"step {step:,.0f}" if step is not None else time.strftime(
+            "%H:%M UTC", time.gmtime(f["predicted_oom_time"]))
+        low, high = f.get("predicted_oom_step_low"), f.get("predicted_oom_step_high")
+        if step is not None and low is not None and high is not None and high > low:
+            target += f" ({low:,.0f}-{high:,.0f})"
+        last = self.view.reading_time or self.time  # on the forecast's clock
+        died = (f"step {self.view.step:,}" if self.view.step is not None else
+                "after " + time.strftime("%H:%M UTC", time.gmtime(last)))
+        return f"forecast at {at} for {target}; died at {died}"
+
+    def summary(self) -> str:
+        """One line for the log, status and notifications."""
+        who = f"pid {self.pid}" + (f" ({self.view.framework})" if self.view.framework else "")
+        at = f" at step {self.view.step:,}" if self.view.step is not None else ""
+        text = f"training job {who} ended{at}: {self.cause} ({self.evidence})"
+        compared = self.forecast_comparison()
+        return f"{text}; {compared}" if compared else text
+
+    def to_json(self) -> dict[str, Any]:
+        v = self.view
+        return {"time": self.time, "pid": self.pid, "cause": self.cause,
+                "evidence": self.evidence, "summary": self.summary(),
+                "framework": v.framework, "step": v.step, "steps_per_second": v.steps_per_second,
+                "last_seen": v.time, "host_available_bytes": v.host_available_bytes,
+                "forecast": self.forecast_comparison(),
+                "chips": [{"chip": c.chip, "used_bytes": c.used_bytes,
+                           "free_bytes": c.total_bytes - c.used_bytes, "verdict": c.verdict,
+                           "predicted_oom_time": c.predicted_oom_time,
+                           "predicted_oom_step": c.predicted_oom_step} for c in v.chips]}
+
+
+@dataclass
+class JobEndTracker:
+    """Feed :meth:`update` each poll; it returns the ends noticed in that poll."""
+
+    interval: float = 5.0
+    recent: deque[JobEnd] = field(default_factory=lambda: deque(maxlen=64))
+    totals: Counter[str] = field(default_factory=Counter)
+    _views: dict[int, JobView] = field(default_factory=dict)
+    _peaks: dict[str, deque[int]] = field(default_factory=dict)  # chip -> recent used
+
+    def update(self, now: float, runtime: RuntimeReading | None, owners: Mapping[str, int],
+               processes: Mapping[int, ProcessState], assessments: Mapping[str, Assessment],
+               alerts: Mapping[str, Mapping[str, Any] | None], host: HostSample | None,
+               kills: Mapping[int, OomKill],
+               attributed: Mapping[str, int] | None = None) -> list[JobEnd]:
+        """``owners``: chip -> pid holding its device (from /proc); ``attributed``: chip ->
+        the reporting pid that drives it (adds evidence, never holds a job alive)."""
+        holders = _holders(owners, processes)
+        for chip, reading in (runtime.chips if runtime is not None else {}).items():
+            self._peaks.setdefault(chip, deque(maxlen=PEAK_POLLS)).append(reading.hbm_used_bytes)
+        ended = [pid for pid in self._views
+                 if self._ended(pid, holders, runtime, processes)]
+        ends = [self._end(now, self._views.pop(pid), kills) for pid in ended]
+        for pid in [p for p in self._views if p not in holders]:
+            del self._views[pid]  # alive, holding nothing any more: not an end we can see
+        driven = _chips_by_pid(attributed or {})
+        for pid, chips in holders.items():
+            view = self._view(now, pid, sorted({*chips, *driven.get(pid, ())}), runtime,
+                              processes, assessments, alerts, host)
+            self._views[pid] = replace(view, owned=bool(chips))
+        while self.recent and now - self.recent[0].time > RECENT_SECONDS:
+            self.recent.popleft()
+        return ends
+
+    def _ended(self, pid: int, holders: Mapping[int, list[str]], runtime: RuntimeReading | None,
+               processes: Mapping[int, ProcessState]) -> bool:
+        state = processes.get(pid)
+        if (state is not None and state.report.exited) or not pid_alive(pid):
+            return True
+        view = self._views[pid]
+        if holders.get(pid) or not view.owned:
+            return False  # holds its chips still, or only death can tell
+        answered = runtime.chips if runtime is not None else {}
+        return all(c.chip not in answered or _idle(answered[c.chip]) for c in view.chips)
+
+    def _end(self, now: float, view: JobView, kills: Mapping[int, OomKill]) -> JobEnd:
+        cause, evidence = judge(view, kills.get(view.pid), self.interval)
+        end = JobEnd(now, view, cause, evidence)
+        self.recent.append(end)
+        self.totals[cause] += 1
+        return end
+
+    def _view(self, now: float, pid: int, chips: list[str], runtime: RuntimeReading | None,
+              processes: Mapping[int, ProcessState], assessments: Mapping[str, Assessment],
+              alerts: Mapping[str, Mapping[str, Any] | None], host: HostSample | None) -> JobView:
+        """This poll's view, keeping the last chip readings when the runtime did not
+        answer (a hung runtime is not a freed chip)."""
+        before = self._views.get(pid)
+        report = processes[pid].report if pid in processes else None
+        answered = runtime.chips if runtime is not None else {}
+        seen = tuple(_chip(c, answered[c], assessments.get(c), max(self._peaks[c]))
+                     for c in chips if c in answered and answered[c].hbm_total_bytes)
+        reading_time = runtime.time if seen and runtime is not None else None
+        if not seen and before is not None:
+            seen, reading_time = before.chips, before.reading_time
+        forecast = next((alerts[c] for c in chips if alerts.get(c)), None)
+        return JobView(
+            pid=pid, time=now if seen or before is None else before.time,
+            framework=report.framework if report else None,
+            step=report.step if report else None,
+            steps_per_second=report.steps_per_second if report else None,
+            chips=seen, forecast=forecast or (before.forecast if before else None),
+            reading_time=reading_time,
+            host_available_bytes=host.memory_available_bytes if host else None,
+            host_total_bytes=host.memory_total_bytes if host else None)
+
+
+def _holders(owners: Mapping[str, int],
+             processes: Mapping[int, ProcessState]) -> dict[int, list[str]]:
+    """Each live job's pid and the chips it holds (a reporting process may hold none)."""
+    out = _chips_by_pid(owners)
+    for pid, state in processes.items():
+        if not state.report.exited:
+            out.setdefault(pid, [])
+    return out
+
+
+def _chips_by_pid(chips: Mapping[str, int]) -> dict[int, list[str]]:
+    out: dict[int, list[str]] = {}
+    for chip, pid in chips.items():
+        out.setdefault(pid, []).append(chip)
+    return out
+
+
+def _idle(reading: Any) -> bool:
+    """A chip that holds (next to) nothing: what a freed chip reads."""
+    return reading.hbm_used_bytes <= IDLE * (reading.hbm_total_bytes or 0)
+
+
+def _chip(chip: str, reading: Any, a: Assessment | None, peak: int) -> ChipAtEnd:
+    return ChipAtEnd(chip, reading.hbm_used_bytes, reading.hbm_total_bytes or 0,
+                     a.verdict.value if a else "unknown", a.floor_bytes if a else None,
+                     peak, a.transient_bytes if a else None,
+                     a.predicted_oom_time if a else None, a.predicted_oom_step if a else None)
+
+
+def judge(view: JobView, kill: OomKill | None, interval: float) -> tuple[str, str]:
+    """The likely cause of the end, and the evidence in words."""
+    if kill is not None:
+        return "host_oom", f"the kernel killed pid {view.pid} for memory: {kill.line}"
+    hbm = _hbm_evidence(view, interval)
+    if hbm is not None:
+        return "hbm_oom", hbm
+    host_used = _host_used(view)
+    if host_used is not None and host_used >= HOST_NEAR_FULL:
+        return "unknown", (f"host memory {host_used:.1%} used at the last poll, but no kernel "
+                           "OOM record for the pid (is /dev/kmsg readable by the agent?)")
+    top = max((c.peak_ratio for c in view.chips), default=None)
+    if (top is None or top < FAR_FROM_FULL) and (host_used is None or host_used < FAR_FROM_FULL):
+        where = f"HBM at most {top:.0%} used" if top is not None else "no chips held"
+        host = f", host memory {host_used:.0%} used" if host_used is not None else ""
+        return "exited", f"memory far from full at the last poll: {where}{host}"
+    return "unknown", (f"HBM up to {top or 0:.0%} used lately: neither full nor far from it")
+
+
+def _hbm_evidence(view: JobView, interval: float) -> str | None:
+    """Why the end looks like an HBM OOM, or None: a chip near full lately (its in-step
+    peak, estimated), or its forecast OOM within a few polls of the last one."""
+    full = max(view.chips, key=lambda c: c.peak_ratio, default=None)
+    if full is not None and full.peak_ratio >= NEAR_FULL:
+        return (f"chip {full.chip} reached {full.peak_ratio:.1%} of its HBM lately "
+                f"({full.used_ratio:.1%} at the last poll)")
+    last = view.reading_time if view.reading_time is not None else view.time
+    for c in view.chips:
+        if c.predicted_oom_time is not None and \
+                c.predicted_oom_time - last <= FORECAST_POLLS * interval:
+            return (f"chip {c.chip}'s forecast OOM was {_when(c.predicted_oom_time - last)} "
+                    "the last poll")
+    return None
+
+
+def _host_used(view: JobView) -> float | None:
+    if view.host_available_bytes is None or not view.host_total_bytes:
+        return None
+    return 1.0 - view.host_available_bytes / view.host_total_bytes
+
+
+def _when(seconds: float) -> str:
+    return f"{seconds:.0f} s after" if seconds >= 0 else f"{-seconds:.0f} s before"
+
+
+__all__ = ["CAUSES", "ChipAtEnd", "JobEnd", "JobEndTracker", "JobView", "judge"]

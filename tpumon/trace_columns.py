@@ -1,0 +1,253 @@
+"""Trace files read in columns through pyarrow: what ``tpumon analyze`` and ``report`` use.
+
+Pods of hundreds of chips over days make traces of 10^8-10^9 samples, so the file is parsed
+by pyarrow's multithreaded C++ readers (CSV, JSON Lines, Parquet) and checked with vectorized
+tests, never row by row in Python. The contract (docs: shared spec, contracts section 1) is
+still decided by :mod:`tpumon.trace`'s validating parser: a CSV or JSON Lines file that
+pyarrow cannot read as is, or that holds any value the vectorized checks would not take
+(a name with spaces around it, a time going back, a non-finite time, ...), is read again by
+that parser, which accepts it the same way or stops at the first bad line with its number.
+So this module only ever returns what the strict parser would, faster; Parquet, which that
+parser does not read, gets the same checks here, and an error names the row.
+"""
+
+from __future__ import annotations
+
+import csv
+from typing import TYPE_CHECKING, BinaryIO, NamedTuple
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from tpumon.trace import SeriesColumns
+
+#: Byte counts below this and steps below _STEP_LIMIT are held exactly as int64 and float64.
+_STEP_LIMIT = 2**53
+
+_NAME_COLUMNS = ("host", "chip")
+_NUMBER_COLUMNS = ("time", "step", "hbm_used_bytes", "hbm_total_bytes")
+_REQUIRED = ("time", "host", "chip", "hbm_used_bytes", "hbm_total_bytes")
+
+
+class NeedsStrictParser(Exception):
+    """The file holds something the vectorized checks do not decide; says what, for Parquet."""
+
+
+def arrow_schema() -> pa.Schema:
+    """The contract's columns as pyarrow types (step may be null)."""
+    import pyarrow as pa
+
+    return pa.schema([("time", pa.float64()), ("host", pa.string()), ("chip", pa.string()),
+                      ("step", pa.int64()), ("hbm_used_bytes", pa.int64()),
+                      ("hbm_total_bytes", pa.int64())])
+
+
+def read_table(path: str, fmt: str) -> pa.Table:
+    """The file as a table of the contract's columns; NeedsStrictParser if pyarrow cannot read
+    it as is (the strict parser then decides what is wrong, or reads it)."""
+    import pyarrow as pa
+
+    readers = {"csv": _read_csv, "jsonl": _read_jsonl, "parquet": _read_parquet}
+    with open(path, "rb") as file:  # an OSError is Python's, worded as for any other file
+        try:
+            return readers[fmt](file)
+        except (pa.ArrowException, ValueError) as exc:
+            raise NeedsStrictParser(str(exc).splitlines()[0] if str(exc) else
+                                    type(exc).__name__) from None
+
+
+def _read_csv(file: BinaryIO) -> pa.Table:
+    import pyarrow as pa
+    import pyarrow.csv as pcsv
+
+    schema = arrow_schema()
+    types = {field.name: field.type for field in schema}
+    types.update(host=pa.dictionary(pa.int32(), pa.string()),
+                 chip=pa.dictionary(pa.int32(), pa.string()))  # a few names, many rows
+    table = pcsv.read_csv(file, convert_options=pcsv.ConvertOptions(
+        column_types=types, null_values=[""], strings_can_be_null=False,
+        quoted_strings_can_be_null=False))
+    names = table.column_names
+    if any(names.count(c) > 1 for c in types):
+        raise NeedsStrictParser("a column appears twice in the header")
+    if any(str(t) in ("binary", "large_binary") for t in table.schema.types):
+        raise NeedsStrictParser("not UTF-8 text")  # an unknown column that is not text
+    if _longest_text(table) > csv.field_size_limit():
+        raise NeedsStrictParser("a field longer than the csv module takes")
+    return _select(table)
+
+
+def _longest_text(table: pa.Table) -> int:
+    """Bytes in the longest text field: the csv module (the strict parser) limits fields."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    longest = 0
+    for column in table.columns:
+        texts = [column] if pa.types.is_string(column.type) else \
+            [chunk.dictionary for chunk in column.chunks] if pa.types.is_dictionary(column.type) \
+            else []
+        for text in texts:
+            if len(text):
+                longest = max(longest, pc.max(pc.binary_length(text)).as_py() or 0)
+    return longest
+
+
+def _read_jsonl(file: BinaryIO) -> pa.Table:
+    import pyarrow.json as pjson
+
+    table = pjson.read_json(file, parse_options=pjson.ParseOptions(
+        explicit_schema=arrow_schema(), unexpected_field_behavior="ignore"))
+    return _select(table)
+
+
+def _read_parquet(file: BinaryIO) -> pa.Table:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(file)
+    missing = [c for c in _REQUIRED if c not in table.column_names]
+    if missing:
+        raise NeedsStrictParser("missing required column " + ", ".join(map(repr, missing)))
+    if "step" not in table.column_names:
+        table = table.append_column("step", pa.nulls(len(table), pa.int64()))
+    try:
+        return _select(table).cast(arrow_schema(), safe=True)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        raise NeedsStrictParser(f"a column of the wrong type: {exc}") from None
+
+
+def _select(table: pa.Table) -> pa.Table:
+    import pyarrow as pa
+
+    missing = [c for c in _REQUIRED if c not in table.column_names]
+    if missing:
+        raise NeedsStrictParser("missing required column " + ", ".join(map(repr, missing)))
+    if "step" not in table.column_names:
+        table = table.append_column("step", pa.nulls(len(table), pa.int64()))
+    return table.select(list(arrow_schema().names))
+
+
+def series_columns(table: pa.Table) -> dict[tuple[str, str], SeriesColumns]:
+    """Per (host, chip) series arrays of a table, in order of first appearance, each in file
+    order; NeedsStrictParser (saying which row) for any value the contract refuses."""
+    from tpumon.trace import SeriesColumns
+
+    times = _numbers(table, "time", np.float64)
+    used = _numbers(table, "hbm_used_bytes", np.int64)
+    total = _numbers(table, "hbm_total_bytes", np.int64)
+    step_column = table.column("step")
+    steps = _numbers(table, "step", np.float64) if step_column.null_count == 0 else \
+        step_column.to_numpy(zero_copy_only=False).astype(np.float64)  # null -> NaN
+    _check_values(times, steps, used, total)
+    groups = _series_groups(table)
+    if groups.order is not None:
+        times, steps, used, total = (a[groups.order] for a in (times, steps, used, total))
+    _check_times(times, groups)
+    return {key: SeriesColumns(times[a:b], steps[a:b], used[a:b], total[a:b])
+            for key, a, b in zip(groups.names, groups.starts, groups.ends, strict=True)}
+
+
+class _Groups(NamedTuple):
+    """Rows grouped by series: ``order`` (None: one series) puts the rows of each series
+    together in file order; series i is rows ``starts[i]:ends[i]`` of that order."""
+
+    names: list[tuple[str, str]]  # in order of first appearance
+    order: np.ndarray | None
+    starts: list[int]
+    ends: list[int]
+
+
+def _series_groups(table: pa.Table) -> _Groups:
+    host_codes, hosts = _dictionary(table.column("host"))
+    chip_codes, chips = _dictionary(table.column("chip"))
+    for name, values in (("host", hosts), ("chip", chips)):
+        for value in values:
+            if not value or value.strip() != value:
+                raise NeedsStrictParser(f"a {name} name that is empty or has spaces around it")
+    rows = len(host_codes)
+    if rows == 0:
+        return _Groups([], None, [], [])
+    width = max(len(chips), 1)
+    pair = host_codes.astype(np.int64) * width + chip_codes
+    if len(hosts) * width == 1:
+        return _Groups([(hosts[0], chips[0])], None, [0], [rows])
+    # A stable sort keeps file order in each series; radix (linear) when keys fit 16 bits.
+    keys = pair.astype(np.uint16) if len(hosts) * width <= 1 << 16 else pair
+    order = np.argsort(keys, kind="stable")
+    grouped = pair[order]
+    starts = np.flatnonzero(np.r_[True, grouped[1:] != grouped[:-1]])
+    ends = np.r_[starts[1:], rows]
+    by_appearance = np.argsort(order[starts], kind="stable")
+    starts, ends = starts[by_appearance], ends[by_appearance]
+    names = [(hosts[p // width], chips[p % width]) for p in grouped[starts].tolist()]
+    return _Groups(names, order, starts.tolist(), ends.tolist())
+
+
+def _numbers(table: pa.Table, column: str, dtype: type) -> np.ndarray:
+    values = table.column(column)
+    if values.null_count:
+        raise NeedsStrictParser(f"row {_first(values.is_null()) + 1}: column {column!r} is empty")
+    return values.to_numpy().astype(dtype, copy=False)
+
+
+def _first(mask: pa.ChunkedArray | np.ndarray) -> int:
+    array = mask if isinstance(mask, np.ndarray) else mask.to_numpy(zero_copy_only=False)
+    return int(np.flatnonzero(array)[0])
+
+
+def _check_values(times: np.ndarray, steps: np.ndarray, used: np.ndarray,
+                  total: np.ndarray) -> None:
+    """The contract's tests on values, all rows at once; the first failing row is named."""
+    bad = [(~np.isfinite(times), "column 'time' is not a finite number"),
+           (used < 0, "column 'hbm_used_bytes' is negative"),
+           (total <= 0, "column 'hbm_total_bytes' is not positive"),
+           ((steps < 0) | (steps >= _STEP_LIMIT), "column 'step' is out of range")]
+    for mask, message in bad:
+        if mask.any():
+            raise NeedsStrictParser(f"row {_first(mask) + 1}: {message}")
+
+
+def _dictionary(column: pa.ChunkedArray) -> tuple[np.ndarray, list[str]]:
+    """Row codes and the distinct values of a string column (one dictionary for all chunks)."""
+    import pyarrow as pa
+
+    if not pa.types.is_dictionary(column.type):
+        column = column.dictionary_encode()
+    encoded = column.unify_dictionaries().combine_chunks() if column.num_chunks else \
+        pa.array([], pa.string()).dictionary_encode()
+    return encoded.indices.to_numpy(zero_copy_only=False), encoded.dictionary.to_pylist()
+
+
+def _check_times(times: np.ndarray, groups: _Groups) -> None:
+    """Times of each series must not go back."""
+    if len(times) < 2:
+        return
+    back = np.diff(times) < 0
+    for start in groups.starts:
+        if start:
+            back[start - 1] = False  # from the end of one series to the next: not a step
+    if back.any():
+        i = _first(back) + 1
+        row = i if groups.order is None else int(groups.order[i])
+        raise NeedsStrictParser(f"row {row + 1}: time {times[i]:.3f} is earlier than "
+                                f"{times[i - 1]:.3f} earlier in its series (times of a series "
+                                "must not go back)")
+
+
+def write_parquet(rows_batches: object, path: str) -> int:
+    """Write batches of rows (lists of TraceRow) as a Parquet trace; return the row count."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema = arrow_schema()
+    count = 0
+    with pq.ParquetWriter(path, schema, compression="zstd") as writer:
+        for batch in rows_batches:  # type: ignore[attr-defined]
+            columns = [[getattr(r, c) for r in batch] for c in schema.names]
+            columns[0] = [round(t, 3) for t in columns[0]]  # as CSV and JSONL: ms
+            writer.write_table(pa.table(columns, schema=schema))
+            count += len(batch)
+    return count

@@ -1,0 +1,68 @@
+"""How every tpumon output writes bytes and time spans: one place, one convention.
+
+Binary units (KiB, MiB, GiB, TiB), as tpu-info and Grafana's bytes(IEC) show HBM, so the
+same chip reads the same in `status`, `watch`, `snapshot`, the agent's pages, reports and
+alerts. A value that rounds to zero is written without a sign (never "-0.0 KiB").
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+UNITS = (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10))
+
+
+def format_bytes(value: float | None, signed: bool = False, compact: bool = False) -> str:
+    """'31.75 GiB', '812.3 MiB', '118.7 KiB', '512 B'; '+1.2 MiB' with ``signed``; '-' for
+    None. ``compact`` drops the space and the B for narrow columns: '31.7Gi', '4.1Ki'."""
+    if value is None or math.isnan(value):
+        return "-"
+    magnitude = abs(value)
+    unit, scale = next(((u, s) for u, s in UNITS if magnitude >= s), ("B", 1))
+    decimals = 0 if unit == "B" else 1 if compact or unit in ("KiB", "MiB") else 2
+    text = f"{magnitude / scale:,.{decimals}f}"
+    if float(text.replace(",", "")) == 0:
+        sign = ""
+    else:
+        sign = "-" if value < 0 else "+" if signed else ""
+    if compact:
+        return f"{sign}{text}{unit[:-1] if unit != 'B' else 'B'}"
+    return f"{sign}{text} {unit}"
+
+
+def format_growth(bytes_per_step: float | None, bytes_per_hour: float | None,
+                  signed: bool = False) -> str:
+    """Growth as people read it: per step when steps are known, else per hour."""
+    if bytes_per_step is not None:
+        return f"{format_bytes(bytes_per_step, signed=signed)}/step"
+    if bytes_per_hour is not None:
+        return f"{format_bytes(bytes_per_hour, signed=signed)}/h"
+    return "-"
+
+
+def format_hours(seconds: float) -> str:
+    """A time to come: '45 min', '5.3 h', '12 d'."""
+    seconds = max(seconds, 0.0)
+    if seconds < 3600:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 48 * 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.0f} d"
+
+
+def utc(t: float, seconds: bool = False) -> str:
+    """'2026-11-25 13:21 UTC'."""
+    return time.strftime("%Y-%m-%d %H:%M" + (":%S" if seconds else ""), time.gmtime(t)) + " UTC"
+
+
+def format_span(start: float, end: float, seconds: bool = False) -> str:
+    """'<start> to <end>', or just '<start>' when both read the same: an interval is shown
+    only when it has width."""
+    first, last = utc(start, seconds), utc(end, seconds)
+    if first == last:
+        return first
+    if first[:10] == last[:10]:
+        last = last[11:]  # same day: '2026-11-25 13:21 to 14:05 UTC'
+        first = first[:-4]
+    return f"{first} to {last}"
