@@ -17,6 +17,7 @@ from tools import clean_env, free_port, get, require_tool, wait_for
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(180)
 def test_demo_pod_starts_prints_where_to_look_and_stops(tmp_path):
     require_tool("prometheus")

@@ -43,6 +43,7 @@ def prometheus(tmp_path_factory):
     procs.stop_all()
 
 
+@pytest.mark.e2e
 def test_a_long_range_at_fine_resolution_is_asked_in_chunks(prometheus):
     """Two days at 1 s: 172,801 points, which Prometheus refuses in one query."""
     now = time.time()
@@ -60,6 +61,7 @@ def _one_query(url: str, start: float, end: float) -> None:
     _get(url, "query_range", {"query": "up", "start": start, "end": end, "step": 1}, 30)
 
 
+@pytest.mark.e2e
 def test_unknown_slice_names_what_prometheus_has(prometheus):
     now = time.time()
     with pytest.raises(PrometheusError, match=r"slice 'nope' is not in Prometheus at .* "
@@ -86,6 +88,7 @@ def analyze(*args: str) -> subprocess.CompletedProcess:
     (["--slice", "s"], "--slice needs --prometheus URL"),
     (["--prometheus", "{prom}"], "--prometheus needs --slice NAME"),
 ])
+@pytest.mark.e2e
 def test_cli_errors_are_one_line(prometheus, args, message):
     free = str(free_port())
     fill = {"free": free, "prom": prometheus}

@@ -82,6 +82,7 @@ def test_every_simulated_host_has_its_identity_runtime_and_peers():
             host.stop()
 
 
+@pytest.mark.e2e
 def test_agents_attached_to_a_simulated_slice_carry_its_labels(tmp_path):
     sim = subprocess.Popen([*TPUMON, "sim", "--hosts", "2", "--slice", "my-tpu", "--port", "0",
                             "--scenario", "slice-leak", "--acceleration", "60"],
@@ -108,6 +109,7 @@ def hbm_series_labels(agent: AgentProcess, chip: str) -> str:
         agent.stop()
 
 
+@pytest.mark.e2e
 def test_attaching_to_nothing_is_one_clear_error(tmp_path):
     from tools import free_port
 
@@ -119,6 +121,7 @@ def test_attaching_to_nothing_is_one_clear_error(tmp_path):
     assert "no simulated host's metadata there" in result.stderr.strip().splitlines()[-1]
 
 
+@pytest.mark.e2e
 def test_the_one_vm_simulation_fills_slice_worker_and_accelerator(tmp_path):
     labels = hbm_series_labels(AgentProcess(tmp_path, None), "0")
     assert re.fullmatch(r'accelerator_type="v4-8",chip="0",host="[^"]+",slice="tpumon-sim",'

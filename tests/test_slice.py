@@ -151,6 +151,7 @@ def run_status(*args: str, env: dict | None = None) -> subprocess.CompletedProce
                           timeout=60)
 
 
+@pytest.mark.e2e
 def test_status_slice_from_metadata_on_a_slice_of_loopback_addresses(servers):
     """Each worker on its own loopback address and the same agent port, as on a pod; one
     worker's agent is down."""
@@ -175,6 +176,7 @@ def test_status_slice_from_metadata_on_a_slice_of_loopback_addresses(servers):
     assert f"http://127.0.0.4:{port}: not answering" in result.stdout
 
 
+@pytest.mark.e2e
 def test_status_slice_json_and_bad_input(servers):
     a, b = servers(status_doc(0, ["ok"])), servers(status_doc(1, ["ok"]))
     result = run_status("--peers", f"{a.address},{b.address}", "--format", "json")
@@ -190,6 +192,7 @@ def test_status_slice_json_and_bad_input(servers):
         assert message in result.stderr.strip().splitlines()[-1], result.stderr
 
 
+@pytest.mark.e2e
 def test_agents_behind_tls_and_basic_auth(stack, pki, tmp_path):  # noqa: F811
     (tmp_path / "password").write_text(PASSWORD + "\n")
     auth = stack.auth.removeprefix("https://")
@@ -214,6 +217,7 @@ def test_agents_behind_tls_and_basic_auth(stack, pki, tmp_path):  # noqa: F811
     assert not workers[1]["up"], workers  # no client certificate
 
 
+@pytest.mark.e2e
 def test_watch_slice_in_a_real_terminal(servers, tmp_path):
     import sys
 
