@@ -51,7 +51,7 @@ def test_a_directory_is_a_slice_and_the_table_fits_80_columns(slice_dir):
     table_rows = [line for line in lines if "…" in line]
     assert len(table_rows) == 4 and all(line.split()[0][-4:] in ("-w-0", "-w-1")
                                         for line in table_rows)
-    assert "KB/step" in text and text.count("…") == 4  # nothing cut but the hosts
+    assert "KiB/step" in text and text.count("…") == 4  # nothing cut but the hosts
     assert text.count("forecast at alert: step ") == 2
 
 

@@ -14,6 +14,8 @@ import pytest
 from browser import Chromium
 from tools import AgentProcess, wait_for
 
+pytestmark = pytest.mark.e2e  # real agents (and a browser): seconds each
+
 DEMO = ("--scenario", "fast-leak", "--acceleration", "240", "--poll-interval", "0.0625")
 PAGES = ("/", "/report")
 WIDTHS = (1280, 390)

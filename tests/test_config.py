@@ -53,7 +53,8 @@ def test_config_path_from_environment(tmp_path):
     ("[agent]\npoll_intervall = 1\n", "unknown key 'agent.poll_intervall' (did you mean 'agent.poll_interval'?)"),
     ("[agnet]\npoll_interval = 1\n", "unknown key 'agnet' (did you mean 'agent'?)"),
     ("[agent]\npoll_interval = 'fast'\n", "agent.poll_interval must be a number, got 'fast'"),
-    ("[agent]\npoll_interval = -1\n", "agent.poll_interval must be greater than 0"),
+    ("[agent]\npoll_interval = -1\n", "agent.poll_interval must be between 0.01 and 3600 s"),
+    ("[agent]\npoll_interval = 1e10\n", "agent.poll_interval must be between 0.01 and 3600 s"),
     ("[agent]\nhistory_points = 1.5\n", "agent.history_points must be an integer"),
     ("[agent]\nlog_level = 'loud'\n", "agent.log_level must be one of debug, info, warning, error"),
     ("[runtime]\nports = [8431, 70000]\n", "runtime.ports has invalid port(s) [70000]"),
@@ -94,7 +95,7 @@ def test_bad_environment_values():
 
 
 def test_flag_values_are_validated_too():
-    with pytest.raises(ConfigError, match="flag for agent.poll_interval: agent.poll_interval must be greater than 0"):
+    with pytest.raises(ConfigError, match="flag for agent.poll_interval: agent.poll_interval must be between 0.01"):
         load_config(None, {"agent.poll_interval": 0.0}, env={})
 
 

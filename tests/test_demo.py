@@ -12,6 +12,10 @@ import time
 
 from tools import AgentProcess, clean_env, wait_for
 
+import pytest
+
+pytestmark = pytest.mark.e2e  # real agents (and a browser): seconds each
+
 TPUMON = [sys.executable, "-m", "tpumon"]
 # make demo's scenario at 4x its pace (and polls 4x as often: the same 15 simulated s
 # apart), so that each run calls its leak within about 20 s
@@ -99,8 +103,9 @@ def check_the_pages_agree(agent: AgentProcess) -> None:
 
 def check_the_log_says_so(agent: AgentProcess) -> None:
     """Without Slack or PagerDuty the journal once said nothing when a leak was called."""
-    said = (r"WARNING .*chip 0: verdict leak \(was \w+\): floor grows .*/step; "
-            r"OOM in [\d.]+ h; OOM at step ~[\d,]+ \(.* UTC\)")
+    said = (r"WARNING .*chip 0: verdict leak \(was \w+\): (floor grows|all 4 chips of "
+            r"process \d+ grow) [\d.]+ KiB/step; OOM in [\d.]+ h; OOM at step ~[\d,]+ "
+            r"\(.* UTC\)")
     line = wait_for(lambda: re.search(said, agent.log()), timeout=10)
     assert line
     assert len(re.findall(r"chip 0: verdict leak", agent.log())) == 1

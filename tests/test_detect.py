@@ -174,7 +174,7 @@ def test_jumps_that_keep_coming_are_a_jump_process_and_stop_when_they_stop():
                                                               10.0, 12.2, 13.5)]
     stairs = find_staircase(jumps, T0 + 15 * hour, min_jumps=3)
     assert stairs is not None
-    assert stairs.describe() == "9 jumps in 14 h, 0.31 GB each, every ~1.8 h"
+    assert stairs.describe() == "9 jumps in 14 h, 295.6 MiB each, every ~1.8 h"
     assert stairs.growth == pytest.approx(8 * 0.31e9 / (14 * hour))  # 8 more after the first
     low, high = stairs.growth_interval
     assert low < stairs.growth < high

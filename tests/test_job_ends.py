@@ -194,3 +194,62 @@ def test_a_process_killed_under_a_cgroup_memory_limit_is_a_host_oom():
         assert f"pid={job.pid}" in end.evidence or f"process {job.pid}" in end.evidence
     finally:
         cgroup.rmdir()
+
+
+def test_the_hour_before_an_end_is_kept_whatever_the_retention(tmp_path):
+    """The end's evidence is copied when it is seen: raw samples rolling up into minutes a
+    day later (here: an hour) do not thin it, and `tpumon export --around-end` gives it."""
+    from tpumon.store.database import (KEPT_ENDS, HistoryDB, Retention, Sample, StoredEnd,
+                                       database_path)
+
+    retention = Retention(raw_seconds=3600, minute_seconds=30 * 86400)
+    db = HistoryDB(database_path(tmp_path), retention)
+    t0 = 1_790_000_000.0
+    with db.transaction():
+        for i in range(4 * 3600 // 5):  # four hours of 5 s polls, two chips
+            t = t0 + 5 * i
+            db.add_samples("vm", [(c, Sample(t, i, 20 * GiB + i * 4096, 32 * GiB))
+                                  for c in ("0", "1")])
+    end_time = t0 + 2 * 3600  # the end, two hours in
+    with db.transaction():
+        kept = db.keep_job_end("vm", StoredEnd(0, "", end_time, "hbm_oom", 4242, 1440, "died"))
+    db.apply_retention(t0 + 4 * 3600)  # everything older than the last hour rolled up
+    evidence = list(db.end_samples(kept))
+    assert len(evidence) == 2 * (3600 // 5 + 1)
+    assert min(s.time for _, s in evidence) == end_time - 3600
+    assert max(s.time for _, s in evidence) == end_time
+    [stored] = db.job_ends()
+    assert (stored.host, stored.cause, stored.pid, stored.step) == ("vm", "hbm_oom", 4242, 1440)
+    later = t0 + 4 * 3600 - 600  # in the raw hour still kept
+    with db.transaction():
+        for n in range(KEPT_ENDS + 2):  # only the latest ends stay
+            db.keep_job_end("vm", StoredEnd(0, "", later + n, "exited", n, None, "x"))
+    assert len(db.job_ends()) == KEPT_ENDS and db.job_ends()[0].pid == KEPT_ENDS + 1
+    assert list(db.end_samples(kept)) == []
+    latest = len(list(db.end_samples(db.job_ends()[0].id)))
+    assert 0 < latest < 2 * (3600 // 5)  # only what was still raw when it was seen
+    db.close()
+    out = tmp_path / "end.csv"
+    done = subprocess.run([sys.executable, "-m", "tpumon", "export", "--state-dir",
+                           str(tmp_path), "--around-end", "-o", str(out)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "the hour before: x" in done.stderr
+    lines = out.read_text().splitlines()
+    assert len(lines) == 1 + latest  # header, then the last end's evidence
+
+
+def test_export_around_an_end_where_none_was_kept_is_one_error_line(tmp_path):
+    from tpumon.store.database import HistoryDB, Retention, Sample, database_path
+
+    db = HistoryDB(database_path(tmp_path), Retention())
+    with db.transaction():
+        db.add_samples("vm", [("0", Sample(1.0, 1, 1, 2))])
+    db.close()
+    done = subprocess.run([sys.executable, "-m", "tpumon", "export", "--state-dir",
+                           str(tmp_path), "--around-end"], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr.strip().splitlines() == [
+        f"Error: {database_path(tmp_path)}: no job end kept here (the agent keeps the hour "
+        "before each end it sees; docs/job-ends.md)"]

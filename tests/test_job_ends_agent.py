@@ -56,6 +56,13 @@ def test_the_simulated_jobs_hbm_oom_is_named_compared_and_told_once(tmp_path):
             assert len(ended(agent)) == 1  # the dead job's silence is not another end
         finally:
             assert agent.stop() == 0
+        evidence = subprocess.run([*TPUMON, "export", "--state-dir", str(state), "--around-end",
+                                   "-o", str(tmp_path / "end.csv")], capture_output=True,
+                                  text=True, timeout=60, env=clean_env())
+        assert evidence.returncode == 0, evidence.stderr
+        assert f"ended at step {end['step']:,}: hbm_oom" in evidence.stderr
+        rows = (tmp_path / "end.csv").read_text().splitlines()[1:]
+        assert {r.split(",")[2] for r in rows} == {"0", "1", "2", "3"}  # every chip's hour
         again = AgentProcess(tmp_path, state, "--acceleration", "960", env=env)
         try:
             time.sleep(5)

@@ -60,11 +60,12 @@ def test_export_of_an_empty_selection_is_an_error_and_keeps_the_file(state, tmp_
     one_line_error(run("export", "--state-dir", str(state), *args), *fragments)  # stdout
 
 
-@pytest.mark.parametrize("name", ["x.parquet", "x.json", "x"])
+@pytest.mark.parametrize("name", ["x.xlsx", "x.json", "x"])
 def test_export_refuses_a_file_it_cannot_write(state, tmp_path, name):
-    """`export -o x.parquet` wrote CSV into it."""
+    """`export -o x.parquet` wrote CSV into it (Parquet is written now; other suffixes are
+    still refused)."""
     one_line_error(run("export", "--state-dir", str(state), "-o", str(tmp_path / name)),
-                   name, ".csv or .jsonl")
+                   name, ".csv or .jsonl or .parquet")
     assert not (tmp_path / name).exists()
 
 

@@ -126,16 +126,19 @@ class FakeReporter(Reporter):
 
 
 class AgentProcess:
-    """``tpumon agent --simulate`` as a child process, optionally behind a command prefix."""
+    """``tpumon agent --simulate`` as a child process, optionally behind a command prefix
+    (``simulate=False``: a real agent, told where its runtime is in ``extra``)."""
 
     def __init__(self, tmp: Path, state_dir: Path | None, *extra: str,
-                 prefix: tuple[str, ...] = (), env: dict | None = None) -> None:
+                 prefix: tuple[str, ...] = (), env: dict | None = None,
+                 simulate: bool = True) -> None:
         self.log_path = tmp / f"agent-{len(list(tmp.glob('agent-*.log')))}.log"
         full_env = clean_env()
         full_env.update(env or {}, PYTHONFAULTHANDLER="1")
         with open(self.log_path, "w") as log:
             self.proc = subprocess.Popen(
-                [*prefix, *TPUMON, "agent", "--simulate", "--listen-address", "127.0.0.1:0",
+                [*prefix, *TPUMON, "agent", *(("--simulate",) if simulate else ()),
+                 "--listen-address", "127.0.0.1:0",
                  *(() if state_dir is None else ("--state-dir", str(state_dir))),
                  "--poll-interval", "0.05", *extra],
                 stderr=log, env=full_env)

@@ -29,12 +29,12 @@ from tpumon.notify.alerts import AlertLog
 from tpumon.notify.health import NotifierHealth
 from tpumon.notify.settings import AlertSettings
 from tpumon.job_ends import JobEndTracker
-from tpumon.processes import (ProcessState, ProcessTracker, chip_processes, growing_chips,
+from tpumon.processes import (ChipClaims, ProcessState, ProcessTracker, growing_chips,
                               with_hbm_growth)
 from tpumon.sources.reporter import ReporterSocket
 from tpumon.state import AgentState, Snapshot
 from tpumon.store.checkpoint import dump_detector
-from tpumon.store.database import Sample
+from tpumon.store.database import Sample, StoredEnd
 from tpumon.store.writer import PollRecord, StoreWriter
 from tpumon.units import utc
 
@@ -72,7 +72,8 @@ def forecast_text(a: Assessment) -> str:
         return ""
     growth = describe_growth(a.slope_bytes_per_step, a.slope_bytes_per_hour)
     at_step = "" if a.predicted_oom_step is None else f" at step ~{a.predicted_oom_step:,.0f}"
-    said = "" if "floor grows" in a.reason else f"; floor grows {growth}"
+    given = "floor grows" in a.reason or " grow " in a.reason  # "all 4 chips of ... grow"
+    said = "" if given else f"; floor grows {growth}"
     return f"{said}; OOM{at_step} ({utc(a.predicted_oom_time)})"
 
 
@@ -118,10 +119,13 @@ class Agent:
         self._runtime = SourceTracker("tpu_runtime", runtime.poll)
         self._host = SourceTracker("host", HostSource(owners, min_interval=HOST_SECONDS).poll)
         self._reporters = None if reporters is None else SourceTracker("reporter", reporters.poll)
+        self._reporter_socket = reporters
+        self._chip_claims = ChipClaims()
         self._processes = ProcessTracker()
         self._kernel = None if kernel_log is None else SourceTracker("kernel_log",
                                                                      kernel_log.poll)
         self._ends = JobEndTracker(interval)
+        self._unstored_ends: list[StoredEnd] = []  # for the store's next record
         self._leak_snapshots = leak_snapshots
         self._notifier_health = notifier_health
         self.alert_settings = alert_settings or AlertSettings()  # swapped by a reload
@@ -143,7 +147,9 @@ class Agent:
         processes = self._processes.update(
             reported, None if host is None else host.memory_available_bytes)
         owners = self._owners()
-        attributed = chip_processes(runtime.chips if runtime else (), owners, processes)
+        attributed = self._chip_claims(
+            runtime.chips if runtime else (), owners, processes,
+            self._reporter_socket.allowed_uids if self._reporter_socket else ())
         steps = self._steps(attributed, processes)
         samples = self._samples(runtime, steps)
         self._polls += 1
@@ -190,6 +196,8 @@ class Agent:
         for end in self._ends.update(time.time(), runtime, owners, processes, assessments,
                                      alerts, host, kills, attributed):
             log.warning("%s", end.summary())
+            if self._store is not None:
+                self._unstored_ends.append(end.stored())
 
     @staticmethod
     def _steps(attributed: Mapping[str, int],
@@ -218,9 +226,10 @@ class Agent:
         if final or time.monotonic() >= self._next_checkpoint:
             checkpoints = {name: dump_detector(d) for name, d in self._detectors.items()}
             self._next_checkpoint = time.monotonic() + self._checkpoint_interval
-        if samples or checkpoints:
+        ends, self._unstored_ends = tuple(self._unstored_ends), []
+        if samples or checkpoints or ends:
             store.submit(PollRecord(self.state.snapshot.identity.host,
-                                          tuple(samples.items()), checkpoints))
+                                    tuple(samples.items()), checkpoints, ends))
 
     def _detect(self, samples: Mapping[str, Sample],
                 owners: Mapping[str, int]) -> dict[str, Assessment]:

@@ -59,22 +59,16 @@ class Key:
         return f"{ENV_PREFIX}{self.section}_{self.name}".upper()
 
 
-def _positive(value: Any) -> str | None:
-    if not value > 0:
-        return "must be greater than 0"
-    return None if math.isfinite(value) else "must be a finite number"
+def _within(low: float, high: float, unit: str = "") -> Callable[[Any], str | None]:
+    """A number in [low, high]: every number in the configuration has a sane range, so
+    that a typo such as poll_interval = 1e10 is one clear line from `config check` and
+    at start-up, not an OverflowError in a thread (a crash loop under systemd)."""
+    def check(value: Any) -> str | None:
+        if not (math.isfinite(value) and low <= value <= high):
+            return f"must be between {low:g} and {high:g}{unit}"
+        return None
 
-
-def _non_negative(value: Any) -> str | None:
-    if not value >= 0:
-        return "must be 0 or more"
-    return None if math.isfinite(value) else "must be a finite number"
-
-
-def _at_least_one(value: Any) -> str | None:
-    if not value >= 1:
-        return "must be at least 1"
-    return None if math.isfinite(value) else "must be a finite number"
+    return check
 
 
 def _history_points(value: int) -> str | None:
@@ -132,7 +126,7 @@ def _listen_address(value: str) -> str | None:
 
 SCHEMA: tuple[Key, ...] = (
     Key("agent", "poll_interval", float, 5.0,
-        "Seconds between polls of the TPU runtime and the host.", _positive),
+        "Seconds between polls of the TPU runtime and the host.", _within(0.01, 3600, " s")),
     Key("agent", "history_points", int, 4096,
         "Samples kept in memory per chip (a ring buffer; older ones are dropped).",
         _history_points),
@@ -156,14 +150,15 @@ SCHEMA: tuple[Key, ...] = (
         "TPU VM's tpu-env metadata, then 8431.", _ports),
     Key("runtime", "timeout", float, 1.0,
         "Deadline in seconds for every gRPC call; a hung runtime costs at most this per poll.",
-        _positive),
+        _within(0.01, 300, " s")),
     Key("runtime", "slow_metrics_interval", float, 5.0,
         "Seconds between asking for everything but HBM usage (asked every poll): total "
         "memory, duty cycle and the runtime's other metrics (bandwidth, idle time, HLO "
         "queue and timings, megascale/DCN distributions); 0 asks for all every poll.",
-        _non_negative),
+        _within(0, 86400, " s")),
     Key("runtime", "owners_interval", float, 30.0,
-        "Seconds between scans of /proc for the processes that own each chip.", _positive),
+        "Seconds between scans of /proc for the processes that own each chip.",
+        _within(0.1, 86400, " s")),
     Key("identity", "hostname", str, "",
         "Host label. Empty: the machine's hostname."),
     Key("identity", "worker", str, "",
@@ -177,31 +172,33 @@ SCHEMA: tuple[Key, ...] = (
         "Ask the GCE metadata server: 'auto' (only on Google Compute Engine), 'on', 'off'.",
         _one_of("auto", "on", "off")),
     Key("identity", "metadata_timeout", float, 0.5,
-        "Seconds to wait for the metadata server at start-up.", _positive),
+        "Seconds to wait for the metadata server at start-up.", _within(0.01, 60, " s")),
     Key("store", "state_dir", str, "/var/lib/tpumon",
         "Directory of the history store (history.db: samples and detector state, resumed "
         "after a restart). Empty: no history store. With --simulate only when set "
         "explicitly."),
     Key("store", "raw_retention_hours", float, 24.0,
         "Hours of every poll's samples kept; older ones are rolled up into per-minute "
-        "floors and peaks.", _positive),
+        "floors and peaks.", _within(0.01, 8784, " hours")),
     Key("store", "minute_retention_days", float, 30.0,
-        "Days of per-minute floors and peaks kept.", _positive),
+        "Days of per-minute floors and peaks kept.", _within(0.01, 3660, " days")),
     Key("store", "max_size_mb", float, 256.0,
         "Hard cap on the history store's files (MiB); the oldest data goes first.",
-        _at_least_one),
+        _within(1, 1048576, " MiB")),
     Key("store", "checkpoint_interval", float, 60.0,
         "Seconds between saves of the detectors' state (a restart replays the samples "
-        "stored since).", _positive),
+        "stored since).", _within(0.01, 86400, " s")),
     Key("store", "write_delay", float, 5.0,
         "Seconds a poll may wait to be written together with the next ones (fewer commits; "
-        "a crash loses at most this much history).", _non_negative),
+        "a crash loses at most this much history).", _within(0, 3600, " s")),
     Key("reporter", "socket", str, "/run/tpumon/reporter.sock",
         "Unix datagram socket for the in-process reporters (tpumon.instrument). Empty: "
         "none. With --simulate only when set explicitly."),
     Key("reporter", "allowed_uids", list, [],
         "Only reports from processes of these user ids are taken (the kernel vouches for "
-        "the uid). Empty: any local user's."),
+        "the uid). Empty: any local user's. Where the agent cannot see which process holds "
+        "a chip, only these users' processes (empty: root's and the agent's user's) give "
+        "the chip its step."),
     Key("reporter", "snapshot_on_leak", bool, True,
         "When a chip's leak alert is raised and its training process reports, ask that "
         "process for two live-tensor snapshots and name what grew (tpumon snapshot does it "
@@ -211,16 +208,17 @@ SCHEMA: tuple[Key, ...] = (
         "100 and at most 10000.", _snapshot_steps),
     Key("alerts", "oom_horizon_hours", float, 6.0,
         "Critical alert when a leaking chip's forecast OOM is nearer than this. Exported as "
-        "tpumon_alert_oom_horizon_seconds, which the Prometheus rules read too.", _positive),
+        "tpumon_alert_oom_horizon_seconds, which the Prometheus rules read too.",
+        _within(0.01, 8784, " hours")),
     Key("alerts", "hbm_used_ratio_threshold", float, 0.95,
         "Warning when a chip's HBM floor stays above this fraction of its capacity. Exported "
         "as tpumon_alert_hbm_used_ratio_threshold.", _fraction),
     Key("alerts", "training_stall_minutes", float, 10.0,
         "Warning when a reporting training process has sent no step for this long while it "
-        "is alive and its chips hold memory.", _positive),
+        "is alive and its chips hold memory.", _within(0.01, 10080, " minutes")),
     Key("alerts", "resolve_after_minutes", float, 10.0,
         "An alert resolves after its condition has been false this long (no flapping).",
-        _positive),
+        _within(0.01, 10080, " minutes")),
     Key("alerts", "dashboard_url", str, "",
         "Link in every notification; {host}, {worker}, {slice} and {chip} are filled in. "
         "Empty: no link.", _link_template),
@@ -251,12 +249,13 @@ SCHEMA: tuple[Key, ...] = (
     Key("simulator", "scenario", str, "linear-leak",
         "Workload scenario for --simulate and 'tpumon sim' (see 'tpumon sim --list').",
         _scenario),
-    Key("simulator", "chips", int, 4, "Number of simulated chips.", _positive),
+    Key("simulator", "chips", int, 4, "Number of simulated chips.", _within(1, 64)),
     Key("simulator", "chip_type", str, "v4",
         "Simulated chip type.", _one_of("v4", "v5e", "v5p", "v6e")),
     Key("simulator", "acceleration", float, 60.0,
-        "Simulated seconds per real second.", _positive),
-    Key("simulator", "seed", int, 0, "Random seed of the simulated workload."),
+        "Simulated seconds per real second.", _within(0.001, 1000000)),
+    Key("simulator", "seed", int, 0, "Random seed of the simulated workload.",
+    _within(0, 2**32 - 1)),
     Key("simulator", "host", str, "",
         "With --simulate: the metadata address (HOST:PORT) of one host of a running "
         "'tpumon sim --hosts N' to attach to, instead of starting a simulator; its identity "
@@ -265,8 +264,7 @@ SCHEMA: tuple[Key, ...] = (
         "Simulated seconds the job may run ahead of the runtime's last reader; a reader "
         "that comes later finds the simulated world waited for it (polls never farther "
         "apart than this, however busy the host; polls set further apart slow the "
-        "simulation to it). 0: time runs on regardless.",
-        _non_negative),
+        "simulation to it). 0: time runs on regardless.", _within(0, 1000000, " s")),
 )
 
 KEYS: dict[str, Key] = {k.dotted: k for k in SCHEMA}

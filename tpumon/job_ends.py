@@ -31,6 +31,7 @@ from tpumon.processes import ProcessState
 from tpumon.samples import HostSample, RuntimeReading
 from tpumon.sources.kernel_log import OomKill
 from tpumon.sources.reporter import pid_alive
+from tpumon.store.database import StoredEnd
 
 CAUSES = ("hbm_oom", "host_oom", "exited", "unknown")
 NEAR_FULL = 0.95        # of a chip's HBM at the last poll: an OOM is the likely end
@@ -126,6 +127,12 @@ class JobEnd:
         text = f"training job {who} ended{at}: {self.cause} ({self.evidence})"
         compared = self.forecast_comparison()
         return f"{text}; {compared}" if compared else text
+
+    def stored(self) -> StoredEnd:
+        """As the history store keeps it, dated on the samples' clock (the evidence kept
+        with it is the hour of samples before that)."""
+        when = self.view.reading_time if self.view.reading_time is not None else self.time
+        return StoredEnd(0, "", when, self.cause, self.pid, self.view.step, self.summary())
 
     def to_json(self) -> dict[str, Any]:
         v = self.view

@@ -22,14 +22,18 @@ Two verdicts per process, because a run dies of either:
 
 from __future__ import annotations
 
+import logging
+import os
 from dataclasses import dataclass, replace
-from typing import Iterable, Mapping
+from typing import Collection, Iterable, Mapping
 
 from tpumon.detect import Assessment, Verdict
 from tpumon.detect.counts import (Cause, CountSettings, CountTracker, CountTrend, diagnose,
                                   host_memory_cause)
 from tpumon.known_issues import known_issue
 from tpumon.sources.reporter import ProcessReport, ReporterReading
+
+log = logging.getLogger("tpumon.processes")
 
 #: RSS trends: Python's heap and the framework's caches settle over more steps than the
 #: live count does, and a few MiB of drift is not a leak; 64 MiB of steady growth since
@@ -140,23 +144,58 @@ def with_hbm_growth(processes: Mapping[int, ProcessState], chip_processes: Mappi
 
 
 def chip_processes(chips: Iterable[str], owners: Mapping[str, int],
-                   processes: Mapping[int, ProcessState]) -> dict[str, int]:
-    """Which reporting process drives each chip: the chip's owner (from /proc) when it
-    reports; else the process whose report names the chip's device (PyTorch/XLA's
-    process-per-chip runs); else, when exactly one process reports, that one. A process
-    whose pid is gone drives nothing."""
+                   processes: Mapping[int, ProcessState],
+                   allowed_uids: Collection[int] = ()) -> dict[str, int]:
+    """Which reporting process drives each chip's step axis; a process whose pid is gone
+    drives nothing.
+
+    The kernel's word first: a chip whose holder the owner scan saw (/proc/PID/fd) is
+    driven by that process if it reports, and by no one else: any local user can send a
+    report naming any device, and a stranger's restarting step counter hides a leak
+    (docs/security.md). Only where the scan saw no holder for the chip (an agent without
+    the capability to read other users' fds, or a PID namespace apart) does a report's word
+    count, and then only reports of trusted users: ``allowed_uids`` (reporter.allowed_uids)
+    or, when that is empty (every user heard), root and the agent's own user. Among those,
+    the process whose report names the chip's device (PyTorch/XLA's process-per-chip runs),
+    else, when exactly one trusted process reports, that one."""
     running = {pid: s for pid, s in processes.items() if not s.report.exited}
+    uids = set(allowed_uids) or {0, os.geteuid()}
+    trusted = {pid: s for pid, s in running.items() if s.report.uid in uids}
     by_device: dict[str, int] = {}
-    for pid, state in running.items():
+    for pid, state in trusted.items():
         for device in state.report.devices:
             by_device.setdefault(device, pid)
         if state.report.ordinal is not None and not state.report.devices:
             by_device.setdefault(str(state.report.ordinal), pid)
-    only = next(iter(running)) if len(running) == 1 else None
+    only = next(iter(trusted)) if len(trusted) == 1 else None
     out = {}
     for chip in chips:
         owner = owners.get(chip)
-        driver = owner if owner in running else by_device.get(chip, only)
+        driver = (owner if owner in running else None) if owner is not None else \
+            by_device.get(chip, only)
         if driver is not None:
             out[chip] = driver
     return out
+
+
+class ChipClaims:
+    """:func:`chip_processes`, saying (once per change) which chips were given to a process
+    on its own report, because the kernel could not say who holds them."""
+
+    def __init__(self) -> None:
+        self._on_report: dict[str, int] = {}
+
+    def __call__(self, chips: Iterable[str], owners: Mapping[str, int],
+                 processes: Mapping[int, ProcessState],
+                 allowed_uids: Collection[int]) -> dict[str, int]:
+        chosen = chip_processes(chips, owners, processes, allowed_uids)
+        on_report = {c: p for c, p in chosen.items() if c not in owners}
+        if on_report != self._on_report:
+            for chip, pid in sorted(on_report.items()):
+                if self._on_report.get(chip) != pid:
+                    log.info("chip %s: no holder seen in /proc; its step comes from pid %d "
+                             "(uid %d, trusted: reporter.allowed_uids, else root and the "
+                             "agent's user) on its own report", chip, pid,
+                             processes[pid].report.uid)
+            self._on_report = on_report
+        return chosen

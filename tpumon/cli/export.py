@@ -12,7 +12,7 @@ import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator
 
 import click
 
@@ -21,7 +21,7 @@ from tpumon.cli.prometheus_source import (check_prometheus_options, prometheus_o
                                           prometheus_rows)
 from tpumon.config import ConfigError, load_config
 from tpumon.store.database import HistoryDB, Retention, database_path
-from tpumon.store.export import export_rows
+from tpumon.store.export import end_rows, export_rows
 from tpumon.trace import TraceRow, write_trace
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -87,6 +87,17 @@ def describe_selection(db: HistoryDB, since: str | None, until: str | None) -> s
             f"{window}")
 
 
+def _around_end(db: HistoryDB, path: Path, hosts: set[str],
+                chips: set[str]) -> Iterator[TraceRow]:
+    """The last end's evidence, said on stderr; one error line when none was kept."""
+    kept, rows = end_rows(db, hosts, chips)
+    if kept is None:
+        raise click.ClickException(f"{path}: no job end kept here (the agent keeps the "
+                                   "hour before each end it sees; docs/job-ends.md)")
+    click.echo(f"the hour before: {kept.summary}", err=True)
+    return rows
+
+
 @click.command("export")
 @config_option
 @state_dir_option
@@ -96,11 +107,15 @@ def describe_selection(db: HistoryDB, since: str | None, until: str | None) -> s
 @click.option("--format", "fmt", type=click.Choice(["csv", "jsonl", "parquet"]), default=None,
               help="Trace format [default: jsonl for a .jsonl output, parquet for .parquet, "
               "else csv]; parquet needs an output file.")
+@click.option("--around-end", is_flag=True,
+              help="The hour of raw samples before the last job end the agent saw (kept at "
+                   "full resolution whatever the retention; docs/job-ends.md) instead of the "
+                   "history; --host and --chip still select.")
 @prometheus_options
 def command(config_path: str | None, state_dir: str | None, since: str | None,
             until: str | None, hosts: tuple[str, ...], chips: tuple[str, ...], output: str,
-            fmt: str | None, prometheus: str | None, slice_name: str | None,
-            resolution: float) -> None:
+            fmt: str | None, around_end: bool, prometheus: str | None,
+            slice_name: str | None, resolution: float) -> None:
     """Write the agent's stored HBM history as a trace (the format 'tpumon analyze' reads),
     for a post-mortem after the job died. Raw polls where they are still kept; older
     history as each minute's floor and peak. Safe to run while the agent writes. With
@@ -109,7 +124,7 @@ def command(config_path: str | None, state_dir: str | None, since: str | None,
     fmt = fmt or output_format(output)
     if fmt == "parquet" and output == "-":
         raise click.UsageError("parquet is written to a file: give -o FILE.parquet")
-    if check_prometheus_options(prometheus, slice_name, state_dir is not None):
+    if check_prometheus_options(prometheus, slice_name, state_dir is not None or around_end):
         assert prometheus is not None and slice_name is not None
         _write([r for r in prometheus_rows(prometheus, slice_name, since, until, resolution)
                 if (not hosts or r.host in hosts) and (not chips or r.chip in chips)],
@@ -126,7 +141,10 @@ def command(config_path: str | None, state_dir: str | None, since: str | None,
     try:
         db = HistoryDB(path, Retention(), read_only=True)
         try:
-            selected = export_rows(db, start, end, set(hosts), set(chips))
+            if around_end:
+                selected = _around_end(db, path, set(hosts), set(chips))
+            else:
+                selected = export_rows(db, start, end, set(hosts), set(chips))
             first = next(selected, None)
             if first is None:
                 raise click.ClickException(f"{path}: no samples match the selection "

@@ -8,7 +8,7 @@ at 95 % (the lower bound of its slope interval above zero, where a chip alone ne
 Mann-Kendall z of 4) and of the same size (its interval overlapping half to twice the
 leaking chips' median rate). It then gets the job's rate and its own forecast (its floor,
 its largest transient, its capacity). So the chips of a job that grow alike get one verdict,
-and the reason says so ("all 16 chips of job 4242 grow 40.0 KB/step"); chips that do not
+and the reason says so ("all 16 chips of job 4242 grow 39.1 KiB/step"); chips that do not
 keep their own.
 
 A job is what the caller knows: the agent groups chips by the process that holds them,

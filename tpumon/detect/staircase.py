@@ -18,6 +18,7 @@ import math
 from typing import NamedTuple, Sequence
 
 from tpumon.detect.jumps import Jump
+from tpumon.units import format_bytes
 
 #: exp(-QUIET_LIMIT): how improbable the quiet since the last jump may be before the
 #: staircase is taken to have stopped (3: 5 %).
@@ -49,7 +50,7 @@ class Staircase(NamedTuple):
         return max(self.jumps - spread, 0.0) * per_jump, (self.jumps + spread) * per_jump
 
     def describe(self) -> str:
-        """As people read it: "9 jumps in 14 h, 0.31 GB each, every ~1.6 h"."""
+        """As people read it: "9 jumps in 14 h, 295.6 MiB each, every ~1.6 h"."""
         every = 1.0 / self.jumps_per_second
         return (f"{self.jumps + 1} jumps in {_duration(self.span_seconds)}, "
                 f"{_size(self.mean_size)} each, every ~{_duration(every)}")
@@ -81,4 +82,4 @@ def _duration(seconds: float) -> str:
 
 
 def _size(size: float) -> str:
-    return f"{size / 1e9:.2f} GB" if size >= 1e8 else f"{size / 1e6:.0f} MB"
+    return format_bytes(size)

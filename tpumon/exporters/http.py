@@ -13,6 +13,7 @@ that connects and sends nothing cannot stall the others.
 from __future__ import annotations
 
 import errno
+import io
 import json
 import logging
 import socket
@@ -20,8 +21,8 @@ import ssl
 import sys
 import threading
 import time
-from typing import Callable, Iterable
-from wsgiref.simple_server import WSGIRequestHandler, make_server
+from typing import IO, Any, Callable, Iterable, cast
+from wsgiref.simple_server import ServerHandler, WSGIRequestHandler, make_server
 
 import jinja2
 from prometheus_client import CollectorRegistry, make_wsgi_app
@@ -30,6 +31,9 @@ from prometheus_client.exposition import ThreadingWSGIServer
 from tpumon import __version__
 from tpumon.config import parse_listen_address, reachable_host
 from tpumon.exporters import snapshot_api
+from tpumon.exporters.connections import (HEAD_END, MAX_BODY_BYTES, MAX_HEAD_BYTES,
+                                          REQUEST_SECONDS, Connections, client_gone,
+                                          receive_until)
 from tpumon.exporters.webconfig import LiveWebConfig, protect
 from tpumon.state import Snapshot
 from tpumon.units import format_bytes
@@ -52,8 +56,52 @@ class ListenError(Exception):
     """The exporter cannot listen where it was told to; worded as one line for the user."""
 
 
-class _QuietHandler(WSGIRequestHandler):
-    """Scrapes every few seconds would flood the journal; stay silent per request."""
+# A response the client does not read holds its thread at most this long per send.
+SEND_TIMEOUT = 10.0
+
+
+class _Handler(WSGIRequestHandler):
+    """One request per connection, read whole within REQUEST_SECONDS before anything is
+    done with it (see connections.py), and answered only if the client is still there.
+    Silent per request: scrapes every few seconds would flood the journal."""
+
+    server: "_Server"
+
+    def handle(self) -> None:
+        deadline = time.monotonic() + REQUEST_SECONDS
+        request = receive_until(self.connection, b"", lambda d: HEAD_END in d, deadline,
+                                MAX_HEAD_BYTES)
+        if request is None:
+            return  # slow, gone, pushed out or oversized: no answer, nothing rendered
+        head, _, received = request.partition(HEAD_END)
+        self.rfile = io.BytesIO(head + HEAD_END)
+        self.raw_requestline = self.rfile.readline(65537)
+        if not self.parse_request():  # an error was sent
+            return
+        body = self._body(received, deadline)
+        if body is None:
+            return
+        self.server.connections.answering(self.connection)
+        self.connection.settimeout(SEND_TIMEOUT)
+        if client_gone(self.connection):
+            return
+        handler = ServerHandler(io.BytesIO(body), cast(IO[bytes], self.wfile),
+                                self.get_stderr(), self.get_environ(), multithread=False)
+        handler.request_handler = self  # type: ignore[attr-defined]  # wsgiref logs with it
+        handler.run(cast(Callable, self.server.get_app()))
+
+    def _body(self, received: bytes, deadline: float) -> bytes | None:
+        """The request's body (Content-Length bytes), within the same deadline."""
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            length = -1
+        if not 0 <= length <= MAX_BODY_BYTES:
+            self.send_error(413 if length > 0 else 400)
+            return None
+        body = receive_until(self.connection, received, lambda d: len(d) >= length,
+                             deadline, MAX_BODY_BYTES)
+        return None if body is None else body[:length]
 
     def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - stdlib name
         pass
@@ -85,7 +133,7 @@ def _app(registry: CollectorRegistry, get_snapshot: Callable[[], Snapshot],
          snapshot_request: snapshot_api.Request | None = None) -> Callable:
     metrics_app = make_wsgi_app(registry)
 
-    def app(environ: dict, start_response: Callable) -> Iterable[bytes]:
+    def route(environ: dict, start_response: Callable) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "/")
         if path == "/metrics":
             return metrics_app(environ, start_response)
@@ -118,6 +166,33 @@ def _app(registry: CollectorRegistry, get_snapshot: Callable[[], Snapshot],
         start_response("404 Not Found", [("Content-Type", "text/plain")])
         return [b"Not found. Metrics are at /metrics.\n"]
 
+    return _methods(route)
+
+
+def _methods(route: Callable) -> Callable:
+    """GET and HEAD everywhere but /api/snapshot (POST only); anything else is 405 with
+    Allow. HEAD is answered like GET with the same headers (Content-Length included) and
+    no body, as Prometheus' own exporters do."""
+    def app(environ: dict, start_response: Callable) -> Iterable[bytes]:
+        method = environ.get("REQUEST_METHOD", "GET")
+        allowed = ("POST",) if environ.get("PATH_INFO") == "/api/snapshot" else ("GET", "HEAD")
+        if method not in allowed:
+            start_response("405 Method Not Allowed", [("Content-Type", "text/plain"),
+                                                      ("Allow", ", ".join(allowed))])
+            return [f"{method[:16]} is not allowed here; use {' or '.join(allowed)}\n"
+                    .encode()]
+        if method != "HEAD":
+            return route(environ, start_response)
+        answer: list = []
+        body = b"".join(route({**environ, "REQUEST_METHOD": "GET"},
+                              lambda status, headers, exc_info=None: answer.extend(
+                                  (status, headers))))
+        status, headers = answer
+        if not any(name.lower() == "content-length" for name, _ in headers):
+            headers = [*headers, ("Content-Length", str(len(body)))]
+        start_response(status, headers)
+        return []
+
     return app
 
 
@@ -130,6 +205,22 @@ class _Server(ThreadingWSGIServer):
     configuration has it, and quiet about clients that go away."""
 
     web: LiveWebConfig | None = None
+    request_queue_size = 1024  # the listen backlog: a burst of connects is not SYN-dropped
+
+    def server_activate(self) -> None:
+        self.connections = Connections()
+        super().server_activate()
+
+    def process_request(self, request: Any, client_address: tuple) -> None:
+        """A thread for the connection if connections.py's bound lets it in."""
+        if not self.connections.admit(request):
+            self.shutdown_request(request)
+            return
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request: Any) -> None:
+        self.connections.release(request)
+        super().shutdown_request(request)
 
     def finish_request(self, request: _Request, client_address: tuple) -> None:
         context = self.web.current()[1] if self.web is not None else None
@@ -139,9 +230,11 @@ class _Server(ThreadingWSGIServer):
         conn = _tls_accept(context, request, client_address)
         if conn is None:
             return
+        self.connections.replace(request, conn)
         try:
             super().finish_request(conn, client_address)
         finally:
+            self.connections.release(conn)
             _tls_close(conn)
 
     def handle_error(self, request: _Request, client_address: tuple) -> None:
@@ -236,7 +329,7 @@ class MetricsServer:
             "web": self._web})
         try:
             self._server = make_server(host or "0.0.0.0", port, app, server_class,
-                                       handler_class=_QuietHandler)
+                                       handler_class=_Handler)
         except OSError as exc:
             reason = "address already in use" if exc.errno == errno.EADDRINUSE else exc.strerror
             raise ListenError(f"cannot listen on {self._address} (exporter.listen_address): "

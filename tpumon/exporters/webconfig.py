@@ -43,7 +43,8 @@ import os
 import re
 import ssl
 import threading
-from collections import OrderedDict
+import time
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
@@ -466,22 +467,44 @@ class LiveWebConfig:
 _FAKE_HASH = b"$2y$10$QOauhQNbBCuQDKes6eFzPeMqBSjb7Mr5DUmpZ/VcEd00UAV/LDeSi"
 
 
+class Throttled(Exception):
+    """Credentials not checked now: too many wrong ones from this client lately, or too
+    many bcrypt checks running or waiting (answered 429, try again shortly)."""
+
+
 class BasicAuth:
-    """Checks ``Authorization: Basic`` against bcrypt hashes. bcrypt is slow on purpose
-    (~50-200 ms at cost 10), so results are cached, keyed by an HMAC of (user, hash,
-    password) under a per-process random key (the password itself is kept nowhere), and
-    only one bcrypt runs at a time, so wrong guesses cannot take more than one core."""
+    """Checks ``Authorization: Basic`` against bcrypt hashes, so that wrong passwords
+    cannot starve the right one (docs/security.md).
 
-    CACHE_SIZE = 100
+    bcrypt is slow on purpose (~60 ms at cost 10 here), so results are cached, keyed by an
+    HMAC of (user, hash, password) under a per-process random key (the password itself is
+    kept nowhere). Successes and failures are cached apart: a flood of wrong passwords
+    evicts only other failures, never a scraper's verified credentials. Only one bcrypt
+    runs at a time and at most HASH_QUEUE run or wait; past that, and for a client that
+    sent FAILURES_PER_CLIENT new wrong credentials in the last FAILURE_WINDOW seconds,
+    uncached credentials are not checked at all (:class:`Throttled`), while cached ones
+    are answered at once, right or wrong."""
 
-    def __init__(self) -> None:
+    CACHE_SIZE = 100  # verified credentials, evicted only by other verified ones
+    FAILED_CACHE_SIZE = 1000
+    HASH_QUEUE = 4
+    FAILURES_PER_CLIENT = 10
+    FAILURE_WINDOW = 10.0
+    CLIENTS = 1024  # clients whose recent failures are remembered
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._secret = os.urandom(32)
-        self._cache: OrderedDict[bytes, bool] = OrderedDict()
+        self._clock = clock
+        self._good: OrderedDict[bytes, None] = OrderedDict()
+        self._bad: OrderedDict[bytes, None] = OrderedDict()
+        self._failures: OrderedDict[str, deque[float]] = OrderedDict()
         self._cache_lock = threading.Lock()
         self._bcrypt_lock = threading.Lock()
+        self._hash_slots = threading.BoundedSemaphore(self.HASH_QUEUE)
 
-    def check(self, users: Mapping[str, bytes], header: str | None) -> str | None:
-        """The authenticated user, or None."""
+    def check(self, users: Mapping[str, bytes], header: str | None,
+              client: str = "") -> str | None:
+        """The authenticated user, or None; :class:`Throttled` when not checked now."""
         credentials = _parse_basic(header)
         if credentials is None:
             return None
@@ -492,16 +515,46 @@ class BasicAuth:
         key = hmac.new(self._secret, repr((user, hashed, password)).encode(),
                        hashlib.sha256).digest()
         with self._cache_lock:
-            ok = self._cache.get(key)
-            if ok is not None:
-                self._cache.move_to_end(key)
-        if ok is None:
+            if key in self._good:
+                self._good.move_to_end(key)
+                return user
+            if key in self._bad:  # known wrong: costs nothing, so not held against anyone
+                return None
+            if self._throttled(client):
+                raise Throttled(client)
+        if not self._hash_slots.acquire(blocking=False):
+            raise Throttled(client)
+        try:
             ok = self._bcrypt(password, hashed) and known
-            with self._cache_lock:
-                self._cache[key] = ok
-                while len(self._cache) > self.CACHE_SIZE:
-                    self._cache.popitem(last=False)
+        finally:
+            self._hash_slots.release()
+        with self._cache_lock:
+            cache, size = (self._good, self.CACHE_SIZE) if ok else (
+                self._bad, self.FAILED_CACHE_SIZE)
+            cache[key] = None
+            while len(cache) > size:
+                cache.popitem(last=False)
+            if not ok:
+                self._failed(client)
         return user if ok else None
+
+    def _recent(self, client: str) -> deque[float]:
+        """The client's failures within FAILURE_WINDOW (under the cache lock)."""
+        times = self._failures.get(client)
+        if times is None:
+            times = self._failures[client] = deque(maxlen=self.FAILURES_PER_CLIENT)
+            while len(self._failures) > self.CLIENTS:
+                self._failures.popitem(last=False)
+        while times and times[0] < self._clock() - self.FAILURE_WINDOW:
+            times.popleft()
+        return times
+
+    def _throttled(self, client: str) -> bool:
+        return len(self._recent(client)) >= self.FAILURES_PER_CLIENT
+
+    def _failed(self, client: str) -> None:
+        self._recent(client).append(self._clock())
+        self._failures.move_to_end(client)
 
     def _bcrypt(self, password: bytes, hashed: bytes) -> bool:
         too_long = len(password) > BCRYPT_MAX_PASSWORD  # checked anyway: the same time
@@ -547,9 +600,20 @@ def protect(app: Callable, live: LiveWebConfig) -> Callable:
                 headers.extend(config.headers)
             return start_response(status, headers, exc_info)
 
-        if config.users and auth.check(config.users, environ.get("HTTP_AUTHORIZATION")) is None:
+        if not config.users:
+            return app(environ, start)
+        client = environ.get("REMOTE_ADDR", "")
+        try:
+            user = auth.check(config.users, environ.get("HTTP_AUTHORIZATION"), client)
+        except Throttled:
+            log.debug("429 for %s %s from %s", environ.get("REQUEST_METHOD"),
+                      environ.get("PATH_INFO"), client)
+            start("429 Too Many Requests", [("Content-Type", "text/plain; charset=utf-8"),
+                                            ("Retry-After", "1")])
+            return [b"Too many wrong credentials lately; try again shortly\n"]
+        if user is None:
             log.debug("401 for %s %s from %s", environ.get("REQUEST_METHOD"),
-                      environ.get("PATH_INFO"), environ.get("REMOTE_ADDR"))
+                      environ.get("PATH_INFO"), client)
             start("401 Unauthorized", [("Content-Type", "text/plain; charset=utf-8"), challenge])
             return [b"Unauthorized\n"]
         return app(environ, start)

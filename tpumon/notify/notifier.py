@@ -78,7 +78,9 @@ class Notifier:
         self._progress = {c.name: _Progress(pending=outbox.pending_count(c.name))
                           for c in self.channels}
         self._severities = {c.name: c.severities for c in self.channels}
-        self._unsaved: list[Transition] = []
+        self._unsaved: list[Transition] = []  # not yet in the outbox file
+        self._unqueued: list[Transition] = []  # not yet in any outbox (file or held)
+        self._held: Outbox | None = None  # in memory while the file cannot be written
         self._seen_poll = 0
         self._active: tuple[dict, ...] = ()
         self._next_purge = 0.0
@@ -133,12 +135,16 @@ class Notifier:
         snap = self._get_snapshot()
         if snap.polls_total != self._seen_poll:
             self._seen_poll = snap.polls_total
-            self._unsaved.extend(self.tracker.update(snap))
+            changes = self.tracker.update(snap)
+            self._unsaved.extend(changes)
+            self._unqueued.extend(changes)
             self._active = tuple({"name": a.name, "severity": a.severity, "subject": a.subject,
                                   "summary": a.summary, "raised": a.raised}
                                  for a in self.tracker.active.values())
         if self._unsaved and not self._save():
-            return IDLE_WAIT
+            now = self._clock()  # a full disk: deliver what is held in memory meanwhile
+            return min([IDLE_WAIT] + [self._deliver(c, now, self._held)
+                                      for c in self.channels])
         now = self._clock()
         if now >= self._next_purge:
             self.outbox.purge(now)
@@ -146,13 +152,22 @@ class Notifier:
         return min([IDLE_WAIT] + [self._deliver(c, now) for c in self.channels])
 
     def _save(self) -> bool:
-        """Record transitions; on a full or read-only disk keep them in memory and retry."""
+        """Record transitions in the outbox file. On a full or read-only disk, hold them in
+        an outbox in memory, delivered from there meanwhile (a full disk is a common
+        companion of a dying job: its page must not wait for space), and retry; once the
+        file can be written, the active alerts go into it and so do the held events not
+        yet delivered, so that none is sent twice."""
         try:
-            self.outbox.record(self._unsaved, self._severities, self._clock())
+            self._persist()
         except sqlite3.Error as exc:
+            if self._held is None:
+                self._held = Outbox(None)
+            self._held.record(self._unqueued, self._severities, self._clock())
+            self._unqueued = []
             if str(exc) != self._outbox_error:
                 log.error("notification outbox: cannot write (%s); %d alert change(s) held "
-                          "in memory, retrying", exc, len(self._unsaved))
+                          "in memory and delivered from there, retrying", exc,
+                          len(self._unsaved))
                 self._outbox_error = str(exc)
             return False
         if self._outbox_error:
@@ -165,12 +180,30 @@ class Notifier:
             p.pending = self.outbox.pending_count(name)
         return True
 
-    def _deliver(self, channel: Channel, now: float) -> float:
-        """At most one request for this channel; seconds until it may send again."""
+    def _persist(self) -> None:
+        """The unsaved transitions into the outbox file (sqlite3.Error if it cannot be
+        written): as events, or, for those held in memory, the active set and the held
+        events still to deliver."""
+        if self._held is None:
+            self.outbox.record(self._unsaved, self._severities, self._clock())
+            self._unqueued = []
+            return
+        self._held.record(self._unqueued, self._severities, self._clock())
+        self._unqueued = []
+        waiting = [e for name in self._severities
+                   for e in self._held.pending(name, 2**31 - 1)]
+        self.outbox.record(self._unsaved, {}, self._clock(), waiting)
+        self._held.close()
+        self._held = None
+
+    def _deliver(self, channel: Channel, now: float, outbox: Outbox | None = None) -> float:
+        """At most one request for this channel from ``outbox`` (the file's by default);
+        seconds until it may send again."""
+        outbox = outbox or self.outbox
         p = self._progress[channel.name]
         if now < p.next_at:
             return p.next_at - now
-        events = self._fresh(channel, now)
+        events = self._fresh(channel, now, outbox)
         if not events:
             return math.inf
         if now - events[0].created < channel.group_wait:
@@ -183,35 +216,35 @@ class Notifier:
             return 0.0
         outcome = post_json(channel.url, body, self._timeout)
         if outcome.kind == DELIVERED:
-            self._delivered(channel, p, batch, ids)
+            self._delivered(channel, p, batch, ids, outbox)
         elif outcome.kind == REJECTED:
-            self.outbox.given_up(ids, outcome.detail)
+            outbox.given_up(ids, outcome.detail)
             p.given_up["rejected"] += len(ids)
             p.last_error = outcome.detail
             log.error("%s rejected %s (%s); not retried: %s", channel.name,
                       _names(batch), outcome.detail, _hint(channel.name))
         else:
-            self._failed(channel, p, ids, outcome)
-        p.pending = self.outbox.pending_count(channel.name)
+            self._failed(channel, p, ids, outcome, outbox)
+        p.pending = outbox.pending_count(channel.name)
         p.next_at = max(p.next_at, self._clock() + channel.min_interval)
         return p.next_at - self._clock()
 
-    def _fresh(self, channel: Channel, now: float) -> list[Event]:
+    def _fresh(self, channel: Channel, now: float, outbox: Outbox) -> list[Event]:
         """The channel's next events, after giving up those older than ``max_age``."""
-        events = self.outbox.pending(channel.name, channel.batch)
+        events = outbox.pending(channel.name, channel.batch)
         stale = [e.id for e in events if now - e.created > self._max_age]
         if stale:
-            self.outbox.given_up(stale, "expired")
+            outbox.given_up(stale, "expired")
             self._progress[channel.name].given_up["expired"] += len(stale)
             log.warning("%s: gave up %d notification(s) older than %.0f h", channel.name,
                         len(stale), self._max_age / 3600)
-            events = self.outbox.pending(channel.name, channel.batch)
-            self._progress[channel.name].pending = self.outbox.pending_count(channel.name)
+            events = outbox.pending(channel.name, channel.batch)
+            self._progress[channel.name].pending = outbox.pending_count(channel.name)
         return events
 
     def _delivered(self, channel: Channel, p: _Progress, batch: list[Event],
-                   ids: list[int]) -> None:
-        self.outbox.delivered(ids)
+                   ids: list[int], outbox: Outbox) -> None:
+        outbox.delivered(ids)
         if p.failures_in_row:
             log.info("%s: delivering again after %d failed attempt(s)", channel.name,
                      p.failures_in_row)
@@ -221,8 +254,9 @@ class Notifier:
         p.last_error = None
         p.last_delivery = self._clock()
 
-    def _failed(self, channel: Channel, p: _Progress, ids: list[int], outcome: Outcome) -> None:
-        self.outbox.attempted(ids, outcome.detail)
+    def _failed(self, channel: Channel, p: _Progress, ids: list[int], outcome: Outcome,
+                outbox: Outbox) -> None:
+        outbox.attempted(ids, outcome.detail)
         p.failures[outcome.reason] += 1
         p.failures_in_row += 1
         p.last_error = outcome.detail

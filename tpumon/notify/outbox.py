@@ -99,12 +99,21 @@ class Outbox:
                 for key, raw in self.conn.execute("SELECT key, alert FROM active")}
 
     def record(self, transitions: Iterable[Transition],
-               channels: Mapping[str, tuple[str, ...]], now: float) -> int:
+               channels: Mapping[str, tuple[str, ...]], now: float,
+               held: Iterable[Event] = ()) -> int:
         """Write transitions down (the active set and one event per channel that takes the
-        alert's severity) in one transaction; the number of events written."""
+        alert's severity) in one transaction, after ``held``: events another outbox (one in
+        memory, while this one's disk was full) has not delivered yet, taken over in their
+        order. The number of events written."""
         written = 0
         with self.conn:
             self.conn.execute("BEGIN IMMEDIATE")
+            for e in held:
+                self.conn.execute(
+                    "INSERT INTO events (channel, action, alert, raised, created, attempts) "
+                    "VALUES (?, ?, ?, ?, ?, ?)", (e.channel, e.action, json.dumps(
+                        e.alert.to_json(), sort_keys=True), e.raised, e.created, e.attempts))
+                written += 1
             for t in transitions:
                 raw = json.dumps(t.alert.to_json(), sort_keys=True)
                 if t.action == "trigger":

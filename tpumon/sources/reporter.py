@@ -42,10 +42,12 @@ _CREDS = struct.Struct("3i")  # struct ucred: pid, uid, gid
 _MSG_TRUNC = int(socket.MSG_TRUNC)  # a plain int: ``&`` on the IntFlag goes through enum
 DROP_REASONS = ("oversized", "malformed", "version", "forbidden", "backlog")
 INBOX_BYTES = 8 << 20  # datagrams waiting for the next poll; beyond, dropped ("backlog")
+INBOX_USER_BYTES = 1 << 20  # ... of which one sending user's
 STALE_SECONDS = 300.0  # a process not heard from this long is forgotten once it has exited
 SILENT_MAX_SECONDS = 86400.0  # ... and even while alive (a pid reused, a job parked for a day)
 RATE_WINDOW_SECONDS = 120.0
 PENDING_POINTS = 4096  # per process between two polls; beyond, the oldest go
+USER_SLOTS = 32  # processes of one user heard at once (a VM has at most 8 chips)
 QUEUE_LENGTH_FILE = Path("/proc/sys/net/unix/max_dgram_qlen")
 
 
@@ -87,11 +89,24 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are all different: a key given twice is ambiguous (which
+    one counts depends on the parser), so the datagram is malformed."""
+    doc = dict(pairs)
+    if len(doc) != len(pairs):
+        raise InvalidReport("malformed")
+    return doc
+
+
 def parse_report(payload: bytes, pid: int, uid: int, received: float) -> ProcessReport:
-    """Validate one datagram; InvalidReport('malformed' | 'version') when it is not one."""
+    """Validate one datagram; InvalidReport('malformed' | 'version') when it is not one.
+
+    Any local user can send one, so nothing in it may raise anything else: nesting deep
+    enough to exhaust the parser's recursion (8 KiB of ``[``), numbers too long for int(),
+    duplicate keys and non-ASCII digits are all just "malformed"."""
     try:
-        doc = json.loads(payload)
-    except (ValueError, UnicodeDecodeError):
+        doc = json.loads(payload, object_pairs_hook=_unique_keys)
+    except (ValueError, UnicodeDecodeError, RecursionError):
         raise InvalidReport("malformed") from None
     if not isinstance(doc, dict):
         raise InvalidReport("malformed")
@@ -145,10 +160,19 @@ def _devices(value: Any) -> dict[str, dict[str, int | None]]:
         raise InvalidReport("malformed")
     out = {}
     for device, stats in value.items():
-        if not isinstance(stats, dict) or not str(device).isdigit():
+        if not isinstance(stats, dict) or not (device.isascii() and device.isdigit()):
             raise InvalidReport("malformed")
         out[str(device)] = {k: _count(stats.get(k)) for k in ("used", "limit", "peak")}
     return out
+
+
+def _sender(ancillary: list) -> tuple[int, int]:
+    """(pid, uid) of a datagram's sender, as the kernel gave them; (-1, -1) without."""
+    for level, kind, value in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
+            pid, uid, _ = _CREDS.unpack(value[:_CREDS.size])
+            return pid, uid
+    return -1, -1
 
 
 class CountPoint(NamedTuple):
@@ -241,6 +265,7 @@ class ReporterSocket:
         self._dropped_backlog = 0  # the receiving thread's, under the lock
         self._inbox: list[tuple[bytes, list, int, float, Any]] = []
         self._inbox_bytes = 0
+        self._inbox_by_user: dict[int, int] = {}
         self._addresses: dict[int, bytes] = {}  # pid -> its reporter's socket address
         self._requests = SnapshotRequests()  # under the lock: the HTTP thread asks too
         self._sock: socket.socket | None = None
@@ -284,13 +309,12 @@ class ReporterSocket:
         step stuck in a collective is the stall the alerts look for), with its step rate."""
         with self._lock:
             inbox, self._inbox, self._inbox_bytes = self._inbox, [], 0
+            self._inbox_by_user = {}
         for datagram in inbox:
-            self._handle(*datagram)
+            self._handle_one(datagram)
         now = self._clock()
         for pid in [p for p, r in self._latest.items() if self._forgotten(p, now - r.received)]:
-            del self._latest[pid]
-            self._steps.pop(pid, None)
-            self._addresses.pop(pid, None)
+            self._forget(pid)
         points = {pid: list(q) for pid, q in self._points.items() if q}
         self._points = {pid: deque(maxlen=PENDING_POINTS) for pid in self._latest}
         exited = {pid for pid in self._latest if not pid_alive(pid)}
@@ -372,23 +396,35 @@ class ReporterSocket:
                 return batch
 
     def _keep(self, batch: list[tuple]) -> None:
-        """Into the inbox for the next poll, within INBOX_BYTES (beyond: "backlog")."""
+        """Into the inbox for the next poll, within INBOX_BYTES, and within INBOX_USER_BYTES
+        for each sending user, so that one user's flood cannot crowd out another's reports
+        (beyond: "backlog")."""
         received = self._clock()
         with self._lock:
             for data, ancillary, flags, address in batch:
-                if self._inbox_bytes + len(data) > INBOX_BYTES:
+                uid = _sender(ancillary)[1]
+                size = len(data) + 1  # an empty datagram takes a slot too
+                if self._inbox_bytes + size > INBOX_BYTES or \
+                        self._inbox_by_user.get(uid, 0) + size > INBOX_USER_BYTES:
                     self._dropped_backlog += 1
                     continue
                 self._inbox.append((data, ancillary, flags, received, address))
-                self._inbox_bytes += len(data)
+                self._inbox_bytes += size
+                self._inbox_by_user[uid] = self._inbox_by_user.get(uid, 0) + size
+
+    def _handle_one(self, datagram: tuple) -> None:
+        """One datagram of the poll's batch, on its own: whatever it does wrong, only it is
+        dropped (counted "malformed"), never the rest of the batch."""
+        try:
+            self._handle(*datagram)
+        except Exception:  # noqa: BLE001 - untrusted input: a parser bug drops one datagram
+            log.debug("reporter datagram dropped", exc_info=True)
+            self._dropped["malformed"] += 1
 
     def _handle(self, data: bytes, ancillary: list, flags: int, received: float,
                 address: Any) -> None:
         """Validate one datagram and record it, or count why it was dropped."""
-        pid = uid = -1
-        for level, kind, value in ancillary:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
-                pid, uid, _ = _CREDS.unpack(value[:_CREDS.size])
+        pid, uid = _sender(ancillary)
         try:
             if flags & _MSG_TRUNC:
                 raise InvalidReport("oversized")
@@ -417,9 +453,35 @@ class ReporterSocket:
         if refused:
             raise InvalidReport(refused)
 
+    def _admit(self, pid: int, uid: int) -> bool:
+        """Room for a process not heard from before, within USER_SLOTS for its user and
+        max_processes in all. Past its user's share, that user's dead processes go first,
+        then the one it has been silent longest; past the total, dead processes of anyone.
+        One user's processes never push out another's, so a user filling the socket with
+        processes locks out only itself."""
+        if pid in self._latest:
+            return True
+        mine = [p for p, r in self._latest.items() if r.uid == uid]
+        if len(mine) >= USER_SLOTS:
+            own_dead = [p for p in mine if not pid_alive(p)]
+            self._forget(own_dead[0] if own_dead else
+                         min(mine, key=lambda p: self._latest[p].received))
+        elif len(self._latest) >= self._max_processes:
+            dead = next((p for p in self._latest if not pid_alive(p)), None)
+            if dead is None:
+                return False
+            self._forget(dead)
+        return True
+
+    def _forget(self, pid: int) -> None:
+        del self._latest[pid]
+        self._steps.pop(pid, None)
+        self._addresses.pop(pid, None)
+        self._points.pop(pid, None)
+
     def _record(self, report: ProcessReport) -> bool:
         """Keep a valid report: the process's latest, its step for the rate, its counts."""
-        if report.pid not in self._latest and len(self._latest) >= self._max_processes:
+        if not self._admit(report.pid, report.uid):
             self._dropped["forbidden"] += 1
             return False
         steps = self._steps.setdefault(report.pid, deque(maxlen=512))

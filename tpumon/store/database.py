@@ -78,6 +78,46 @@ CREATE TABLE checkpoints (
 );
 """
 
+#: The evidence of a job's end: the hour of raw samples before it, copied when the end is
+#: seen, so that retention (raw samples roll up into minutes after a day) never thins what
+#: a post-mortem needs. Added beside schema 1 (IF NOT EXISTS: older files gain them, older
+#: agents leave them be); the latest KEPT_ENDS ends are kept.
+_EVIDENCE_SCHEMA = """
+CREATE TABLE IF NOT EXISTS job_ends (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    host TEXT NOT NULL,
+    time REAL NOT NULL,  -- on the samples' clock
+    cause TEXT NOT NULL,
+    pid INTEGER,
+    step INTEGER,
+    summary TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS end_samples (
+    end_id INTEGER NOT NULL,
+    chip TEXT NOT NULL,
+    time REAL NOT NULL,
+    step INTEGER,
+    used INTEGER NOT NULL,
+    total INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS end_samples_by_end ON end_samples (end_id, chip, time);
+"""
+EVIDENCE_SECONDS = 3600.0
+KEPT_ENDS = 16
+
+
+class StoredEnd(NamedTuple):
+    """A job's end as kept with its evidence."""
+
+    id: int
+    host: str
+    time: float
+    cause: str
+    pid: int | None
+    step: int | None
+    summary: str
+
+
 #: Merge a rolled-up minute with one already there (a late sample after a clock jump).
 _UPSERT_MINUTE = """
 INSERT INTO minutes VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
@@ -178,15 +218,28 @@ class HistoryDB:
         c.execute(f"PRAGMA wal_autocheckpoint = {max(r.wal_bytes // PAGE_SIZE // 2, 8)}")
         c.execute(f"PRAGMA max_page_count = {max(r.max_pages, self._page_count())}")
         if not c.execute("SELECT 1 FROM sqlite_master WHERE name = 'meta'").fetchone():
+            foreign = [name for (name,) in c.execute(
+                "SELECT name FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'")]
+            if foreign:  # someone else's database: set aside, never written into
+                raise sqlite3.DatabaseError(f"not a tpumon history database (a foreign schema "
+                                            f"with {', '.join(sorted(foreign)[:5])})")
             with self.transaction():
                 for statement in filter(str.strip, _SCHEMA.split(";")):
                     c.execute(statement)
                 c.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
         self._check_version()
+        with self.transaction():
+            for statement in filter(str.strip, _EVIDENCE_SCHEMA.split(";")):
+                c.execute(statement)
 
     def _check_version(self) -> None:
-        row = self.conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-        if row is None or int(row[0]) != SCHEMA_VERSION:
+        try:
+            row = self.conn.execute(
+                "SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        except sqlite3.OperationalError as exc:  # a meta table of another kind
+            raise sqlite3.DatabaseError(f"not a tpumon history database (a foreign schema: "
+                                        f"{exc})") from None
+        if row is None or str(row[0]) != str(SCHEMA_VERSION):
             raise sqlite3.DatabaseError(
                 f"not a tpumon history database of schema {SCHEMA_VERSION} (found {row})")
 
@@ -305,6 +358,43 @@ class HistoryDB:
         yield from (Sample(*r) for r in self.conn.execute(
             "SELECT time, step, used, total FROM samples WHERE series = ? AND time >= ? "
             "AND time <= ? ORDER BY time, id", (series, since, until)))
+
+    def keep_job_end(self, host: str, end: StoredEnd) -> int:
+        """Record a job's end and copy the host's raw samples of the EVIDENCE_SECONDS
+        before it beside it; only the latest KEPT_ENDS ends are kept. The end's id."""
+        c = self.conn
+        cur = c.execute("INSERT INTO job_ends (host, time, cause, pid, step, summary) "
+                        "VALUES (?, ?, ?, ?, ?, ?)",
+                        (host, end.time, end.cause, end.pid, end.step, end.summary))
+        end_id = cur.lastrowid
+        assert end_id is not None
+        c.execute("INSERT INTO end_samples SELECT ?, s.chip, m.time, m.step, m.used, m.total "
+                  "FROM samples m JOIN series s ON s.id = m.series "
+                  "WHERE s.host = ? AND m.time >= ? AND m.time <= ?",
+                  (end_id, host, end.time - EVIDENCE_SECONDS, end.time))
+        old = [r[0] for r in c.execute("SELECT id FROM job_ends ORDER BY id DESC LIMIT -1 "
+                                        "OFFSET ?", (KEPT_ENDS,))]
+        c.executemany("DELETE FROM end_samples WHERE end_id = ?", [(i,) for i in old])
+        c.executemany("DELETE FROM job_ends WHERE id = ?", [(i,) for i in old])
+        return end_id
+
+    def job_ends(self) -> list[StoredEnd]:
+        """The kept ends, newest first."""
+        if not self._has_table("job_ends"):  # a read-only look at a file from before them
+            return []
+        return [StoredEnd(*r) for r in self.conn.execute(
+            "SELECT id, host, time, cause, pid, step, summary FROM job_ends ORDER BY id DESC")]
+
+    def end_samples(self, end_id: int) -> Iterator[tuple[str, Sample]]:
+        """An end's evidence: (chip, sample) by chip, then time."""
+        for chip, *sample in self.conn.execute(
+                "SELECT chip, time, step, used, total FROM end_samples WHERE end_id = ? "
+                "ORDER BY chip, time", (end_id,)):
+            yield chip, Sample(*sample)
+
+    def _has_table(self, name: str) -> bool:
+        return self.conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND "
+                                 "name = ?", (name,)).fetchone() is not None
 
     def size_bytes(self) -> int:
         """Bytes on disk: the database, its WAL and shared-memory index."""

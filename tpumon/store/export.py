@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Collection, Iterator
 
-from tpumon.store.database import HistoryDB
+from tpumon.store.database import HistoryDB, StoredEnd
 from tpumon.trace import TraceRow
 
 
@@ -23,3 +23,15 @@ def export_rows(db: HistoryDB, since: float = -math.inf, until: float = math.inf
             continue
         for s in db.read_series(series, since, until):
             yield TraceRow(s.time, host, chip, s.step, s.used, s.total)
+
+
+def end_rows(db: HistoryDB, hosts: Collection[str] = (),
+             chips: Collection[str] = ()) -> tuple[StoredEnd | None, Iterator[TraceRow]]:
+    """The latest kept job end (of ``hosts``, when given) and the raw samples of the hour
+    before it, kept whatever the retention: the trace of a post-mortem."""
+    end = next((e for e in db.job_ends() if not hosts or e.host in hosts), None)
+    if end is None:
+        return None, iter(())
+    rows = (TraceRow(s.time, end.host, chip, s.step, s.used, s.total)
+            for chip, s in db.end_samples(end.id) if not chips or chip in chips)
+    return end, rows

@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from tpumon.store.checkpoint import fingerprint
-from tpumon.store.database import (Checkpoint, HistoryDB, Retention, Sample, database_path,
+from tpumon.store.database import (Checkpoint, HistoryDB, Retention, Sample, StoredEnd,
+                                   database_path,
                                    is_corruption, move_aside, open_database)
 
 log = logging.getLogger("tpumon.store")
@@ -43,6 +44,7 @@ class PollRecord:
     host: str
     samples: tuple[tuple[str, Sample], ...]
     checkpoints: Mapping[str, bytes] = field(default_factory=dict)
+    ends: tuple[StoredEnd, ...] = ()  # jobs that ended: their evidence is kept (job_ends.py)
 
 
 @dataclass(frozen=True)
@@ -231,6 +233,8 @@ class StoreWriter:
                     if last is not None:
                         db.save_checkpoint(record.host, chip, Checkpoint(
                             fingerprint(), last, time.time(), state))
+                for end in record.ends:
+                    db.keep_job_end(record.host, end)
 
     def _maintain(self, db: HistoryDB, newest: float) -> None:
         """Retention once per minute of recorded time (so at the same pace under a 1000x
