@@ -167,12 +167,11 @@ def test_a_slice_wide_leak_seen_as_one_slice(tmp_path, processes):
             raise AssertionError("\n".join(empty_queries()) + f"\n{exc}") from None
 
         # analyze --prometheus alerts where analyze of the exported traces does, over the
-        # same span: Prometheus' first scrape of an agent may come a few polls after the
-        # agent's first poll (the detector's warm-up starts from the first sample), so the
-        # traces are exported from the first sample Prometheus holds of each host (the
-        # agents' clock, as both carry it). An alert is the first moment the detector
-        # fires, which later samples do not move: the traces are exported once the replay
-        # from Prometheus has alerted on every chip.
+        # same span: the first and last sample Prometheus holds of each host (its first
+        # scrape of an agent may come a few polls after the agent's first poll, and the
+        # detector's warm-up starts from the first sample), in the agents' clock, which
+        # both carry. The traces are exported once the replay from Prometheus has alerted
+        # on every chip.
         def prometheus_replay_alerts():
             result = run("analyze", "--prometheus", prom, "--slice", SLICE, "--since",
                          repr(began - 5), "--resolution", repr(SCRAPE), "--format", "json")
@@ -190,21 +189,32 @@ def test_a_slice_wide_leak_seen_as_one_slice(tmp_path, processes):
         assert written == sorted([f"tpumon-report-slice-{SLICE}.png"] + [
             f"tpumon-report-{SLICE}-w-{w}.{ext}" for w in range(HOSTS) for ext in ("png",
                                                                                    "html")])
-        result = run("export", "--prometheus", prom, "--slice", SLICE, "--since",
-                     repr(began - 5), "--resolution", repr(SCRAPE), "-o", "-")
+        # One span for every replay compared: the pooled replay of a slice's chips shares
+        # evidence across the whole series it is given, so the same end matters too.
+        span = ["--since", repr(began - 5), "--until", repr(time.time()),
+                "--resolution", repr(SCRAPE)]
+        result = run("export", "--prometheus", prom, "--slice", SLICE, *span, "-o", "-")
         assert result.returncode == 0, result.stderr
         scraped = {(r["host"], r["chip"], r["time"])
                    for r in csv.DictReader(io.StringIO(result.stdout))}
         first: dict[str, float] = {}
+        last: dict[str, float] = {}
         for host, _, when in scraped:
             first[host] = min(first.get(host, math.inf), float(when))
+            last[host] = max(last.get(host, -math.inf), float(when))
+        result = run("analyze", "--prometheus", prom, "--slice", SLICE, *span, "--format",
+                     "json")
+        assert result.returncode == 0, result.stderr
+        from_prom = {(s["host"], s["chip"]): s for s in json.loads(result.stdout)["series"]}
         traces, seen = tmp_path / "traces", tmp_path / "scraped"  # a file per host: a slice
         traces.mkdir()
         seen.mkdir()
         for worker in range(HOSTS):
             path = traces / f"w{worker}.csv"
+            host = f"{SLICE}-w-{worker}"
             result = run("export", "--state-dir", str(tmp_path / f"state-w{worker}"),
-                         "--since", repr(first[f"{SLICE}-w-{worker}"]), "-o", str(path))
+                         "--since", repr(first[host]), "--until", repr(last[host] + 0.001),
+                         "-o", str(path))
             assert result.returncode == 0, result.stderr
             with open(path) as full, open(seen / path.name, "w") as kept:
                 rows = csv.DictReader(full)
@@ -224,7 +234,8 @@ def test_a_slice_wide_leak_seen_as_one_slice(tmp_path, processes):
     for key, prom in from_prom.items():
         assert (prom["alert"]["time"], prom["alert"]["step"]) == pytest.approx(
             (from_scraped_polls[key]["alert"]["time"], from_scraped_polls[key]["alert"]["step"]),
-            abs=0.01), (key, prom["alert"], from_scraped_polls[key]["alert"])
+            abs=0.01), (key, prom["alert"], from_scraped_polls[key]["alert"], prom["samples"],
+                        from_scraped_polls[key]["samples"], from_traces[key]["samples"])
     # And of every poll the agents made, within one scrape interval, when Prometheus
     # scraped them all before the alerts (each poll has two scrapes to be seen by). A
     # scrape late by a whole poll on a loaded host leaves a poll out, and an alert can move
