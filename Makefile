@@ -8,12 +8,15 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 DEMO_ADDRESS ?= :9847
 DEMO_SCENARIO ?= fast-leak
+DEMO_HOSTS ?= 4
+DEMO_POD_SCENARIO ?= slice-leak
 
-.PHONY: help demo test test-fast lint test-frameworks bench venv system-deps-demo \
-	system-deps-test system-deps-bench clean
+.PHONY: help demo demo-pod test test-fast lint test-frameworks bench venv system-deps-demo \
+	system-deps-test system-deps-bench system-deps-pod clean
 
 help:
 	@echo "make demo    run the agent on the TPU simulator (metrics on $(DEMO_ADDRESS))"
+	@echo "make demo-pod   a simulated 4-host slice, 4 agents and Prometheus (docs/pods.md)"
 	@echo "make test    install test dependencies, run ruff and mypy, then the whole suite"
 	@echo "make test-fast   ruff, mypy and the unit tests only (no end-to-end tests; < 1 min)"
 	@echo "make lint    ruff and mypy only (settings in pyproject.toml)"
@@ -49,6 +52,13 @@ demo: venv
 	$(BIN)/tpumon agent --simulate --scenario $(DEMO_SCENARIO) --listen-address $(DEMO_ADDRESS) \
 		--poll-interval 0.25 --state-dir .demo-state --reporter-socket .demo-state/reporter.sock
 
+system-deps-pod:
+	@scripts/ensure-system-deps pod
+
+# A simulated v4-32 slice: 4 hosts on 127.0.0.1-4, an agent each, Prometheus on :9090
+demo-pod: system-deps-pod venv
+	$(BIN)/python scripts/demo-pod --hosts $(DEMO_HOSTS) --scenario $(DEMO_POD_SCENARIO)
+
 lint: $(STAMP)
 	$(BIN)/ruff check tpumon
 	$(BIN)/mypy
@@ -80,5 +90,5 @@ bench: system-deps-bench venv
 	$(BIN)/python bench/startup.py
 
 clean:
-	rm -rf $(VENV) .venv-frameworks .pytest_cache build *.egg-info .demo-state
+	rm -rf $(VENV) .venv-frameworks .pytest_cache build *.egg-info .demo-state .demo-pod
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -76,7 +76,7 @@ def test_a_leak_warns_and_a_near_oom_is_critical():
     assert "in 2 h 0 min (~step 48,200)" in oom.summary and "146.5 KiB/step" in oom.summary
     assert oom.details["time_to_oom_seconds"] == pytest.approx(7200)
     assert oom.dashboard == f"https://grafana.example/d/tpumon?var-host={IDENT.host}&var-chip=0"
-    assert oom.where == f"{IDENT.host} (worker 3, llama-pod-a, v4-32)"
+    assert oom.where == f"{IDENT.host} (worker 3, slice llama-pod-a, v4-32)"
 
 
 def test_the_horizon_is_the_configured_one():
@@ -232,7 +232,8 @@ def test_pagerduty_trigger_then_resolve_with_one_dedup_key():
         run_until(n, lambda: len(api.accepted) == 2)
         trigger, resolve = (r.body for r in api.requests)
         assert trigger["event_action"] == "trigger" and resolve["event_action"] == "resolve"
-        assert trigger["dedup_key"] == resolve["dedup_key"] == f"tpumon/{IDENT.host}/{OOM}/chip0"
+        # A slice-wide condition: one incident per slice and alert (tests/test_notify_slice.py)
+        assert trigger["dedup_key"] == resolve["dedup_key"] == f"tpumon/slice/llama-pod-a/{OOM}"
         assert set(resolve) == {"routing_key", "dedup_key", "event_action"}
         payload = trigger["payload"]
         assert payload["severity"] == "critical" and payload["source"] == IDENT.host

@@ -20,7 +20,9 @@ from prometheus_client import CollectorRegistry
 from tpumon.agent import Agent, OwnerScanner
 from tpumon.config import Config, ConfigError, parse_ports
 from tpumon.exporters.prometheus import build_registry
-from tpumon.identity import Identity, discover_tpu_env, resolve_identity
+from tpumon.identity import Identity, discover_tpu_env, fetch_tpu_env, resolve_identity
+from tpumon.sim.pod import DEFAULT_SLICE, accelerator_type
+from tpumon.sim.pod import tpu_env as simulated_tpu_env
 from tpumon.sim.process import SimulatorProcess, spawn_simulator
 from tpumon.sources.chips import ChipInventory, detect_chips, inventory_for, scan_chip_owners
 from tpumon.notify.alerts import AlertSettings, AlertTracker
@@ -270,6 +272,24 @@ def check_simulation_pace(config: Config) -> None:
                  bound / config["agent.poll_interval"])
 
 
+def _attach_simulated_host(config: Config) -> tuple[ChipInventory, str, list[int],
+                                                     dict[str, str], OwnerScanner]:
+    """One host of a running ``tpumon sim --hosts N``: its tpu-env (identity, runtime ports)
+    from its metadata server, as on a TPU VM; no chip owner (the simulator is not ours)."""
+    where = config["simulator.host"]
+    tpu_env = fetch_tpu_env(max(config["identity.metadata_timeout"], 2.0),
+                            {"GCE_METADATA_HOST": where})
+    if not {"NODE_ID", "WORKER_ID", "TPU_RUNTIME_METRICS_PORTS"} <= tpu_env.keys():
+        raise ConfigError(f"simulator.host {where}: no simulated host's metadata there "
+                          "(start one with 'tpumon sim --hosts N')")
+    ports, _ = resolve_ports([], {}, tpu_env)
+    address = where.rpartition(":")[0]
+    inventory = inventory_for(config["simulator.chip_type"], config["simulator.chips"])
+    log.info("attached to simulated worker %s of slice %s at %s:%s", tpu_env["WORKER_ID"],
+             tpu_env["NODE_ID"], address, ",".join(map(str, ports)))
+    return inventory, address, ports, tpu_env, OwnerScanner(dict, 5.0)
+
+
 def build(config: Config, simulate: bool = False, env: Mapping[str, str] | None = None,
           history: bool = True) -> Assembly:
     """Wire sources, state and exporter registry; start the simulator child if asked.
@@ -282,7 +302,12 @@ def build(config: Config, simulate: bool = False, env: Mapping[str, str] | None 
     channels = notification_channels(config, env) if history else []  # a bad secret file
     reporters = open_reporter_socket(config, simulate) if history else None  # fails first
     sources: list[TpuRuntimeSource] = []  # the runtime source, once made
-    if simulate:
+    if simulate and config["simulator.host"]:
+        check_simulation_pace(config)
+        inventory, address, ports, tpu_env, owners = _attach_simulated_host(config)
+        configured_identity["hostname"] = configured_identity["hostname"] or \
+            f"{tpu_env['NODE_ID']}-w-{tpu_env['WORKER_ID']}"
+    elif simulate:
         check_simulation_pace(config)
         simulator = spawn_simulator(config["simulator.scenario"], config["simulator.chips"],
                                     config["simulator.chip_type"], config["simulator.acceleration"],
@@ -291,7 +316,10 @@ def build(config: Config, simulate: bool = False, env: Mapping[str, str] | None 
                                     max_lag=config["simulator.max_lag"],
                                     start_time=simulated_start(config, simulate))
         inventory = inventory_for(config["simulator.chip_type"], config["simulator.chips"])
-        address, ports, tpu_env = "127.0.0.1", simulator.ports, {}
+        address, ports = "127.0.0.1", simulator.ports
+        # A one-VM slice, named as the simulated slices are, so that every label is filled
+        tpu_env = simulated_tpu_env(DEFAULT_SLICE, 0, accelerator_type(
+            config["simulator.chip_type"], config["simulator.chips"], 1), ports)
         owners = OwnerScanner(simulated_owners(simulator.pid, inventory.devices, sources), 0.0)
         log.info("simulating %d %s chips (scenario %s, %gx time) on 127.0.0.1:%s",
                  inventory.count, inventory.chip_type, config["simulator.scenario"],

@@ -110,9 +110,10 @@ def _link_template(value: str) -> str | None:
 
 
 def _scenario(value: str) -> str | None:
-    from tpumon.sim.workload import SCENARIOS  # lazy: numpy only when this key is checked
+    from tpumon.sim.pod import known_scenarios  # lazy: only when this key is checked
 
-    return None if value in SCENARIOS else f"must be one of {', '.join(SCENARIOS)}"
+    known = known_scenarios()
+    return None if value in known else f"must be one of {', '.join(known)}"
 
 
 def _listen_address(value: str) -> str | None:
@@ -255,6 +256,10 @@ SCHEMA: tuple[Key, ...] = (
         "Simulated seconds per real second.", _within(0.001, 1000000)),
     Key("simulator", "seed", int, 0, "Random seed of the simulated workload.",
     _within(0, 2**32 - 1)),
+    Key("simulator", "host", str, "",
+        "With --simulate: the metadata address (HOST:PORT) of one host of a running "
+        "'tpumon sim --hosts N' to attach to, instead of starting a simulator; its identity "
+        "and runtime ports come from there. '': start one."),
     Key("simulator", "max_lag", float, 60.0,
         "Simulated seconds the job may run ahead of the runtime's last reader; a reader "
         "that comes later finds the simulated world waited for it (polls never farther "

@@ -31,7 +31,8 @@ from typing import Mapping
 log = logging.getLogger("tpumon.identity")
 
 METADATA_IP = "169.254.169.254"  # the IP, so an off-GCE DNS lookup can never stall start-up
-TPU_ENV_PATH = "/computeMetadata/v1/instance/attributes/tpu-env"
+ATTRIBUTES_PATH = "/computeMetadata/v1/instance/attributes/"
+TPU_ENV_PATH = ATTRIBUTES_PATH + "tpu-env"
 DMI_PRODUCT = Path("/sys/class/dmi/id/product_name")
 LABELS = ("host", "worker", "accelerator_type", "slice")
 
@@ -72,22 +73,38 @@ def on_gce(dmi_product: Path | None = None) -> bool:
         return False
 
 
-def fetch_tpu_env(timeout: float, env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """tpu-env from the metadata server ($GCE_METADATA_HOST overrides its address).
-
-    Returns {} when it cannot be had: not on a TPU VM, no metadata server, too slow.
-    """
+def fetch_metadata_attribute(name: str, timeout: float,
+                             env: Mapping[str, str] | None = None) -> str | None:
+    """One ``instance/attributes/NAME`` entry of the metadata server ($GCE_METADATA_HOST
+    overrides its address), or None when it cannot be had: not on a TPU VM, no metadata
+    server, no such attribute, too slow."""
     env = os.environ if env is None else env
     host = env.get("GCE_METADATA_HOST") or METADATA_IP
-    request = urllib.request.Request(f"http://{host}{TPU_ENV_PATH}",
+    request = urllib.request.Request(f"http://{host}{ATTRIBUTES_PATH}{name}",
                                      headers={"Metadata-Flavor": "Google"})
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     try:
         with opener.open(request, timeout=timeout) as response:
-            return parse_tpu_env(response.read(256 * 1024).decode("utf-8", "replace"))
+            return response.read(256 * 1024).decode("utf-8", "replace")
     except (urllib.error.URLError, OSError, ValueError) as exc:
-        log.info("no tpu-env from the metadata server at %s: %s", host, exc)
-        return {}
+        log.info("no %s from the metadata server at %s: %s", name, host, exc)
+        return None
+
+
+def fetch_tpu_env(timeout: float, env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """tpu-env from the metadata server; {} when it cannot be had."""
+    return parse_tpu_env(fetch_metadata_attribute("tpu-env", timeout, env) or "")
+
+
+def parse_worker_endpoints(text: str) -> list[str]:
+    """The slice's worker addresses, worker 0 first, from ``worker-network-endpoints``:
+    comma-separated entries whose third ':' field is the worker's IP (``x:y:10.0.0.11``)."""
+    addresses = []
+    for entry in text.split(","):
+        fields = entry.strip().split(":")
+        if len(fields) >= 3 and fields[2].strip():
+            addresses.append(fields[2].strip())
+    return addresses
 
 
 def _worker_from_hostname(hostname: str) -> str:

@@ -49,10 +49,14 @@ log = logging.getLogger("tpumon.agent")
                    "[default: linear-leak].")
 @click.option("--acceleration", type=float, default=None,
               help="Simulated seconds per real second with --simulate [default: 60].")
+@click.option("--sim-host", default=None, metavar="HOST:PORT",
+              help="With --simulate: attach to this host of a running 'tpumon sim --hosts N' "
+                   "(its metadata address) instead of starting a simulator "
+                   "[default: simulator.host].")
 def command(config_path: str | None, listen_address: str | None, web_config_file: str | None,
             poll_interval: float | None, runtime_ports: str | None, state_dir: str | None,
             reporter_socket: str | None, log_level: str | None, simulate: bool,
-            scenario: str | None, acceleration: float | None) -> None:
+            scenario: str | None, acceleration: float | None, sim_host: str | None) -> None:
     """Poll every TPU chip's HBM, detect slow leaks, serve Prometheus metrics until SIGTERM.
 
     Reads libtpu's runtime metric service (the one tpu-info reads) on every port in
@@ -68,7 +72,8 @@ def command(config_path: str | None, listen_address: str | None, web_config_file
         "agent.poll_interval": poll_interval,
         "runtime.ports": ports_value(runtime_ports), "agent.log_level": log_level,
         "store.state_dir": state_dir, "reporter.socket": reporter_socket,
-        "simulator.scenario": scenario, "simulator.acceleration": acceleration}
+        "simulator.scenario": scenario, "simulator.acceleration": acceleration,
+        "simulator.host": sim_host}
     config = load_config(config_path, flags)
     setup_logging(config["agent.log_level"])
     stop, reload = threading.Event(), threading.Event()

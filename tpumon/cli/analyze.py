@@ -11,8 +11,10 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from tpumon.cli.prometheus_source import (check_prometheus_options, prometheus_options,
+                                          prometheus_rows)
 from tpumon.detect import describe_growth
-from tpumon.detect.replay import SeriesResult, analyze_path, describe_forecast
+from tpumon.detect.replay import SeriesResult, analyze_path, describe_forecast, replay_columns
 from tpumon.trace import TraceFormatError
 
 #: Widest host name shown: the table fits 80 columns with every other column full.
@@ -83,10 +85,16 @@ def render_table(results: list[SeriesResult], console: Console) -> None:
 
 
 @click.command("analyze")
-@click.argument("trace", type=click.Path(allow_dash=True))
+@click.argument("trace", required=False, type=click.Path(allow_dash=True))
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table",
               show_default=True, help="Output format; json is the contract's shape.")
-def command(trace: str, fmt: str) -> None:
+@prometheus_options
+@click.option("--since", default=None, metavar="WHEN",
+              help="With --prometheus: from then on [default: 24h ago].")
+@click.option("--until", default=None, metavar="WHEN",
+              help="With --prometheus: up to then [default: now].")
+def command(trace: str | None, fmt: str, prometheus: str | None, slice_name: str | None,
+            resolution: float, since: str | None, until: str | None) -> None:
     """Replay the agent's streaming leak detector over a trace file (CSV, JSON Lines for
     .jsonl, Parquet for .parquet; '-' reads CSV or JSON Lines from stdin), or over every
     trace file in a directory (one per host of a slice, say), and report, per (host, chip):
@@ -95,8 +103,19 @@ def command(trace: str, fmt: str) -> None:
     and defaults as the agent.
 
     A malformed file stops with one line naming the line number and the problem, and
-    prints nothing on stdout.
+    prints nothing on stdout. With --prometheus URL --slice NAME, replays every chip of
+    the slice from what Prometheus scraped instead of a trace.
     """
+    if check_prometheus_options(prometheus, slice_name, trace is not None):
+        assert prometheus is not None and slice_name is not None
+        from tpumon.report.data import series_from_rows
+
+        columns = series_from_rows(prometheus_rows(prometheus, slice_name, since, until,
+                                                   resolution))
+        _print(replay_columns(columns), fmt)  # as a directory of the slice's traces
+        return
+    if trace is None:
+        raise click.UsageError("give a TRACE file, or --prometheus URL --slice NAME")
     try:
         results = analyze_path(trace)
     except TraceFormatError as exc:
@@ -105,6 +124,10 @@ def command(trace: str, fmt: str) -> None:
         raise click.ClickException(f"{trace}: {exc.strerror or exc}") from None
     if not results:  # like `report` and `export`: nothing selected is an error
         raise click.ClickException(f"{trace}: no samples to analyze (only a header?)")
+    _print(results, fmt)
+
+
+def _print(results: list[SeriesResult], fmt: str) -> None:
     if fmt == "json":
         click.echo(json.dumps({"series": [r.to_json() for r in results]}, indent=2))
     else:

@@ -17,6 +17,8 @@ from typing import Iterable, Iterator
 import click
 
 from tpumon.cli.options import config_option, history_selection, state_dir_option
+from tpumon.cli.prometheus_source import (check_prometheus_options, prometheus_options,
+                                          prometheus_rows)
 from tpumon.config import ConfigError, load_config
 from tpumon.store.database import HistoryDB, Retention, database_path
 from tpumon.store.export import end_rows, export_rows
@@ -109,13 +111,25 @@ def _around_end(db: HistoryDB, path: Path, hosts: set[str],
               help="The hour of raw samples before the last job end the agent saw (kept at "
                    "full resolution whatever the retention; docs/job-ends.md) instead of the "
                    "history; --host and --chip still select.")
+@prometheus_options
 def command(config_path: str | None, state_dir: str | None, since: str | None,
             until: str | None, hosts: tuple[str, ...], chips: tuple[str, ...], output: str,
-            fmt: str | None, around_end: bool) -> None:
+            fmt: str | None, around_end: bool, prometheus: str | None,
+            slice_name: str | None, resolution: float) -> None:
     """Write the agent's stored HBM history as a trace (the format 'tpumon analyze' reads),
     for a post-mortem after the job died. Raw polls where they are still kept; older
-    history as each minute's floor and peak. Safe to run while the agent writes.
+    history as each minute's floor and peak. Safe to run while the agent writes. With
+    --prometheus URL --slice NAME, the whole slice's history as Prometheus scraped it.
     """
+    fmt = fmt or output_format(output)
+    if fmt == "parquet" and output == "-":
+        raise click.UsageError("parquet is written to a file: give -o FILE.parquet")
+    if check_prometheus_options(prometheus, slice_name, state_dir is not None or around_end):
+        assert prometheus is not None and slice_name is not None
+        _write([r for r in prometheus_rows(prometheus, slice_name, since, until, resolution)
+                if (not hosts or r.host in hosts) and (not chips or r.chip in chips)],
+               output, fmt)
+        return
     config = load_config(config_path, {"store.state_dir": state_dir})
     if not config["store.state_dir"]:
         raise ConfigError("store.state_dir is empty: no history store to export")
@@ -124,9 +138,6 @@ def command(config_path: str | None, state_dir: str | None, since: str | None,
     path = database_path(config["store.state_dir"])
     if not path.exists():
         raise click.ClickException(f"{path}: no history store here (is --state-dir right?)")
-    fmt = fmt or output_format(output)
-    if fmt == "parquet" and output == "-":
-        raise click.UsageError("parquet is written to a file: give -o FILE.parquet")
     try:
         db = HistoryDB(path, Retention(), read_only=True)
         try:
@@ -150,3 +161,12 @@ def command(config_path: str | None, state_dir: str | None, since: str | None,
         raise click.ClickException(f"{output}: {exc.strerror or exc}") from None
     if output != "-":
         click.echo(f"{rows} rows written to {output}", err=True)
+
+
+def _write(rows: list[TraceRow], output: str, fmt: str) -> None:
+    try:
+        count = write_whole(rows, output, fmt)  # never a truncated file over an older one
+    except OSError as exc:
+        raise click.ClickException(f"{output}: {exc.strerror or exc}") from None
+    if output != "-":
+        click.echo(f"{count} rows written to {output}", err=True)

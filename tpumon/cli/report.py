@@ -15,6 +15,8 @@ import click
 from tpumon import __version__
 from tpumon.cli.export import parse_when
 from tpumon.cli.options import config_option, history_selection, state_dir_option
+from tpumon.cli.prometheus_source import (check_prometheus_options, prometheus_options,
+                                          prometheus_rows)
 from tpumon.config import ConfigError, load_config
 from tpumon.trace import TraceFormatError
 
@@ -26,15 +28,18 @@ from tpumon.trace import TraceFormatError
 @history_selection
 @click.option("-o", "--outdir", default=".", show_default=True,
               type=click.Path(file_okay=False), help="Directory for the PNG and HTML files.")
+@prometheus_options
 def command(trace: str | None, config_path: str | None, state_dir: str | None,
             since: str | None, until: str | None, hosts: tuple[str, ...],
-            chips: tuple[str, ...], outdir: str) -> None:
+            chips: tuple[str, ...], outdir: str, prometheus: str | None,
+            slice_name: str | None, resolution: float) -> None:
     """Draw what the leak detector saw, per host: tpumon-report-HOST.png (one panel per
     chip: raw samples, the floor, the fitted trend and its 95% band, the OOM forecast,
     restarts, level jumps, the leak alert) and tpumon-report-HOST.html (the picture and a
     summary table per chip, in one self-contained file). Reads TRACE (CSV, or JSON Lines
     for .jsonl; '-' is stdin) or, without TRACE, the agent's history store. Prints the
-    paths written.
+    paths written. With --prometheus URL --slice NAME, one report per host of the slice
+    from what Prometheus scraped.
     """
     start = parse_when(since, "--since") if since else -math.inf
     end = parse_when(until, "--until") if until else math.inf
@@ -42,7 +47,14 @@ def command(trace: str | None, config_path: str | None, state_dir: str | None,
     from tpumon.report.data import select, series_from_rows
 
     ends: list = []  # job ends: kept in the history store only
-    if trace is not None:
+    if check_prometheus_options(prometheus, slice_name,
+                                trace is not None or state_dir is not None):
+        assert prometheus is not None and slice_name is not None
+        source = f"{prometheus} slice {slice_name}"
+        # the range was Prometheus' question; the samples carry the agents' clocks
+        series = select(series_from_rows(prometheus_rows(prometheus, slice_name, since, until,
+                                                         resolution)), hosts, chips)
+    elif trace is not None:
         if state_dir is not None:
             raise click.UsageError("give a TRACE or --state-dir, not both")
         source = "standard input" if trace == "-" else str(Path(trace).resolve())
@@ -58,6 +70,10 @@ def command(trace: str | None, config_path: str | None, state_dir: str | None,
     reports = build_reports(series, source, __version__, time.time(), ends=ends)
     try:
         Path(outdir).mkdir(parents=True, exist_ok=True)
+        if prometheus is not None and slice_name is not None:
+            from tpumon.report.slice_heatmap import write_slice_png
+
+            click.echo(str(write_slice_png(series, reports, slice_name, outdir)))
         for report in reports:
             for path in write_report(report, outdir):
                 click.echo(str(path))

@@ -20,7 +20,7 @@ from tpumon.instrument import Reporter
 from tpumon.instrument.snapshot import Snapshot, make_snapshot
 from tpumon.logs import setup_logging
 from tpumon.signals import signals_to_events
-from tpumon.sim.process import READY_PREFIX
+from tpumon.sim.process import HOST_PREFIX, READY_PREFIX
 
 if TYPE_CHECKING:
     from tpumon.sim.server import SimClock
@@ -86,6 +86,11 @@ def hbm_total_bytes(chip_type: str) -> int:
 @click.option("--port", "ports", default="8431", show_default=True, metavar="LIST",
               help="Port(s), e.g. 8431-8434 to serve one chip per port like PyTorch/XLA "
                    "multiprocess runs; 0 picks a free port.")
+@click.option("--hosts", type=click.IntRange(1, 64), default=1, show_default=True,
+              help="Simulated VMs of one slice: host k serves on the --listen address + k "
+                   "(127.0.0.1, 127.0.0.2, ...), each with its own runtime and metadata server.")
+@click.option("--slice", "slice_name", default="tpumon-sim", show_default=True,
+              help="The simulated slice's name (NODE_ID in each host's tpu-env).")
 @click.option("--list", "list_scenarios", is_flag=True, help="List the scenarios and exit.")
 @click.option("--write-trace", type=click.Path(dir_okay=False, allow_dash=True), default=None,
               help="Write a trace file (CSV, or JSON Lines for .jsonl) instead of serving.")
@@ -95,26 +100,32 @@ def hbm_total_bytes(chip_type: str) -> int:
               help="Seconds between trace rows with --write-trace.")
 @click.option("--report-to", default=None, metavar="SOCKET",
               help="Also act as the training process: send its step to this reporter socket "
-                   "four times a second (tpumon.instrument's protocol).")
+                   "four times a second (tpumon.instrument's protocol); with --hosts, a "
+                   "pattern with {worker} (one socket per host's agent).")
 @click.option("--exit-with-parent", is_flag=True, hidden=True)
 @click.option("--start-time", type=float, default=None, hidden=True,
               help="Unix time the simulated clock starts at [default: now].")
 def command(config_path: str | None, scenario: str | None, chips: int | None,
             chip_type: str | None, acceleration: float | None, seed: int | None,
-            max_lag: float | None, listen_host: str, ports: str, list_scenarios: bool,
+            max_lag: float | None, listen_host: str, ports: str, hosts: int, slice_name: str,
+            list_scenarios: bool,
             write_trace: str | None, duration: str, poll_interval: float, report_to: str | None,
             exit_with_parent: bool, start_time: float | None) -> None:
     """Simulate a TPU VM's chips for a training workload, on loopback, with no TPU.
 
     Serves libtpu's RuntimeMetricService so that 'tpumon agent --runtime-ports PORT' (or
     tpu-info) reads it as a real runtime; or, with --write-trace, writes the same workload
-    as a trace file for 'tpumon analyze' and tests.
+    as a trace file for 'tpumon analyze' and tests. With --hosts N, simulates N VMs of one
+    slice (attach an agent to each with 'tpumon agent --simulate --sim-host ADDRESS').
     """
+    from tpumon.sim.pod import SLICE_SCENARIOS, host_scenario
     from tpumon.sim.workload import SCENARIOS, Workload
 
     if list_scenarios:
         for name, spec in SCENARIOS.items():
             click.echo(f"{name:18} {spec.description}")
+        for name, (description, _) in SLICE_SCENARIOS.items():
+            click.echo(f"{name:18} {description}")
         return
     config = load_config(config_path, {
         "simulator.scenario": scenario, "simulator.chips": chips,
@@ -126,15 +137,23 @@ def command(config_path: str | None, scenario: str | None, chips: int | None,
     trace_seconds = parse_duration(duration)
     chip_count = config["simulator.chips"]
     total = hbm_total_bytes(config["simulator.chip_type"])
+    single = host_scenario(config["simulator.scenario"], 0, 1)
     if write_trace is not None:
-        _write_trace(config["simulator.scenario"], write_trace, trace_seconds,
+        _write_trace(single, write_trace, trace_seconds,
                      poll_interval, chip_count, config["simulator.seed"], total)
+        return
+    if hosts > 1:
+        if report_to and "{worker}" not in report_to:
+            raise ConfigError("--report-to: with --hosts, name each worker's socket with "
+                              "{worker}, e.g. /tmp/reporter-w{worker}.sock")
+        _serve_slice(config, slice_name, hosts, listen_host, served_ports,
+                     total, exit_with_parent, report_to)
         return
     from tpumon.sim.server import SimClock
 
     clock = SimClock(config["simulator.acceleration"], start=start_time,
                      max_lag=config["simulator.max_lag"])
-    workload = Workload(config["simulator.scenario"], chips=chip_count, hbm_total_bytes=total,
+    workload = Workload(single, chips=chip_count, hbm_total_bytes=total,
                         seed=config["simulator.seed"], start_time=clock.now())
     _serve(workload, clock, listen_host, served_ports, chip_count,
            exit_with_parent, report_to)
@@ -193,6 +212,52 @@ def _serve(workload: "Workload", clock: "SimClock", host: str, ports: list[int],
                 if sample.runtime_up:
                     reporter.step(sample.step)
     simulator.stop()
+
+
+def _serve_slice(config: Any, slice_name: str, hosts: int, base_address: str,
+                 ports: list[int], total: int, exit_with_parent: bool,
+                 report_to: str | None) -> None:
+    """N simulated VMs of one slice until SIGTERM; one line per host says where it is.
+    With ``report_to`` (a pattern with {worker}) each host's job reports its step to its
+    own agent's socket, as an instrumented training process on each VM would."""
+    from tpumon.sim.pod import SliceSpec, start_slice
+
+    spec = SliceSpec(config["simulator.scenario"], hosts, config["simulator.chips"],
+                     config["simulator.chip_type"], total, config["simulator.acceleration"],
+                     config["simulator.max_lag"], config["simulator.seed"], slice_name,
+                     base_address)
+    if len(ports) > spec.chips:
+        raise ConfigError(f"--port: {len(ports)} ports for {spec.chips} chips; use at most "
+                          "one per chip")
+    try:
+        started = start_slice(spec, ports)
+    except (OSError, RuntimeError, ValueError) as exc:
+        raise ConfigError(f"--hosts {hosts} --listen {base_address}: cannot serve: {exc}"
+                          ) from None
+    stop = threading.Event()
+    with signals_to_events({signal.SIGTERM: stop, signal.SIGINT: stop}):
+        for host in started:
+            assert host.metadata is not None
+            print(f"{HOST_PREFIX}worker={host.worker} address={host.address} "
+                  f"ports={','.join(map(str, host.ports))} metadata={host.metadata.address} "
+                  f"scenario={host.scenario}", flush=True)
+        print(f"{READY_PREFIX}{','.join(str(p) for h in started for p in h.ports)}", flush=True)
+        log.info("simulating slice %s: %d hosts of %d chips (scenario %s, %gx time)",
+                 slice_name, hosts, spec.chips, spec.scenario, spec.acceleration)
+        parent = os.getppid()
+        reporters = [(h, _StepReporter(socket=report_to.format(worker=h.worker),
+                                       min_interval=0,
+                                       leaks=h.simulator.samples.workload.leak_bytes_per_step_by_chip))
+                     for h in started] if report_to else []
+        while not stop.wait(0.25 if reporters else 1.0):
+            if exit_with_parent and os.getppid() != parent:
+                break
+            for host, reporter in reporters:
+                sample = host.simulator.samples.current()
+                if sample.runtime_up:
+                    reporter.step(sample.step)
+    for host in started:
+        host.stop()
 
 
 class _StepReporter(Reporter):

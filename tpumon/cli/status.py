@@ -14,6 +14,7 @@ from tpumon.cli.options import (agent_client_options, agent_option, config_optio
                                 direct_option, ports_value, runtime_ports_option)
 from tpumon.client import (AgentClient, AgentError, AgentUnreachable, ClientAuth,
                            StatusDocument)
+from tpumon.cli.slice_view import show_slice, slice_options
 from tpumon.config import Config, load_config, parse_listen_address, reachable_host
 from tpumon.describe import describe_growth
 from tpumon.logs import setup_logging
@@ -232,19 +233,23 @@ def from_runtime(config: Config) -> dict[str, Any]:
               "(hlo_exec_timing, buffer_transfer_latency, ...), in tpumon or in libtpu.")
 @click.option("--list-metrics", is_flag=True, help="List the metrics the runtime serves "
               "and the tpumon metric each is exported as.")
+@slice_options
 def command(config_path: str | None, runtime_ports: str | None, agent: str | None,
             auth: ClientAuth, direct: bool, fmt: str, metric: str | None,
-            list_metrics: bool) -> None:
+            list_metrics: bool, slice_: bool, **slice_opts: Any) -> None:
     """Show each chip's HBM, duty cycle, owner and leak verdict.
 
     Asks the local agent (which has the history behind the verdicts); if none answers, or
     it is protected by exporter.web_config_file and no --agent-* option says how to talk
     to it, reads the runtime once, like tpu-info. An agent named with --agent that cannot
     be asked is an error. A runtime that is not running (between jobs) is shown as such,
-    with exit status 0.
+    with exit status 0. With --slice, every chip of the slice: every worker's agent asked
+    at once.
     """
     config = load_config(config_path, {"runtime.ports": ports_value(runtime_ports)})
     setup_logging("warning")
+    if slice_:
+        return show_slice(config, fmt, slice_opts, auth)
     if metric is not None or list_metrics:
         from tpumon.cli.runtime_view import show  # lazy: only for these options
         show(config, metric, fmt)

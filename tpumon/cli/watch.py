@@ -25,6 +25,7 @@ from rich.text import Text
 from tpumon.bootstrap import Assembly, build
 from tpumon.cli.options import (agent_client_options, agent_option, config_option,
                                 direct_option, ports_value, runtime_ports_option)
+from tpumon.cli.slice_view import slice_options, watch_slice
 from tpumon.cli.status import agent_to_ask, ask_agent, format_eta, format_pct
 from tpumon.client import AgentClient, AgentError, ClientAuth
 from tpumon.config import load_config
@@ -165,8 +166,10 @@ def agent_feed(client: AgentClient) -> Callable[[], tuple[dict[str, Any] | None,
 @direct_option
 @click.option("--interval", type=click.FloatRange(min=0.1), default=1.0, show_default=True,
               help="Seconds between refreshes.")
+@slice_options
 def command(config_path: str | None, runtime_ports: str | None, agent: str | None,
-            auth: ClientAuth, direct: bool, interval: float) -> None:
+            auth: ClientAuth, direct: bool, interval: float, slice_: bool,
+            **slice_opts: Any) -> None:
     """Live full-screen view of every chip: HBM bar, floor, growth per step and per hour,
     time to OOM, verdict, duty cycle, and the training processes' step, step rate and live
     tensors. Reads the local agent; with none running, a protected one
@@ -177,9 +180,12 @@ def command(config_path: str | None, runtime_ports: str | None, agent: str | Non
     duty cycle, growth per hour, floor and growth per step are left out, in that order.
     Verdicts: ok, leak, warm-up (warming_up), no trend (insufficient_data: less than 30
     minutes of floors), step chg (step_change). Without a terminal (a pipe, a file) it
-    prints the same view as plain text every interval. Ctrl-C quits."""
+    prints the same view as plain text every interval. Ctrl-C quits. With --slice, every
+    chip of the slice."""
     config = load_config(config_path, {"runtime.ports": ports_value(runtime_ports)})
     setup_logging("error")
+    if slice_:
+        return watch_slice(config, slice_opts, auth, interval)
     client = agent_to_ask(config, agent, direct, auth)
     assembly = None
     feed: Callable[[], tuple[dict[str, Any] | None, str | None]]

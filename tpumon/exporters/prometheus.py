@@ -24,6 +24,7 @@ from prometheus_client.registry import Collector
 from tpumon import __version__, package_version
 from tpumon.detect import Verdict
 from tpumon.exporters.job_ends import job_end_metrics
+from tpumon.exporters.replay_metrics import replay_metrics
 from tpumon.exporters.runtime_families import RuntimeMetricsCollector
 from tpumon.identity import LABELS
 from tpumon.notify.health import NotifierHealth
@@ -93,6 +94,7 @@ class ChipCollector(_PollCollector):
                           "Chips (HBM devices) this VM should report; 0 when unknown.", [])
         expected.add_metric(ident, len(snap.inventory.devices))
         yield from (used, total, duty, up, owner, expected)
+        yield from replay_metrics(snap, ident)  # the clock of these very HBM samples
 
 
 class DetectorCollector(_PollCollector):

@@ -25,6 +25,9 @@ LEAK = "TPUMonHBMLeakSuspected"
 OOM = "TPUMonOOMForecast"
 HIGH = "TPUMonHBMHigh"
 STALLED = "TPUMonTrainingStalled"
+#: Conditions of the SPMD program rather than of one VM: every worker of a slice sees them
+#: at once, so they page once per slice (PagerDuty's dedup_key names the slice, not the host)
+SLICE_WIDE = (LEAK, OOM)
 ENDED = "TPUMonJobEnded"
 SEVERITY = {LEAK: "warning", OOM: "critical", HIGH: "warning", STALLED: "warning",
             ENDED: "warning"}
@@ -33,6 +36,7 @@ SEVERITY = {LEAK: "warning", OOM: "critical", HIGH: "warning", STALLED: "warning
 END_SEVERITY = {"hbm_oom": "critical", "host_oom": "critical"}
 RAISE_AFTER = {HIGH: 300.0}  # seconds a condition must hold first; the others are sustained
 # by construction (a leak verdict needs 30 min of evidence; a stall is a duration itself)
+INCIDENT_OPEN = "incident_still_open"  # a resolve's detail: the shared incident stays open
 SNAPSHOT_WAIT = 600.0  # a leak warning waits this long at most for its tensor snapshots
 
 
@@ -64,11 +68,20 @@ class Alert:
 
     @property
     def where(self) -> str:
-        """Host, worker and slice as a person locates a VM of a pod."""
-        parts = (f"worker {self.worker}" if self.worker else "", self.slice,
-                 self.accelerator_type)
+        """Host, worker and slice as a person locates a VM of a pod (worded as the
+        Alertmanager templates word it: 'h (worker 3, slice llama-pod-a, v4-32)')."""
+        parts = (f"worker {self.worker}" if self.worker else "",
+                 f"slice {self.slice}" if self.slice else "", self.accelerator_type)
         extra = ", ".join(p for p in parts if p)
         return f"{self.host} ({extra})" if extra else self.host
+
+    @property
+    def incident_key(self) -> str:
+        """PagerDuty's dedup_key: for a slice-wide condition the slice and the alert, so
+        that N workers (and their chips) seeing one leak open one incident; else ``key``."""
+        if self.slice and self.name in SLICE_WIDE:
+            return f"tpumon/slice/{self.slice}/{self.name}"
+        return self.key
 
 
 def describe_duration(seconds: float) -> str:
@@ -267,5 +280,14 @@ class AlertTracker:
             since = self._clearing.setdefault(key, now)
             if now - since >= self.settings.resolve_after_seconds:
                 del self._clearing[key]
-                out.append(Transition("resolve", self.active.pop(key), now))
+                out.append(Transition("resolve", self._resolved(self.active.pop(key)), now))
         return out
+
+    def _resolved(self, alert: Alert) -> Alert:
+        """The alert as its resolve carries it: marked when another active alert of this
+        host shares its incident (a slice-wide leak on another chip), whose incident this
+        resolve must not close."""
+        shared = alert.incident_key != alert.key and any(
+            a.incident_key == alert.incident_key for a in self.active.values())
+        return replace(alert, details={**alert.details, INCIDENT_OPEN: True}) if shared \
+            else alert

@@ -209,8 +209,12 @@ class Notifier:
         if now - events[0].created < channel.group_wait:
             return channel.group_wait - (now - events[0].created)
         batch, body = channel.requests(events)[0]
-        outcome = post_json(channel.url, body, self._timeout)
         ids = [e.id for e in batch]
+        if body is None:  # nothing to send for these (the channel says why)
+            self.outbox.delivered(ids)
+            p.pending = self.outbox.pending_count(channel.name)
+            return 0.0
+        outcome = post_json(channel.url, body, self._timeout)
         if outcome.kind == DELIVERED:
             self._delivered(channel, p, batch, ids, outbox)
         elif outcome.kind == REJECTED:

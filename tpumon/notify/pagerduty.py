@@ -1,11 +1,14 @@
 """PagerDuty Events API v2: one event per alert transition, deduplicated per host, alert
-and chip, so a trigger sent twice is one incident and the resolve closes it."""
+and chip, so a trigger sent twice is one incident and the resolve closes it; slice-wide
+conditions (a leak, an OOM forecast) are deduplicated per slice and alert instead, so the
+N workers of a slice that see one leak open one incident, not N (docs/notifications.md)."""
 
 from __future__ import annotations
 
 import datetime
 from typing import Any, Sequence
 
+from tpumon.notify.alerts import INCIDENT_OPEN
 from tpumon.notify.outbox import Event
 
 MAX_SUMMARY = 1024
@@ -26,13 +29,17 @@ class PagerDutyChannel:
         self.severities = severities
 
     def requests(self, events: Sequence[Event]) -> list[tuple[list[Event], Any]]:
+        """One event per request; None (nothing to send) for the resolve of one chip of a
+        slice-wide incident that other chips of this host still hold open."""
         return [([e], self.body(e)) for e in events]
 
-    def body(self, event: Event) -> dict[str, Any]:
+    def body(self, event: Event) -> dict[str, Any] | None:
         a = event.alert
+        if event.action == "resolve" and a.details.get(INCIDENT_OPEN):
+            return None
         body: dict[str, Any] = {"routing_key": self.routing_key,
                                 "event_action": event.action,
-                                "dedup_key": a.key[:MAX_DEDUP_KEY]}
+                                "dedup_key": a.incident_key[:MAX_DEDUP_KEY]}
         if event.action == "resolve":
             return body
         summary = f"{a.name} on {a.where}: {a.summary}"

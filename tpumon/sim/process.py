@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 
 READY_PREFIX = "TPUMON_SIM_READY ports="
+HOST_PREFIX = "TPUMON_SIM_HOST "  # one line per host of a simulated slice (--hosts N)
 
 
 class SimulatorStartError(Exception):

@@ -1,0 +1,68 @@
+"""--prometheus URL --slice NAME [--since --until --resolution]: a slice's history from
+Prometheus for `tpumon analyze`, `export` and `report` (tpumon/prometheus_history.py)."""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn
+
+from tpumon.trace import TraceRow
+
+DEFAULT_SINCE = "24h"
+
+
+def prometheus_options(command: Callable) -> Callable:
+    """The options that name a slice's history in Prometheus."""
+    for option in reversed((
+            click.option("--prometheus", default=None, metavar="URL",
+                         help="Read the slice's history from this Prometheus (e.g. "
+                              "http://prometheus:9090) instead of a trace or history store."),
+            click.option("--slice", "slice_name", default=None, metavar="NAME",
+                         help="With --prometheus: the slice (its `slice` label)."),
+            click.option("--resolution", type=click.FloatRange(min=0.001), default=15.0,
+                         show_default=True, metavar="SECONDS",
+                         help="With --prometheus: seconds between points asked for; the "
+                              "scrape interval replays every scrape."))):
+        command = option(command)
+    return command
+
+
+def check_prometheus_options(prometheus: str | None, slice_name: str | None,
+                             other_source: bool) -> bool:
+    """Whether --prometheus is in use; a usage error when half given or mixed."""
+    if prometheus is None:
+        if slice_name is not None:
+            raise click.UsageError("--slice needs --prometheus URL")
+        return False
+    if not slice_name:
+        raise click.UsageError("--prometheus needs --slice NAME")
+    if other_source:
+        raise click.UsageError("give --prometheus or a trace / --state-dir, not both")
+    return True
+
+
+def prometheus_rows(url: str, slice_name: str, since: str | None, until: str | None,
+                    resolution: float) -> list[TraceRow]:
+    """The slice's rows; one clear error (click) for any failure; a progress bar on a
+    terminal while the chunks come in."""
+    from tpumon.cli.export import parse_when  # export itself takes these options
+    from tpumon.prometheus_history import PrometheusError, chunks, slice_rows
+
+    now = time.time()
+    start = parse_when(since or DEFAULT_SINCE, "--since", now)
+    end = parse_when(until, "--until", now) if until else now
+    console = Console(stderr=True)
+    queries = 4 * max(1, sum(1 for _ in chunks(start, end, resolution))) if end > start else 1
+    with Progress(TextColumn("Prometheus"), BarColumn(), TextColumn("{task.completed}/"
+                  "{task.total} queries"), console=console, transient=True,
+                  disable=not console.is_terminal) as progress:
+        task = progress.add_task("ask", total=queries)
+        try:
+            return slice_rows(url, slice_name, start, end, resolution,
+                              progress=lambda: progress.advance(task))
+        except PrometheusError as exc:
+            raise click.ClickException(str(exc)) from None
