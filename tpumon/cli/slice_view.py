@@ -16,7 +16,7 @@ from rich.text import Text
 
 from tpumon.client import ClientAuth
 from tpumon.config import Config, ConfigError, parse_listen_address
-from tpumon.detect import describe_growth
+from tpumon.describe import describe_growth
 from tpumon.slice import (ClientOptions, SliceError, SliceView, ask_all, build_view,
                           describe_seconds, peers_from_metadata, peers_from_service,
                           split_peers, summary_line)
