@@ -80,17 +80,8 @@ def test_a_real_reporting_process_that_exits_is_a_job_that_exited(tmp_path):
     """No simulator: the agent on this machine, a real process reporting its steps then
     exiting with memory far from full."""
     socket_path = tmp_path / "r.sock"
-    env = clean_env()
-    env.update(TPUMON_REPORTER_SOCKET=str(socket_path), TPUMON_STORE_STATE_DIR="",
-               TPUMON_AGENT_KERNEL_LOG="", PYTHONFAULTHANDLER="1")
-    log_path = tmp_path / "agent.log"
-    with open(log_path, "w") as log:
-        agent = subprocess.Popen([*TPUMON, "agent", "--listen-address", "127.0.0.1:0",
-                                  "--poll-interval", "0.2", "--runtime-ports",
-                                  str(free_port())], stderr=log, env=env)
+    agent = real_agent(tmp_path, socket_path, kernel_log="")
     try:
-        url = wait_for(lambda: re.search(r"serving metrics on (http://\S+)/metrics",
-                                         log_path.read_text()), 60).group(1)
         code = ("import sys, time\nfrom tpumon.instrument import Reporter\n"
                 "class R(Reporter):\n    framework = 'jax'\n"
                 "    def framework_fields(self):\n        return {'live': 9}\n"
@@ -99,21 +90,22 @@ def test_a_real_reporting_process_that_exits_is_a_job_that_exited(tmp_path):
                 "time.sleep(1)\n")
         job = subprocess.run([sys.executable, "-c", code, str(socket_path)], timeout=60)
         assert job.returncode == 0
-
-        def status() -> list[dict]:
-            import urllib.request
-            with urllib.request.urlopen(f"{url}/api/status", timeout=5) as r:
-                return json.loads(r.read())["job_ends"]
-
-        [end] = wait_for(status, 30)
+        [end] = wait_for(lambda: ended(agent), 30)
         assert (end["cause"], end["step"], end["framework"]) == ("exited", 30, "jax"), end
         assert end["evidence"].startswith("memory far from full at the last poll: no chips "
                                           "held, host memory"), end
-        assert f"training job pid {end['pid']} (jax) ended at step 30: exited" in \
-            log_path.read_text()
+        assert f"training job pid {end['pid']} (jax) ended at step 30: exited" in agent.log()
     finally:
-        agent.terminate()
-        assert agent.wait(20) == 0
+        assert agent.stop() == 0
+
+
+def real_agent(tmp_path, socket_path, kernel_log: str) -> AgentProcess:
+    """`tpumon agent` on this machine (no TPU: its runtime source is down), with a reporter
+    socket and no history store."""
+    return AgentProcess(tmp_path, None, "--runtime-ports", str(free_port()), simulate=False,
+                        env={"TPUMON_REPORTER_SOCKET": str(socket_path),
+                             "TPUMON_STORE_STATE_DIR": "",
+                             "TPUMON_AGENT_KERNEL_LOG": kernel_log})
 
 
 def test_the_simulated_job_that_finishes_is_a_job_that_exited(tmp_path):
@@ -158,18 +150,9 @@ def test_a_real_job_killed_for_host_memory_is_a_host_oom(tmp_path):
     cgroup = _memory_cgroup() / f"tpumon-agent-test-{os.getpid()}"
     cgroup.mkdir()
     socket_path = tmp_path / "r.sock"
-    env = clean_env()
-    env.update(TPUMON_REPORTER_SOCKET=str(socket_path), TPUMON_STORE_STATE_DIR="",
-               TPUMON_AGENT_KERNEL_LOG="/dev/kmsg")
-    log_path = tmp_path / "agent.log"
-    with open(log_path, "w") as log:
-        agent = subprocess.Popen([*TPUMON, "agent", "--listen-address", "127.0.0.1:0",
-                                  "--poll-interval", "0.2", "--runtime-ports",
-                                  str(free_port())], stderr=log, env=env)
+    agent = real_agent(tmp_path, socket_path, kernel_log="/dev/kmsg")
     try:
         (cgroup / "memory.limit_in_bytes").write_text(str(64 << 20))
-        url = wait_for(lambda: re.search(r"serving metrics on (http://\S+)/metrics",
-                                         log_path.read_text()), 60).group(1)
         code = ("import os, sys, time\nfrom tpumon.instrument import Reporter\n"
                 "class R(Reporter):\n    framework = 'jax'\n"
                 "    def framework_fields(self):\n        return {'live': 9}\n"
@@ -181,17 +164,10 @@ def test_a_real_job_killed_for_host_memory_is_a_host_oom(tmp_path):
         job = subprocess.Popen([sys.executable, "-c", code, str(socket_path),
                                 str(cgroup / "cgroup.procs")])
         assert job.wait(120) == -9  # SIGKILL: the kernel's OOM killer
-
-        def status() -> list[dict]:
-            import urllib.request
-            with urllib.request.urlopen(f"{url}/api/status", timeout=5) as r:
-                return json.loads(r.read())["job_ends"]
-
-        [end] = wait_for(status, 30)
+        [end] = wait_for(lambda: ended(agent), 30)
         assert end["cause"] == "host_oom" and end["pid"] == job.pid, end
         assert f"Killed process {job.pid}" in end["evidence"], end
         assert 20 <= end["step"] < 40, end
     finally:
-        agent.terminate()
-        assert agent.wait(20) == 0
+        assert agent.stop() == 0
         cgroup.rmdir()
