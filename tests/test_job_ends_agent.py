@@ -171,3 +171,23 @@ def test_a_real_job_killed_for_host_memory_is_a_host_oom(tmp_path):
     finally:
         assert agent.stop() == 0
         cgroup.rmdir()
+
+
+def test_the_simulated_job_killed_for_host_memory_is_a_host_oom(tmp_path):
+    """The host-oom scenario: after two simulated hours the simulated kernel writes its
+    OOM-kill line for the job's process, which the agent (under --simulate) reads as its
+    kernel log: the end is host_oom on the kernel's word, and pages."""
+    with FakeAlertAPI("pagerduty") as pagerduty:
+        agent = AgentProcess(tmp_path, None, "--scenario", "host-oom", "--acceleration", "960",
+                             "--reporter-socket", str(tmp_path / "r.sock"),
+                             env={"TPUMON_PAGERDUTY_ROUTING_KEY": ROUTING_KEY,
+                                  "TPUMON_PAGERDUTY_URL": pagerduty.url})
+        try:
+            [end] = wait_for(lambda: ended(agent), 120)
+            assert end["cause"] == "host_oom", end
+            assert f"Out of memory: Killed process {end['pid']} (python3)" in end["evidence"]
+            page = wait_for(lambda: next((r.body for r in pagerduty.requests if r.body.get(
+                "payload", {}).get("class") == "TPUMonJobEnded"), None), 60)
+            assert page["payload"]["severity"] == "critical"
+        finally:
+            assert agent.stop() == 0

@@ -43,7 +43,7 @@ def after_first_eval(w: Workload) -> float:
 
 def test_scenario_registry_has_the_documented_names():
     assert set(SCENARIOS) == {"healthy", "linear-leak", "fast-leak", "staircase-leak", "chip0-leak",
-                              "step-change", "job-restart", "job-exit", "saturating-cache",
+                              "step-change", "job-restart", "job-exit", "host-oom", "saturating-cache",
                               "irregular-staircase", "leak-rate-change", "stall",
                               "slow-dcn"}
     for name, s in SCENARIOS.items():

@@ -7,11 +7,14 @@ agent is pointed at a ``tpumon sim`` child instead of libtpu.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import logging
 import math
 import time
 import os
 import sqlite3
+import tempfile
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
@@ -233,6 +236,27 @@ def open_notifier(config: Config, simulate: bool, state: AgentState,
     return Notifier(lambda: state.snapshot, tracker, outbox, channels)
 
 
+def agent_kernel_log(config: Config, simulate: bool, simulated: str | None) -> KernelLog | None:
+    """The kernel log the agent reads: under --simulate the simulator's (a file it writes
+    its job's OOM kill to; none when attached to a simulated slice's host), else
+    agent.kernel_log (empty: none)."""
+    path = simulated if simulate else config["agent.kernel_log"]
+    return KernelLog(path) if path else None
+
+
+def simulated_kernel_log() -> str:
+    """An empty file for the simulated kernel's lines, removed when the agent exits."""
+    fd, path = tempfile.mkstemp(prefix="tpumon-sim-kmsg-")
+    os.close(fd)
+    atexit.register(_remove, path)
+    return path
+
+
+def _remove(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+
+
 def simulated_owners(pid: int, devices: Sequence[str],
                      runtime: list[TpuRuntimeSource]) -> Callable[[], dict[str, int]]:
     """The simulator's process owns the chips while its job runs (its runtime's ports
@@ -302,6 +326,8 @@ def build(config: Config, simulate: bool = False, env: Mapping[str, str] | None 
     channels = notification_channels(config, env) if history else []  # a bad secret file
     reporters = open_reporter_socket(config, simulate) if history else None  # fails first
     sources: list[TpuRuntimeSource] = []  # the runtime source, once made
+    sim_kernel_log = simulated_kernel_log() if simulate and not config["simulator.host"] \
+        else None
     if simulate and config["simulator.host"]:
         check_simulation_pace(config)
         inventory, address, ports, tpu_env, owners = _attach_simulated_host(config)
@@ -314,7 +340,8 @@ def build(config: Config, simulate: bool = False, env: Mapping[str, str] | None 
                                     config["simulator.seed"],
                                     report_to=str(reporters.path) if reporters else None,
                                     max_lag=config["simulator.max_lag"],
-                                    start_time=simulated_start(config, simulate))
+                                    start_time=simulated_start(config, simulate),
+                                    kernel_log=sim_kernel_log)
         inventory = inventory_for(config["simulator.chip_type"], config["simulator.chips"])
         address, ports = "127.0.0.1", simulator.ports
         # A one-VM slice, named as the simulated slices are, so that every label is filled
@@ -351,8 +378,7 @@ def build(config: Config, simulate: bool = False, env: Mapping[str, str] | None 
                   leak_snapshots=None if reporters is None or not config[
                       "reporter.snapshot_on_leak"] else LeakSnapshots(
                       reporters.request_snapshot, config["reporter.snapshot_steps"]),
-                  kernel_log=KernelLog(config["agent.kernel_log"])
-                  if config["agent.kernel_log"] and not simulate else None)
+                  kernel_log=agent_kernel_log(config, simulate, sim_kernel_log))
     if store is not None:
         store.start()
     if notifier is not None:

@@ -102,6 +102,9 @@ def hbm_total_bytes(chip_type: str) -> int:
               help="Also act as the training process: send its step to this reporter socket "
                    "four times a second (tpumon.instrument's protocol); with --hosts, a "
                    "pattern with {worker} (one socket per host's agent).")
+@click.option("--kernel-log", default=None, metavar="FILE", hidden=True,
+              help="Append the kernel's OOM-kill line here when the job is killed for host "
+                   "memory (the host-oom scenario; agent --simulate reads it).")
 @click.option("--exit-with-parent", is_flag=True, hidden=True)
 @click.option("--start-time", type=float, default=None, hidden=True,
               help="Unix time the simulated clock starts at [default: now].")
@@ -110,7 +113,7 @@ def command(config_path: str | None, scenario: str | None, chips: int | None,
             max_lag: float | None, listen_host: str, ports: str, hosts: int, slice_name: str,
             list_scenarios: bool,
             write_trace: str | None, duration: str, poll_interval: float, report_to: str | None,
-            exit_with_parent: bool, start_time: float | None) -> None:
+            kernel_log: str | None, exit_with_parent: bool, start_time: float | None) -> None:
     """Simulate a TPU VM's chips for a training workload, on loopback, with no TPU.
 
     Serves libtpu's RuntimeMetricService so that 'tpumon agent --runtime-ports PORT' (or
@@ -156,7 +159,7 @@ def command(config_path: str | None, scenario: str | None, chips: int | None,
     workload = Workload(single, chips=chip_count, hbm_total_bytes=total,
                         seed=config["simulator.seed"], start_time=clock.now())
     _serve(workload, clock, listen_host, served_ports, chip_count,
-           exit_with_parent, report_to)
+           exit_with_parent, report_to, kernel_log)
 
 
 def _write_trace(scenario: str, path: str, duration_s: float, poll_interval: float,
@@ -185,12 +188,13 @@ def _write_trace(scenario: str, path: str, duration_s: float, poll_interval: flo
 
 
 def _serve(workload: "Workload", clock: "SimClock", host: str, ports: list[int], chips: int,
-           exit_with_parent: bool, report_to: str | None = None) -> None:
+           exit_with_parent: bool, report_to: str | None = None,
+           kernel_log: str | None = None) -> None:
     from tpumon.sim.server import Simulator
 
     if len(ports) > chips:
         raise ConfigError(f"--port: {len(ports)} ports for {chips} chips; use at most one per chip")
-    simulator = Simulator(workload, clock, host, ports, chips)
+    simulator = Simulator(workload, clock, host, ports, chips, kernel_log)
     try:
         bound = simulator.start()
     except (OSError, RuntimeError) as exc:

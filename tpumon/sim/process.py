@@ -45,7 +45,8 @@ class SimulatorProcess:
 
 def spawn_simulator(scenario: str, chips: int, chip_type: str, acceleration: float,
                     seed: int, timeout: float = 30.0, report_to: str | None = None,
-                    max_lag: float = 0.0, start_time: float | None = None) -> SimulatorProcess:
+                    max_lag: float = 0.0, start_time: float | None = None,
+                    kernel_log: str | None = None) -> SimulatorProcess:
     """Start the child on free loopback ports and wait for its ready line; with
     ``report_to`` it also reports its step there, as an instrumented job would."""
     cmd = [sys.executable, "-m", "tpumon", "sim", "--listen", "127.0.0.1", "--port", "0",
@@ -56,6 +57,8 @@ def spawn_simulator(scenario: str, chips: int, chip_type: str, acceleration: flo
         cmd += ["--report-to", report_to]
     if start_time is not None:
         cmd += ["--start-time", repr(start_time)]
+    if kernel_log is not None:
+        cmd += ["--kernel-log", kernel_log]
     env = {k: v for k, v in os.environ.items() if not k.startswith("TPUMON_")}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
     assert proc.stdout is not None

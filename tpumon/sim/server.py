@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import threading
 import time
 from concurrent import futures
+from typing import Callable
 
 import grpc
 from tpu_info.proto import tpu_metric_service_pb2 as pb
@@ -110,16 +112,20 @@ class SimulatedRuntime(pb_grpc.RuntimeMetricServiceServicer):
     megascale (DCN) metrics on one port only (``megascale``)."""
 
     def __init__(self, samples: SampleCache, device_ids: list[int],
-                 model: RuntimeMetricsModel | None = None, megascale: bool = False) -> None:
+                 model: RuntimeMetricsModel | None = None, megascale: bool = False,
+                 on_down: Callable[[], None] | None = None) -> None:
         self._samples = samples
         self._device_ids = device_ids
         self._model = model
         self._megascale = megascale
+        self._on_down = on_down  # before a reader learns the job is gone (its kernel line)
 
     def GetRuntimeMetric(self, request: pb.MetricRequest,
                          context: grpc.ServicerContext) -> pb.MetricResponse:
         sample = self._samples.current(observed=True)
         if not sample.runtime_up:
+            if self._on_down is not None:
+                self._on_down()
             context.abort(grpc.StatusCode.UNAVAILABLE, "runtime is not running")
         if self._model is not None and request.metric_name in SERVED:
             self._model.advance(sample)
@@ -153,8 +159,14 @@ class Simulator:
     """Runs one gRPC server per port and closes/reopens them as the simulated job stops/starts."""
 
     def __init__(self, workload: Workload, clock: SimClock, host: str, ports: list[int],
-                 chips: int) -> None:
+                 chips: int, kernel_log: str | None = None) -> None:
         self.samples = SampleCache(workload, clock)
+        self.workload = workload
+        #: where the simulated kernel says it killed the job for memory (the agent reads it
+        #: as its kernel log): a "host_oom" end is the kernel's word, as on a TPU VM
+        self.kernel_log = kernel_log
+        self._told: set[float] = set()  # start times of the jobs whose kill was written
+        self._telling = threading.Lock()
         self.model = RuntimeMetricsModel(chips, workload.params.step_time_s,
                                          seed=int(workload.params.step_time_s * 1e6))
         self.host = host
@@ -175,7 +187,8 @@ class Simulator:
     def _open(self, i: int) -> None:
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
         pb_grpc.add_RuntimeMetricServiceServicer_to_server(
-            SimulatedRuntime(self.samples, self._devices[i], self.model, megascale=i == 0),
+            SimulatedRuntime(self.samples, self._devices[i], self.model, megascale=i == 0,
+                             on_down=self._tell_kernel_kills),
             server)
         bound = server.add_insecure_port(f"{self.host}:{self.ports[i]}")
         if bound == 0:
@@ -195,6 +208,8 @@ class Simulator:
         while not self._stop.wait(0.1):
             closed = all(server is None for server in self._servers)
             up = self.samples.current(observed=closed).runtime_up
+            if not up:  # the kernel writes its kill before the process is gone
+                self._tell_kernel_kills()
             for i, server in enumerate(self._servers):
                 if up and server is None:
                     log.info("simulated runtime back on port %d", self.ports[i])
@@ -202,6 +217,26 @@ class Simulator:
                 elif not up and server is not None:
                     log.info("simulated runtime gone from port %d", self.ports[i])
                     self._close(i)
+
+    def _tell_kernel_kills(self) -> None:
+        """A job that ended killed for host memory: the kernel's line, once per job, in
+        /dev/kmsg's record format, naming this process (the chips' holder)."""
+        if self.kernel_log is None:
+            return
+        with self._telling:  # the watcher and the gRPC threads may both ask
+            self._tell_once(self.kernel_log)
+
+    def _tell_once(self, kernel_log: str) -> None:
+        now = self.samples.current().time
+        for job in self.workload.jobs:
+            if job.end_reason == "host_oom" and job.end_time <= now \
+                    and job.start_time not in self._told:
+                self._told.add(job.start_time)
+                pid = os.getpid()
+                with open(kernel_log, "a", encoding="utf-8") as kmsg:
+                    kmsg.write(f"3,{len(self._told)},{int(job.end_time * 1e6)},-;Out of memory: "
+                               f"Killed process {pid} (python3) total-vm:104857600kB, "
+                               "anon-rss:99614720kB\n")
 
     def stop(self) -> None:
         self._stop.set()

@@ -86,7 +86,7 @@ _FOOTPRINT_FIELDS = (
     "train_transient_bytes", "eval_transient_bytes", "eval_executable_bytes",
     "checkpoint_bytes", "cache_cap_bytes", "noise_bytes",
 )
-_NOT_DRAWN = ("name", "description", "leak_chips", "stair_irregular")
+_NOT_DRAWN = ("name", "description", "leak_chips", "stair_irregular", "finish_reason")
 _NEVER = 1 << 60  # "every 0 steps" means never: a period no run reaches
 _SEARCH_STEPS = 10**13  # OOM search horizon, steps (centuries at any step time)
 
@@ -148,7 +148,8 @@ class Scenario:
     stall_s: Range = 300.0  # the stall: duty cycle near 0, the step held, HBM held
     dcn_slow_after_s: Range = 0.0  # seconds into each job before DCN slows; 0: never
     dcn_slowdown: Range = 4.0  # factor on this host's DCN latencies from then on
-    finish_after_s: Range = 0.0  # the (last) job exits cleanly this long after it starts; 0: never
+    finish_after_s: Range = 0.0  # the (last) job ends this long after it starts; 0: never
+    finish_reason: str = "exit"  # how: "exit" (cleanly) or "host_oom" (the kernel kills it)
 
 
 @dataclass(frozen=True)
@@ -201,6 +202,7 @@ class Params:
     dcn_slow_after_s: float
     dcn_slowdown: float
     finish_after_s: float
+    finish_reason: str
 
 
 SCENARIOS: dict[str, Scenario] = {
@@ -231,6 +233,10 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("job-exit",
                  "Healthy job runs three hours and exits cleanly; nothing runs after it.",
                  finish_after_s=3 * 3600.0),
+        Scenario("host-oom",
+                 "Healthy HBM; after two hours the job's host memory runs out and the "
+                 "kernel's OOM killer ends it (a line in the simulated kernel log).",
+                 finish_after_s=2 * 3600.0, finish_reason="host_oom"),
         Scenario("job-restart",
                  "Healthy job dies, runtime gone for minutes, restarts from a checkpoint.",
                  restarts=1),
@@ -267,7 +273,7 @@ class Job:
 
     start_time: float
     end_time: float  # math.inf if it never ends
-    end_reason: str | None  # "oom", "crash" (restarted), "exit" (finished) or None
+    end_reason: str | None  # "oom", "crash" (restarted), "exit" (finished), "host_oom" or None
     resume_step: int
     load_times: tuple[float, ...]  # seconds after start at which weight chunks finished loading
     load_fractions: tuple[float, ...]  # cumulative fraction of the weights loaded by then
@@ -516,8 +522,8 @@ class Workload:
             if planned_end == math.inf:
                 finish = begin + p.finish_after_s if p.finish_after_s > 0 else math.inf
                 finished = finish < math.inf and (oom is None or finish < oom)
-                jobs.append(replace(job, end_time=finish, end_reason="exit") if finished
-                            else job)
+                jobs.append(replace(job, end_time=finish, end_reason=p.finish_reason)
+                            if finished else job)
                 break
             jobs.append(replace(job, end_time=planned_end, end_reason="crash"))
             kind, n = self._locate(job, planned_end)
@@ -595,7 +601,7 @@ def _realize(scenario: Scenario, rng: random.Random, scale: float) -> Params:
         drawn[name] = int(drawn[name] * scale)
     p = Params(name=scenario.name, description=scenario.description,
                leak_chips=scenario.leak_chips, stair_irregular=scenario.stair_irregular,
-               **drawn)
+               finish_reason=scenario.finish_reason, **drawn)
     _validate(p)
     return p
 
