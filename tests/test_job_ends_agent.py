@@ -30,8 +30,8 @@ def test_the_simulated_jobs_hbm_oom_is_named_compared_and_told_once(tmp_path):
                "TPUMON_PAGERDUTY_ROUTING_KEY": ROUTING_KEY,
                "TPUMON_PAGERDUTY_URL": pagerduty.url}
         state = tmp_path / "state"
-        agent = AgentProcess(tmp_path, state, "--acceleration", "960", "--reporter-socket",
-                             str(tmp_path / "r.sock"), env=env)
+        agent = AgentProcess(tmp_path, state, "--scenario", "fast-leak", "--acceleration",
+                             "480", "--reporter-socket", str(tmp_path / "r.sock"), env=env)
         try:
             [end] = wait_for(lambda: ended(agent), 240)
             assert end["cause"] == "hbm_oom", end
@@ -63,7 +63,8 @@ def test_the_simulated_jobs_hbm_oom_is_named_compared_and_told_once(tmp_path):
         assert f"ended at step {end['step']:,}: hbm_oom" in evidence.stderr
         rows = (tmp_path / "end.csv").read_text().splitlines()[1:]
         assert {r.split(",")[2] for r in rows} == {"0", "1", "2", "3"}  # every chip's hour
-        again = AgentProcess(tmp_path, state, "--acceleration", "960", env=env)
+        again = AgentProcess(tmp_path, state, "--scenario", "fast-leak", "--acceleration", "480",
+                             env=env)
         try:
             time.sleep(5)
             assert ended(again) == []
