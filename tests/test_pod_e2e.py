@@ -190,8 +190,10 @@ def test_a_slice_wide_leak_seen_as_one_slice(tmp_path, processes):
             f"tpumon-report-{SLICE}-w-{w}.{ext}" for w in range(HOSTS) for ext in ("png",
                                                                                    "html")])
         # One span for every replay compared: the pooled replay of a slice's chips shares
-        # evidence across the whole series it is given, so the same end matters too.
-        span = ["--since", repr(began - 5), "--until", repr(time.time()),
+        # evidence across the whole series it is given, so the same end matters too. It ends
+        # a while ago: Prometheus is still scraping, and a scrape of a moment inside the
+        # span ingested between two of the queries below would give them different series.
+        span = ["--since", repr(began - 5), "--until", repr(time.time() - 2.0),
                 "--resolution", repr(SCRAPE)]
         result = run("export", "--prometheus", prom, "--slice", SLICE, *span, "-o", "-")
         assert result.returncode == 0, result.stderr
