@@ -410,7 +410,7 @@ def test_a_leak_warning_waits_for_its_tensor_snapshots_and_names_what_grew():
     got = tracker.update(with_reporter(snap(1160.0, {"0": leak(2.0, 1160.0, 4.0)}), 7, done))
     assert actions(got) == [("trigger", LEAK, "chip 0")]
     text = got[0].alert.details["tensors"]
-    assert text.startswith("likely leak: +1 f32[] per step (4 bytes each, all of the growth)")
+    assert text.startswith("likely leak: +1 f32[] per step (4 B each, all of the growth)")
     line = SlackChannel("http://x", ("warning", "critical"))._line(
         type("E", (), {"action": "trigger", "alert": got[0].alert, "raised": 1160.0})())
     assert "Tensor snapshots: likely leak: +1 f32[] per step" in line and "train.py:88" in line

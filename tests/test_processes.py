@@ -58,7 +58,7 @@ def test_host_memory_growing_with_flat_tensors_is_a_host_leak_with_a_forecast(tm
     assert state.host_oom_steps == pytest.approx((8 << 30) / (256 << 10), rel=0.01)
     cause = state.diagnosis()
     assert cause.code == "host_memory"
-    assert cause.text.startswith("host memory (RSS) grows 256 KiB per step while live "
+    assert cause.text.startswith("host memory (RSS) grows 256.0 KiB per step while live "
                                  "tensors stay flat")
 
 

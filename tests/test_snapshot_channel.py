@@ -89,7 +89,7 @@ def test_two_snapshots_steps_apart_are_diffed_into_what_grew(receiver):
     assert grown.sites == {SITE: 50}  # tracked between the two: the new ones' site
     assert not reporter.tracking  # and stopped after the second
     text = result.diff.summary(hbm_bytes_per_step=8.0)
-    assert text.startswith("likely leak: +1 f32[] per step (4 bytes each, 50% of the growth)")
+    assert text.startswith("likely leak: +1 f32[] per step (4 B each, 50% of the growth)")
     assert SITE in text
 
 

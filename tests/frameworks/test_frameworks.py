@@ -217,7 +217,7 @@ def test_tpumon_snapshot_names_the_kept_loss_and_where_it_was_made(agent, framew
         assert (top["group"], top["count_per_step"], top["bytes_each"]) == ("f32[]", 1.0, 4.0)
         [(where, count)] = top["sites"].items()  # a path relative to the loop's directory
         assert where.endswith("/" + site) and count == 200, top["sites"]
-        assert result["summary"].startswith("likely leak: +1 f32[] per step (4 bytes each")
+        assert result["summary"].startswith("likely leak: +1 f32[] per step (4 B each")
     finally:
         loop.kill()
         loop.wait(30)

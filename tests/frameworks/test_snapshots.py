@@ -87,7 +87,7 @@ def test_kept_tensors_are_named_with_their_lines(framework):
     hbm_slope = big.bytes_per_step / 0.9  # as if the chip grew a little more than that
     assert d.summary(hbm_bytes_per_step=hbm_slope) == (
         f"likely leak: +1 f32[256,1024] every 10 steps (1.0 MiB each, 90% of the growth), "
-        f"created at {site(framework, 'big')}; +1 f32[] per step (4 bytes each, ~0.003% of "
+        f"created at {site(framework, 'big')}; +1 f32[] per step (4 B each, ~0.003% of "
         f"the growth), created at {site(framework, 'loss')}")
     if framework == "torch_xla":
         assert out["first_checks"]["mode_stack"] == 1 and out["mode_stack_after_stop"] == 0

@@ -15,7 +15,7 @@ from rich.table import Table
 
 from tpumon.bootstrap import build
 from tpumon.config import Config
-from tpumon.detect.tensor_diff import human_bytes
+from tpumon.units import format_bytes
 from tpumon.samples import Histogram
 from tpumon.sources.runtime_catalog import BY_RUNTIME_NAME, CATALOG, MetricSpec, find_spec
 from tpumon.sources.tpu_runtime import DUTY_CYCLE, TOTAL, USAGE
@@ -145,7 +145,7 @@ def _unit(spec: MetricSpec, value: float | None) -> str:
     if spec.family.endswith("_ratio"):
         return f"{100 * value:.1f} %"
     if spec.family.endswith("_bytes_per_second"):
-        return f"{human_bytes(value)}/s"
+        return f"{format_bytes(value)}/s"
     if spec.family.endswith("_seconds"):
         for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
             if abs(value) >= scale or unit == "us":

@@ -24,7 +24,7 @@ from typing import NamedTuple
 import numpy as np
 
 from tpumon.detect.robust import PairwiseSlopes
-from tpumon.detect.tensor_diff import human_bytes
+from tpumon.units import format_bytes
 
 
 @dataclass(frozen=True)
@@ -156,7 +156,7 @@ def diagnose(live: CountTrend | None, compiles: CountTrend | None,
 
 def host_memory_cause(rss: CountTrend, live: CountTrend | None) -> Cause:
     """Resident host memory grows over steps while device tensors do not."""
-    per_step = human_bytes(rss.per_step or 0.0)
+    per_step = format_bytes(rss.per_step or 0.0)
     flat = "" if live is None or live.growing else " while live tensors stay flat"
     return Cause("host_memory", (
         f"host memory (RSS) grows {per_step} per step{flat}: host objects are kept across "

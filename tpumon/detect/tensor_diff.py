@@ -19,6 +19,7 @@ import math
 from dataclasses import dataclass, field
 
 from tpumon.instrument.snapshot import Snapshot, TensorGroup, short_dtype
+from tpumon.units import format_bytes
 
 Key = tuple[tuple[int, ...], str, str]
 
@@ -82,8 +83,8 @@ class Growth:
         if self.count_delta <= 0:  # bytes grew at a constant count
             per = self.bytes_per_step
             if per is None:
-                return f"+{human_bytes(self.bytes_delta)}", "at the same step"
-            return f"+{human_bytes(per)}", "per step"
+                return f"+{format_bytes(self.bytes_delta)}", "at the same step"
+            return f"+{format_bytes(per)}", "per step"
         return rate_text(self.count_delta, self.steps)
 
 
@@ -211,10 +212,10 @@ def _fraction(part_per_step: float | None, hbm_bytes_per_step: float | None) -> 
 
 
 def _describe(g: Growth, hbm_bytes_per_step: float | None) -> str:
-    """"+1 f32[] per step (4 bytes each, ~0.01% of the growth), created at ..."."""
+    """"+1 f32[] per step (4 B each, ~0.01% of the growth), created at ..."."""
     notes = []
     if g.bytes_each is not None:
-        notes.append(f"{human_bytes(g.bytes_each)} each")
+        notes.append(f"{format_bytes(g.bytes_each)} each")
     fraction = g.explained_fraction(hbm_bytes_per_step)
     if fraction is not None:
         notes.append(f"{percent(fraction)} of the growth")
@@ -251,18 +252,6 @@ def _approx(x: float, mark: bool = True) -> str:
     return f"{tilde}{float(f'{x:.2g}'):g}"
 
 
-def human_bytes(n: float) -> str:
-    """4 bytes, 1.5 KiB, 112 MiB, 2.0 GiB."""
-    if abs(n) < 1024:
-        value = round(n)
-        return f"{value} byte{'' if value == 1 else 's'}"
-    for unit in ("KiB", "MiB", "GiB", "TiB"):
-        n /= 1024
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.1f} {unit}" if abs(n) < 10 else f"{n:.0f} {unit}"
-    raise AssertionError("unreachable")
-
-
 def percent(fraction: float) -> str:
     """97%, 4.2%, ~0.01%; "all" when the slope is fully accounted for."""
     if fraction >= 0.995:
@@ -276,5 +265,5 @@ def percent(fraction: float) -> str:
     return f"~{float(f'{fraction * 100:.1g}'):g}%"
 
 
-__all__ = ["Growth", "SnapshotDiff", "diff", "human_bytes", "percent", "rate_text",
+__all__ = ["Growth", "SnapshotDiff", "diff", "percent", "rate_text",
            "short_dtype"]
