@@ -192,3 +192,32 @@ def test_the_simulated_job_killed_for_host_memory_is_a_host_oom(tmp_path):
             assert page["payload"]["severity"] == "critical"
         finally:
             assert agent.stop() == 0
+
+
+def test_a_job_that_pauses_for_a_checkpoint_has_not_ended(tmp_path):
+    """A real reporting process that stops stepping for a while (a checkpoint, an eval)
+    is alive: no end while it pauses, one when it exits, at its last step."""
+    socket_path = tmp_path / "r.sock"
+    agent = real_agent(tmp_path, socket_path, kernel_log="")
+    try:
+        code = ("import sys, time\nfrom tpumon.instrument import Reporter\n"
+                "class R(Reporter):\n    framework = 'jax'\n"
+                "    def framework_fields(self):\n        return {'live': 9}\n"
+                "r = R(socket=sys.argv[1], min_interval=0)\n"
+                "for step in range(1, 41):\n    r.step(step)\n    time.sleep(0.05)\n"
+                "    if step == 20:\n        print('paused', flush=True)\n"
+                "        sys.stdin.readline()\n")
+        job = subprocess.Popen([sys.executable, "-c", code, str(socket_path)], text=True,
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        assert job.stdout.readline() == "paused\n"
+        wait_for(lambda: any(p["pid"] == job.pid and p["step"] == 20 for p in
+                             json.loads(agent.get("/api/status"))["processes"]), 30)
+        time.sleep(5)  # 25 polls of a paused job
+        assert ended(agent) == []
+        job.stdin.write("go on\n")
+        job.stdin.close()
+        assert job.wait(60) == 0
+        [end] = wait_for(lambda: ended(agent), 30)
+        assert (end["pid"], end["step"], end["cause"]) == (job.pid, 40, "exited"), end
+    finally:
+        assert agent.stop() == 0

@@ -3,6 +3,7 @@ error line, a non-zero exit, and an existing output file left as it was."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -76,3 +77,16 @@ def test_export_writes_what_it_selected(state, tmp_path):
     lines = (tmp_path / "one.jsonl").read_text().splitlines()
     assert lines and all('"chip": "1"' in line or '"chip":"1"' in line for line in lines)
     assert not list(tmp_path.glob("*.partial"))
+
+
+def test_analyze_says_which_samples_use_more_hbm_than_the_chip_has(tmp_path):
+    """Rows with hbm_used_bytes above hbm_total_bytes were accepted without a word."""
+    trace = tmp_path / "over.csv"
+    rows = ["time,host,chip,step,hbm_used_bytes,hbm_total_bytes"]
+    rows += [f"{1000 + i},vm,0,{i},{40 if i % 10 == 0 else 20},32" for i in range(100)]
+    trace.write_text("\n".join(rows) + "\n")
+    result = run("analyze", str(trace), "--format", "json")
+    assert result.returncode == 0, result.stderr
+    json.loads(result.stdout)  # stdout stays the document
+    assert result.stderr.strip() == ("tpumon analyze: host vm chip 0: 10 of 100 samples use "
+                                     "more HBM than the chip has")

@@ -128,6 +128,10 @@ def command(trace: str | None, fmt: str, prometheus: str | None, slice_name: str
 
 
 def _print(results: list[SeriesResult], fmt: str) -> None:
+    for r in results:  # taken as they are, but said: on stderr, so json stays json
+        if r.over_capacity:
+            click.echo(f"tpumon analyze: host {r.host} chip {r.chip}: {r.over_capacity} of "
+                       f"{r.samples} samples use more HBM than the chip has", err=True)
     if fmt == "json":
         click.echo(json.dumps({"series": [r.to_json() for r in results]}, indent=2))
     else:

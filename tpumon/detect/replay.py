@@ -49,6 +49,9 @@ class SeriesResult:
     #: the first sample after the alert with HBM all but full (time, step): where the OOM
     #: came, to hold the forecast made at the alert against; None if HBM never filled
     full_after_alert: dict | None = None
+    #: samples whose HBM used is above the chip's capacity: the trace is taken as it is,
+    #: but such rows are said (a runtime that misreports, or a mislabelled column)
+    over_capacity: int = 0
 
     @property
     def verdict(self) -> str:
@@ -162,7 +165,8 @@ def replay_series(host: str, chip: str, times: np.ndarray, steps: np.ndarray,
     detector = ChipDetector(settings)
     detector.update(times, steps, used, totals)
     return SeriesResult(host, chip, len(times), detector.assessment, detector.alert,
-                        full_after(detector.alert, times, steps, used, totals))
+                        full_after(detector.alert, times, steps, used, totals),
+                        int(np.count_nonzero(used > totals)))
 
 
 def analyze_path(path: str, settings: DetectorSettings | None = None) -> list[SeriesResult]:
@@ -220,7 +224,9 @@ def replay_job(job: str, series: list[tuple[str, str, SeriesColumns]],
     for i, (host, chip, c) in enumerate(series):
         alert = alerts.get(str(i))
         results.append(SeriesResult(host, chip, len(c.times), final[str(i)], alert,
-                                    full_after(alert, c.times, c.steps, c.used, c.total)))
+                                    full_after(alert, c.times, c.steps, c.used, c.total),
+                                    int(np.count_nonzero(np.asarray(c.used) >
+                                                         np.asarray(c.total)))))
     return results
 
 
