@@ -103,7 +103,8 @@ def command(trace: str | None, fmt: str, prometheus: str | None, slice_name: str
     and defaults as the agent.
 
     A malformed file stops with one line naming the line number and the problem, and
-    prints nothing on stdout. With --prometheus URL --slice NAME, replays every chip of
+    prints nothing on stdout; samples that use more HBM than their chip has are read, and
+    counted in a line on stderr. With --prometheus URL --slice NAME, replays every chip of
     the slice from what Prometheus scraped instead of a trace.
     """
     if check_prometheus_options(prometheus, slice_name, trace is not None):
