@@ -169,7 +169,8 @@ class JobEndTracker:
             self._peaks.setdefault(chip, deque(maxlen=PEAK_POLLS)).append(reading.hbm_used_bytes)
         ended = [pid for pid in self._views
                  if self._ended(pid, holders, runtime, processes)]
-        ends = [self._end(now, self._views.pop(pid), kills) for pid in ended]
+        ends = [self._end(now, _latest_step(self._views.pop(pid), processes), kills)
+                for pid in ended]
         for pid in [p for p in self._views if p not in holders]:
             del self._views[pid]  # alive, holding nothing any more: not an end we can see
         driven = _chips_by_pid(attributed or {})
@@ -222,6 +223,16 @@ class JobEndTracker:
             reading_time=reading_time,
             host_available_bytes=host.memory_available_bytes if host else None,
             host_total_bytes=host.memory_total_bytes if host else None)
+
+
+def _latest_step(view: JobView, processes: Mapping[int, ProcessState]) -> JobView:
+    """The view with the process's last report: it may have reported a step or two more
+    between the last poll and its death (the reports of this poll were read before)."""
+    state = processes.get(view.pid)
+    if state is None:
+        return view
+    return replace(view, step=state.report.step,
+                   steps_per_second=state.report.steps_per_second or view.steps_per_second)
 
 
 def _holders(owners: Mapping[str, int],
