@@ -16,6 +16,12 @@ from fake_alert_apis import FakeAlertAPI
 from tools import TPUMON, AgentProcess, clean_env, free_port, wait_for
 
 ROUTING_KEY = "R0UT1NGK3Y5ECRETR0UT1NGK3Y5ECRET"
+#: The start of a real training process's script: a reporter on the socket in argv[1]
+#: (a loop over `step` follows), for the tests that need a job without a framework.
+REPORTING_JOB = ("import os, sys, time\nfrom tpumon.instrument import Reporter\n"
+                 "class R(Reporter):\n    framework = 'jax'\n"
+                 "    def framework_fields(self):\n        return {'live': 9}\n"
+                 "r = R(socket=sys.argv[1], min_interval=0)\n")
 
 pytestmark = pytest.mark.e2e  # real agents, a simulated job to its OOM
 
@@ -83,10 +89,7 @@ def test_a_real_reporting_process_that_exits_is_a_job_that_exited(tmp_path):
     socket_path = tmp_path / "r.sock"
     agent = real_agent(tmp_path, socket_path, kernel_log="")
     try:
-        code = ("import sys, time\nfrom tpumon.instrument import Reporter\n"
-                "class R(Reporter):\n    framework = 'jax'\n"
-                "    def framework_fields(self):\n        return {'live': 9}\n"
-                "r = R(socket=sys.argv[1], min_interval=0)\n"
+        code = (REPORTING_JOB +
                 "for step in range(1, 31):\n    r.step(step)\n    time.sleep(0.05)\n"
                 "time.sleep(1)\n")
         job = subprocess.run([sys.executable, "-c", code, str(socket_path)], timeout=60)
@@ -154,11 +157,7 @@ def test_a_real_job_killed_for_host_memory_is_a_host_oom(tmp_path):
     agent = real_agent(tmp_path, socket_path, kernel_log="/dev/kmsg")
     try:
         (cgroup / "memory.limit_in_bytes").write_text(str(64 << 20))
-        code = ("import os, sys, time\nfrom tpumon.instrument import Reporter\n"
-                "class R(Reporter):\n    framework = 'jax'\n"
-                "    def framework_fields(self):\n        return {'live': 9}\n"
-                "open(sys.argv[2], 'w').write(str(os.getpid()))\n"
-                "r = R(socket=sys.argv[1], min_interval=0)\nkept = []\n"
+        code = (REPORTING_JOB + "open(sys.argv[2], 'w').write(str(os.getpid()))\nkept = []\n"
                 "for step in range(1, 1000000):\n    r.step(step)\n"
                 "    if step > 20:\n        kept.append(bytearray(4 << 20))\n"
                 "    time.sleep(0.05)\n")
@@ -200,10 +199,7 @@ def test_a_job_that_pauses_for_a_checkpoint_has_not_ended(tmp_path):
     socket_path = tmp_path / "r.sock"
     agent = real_agent(tmp_path, socket_path, kernel_log="")
     try:
-        code = ("import sys, time\nfrom tpumon.instrument import Reporter\n"
-                "class R(Reporter):\n    framework = 'jax'\n"
-                "    def framework_fields(self):\n        return {'live': 9}\n"
-                "r = R(socket=sys.argv[1], min_interval=0)\n"
+        code = (REPORTING_JOB +
                 "for step in range(1, 41):\n    r.step(step)\n    time.sleep(0.05)\n"
                 "    if step == 20:\n        print('paused', flush=True)\n"
                 "        sys.stdin.readline()\n")
