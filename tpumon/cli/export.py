@@ -7,7 +7,6 @@ import itertools
 import math
 import os
 import re
-import sqlite3
 import sys
 import time
 from datetime import datetime, timezone
@@ -16,11 +15,11 @@ from typing import Iterable, Iterator
 
 import click
 
+from tpumon.cli.history_store import history_path, reading_history
 from tpumon.cli.options import config_option, history_selection, state_dir_option
 from tpumon.cli.prometheus_source import (check_prometheus_options, prometheus_options,
                                           prometheus_rows)
-from tpumon.config import ConfigError, load_config
-from tpumon.store.database import HistoryDB, Retention, database_path
+from tpumon.store.database import HistoryDB
 from tpumon.store.export import end_rows, export_rows
 from tpumon.trace import TraceRow, write_trace
 
@@ -130,17 +129,11 @@ def command(config_path: str | None, state_dir: str | None, since: str | None,
                 if (not hosts or r.host in hosts) and (not chips or r.chip in chips)],
                output, fmt)
         return
-    config = load_config(config_path, {"store.state_dir": state_dir})
-    if not config["store.state_dir"]:
-        raise ConfigError("store.state_dir is empty: no history store to export")
     start = parse_when(since, "--since") if since else -math.inf
     end = parse_when(until, "--until") if until else math.inf
-    path = database_path(config["store.state_dir"])
-    if not path.exists():
-        raise click.ClickException(f"{path}: no history store here (is --state-dir right?)")
+    path = history_path(config_path, state_dir, "to export")
     try:
-        db = HistoryDB(path, Retention(), read_only=True)
-        try:
+        with reading_history(path) as db:
             if around_end:
                 selected = _around_end(db, path, set(hosts), set(chips))
             else:
@@ -150,10 +143,6 @@ def command(config_path: str | None, state_dir: str | None, since: str | None,
                 raise click.ClickException(f"{path}: no samples match the selection "
                                            f"({describe_selection(db, since, until)})")
             rows = write_whole(itertools.chain([first], selected), output, fmt)
-        finally:
-            db.close()
-    except sqlite3.Error as exc:
-        raise click.ClickException(f"{path}: cannot read it: {exc}") from None
     except BrokenPipeError:  # `tpumon export | head`: the reader has what it wanted
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(1)

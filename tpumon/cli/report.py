@@ -3,21 +3,18 @@ from the agent's history store, of what the leak detector saw."""
 
 from __future__ import annotations
 
-import contextlib
 import math
-import sqlite3
 import time
 from pathlib import Path
-from typing import Any, Iterator
 
 import click
 
 from tpumon import __version__
 from tpumon.cli.export import parse_when
+from tpumon.cli.history_store import history_path, reading_history
 from tpumon.cli.options import config_option, history_selection, state_dir_option
 from tpumon.cli.prometheus_source import (check_prometheus_options, prometheus_options,
                                           prometheus_rows)
-from tpumon.config import ConfigError, load_config
 from tpumon.trace import TraceFormatError
 
 
@@ -94,35 +91,13 @@ def _read_trace(trace: str) -> dict:
 
 def _store(config_path: str | None, state_dir: str | None) -> tuple[Path, str]:
     """The history store's database (as ``tpumon export`` finds it) and its name."""
-    from tpumon.store.database import database_path
-
-    config = load_config(config_path, {"store.state_dir": state_dir})
-    if not config["store.state_dir"]:
-        raise ConfigError("store.state_dir is empty: no history store to report on")
-    path = database_path(config["store.state_dir"])
-    if not path.exists():
-        raise click.ClickException(f"{path}: no history store here (is --state-dir right?)")
+    path = history_path(config_path, state_dir, "to report on")
     return path, str(path)
-
-
-@contextlib.contextmanager
-def _reading(path: Path) -> Iterator[Any]:
-    """The history store, read only; one error line if it cannot be read."""
-    from tpumon.store.database import HistoryDB, Retention
-
-    try:
-        db = HistoryDB(path, Retention(), read_only=True)
-        try:
-            yield db
-        finally:
-            db.close()
-    except sqlite3.Error as exc:
-        raise click.ClickException(f"{path}: cannot read it: {exc}") from None
 
 
 def _store_ends(path: Path) -> list:
     """The job ends the agent kept in its history store (docs/job-ends.md)."""
-    with _reading(path) as db:
+    with reading_history(path) as db:
         return db.job_ends()
 
 
@@ -130,5 +105,5 @@ def _store_rows(path: Path, start: float, end: float, hosts: tuple[str, ...],
                 chips: tuple[str, ...]) -> list:
     from tpumon.store.export import export_rows
 
-    with _reading(path) as db:
+    with reading_history(path) as db:
         return list(export_rows(db, start, end, set(hosts), set(chips)))
