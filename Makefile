@@ -63,12 +63,15 @@ lint: $(STAMP)
 	$(BIN)/ruff check tpumon
 	$(BIN)/mypy
 
+# The whole suite: the unit tests on every core (pytest-xdist), then the end-to-end ones
+# one at a time (their timings are real: agents, simulators, Prometheus).
 test: system-deps-test lint
-	$(BIN)/python -m pytest -q --durations=15
+	$(BIN)/python -m pytest -q -m "not e2e" -n auto --durations=5
+	$(BIN)/python -m pytest -q -m e2e --durations=15
 
 # The unit tests: everything not marked e2e (agents, Prometheus, Alertmanager, pipelines).
 test-fast: system-deps-test lint
-	$(BIN)/python -m pytest -q -m "not e2e" --durations=5
+	$(BIN)/python -m pytest -q -m "not e2e" -n auto --durations=5
 
 # Real PyTorch/XLA and JAX on CPU against the agent (a separate ~7 GB venv).
 test-frameworks:
