@@ -1,7 +1,7 @@
 """The poll loop: sources -> state, on a fixed cadence, until told to stop.
 
 One thread polls; everything else (HTTP scrapes, later the notifiers and the store) reads
-the published snapshot. The cadence runs on the monotonic clock, so a wall-clock jump
+the published poll state. The cadence runs on the monotonic clock, so a wall-clock jump
 (NTP, a VM resumed from maintenance) neither bunches polls nor stops them; sample times
 use the wall clock because that is what people and Prometheus read.
 """
@@ -26,13 +26,11 @@ from tpumon.sources.host import HostSource
 from tpumon.sources.kernel_log import KernelLog
 from tpumon.sources.tpu_runtime import TpuRuntimeSource
 from tpumon.notify.alerts import AlertLog
-from tpumon.notify.health import NotifierHealth
-from tpumon.notify.settings import AlertSettings
 from tpumon.job_ends import JobEndTracker
 from tpumon.processes import (ChipClaims, ProcessState, ProcessTracker, growing_chips,
                               with_hbm_growth)
 from tpumon.sources.reporter import ReporterSocket
-from tpumon.state import AgentState, Snapshot
+from tpumon.state import AgentState, PollState
 from tpumon.store.checkpoint import dump_detector
 from tpumon.store.database import Sample, StoredEnd
 from tpumon.store.writer import PollRecord, StoreWriter
@@ -95,7 +93,7 @@ class OwnerScanner:
 
 
 class Agent:
-    """Polls the runtime and the host each interval and publishes a snapshot."""
+    """Polls the runtime and the host each interval and publishes a poll state."""
 
     def __init__(self, state: AgentState, runtime: TpuRuntimeSource, owners: OwnerScanner,
                  interval: float, registry: CollectorRegistry,
@@ -103,8 +101,7 @@ class Agent:
                  detectors: Mapping[str, ChipDetector] | None = None,
                  store: StoreWriter | None = None, checkpoint_interval: float = 60.0,
                  reporters: ReporterSocket | None = None,
-                 notifier_health: Callable[[], NotifierHealth] | None = None,
-                 alert_settings: AlertSettings | None = None,
+                 alert_log: AlertLog | None = None,
                  leak_snapshots: LeakSnapshots | None = None,
                  kernel_log: KernelLog | None = None) -> None:
         self.state = state
@@ -127,10 +124,8 @@ class Agent:
         self._ends = JobEndTracker(interval)
         self._unstored_ends: list[StoredEnd] = []  # for the store's next record
         self._leak_snapshots = leak_snapshots
-        self._notifier_health = notifier_health
-        self.alert_settings = alert_settings or AlertSettings()  # swapped by a reload
         # without a notifier (no Slack, no PagerDuty) alerts are still raised, in the log
-        self._alert_log = AlertLog(self.alert_settings) if notifier_health is None else None
+        self._alert_log = alert_log
         self._polls = 0
         self._clock_offset = 0.0  # the samples' clock minus the wall clock (simulated time)
         self._poll_seconds = Histogram(
@@ -138,7 +133,7 @@ class Agent:
             labelnames=LABELS, buckets=POLL_BUCKETS, registry=registry,
         ).labels(**state.snapshot.identity.labels())
 
-    def poll_once(self) -> Snapshot:
+    def poll_once(self) -> PollState:
         """Poll every source once and publish the result; never raises for a source."""
         started = time.monotonic()
         runtime = self._runtime.poll()
@@ -165,7 +160,7 @@ class Agent:
             self._clock_offset = runtime.time - wall
         health = (self._runtime.health, self._host.health) + tuple(
             t.health for t in (self._reporters, self._kernel) if t is not None)
-        snapshot = Snapshot(
+        polled = PollState(
             time=wall, clock_offset=self._clock_offset, identity=previous.identity,
             inventory=previous.inventory,
             runtime=runtime, host=host, owners=owners, health=health,
@@ -173,19 +168,16 @@ class Agent:
             assessments=assessments,
             runtime_malformed_total=self._runtime_source.malformed_total,
             polls_total=self._polls,
-            store=None if self._store is None else self._store.health,
             processes=processes, chip_processes=attributed, chip_steps=steps,
-            reporter=reported,
-            notifier=None if self._notifier_health is None else self._notifier_health(),
-            alert_settings=self.alert_settings, job_ends=tuple(self._ends.recent),
+            reporter=reported, job_ends=tuple(self._ends.recent),
             job_ends_total=dict(self._ends.totals))
-        self.state.publish(snapshot)
+        self.state.publish(polled)
         if self._alert_log is not None:
-            self._alert_log(snapshot)
+            self._alert_log(polled)
         if self._store is not None:
             self._record(self._store, samples)
         self._poll_seconds.observe(time.monotonic() - started)
-        return snapshot
+        return polled
 
     def _notice_ends(self, runtime: RuntimeReading | None, owners: Mapping[str, int],
                      attributed: Mapping[str, int], processes: Mapping[int, ProcessState],
@@ -249,7 +241,7 @@ class Agent:
                          {chip: f"process {pid}" for chip, pid in owners.items()})
 
     def run(self, stop: threading.Event,
-            after_poll: Callable[[Snapshot], None] | None = None) -> None:
+            after_poll: Callable[[PollState], None] | None = None) -> None:
         """Poll on a fixed monotonic cadence until ``stop`` is set; overruns skip ticks.
         ``after_poll`` (systemd's READY and watchdog) runs after each poll that published."""
         next_tick = time.monotonic()

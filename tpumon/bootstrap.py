@@ -28,7 +28,7 @@ from tpumon.sim.pod import DEFAULT_SLICE, accelerator_type
 from tpumon.sim.pod import tpu_env as simulated_tpu_env
 from tpumon.sim.process import SimulatorProcess, spawn_simulator
 from tpumon.sources.chips import ChipInventory, detect_chips, inventory_for, scan_chip_owners
-from tpumon.notify.alerts import AlertSettings, AlertTracker
+from tpumon.notify.alerts import AlertLog, AlertSettings, AlertTracker
 from tpumon.notify.notifier import Channel, Notifier
 from tpumon.notify.outbox import open_outbox
 from tpumon.notify.pagerduty import PagerDutyChannel
@@ -39,6 +39,7 @@ from tpumon.sources.kernel_log import KernelLog
 from tpumon.sources.reporter import ReporterSocket
 from tpumon.sources.tpu_runtime import TpuRuntimeSource
 from tpumon.state import AgentState
+from tpumon.status import Readers
 from tpumon.store.database import (HistoryDB, Retention, database_path, move_aside,
                                    open_database)
 from tpumon.store.resume import restore_detectors
@@ -77,10 +78,17 @@ class Assembly:
     registry: CollectorRegistry
     identity: Identity
     runtime: TpuRuntimeSource
+    alert_tracker: AlertTracker  # the notifier's, or the alert log's without one
     simulator: SimulatorProcess | None = None
     store: StoreWriter | None = None
     reporters: ReporterSocket | None = None
     notifier: Notifier | None = None
+
+    def readers(self) -> Readers:
+        """The store's and the notifier's own health, for /api/status and systemd."""
+        store = self.store
+        return Readers(None if store is None else lambda: store.health,
+                       None if self.notifier is None else self.notifier.health)
 
     def close(self) -> None:
         """Stop in the order data flows: runtime, then the store (writes what is queued)
@@ -367,14 +375,19 @@ def build(config: Config, simulate: bool = False, env: Mapping[str, str] | None 
     state = AgentState(identity, inventory, config["agent.history_points"])
     notifier = open_notifier(config, simulate, state, channels)
     store, detectors = open_store(config, simulate, identity.host) if history else (None, {})
+    if notifier is None:  # alerts are still raised, in the log
+        logged = AlertLog(AlertSettings.from_config(config))
+        alert_log, tracker = logged, logged.tracker
+    else:
+        alert_log, tracker = None, notifier.tracker
     registry = build_registry(lambda: state.snapshot,
                               store_health=None if store is None else lambda: store.health,
-                              notifier_health=None if notifier is None else notifier.health)
+                              notifier_health=None if notifier is None else notifier.health,
+                              alert_settings=lambda: tracker.settings)
     agent = Agent(state, runtime, owners, config["agent.poll_interval"], registry,
                   detectors=detectors, store=store,
                   checkpoint_interval=config["store.checkpoint_interval"], reporters=reporters,
-                  notifier_health=None if notifier is None else notifier.health,
-                  alert_settings=AlertSettings.from_config(config),
+                  alert_log=alert_log,
                   leak_snapshots=None if reporters is None or not config[
                       "reporter.snapshot_on_leak"] else LeakSnapshots(
                       reporters.request_snapshot, config["reporter.snapshot_steps"]),
@@ -383,8 +396,8 @@ def build(config: Config, simulate: bool = False, env: Mapping[str, str] | None 
         store.start()
     if notifier is not None:
         notifier.start()
-    return Assembly(agent, state, registry, identity, runtime, simulator, store, reporters,
-                    notifier)
+    return Assembly(agent, state, registry, identity, runtime, tracker, simulator, store,
+                    reporters, notifier)
 
 
 def _log_inventory(inventory: ChipInventory, address: str, ports: list[int], origin: str) -> None:

@@ -65,10 +65,7 @@ def _apply(assembly: Assembly, new: Config, key: str, channels: Any) -> bool:
     elif key == "reporter.allowed_uids" and assembly.reporters is not None:
         assembly.reporters.allowed_uids = frozenset(new[key])
     elif section in HOT_SECTIONS:
-        settings = AlertSettings.from_config(new)
-        assembly.agent.alert_settings = settings
-        if assembly.notifier is not None:
-            assembly.notifier.tracker.settings = settings
+        assembly.alert_tracker.settings = AlertSettings.from_config(new)
     elif section in CHANNEL_SECTIONS and assembly.notifier is not None and channels:
         assembly.notifier.replace_channels(channels)
     else:

@@ -35,9 +35,9 @@ from tpumon.exporters.connections import (HEAD_END, MAX_BODY_BYTES, MAX_HEAD_BYT
                                           REQUEST_SECONDS, Connections, client_gone,
                                           receive_until)
 from tpumon.exporters.webconfig import LiveWebConfig, protect
-from tpumon.state import Snapshot
+from tpumon.state import PollState
 from tpumon.units import format_bytes
-from tpumon.status import status_document
+from tpumon.status import NO_READERS, Readers, status_document
 
 
 log = logging.getLogger("tpumon.exporter")
@@ -111,7 +111,7 @@ _TEMPLATES = jinja2.Environment(loader=jinja2.PackageLoader("tpumon.exporters", 
                                 autoescape=True, undefined=jinja2.StrictUndefined)
 
 
-def landing_page(snap: Snapshot) -> str:
+def landing_page(snap: PollState) -> str:
     """A small human page like node_exporter's: who am I, what do I see, where are metrics."""
     chips = []
     for chip in snap.chips():
@@ -128,9 +128,10 @@ def landing_page(snap: Snapshot) -> str:
         identity=[(k, v) for k, v in snap.identity.labels().items() if v])  # known ones only
 
 
-def _app(registry: CollectorRegistry, get_snapshot: Callable[[], Snapshot],
+def _app(registry: CollectorRegistry, get_snapshot: Callable[[], PollState],
          report: Callable[[], tuple[str, bytes]] | None = None,
-         snapshot_request: snapshot_api.Request | None = None) -> Callable:
+         snapshot_request: snapshot_api.Request | None = None,
+         readers: Readers = NO_READERS) -> Callable:
     metrics_app = make_wsgi_app(registry)
 
     def route(environ: dict, start_response: Callable) -> Iterable[bytes]:
@@ -146,7 +147,7 @@ def _app(registry: CollectorRegistry, get_snapshot: Callable[[], Snapshot],
             start_response("200 OK", [("Content-Type", "text/html; charset=utf-8")])
             return [body]
         if path == "/api/status":
-            body = json.dumps(status_document(get_snapshot())).encode()
+            body = json.dumps(status_document(get_snapshot(), readers=readers)).encode()
             start_response("200 OK", [("Content-Type", "application/json")])
             return [body]
         if path == "/-/healthy":
@@ -304,13 +305,15 @@ class MetricsServer:
         """How the endpoint is protected, for the start-up line ('' when it is not)."""
         return self._web.config.describe() if self._web is not None else ""
 
-    def attach(self, registry: CollectorRegistry, get_snapshot: Callable[[], Snapshot],
+    def attach(self, registry: CollectorRegistry, get_snapshot: Callable[[], PollState],
                report: Callable[[], tuple[str, bytes]] | None = None,
-               snapshot_request: snapshot_api.Request | None = None) -> None:
-        """Serve the agent: its registry, its snapshots, ``report`` at /report (the HTML
-        of ``tpumon report``, when the agent keeps a history store) and, with a reporter
-        socket, tensor snapshot requests at /api/snapshot."""
-        self._app = _app(registry, get_snapshot, report, snapshot_request)
+               snapshot_request: snapshot_api.Request | None = None,
+               readers: Readers = NO_READERS) -> None:
+        """Serve the agent: its registry, its poll states, ``report`` at /report (the HTML
+        of ``tpumon report``, when the agent keeps a history store), with a reporter
+        socket tensor snapshot requests at /api/snapshot, and in /api/status the health
+        ``readers`` (the store, the notifiers) give of themselves."""
+        self._app = _app(registry, get_snapshot, report, snapshot_request, readers)
 
     def _dispatch(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
         if self._app is None:

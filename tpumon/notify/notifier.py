@@ -27,7 +27,7 @@ from tpumon.notify.alerts import AlertTracker, Transition, log_transition
 from tpumon.notify.health import ChannelHealth, NotifierHealth
 from tpumon.notify.outbox import Event, Outbox
 from tpumon.notify.post import DELIVERED, REJECTED, Outcome, post_json
-from tpumon.state import Snapshot
+from tpumon.state import PollState
 
 log = logging.getLogger("tpumon.notify")
 
@@ -63,7 +63,7 @@ class _Progress:
 class Notifier:
     """Runs the alert tracker on each new snapshot and delivers the outbox."""
 
-    def __init__(self, get_snapshot: Callable[[], Snapshot], tracker: AlertTracker,
+    def __init__(self, get_snapshot: Callable[[], PollState], tracker: AlertTracker,
                  outbox: Outbox, channels: Sequence[Channel], *, timeout: float = 10.0,
                  backoff_base: float = 1.0, backoff_max: float = 300.0,
                  max_age: float = 86400.0, clock: Callable[[], float] = time.time) -> None:
@@ -113,7 +113,8 @@ class Notifier:
         self.channels = list(channels)
 
     def health(self) -> NotifierHealth:
-        """For the next snapshot: each channel's counts, and the alerts active now."""
+        """For its collector and the status document: each channel's counts, and the alerts
+        active now (read from here, never carried by the poll state)."""
         channels = tuple(ChannelHealth(name, p.failures_in_row == 0, p.pending, p.delivered,
                                        dict(p.failures), dict(p.given_up), p.last_error,
                                        p.last_delivery)
