@@ -36,7 +36,7 @@ from fake_runtime import V4_TOTAL, FakeRuntime, RuntimeServer, chips_metrics, ga
 from tools import wait_for
 from tpu_info.proto import tpu_metric_service_pb2 as pb
 from tpumon import agent as agent_module
-from tpumon.agent import Agent, OwnerScanner
+from tpumon.agent import Agent, AgentInputs, OwnerScanner
 from tpumon.detect import Assessment, ChipDetector, Verdict
 from tpumon.exporters.http import MetricsServer
 from tpumon.exporters.prometheus import build_registry
@@ -66,7 +66,7 @@ def make_agent(ports, inventory=V4x4, interval=1.0, timeout=5.0, **kw):
     registry = build_registry(lambda: state.snapshot,
                               notifier_health=kw.pop("notifier_health", None))
     source = TpuRuntimeSource("127.0.0.1", ports, timeout, inventory, clock=clock)
-    agent = Agent(state, source, OwnerScanner(dict, 60), interval, registry, **kw)
+    agent = Agent(AgentInputs(state, source, OwnerScanner(dict, 60), interval, registry, **kw))
     return SimpleNamespace(agent=agent, state=state, registry=registry, source=source)
 
 

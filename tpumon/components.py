@@ -1,0 +1,138 @@
+"""The agent's parts as components (``tpumon.lifecycle``): what each starts, stops and can
+change on a reload. The parts themselves (the store's writer, the notifier, the
+reporters' socket...) stay what they are; these say how each lives in the agent.
+
+What a reload applies, by component: the poll interval (the agent itself,
+``tpumon.agent``), the log level, the [alerts] thresholds (the tracker that pages on them,
+read by the exporter too), the reporters' allowed uids, and the Slack and PagerDuty
+channels when notifications were already on. Nothing that holds state is rebuilt.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable, Sequence
+
+from tpumon.config import Config
+from tpumon.lifecycle import Component, take
+from tpumon.notify.alerts import AlertTracker
+from tpumon.notify.notifier import Channel, Notifier
+from tpumon.notify.settings import AlertSettings
+from tpumon.sim.process import SimulatorProcess
+from tpumon.sources.reporter import ReporterSocket
+from tpumon.sources.tpu_runtime import TpuRuntimeSource
+from tpumon.store.writer import StoreWriter
+
+CHANNEL_SECTIONS = ("slack", "pagerduty")
+
+
+class LogLevel(Component):
+    """The root logger's level (agent.log_level)."""
+
+    name = "log level"
+
+    def reload(self, config: Config, changed: frozenset[str]) -> frozenset[str]:
+        mine = take(changed, ["agent.log_level"])
+        if mine:
+            logging.getLogger().setLevel(config["agent.log_level"].upper())
+        return changed - mine
+
+
+class AlertThresholds(Component):
+    """The [alerts] section in the alert tracker that pages on it (the notifier's, or the
+    alert log's without one); the exporter's tpumon_alert_* gauges read it there."""
+
+    name = "alert thresholds"
+
+    def __init__(self, tracker: AlertTracker) -> None:
+        self.tracker = tracker
+
+    def reload(self, config: Config, changed: frozenset[str]) -> frozenset[str]:
+        mine = take(changed, sections=["alerts"])
+        if mine:
+            self.tracker.settings = AlertSettings.from_config(config)
+        return changed - mine
+
+
+class NotifierComponent(Component):
+    """The notifier's thread; a reload gives it new channels (new URL, key, severities)
+    when it has some to deliver to."""
+
+    name = "notifier"
+
+    def __init__(self, notifier: Notifier,
+                 channels_from: Callable[[Config], Sequence[Channel]]) -> None:
+        self.notifier = notifier
+        self._channels_from = channels_from
+
+    def start(self) -> None:
+        self.notifier.start()
+
+    def stop(self) -> None:
+        self.notifier.stop()
+
+    def reload(self, config: Config, changed: frozenset[str]) -> frozenset[str]:
+        mine = take(changed, sections=CHANNEL_SECTIONS)
+        channels = self._channels_from(config) if mine else ()
+        if not channels:  # every channel unset: that stops the notifier, at a restart
+            return changed
+        self.notifier.replace_channels(channels)
+        return changed - mine
+
+
+class StoreComponent(Component):
+    """The history store's writer thread (nothing of it changes while running)."""
+
+    name = "history store"
+
+    def __init__(self, store: StoreWriter) -> None:
+        self.store = store
+
+    def start(self) -> None:
+        self.store.start()
+
+    def stop(self) -> None:
+        self.store.stop()
+
+
+class ReporterComponent(Component):
+    """The reporters' socket, bound when built (so that a path that cannot be bound is
+    known before anything else starts); a reload changes who may report."""
+
+    name = "reporter socket"
+
+    def __init__(self, reporters: ReporterSocket) -> None:
+        self.reporters = reporters
+
+    def stop(self) -> None:
+        self.reporters.stop()
+
+    def reload(self, config: Config, changed: frozenset[str]) -> frozenset[str]:
+        mine = take(changed, ["reporter.allowed_uids"])
+        if mine:
+            self.reporters.allowed_uids = frozenset(config["reporter.allowed_uids"])
+        return changed - mine
+
+
+class RuntimeComponent(Component):
+    """The runtime metric service's gRPC channels."""
+
+    name = "runtime source"
+
+    def __init__(self, runtime: TpuRuntimeSource) -> None:
+        self.runtime = runtime
+
+    def stop(self) -> None:
+        self.runtime.close()
+
+
+class SimulatorComponent(Component):
+    """The ``--simulate`` child, started when built (its ports are the runtime's)."""
+
+    name = "simulator"
+
+    def __init__(self, simulator: SimulatorProcess) -> None:
+        self.simulator = simulator
+
+    def stop(self) -> None:
+        self.simulator.stop()
