@@ -282,6 +282,12 @@ def _tls_close(conn: ssl.SSLSocket) -> None:
         conn.close()
 
 
+
+class _Server6(_Server):
+    """The same, listening on an IPv6 address."""
+
+    address_family = socket.AF_INET6
+
 class MetricsServer:
     """Binds HOST:PORT first (so a clash fails before anything else starts), serves at once
     (503 until :meth:`attach` supplies the registry), and stops on :meth:`stop`.
@@ -327,12 +333,11 @@ class MetricsServer:
         if self._web_config_file:
             self._web = LiveWebConfig(self._web_config_file)
         app = self._dispatch if self._web is None else protect(self._dispatch, self._web)
-        server_class = type("Server", (_Server,), {
-            "address_family": socket.AF_INET6 if ":" in host else socket.AF_INET,
-            "web": self._web})
         try:
-            self._server = make_server(host or "0.0.0.0", port, app, server_class,
+            self._server = make_server(host or "0.0.0.0", port, app,
+                                       _Server6 if ":" in host else _Server,
                                        handler_class=_Handler)
+            self._server.web = self._web  # read per connection, so set before serving
         except OSError as exc:
             reason = "address already in use" if exc.errno == errno.EADDRINUSE else exc.strerror
             raise ListenError(f"cannot listen on {self._address} (exporter.listen_address): "
@@ -341,8 +346,8 @@ class MetricsServer:
             self._server.base_environ["HTTPS"] = "on"  # wsgi.url_scheme
         threading.Thread(target=self._server.serve_forever, args=(IDLE_POLL,),
                          name="tpumon-http", daemon=True).start()
-        host, port = self._server.server_address[:2]
-        return str(host), int(port)
+        bound = self._server.server_address
+        return str(bound[0]), int(bound[1])
 
     def stop(self) -> None:
         """Stop serving (a request in progress finishes on its own thread), then close."""
