@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry
 
 from tpumon.agent import Agent, AgentInputs, OwnerScanner
 from tpumon.components import (AlertThresholds, LogLevel, NotifierComponent, ReporterComponent,
-                               RuntimeComponent, SimulatorComponent, StoreComponent)
+                               Service)
 from tpumon.config import Config, ConfigError, parse_ports
 from tpumon.exporters.prometheus import build_registry
 from tpumon.identity import Identity, discover_tpu_env, fetch_tpu_env, resolve_identity
@@ -357,7 +357,7 @@ def build(config: Config, simulate: bool = False, env: Mapping[str, str] | None 
                                     max_lag=config["simulator.max_lag"],
                                     start_time=simulated_start(config, simulate),
                                     kernel_log=sim_kernel_log)
-        components.add(SimulatorComponent(simulator))
+        components.add(Service("simulator", simulator.stop))
         inventory = inventory_for(config["simulator.chip_type"], config["simulator.chips"])
         address, ports = "127.0.0.1", simulator.ports
         # A one-VM slice, named as the simulated slices are, so that every label is filled
@@ -380,14 +380,14 @@ def build(config: Config, simulate: bool = False, env: Mapping[str, str] | None 
                                runtime_clock=simulate,
                                slow_interval=config["runtime.slow_metrics_interval"])
     sources.append(runtime)
-    components.add(RuntimeComponent(runtime))
+    components.add(Service("runtime source", runtime.close))
     state = AgentState(identity, inventory, config["agent.history_points"])
     notifier = open_notifier(config, simulate, state, channels)
     if notifier is not None:
         components.add(NotifierComponent(notifier, notification_channels))
     store, detectors = open_store(config, simulate, identity.host) if history else (None, {})
     if store is not None:
-        components.add(StoreComponent(store))
+        components.add(Service("history store", store.stop, store.start))
     alert_log, tracker = alert_tracker(config, notifier)
     components.add(AlertThresholds(tracker))
     registry = build_registry(lambda: state.snapshot,

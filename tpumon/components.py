@@ -18,10 +18,7 @@ from tpumon.lifecycle import Component, take
 from tpumon.notify.alerts import AlertTracker
 from tpumon.notify.notifier import Channel, Notifier
 from tpumon.notify.settings import AlertSettings
-from tpumon.sim.process import SimulatorProcess
 from tpumon.sources.reporter import ReporterSocket
-from tpumon.sources.tpu_runtime import TpuRuntimeSource
-from tpumon.store.writer import StoreWriter
 
 CHANNEL_SECTIONS = ("slack", "pagerduty")
 
@@ -80,19 +77,22 @@ class NotifierComponent(Component):
         return changed - mine
 
 
-class StoreComponent(Component):
-    """The history store's writer thread (nothing of it changes while running)."""
+class Service(Component):
+    """A part that is started and stopped and of which nothing changes while running: the
+    history store's writer thread (start, stop: writes what is queued), the runtime
+    source's gRPC channels (close), the ``--simulate`` child (spawned when built, since
+    its ports are the runtime's; stop)."""
 
-    name = "history store"
-
-    def __init__(self, store: StoreWriter) -> None:
-        self.store = store
+    def __init__(self, name: str, stop: Callable[[], None],
+                 start: Callable[[], None] | None = None) -> None:
+        self.name, self._stop, self._start = name, stop, start
 
     def start(self) -> None:
-        self.store.start()
+        if self._start is not None:
+            self._start()
 
     def stop(self) -> None:
-        self.store.stop()
+        self._stop()
 
 
 class ReporterComponent(Component):
@@ -112,27 +112,3 @@ class ReporterComponent(Component):
         if mine:
             self.reporters.allowed_uids = frozenset(config["reporter.allowed_uids"])
         return changed - mine
-
-
-class RuntimeComponent(Component):
-    """The runtime metric service's gRPC channels."""
-
-    name = "runtime source"
-
-    def __init__(self, runtime: TpuRuntimeSource) -> None:
-        self.runtime = runtime
-
-    def stop(self) -> None:
-        self.runtime.close()
-
-
-class SimulatorComponent(Component):
-    """The ``--simulate`` child, started when built (its ports are the runtime's)."""
-
-    name = "simulator"
-
-    def __init__(self, simulator: SimulatorProcess) -> None:
-        self.simulator = simulator
-
-    def stop(self) -> None:
-        self.simulator.stop()
