@@ -113,6 +113,14 @@ def assembly(tmp_path):
     logging.getLogger().setLevel(root_level)
 
 
+def test_an_agent_is_built_sources_first_and_stops_readers_first(assembly):
+    """Built in the order data flows, so stopped the other way: the store writes what is
+    queued while the runtime source and the reporters' socket are still there."""
+    assert assembly.components.names() == [
+        "reporter socket", "runtime source", "history store", "alert thresholds",
+        "poll loop", "log level"]
+
+
 def exported_horizon(assembly) -> float:
     text = generate_latest(assembly.registry).decode()
     line = next(x for x in text.splitlines()

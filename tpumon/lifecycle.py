@@ -61,6 +61,7 @@ class Lifecycle:
         return component
 
     def names(self) -> list[str]:
+        """The components' names in the order they were built (and are started)."""
         return [c.name for c in self._components]
 
     def start(self) -> None:
