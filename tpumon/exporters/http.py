@@ -1,7 +1,7 @@
 """The agent's HTTP endpoint: /metrics (prometheus-client's WSGI app), a landing page at /,
 and /-/healthy for probes, served by prometheus-client's threading WSGI server.
 
-Scrapes run on their own threads and only read the published snapshot, so a slow
+Scrapes run on their own threads and only read the published poll state, so a slow
 scraper can never delay a poll, and a poll in progress never delays a scrape.
 
 With a web configuration file (exporter.web_config_file, see webconfig.py) the endpoint

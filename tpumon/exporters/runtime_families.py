@@ -1,4 +1,4 @@
-"""The runtime's other metrics as Prometheus families, from the published snapshot.
+"""The runtime's other metrics as Prometheus families, from the published poll state.
 
 A collector beside :class:`~tpumon.exporters.prometheus.SnapshotCollector`: one family per
 entry of :data:`~tpumon.sources.runtime_catalog.CATALOG`, gauges as gauges and the

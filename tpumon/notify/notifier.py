@@ -1,4 +1,4 @@
-"""The notifier thread: alerts from the published snapshots, through the outbox, to Slack
+"""The notifier thread: alerts from the published poll states, through the outbox, to Slack
 and PagerDuty, without ever holding up a poll or a scrape.
 
 It reads the agent's state like an exporter does (data flows sources -> detector -> state
@@ -31,7 +31,7 @@ from tpumon.state import PollState
 
 log = logging.getLogger("tpumon.notify")
 
-IDLE_WAIT = 0.5          # seconds between looks at the snapshot when nothing is due
+IDLE_WAIT = 0.5          # seconds between looks at the poll state when nothing is due
 PURGE_EVERY = 3600.0
 GIVE_UP_REASONS = ("rejected", "expired")
 FAILURE_REASONS = ("rate_limited", "server_error", "network")
