@@ -1,6 +1,6 @@
 """The runtime's other metrics as Prometheus families, from the published poll state.
 
-A collector beside :class:`~tpumon.exporters.prometheus.SnapshotCollector`: one family per
+A collector beside the per-subsystem ones in :mod:`tpumon.exporters.prometheus`: one family per
 entry of :data:`~tpumon.sources.runtime_catalog.CATALOG`, gauges as gauges and the
 runtime's cumulative distributions as histograms (its own bucket bounds, in the base unit;
 percentiles with ``histogram_quantile``), every series with the identity labels. Only the
