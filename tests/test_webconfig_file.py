@@ -1,8 +1,11 @@
-"""The web configuration format as a schema (webconfig_file.py): each kind of mistake is
+"""The web configuration format as a schema (webconfig_schema.py): each kind of mistake is
 one line naming the key, never echoing a value that may be a password (the files that
 promtool also rejects, and the TLS ones, are in test_webconfig.py)."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
 
 import pytest
 
@@ -52,3 +55,10 @@ def test_nulls_are_defaults_and_go_reads_2_as_2a(tmp_path):
     assert config.tls is None and config.http2
     assert config.headers == (("X-Frame-Options", "deny"),)
     assert config.users == {"bob": ("$2a$" + HASH[4:]).encode()}
+
+
+def test_an_agent_without_a_web_config_never_loads_pydantic():
+    """pydantic costs the agent ~100 ms of start-up and ~7 MiB: only a web config pays."""
+    code = ("import sys; import tpumon.bootstrap, tpumon.exporters.http, tpumon.cli.agent; "
+            "assert 'pydantic' not in sys.modules, 'pydantic loaded'")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
