@@ -32,7 +32,7 @@ import psutil  # noqa: E402
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 from test_sim_server import ManualClock  # noqa: E402
 
-from tpumon.agent import Agent, OwnerScanner  # noqa: E402
+from tpumon.agent import Agent, AgentInputs, OwnerScanner  # noqa: E402
 from tpumon.detect import ChipDetector  # noqa: E402
 from tpumon.exporters.prometheus import build_registry  # noqa: E402
 from tpumon.identity import Identity  # noqa: E402
@@ -109,8 +109,9 @@ def _agent(sim: Simulator, clock: ManualClock, store: StoreWriter | None) -> Age
     inventory = inventory_for("v4", CHIPS)
     state = AgentState(Identity(host="bench-w-0"), inventory, history_points=64)
     source = TpuRuntimeSource("127.0.0.1", sim.ports, 1.0, inventory, clock=clock.now)
-    return Agent(state, source, OwnerScanner(dict, 60), 1.0,
-                 build_registry(lambda: state.snapshot), store=store, checkpoint_interval=1.0)
+    return Agent(AgentInputs(state, source, OwnerScanner(dict, 60), 1.0,
+                             build_registry(lambda: state.snapshot), store=store,
+                             checkpoint_interval=1.0))
 
 
 def poll_latency(blocks: int, per_block: int, gap: float = 0.05) -> None:

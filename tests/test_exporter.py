@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fake_runtime import V4_TOTAL, chips_metrics
 from tools import FakeReporter, require_tool, wait_for
-from tpumon.agent import Agent, OwnerScanner
+from tpumon.agent import Agent, AgentInputs, OwnerScanner
 from tpumon.exporters.http import ListenError, MetricsServer
 from tpumon.exporters.prometheus import build_registry
 from tpumon.identity import Identity
@@ -46,7 +46,8 @@ def served(runtime_servers, tmp_path):
     for step in range(3):
         sender.step(step)
     wait_for(lambda: reporters.poll().reports_total == 3, 5)
-    agent = Agent(state, runtime, owners, 1.0, registry, store=store, reporters=reporters)
+    agent = Agent(AgentInputs(state, runtime, owners, 1.0, registry, store=store,
+                              reporters=reporters))
     agent.poll_once()
     http = MetricsServer("127.0.0.1:0")
     host, port = http.start()

@@ -25,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fake_runtime import FakeRuntime, RuntimeServer
 from tpu_info.proto import tpu_metric_service_pb2 as pb
-from tpumon.agent import Agent, OwnerScanner
+from tpumon.agent import Agent, AgentInputs, OwnerScanner
 from tpumon.config import KEYS, SCHEMA, SECTIONS, ConfigError, load_config
 from tpumon.exporters.prometheus import build_registry
 from tpumon.identity import Identity
@@ -363,7 +363,7 @@ def test_any_runtime_answer_is_chips_and_a_count_of_unreadable_entries(scripted,
     runtime.responses = answers
     state = AgentState(Identity(host="h"), source.inventory, history_points=4)
     registry = build_registry(lambda: state.snapshot)
-    agent = Agent(state, source, OwnerScanner(dict, 60), 1.0, registry)
+    agent = Agent(AgentInputs(state, source, OwnerScanner(dict, 60), 1.0, registry))
     before = source.malformed_total
     snap = agent.poll_once()
     health = snap.health[0]

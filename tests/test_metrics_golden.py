@@ -28,7 +28,7 @@ from tpumon.samples import ChipSample, HostSample, ProcessSample, RuntimeReading
 from tpumon.sources.chips import inventory_for
 from tpumon.sources.health import SourceHealth
 from tpumon.sources.reporter import ProcessReport, ReporterReading
-from tpumon.state import Snapshot
+from tpumon.state import PollState
 from tpumon.store.writer import StoreHealth
 
 GOLDEN = Path(__file__).parent / "golden" / "metrics.txt"
@@ -44,7 +44,7 @@ NOTIFIER = NotifierHealth(
     active=({"name": "TPUMonHBMLeak", "severity": "critical", "subject": "chip 0"},))
 
 
-def fixed_snapshot() -> Snapshot:
+def fixed_snapshot() -> PollState:
     """Four v4 chips: one leaking (with a forecast), one warming up, one healthy, one the
     runtime did not answer for; a host with one training process. The history store and
     the notifiers (STORE, NOTIFIER) are read from their own health, as the agent does."""
@@ -58,7 +58,7 @@ def fixed_snapshot() -> Snapshot:
                       slope_bytes_per_second_high=190_000.0, slope_bytes_per_step=150_000.0,
                       predicted_oom_time=T + 72_000, predicted_oom_step=480_000,
                       window_start=T - 7200, window_seconds=7200.0, z=9.5)
-    return Snapshot(
+    return PollState(
         time=T,
         identity=Identity(host="t1v-n-golden-w-0", worker="0", accelerator_type="v4-8",
                           slice="golden"),
@@ -76,7 +76,6 @@ def fixed_snapshot() -> Snapshot:
                                       slope_bytes_per_second=0.0)},
         runtime_malformed_total=1,
         polls_total=100,
-        store=STORE,
         **reporting(),
     )
 

@@ -26,7 +26,7 @@ from tpumon.samples import ChipSample, RuntimeReading
 from tpumon.sim.tracegen import generate_trace
 from tpumon.sources.chips import inventory_for
 from tpumon.sources.reporter import ProcessReport
-from tpumon.state import Snapshot
+from tpumon.state import PollState
 
 GiB = 2**30
 TOTAL = 32 * GiB
@@ -50,10 +50,10 @@ def healthy(floor: float = 20 * GiB) -> Assessment:
 
 
 def snap(t: float, assessments: dict, answering=None, processes=None, polls: int = 1,
-         used: int = 20 * GiB) -> Snapshot:
+         used: int = 20 * GiB) -> PollState:
     answering = assessments if answering is None else answering
     chips = {c: ChipSample(c, used, TOTAL, 0.9, int(c), 8431) for c in answering}
-    return Snapshot(time=t, identity=IDENT, inventory=inventory_for("v4", 4),
+    return PollState(time=t, identity=IDENT, inventory=inventory_for("v4", 4),
                     runtime=RuntimeReading(t, chips), assessments=assessments,
                     processes=processes or {}, polls_total=polls)
 
@@ -387,7 +387,7 @@ def _snapshot_pair(pid: int, steps: int, kept: int):
                           diff(before, after))
 
 
-def with_reporter(s: Snapshot, pid: int, result) -> Snapshot:
+def with_reporter(s: PollState, pid: int, result) -> PollState:
     from tpumon.sources.reporter import ReporterReading
     state = process(pid, s.time)
     state = ProcessState(replace(state.report, snapshots=True), state.live, state.compiles)

@@ -338,7 +338,7 @@ def test_the_agent_gives_each_chip_its_process_step(tmp_path, receiver, runtime_
     from prometheus_client import generate_latest
 
     from fake_runtime import chips_metrics
-    from tpumon.agent import Agent, OwnerScanner
+    from tpumon.agent import Agent, AgentInputs, OwnerScanner
     from tpumon.exporters.prometheus import build_registry
     from tpumon.identity import Identity
     from tpumon.sources.chips import inventory_for
@@ -356,8 +356,8 @@ def test_the_agent_gives_each_chip_its_process_step(tmp_path, receiver, runtime_
     store = StoreWriter(tmp_path, Retention(), open_database(tmp_path, Retention()))
     store.start()
     source = TpuRuntimeSource("127.0.0.1", [server.port], 1.0, inventory)
-    agent = Agent(state, source, OwnerScanner(lambda: {"0": os.getpid(), "1": os.getpid()}, 60),
-                  1.0, registry, store=store, reporters=r)
+    owners = OwnerScanner(lambda: {"0": os.getpid(), "1": os.getpid()}, 60)
+    agent = Agent(AgentInputs(state, source, owners, 1.0, registry, store=store, reporters=r))
     reporter = FakeReporter(socket=str(r.path), min_interval=0)
     try:
         steps = list(range(100, 112))

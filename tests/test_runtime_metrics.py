@@ -176,12 +176,12 @@ def test_exported_buckets_span_the_used_range_only_with_cumulative_counts():
     from tpumon.exporters.runtime_families import RuntimeMetricsCollector
     from tpumon.identity import Identity
     from tpumon.samples import RuntimeReading, RuntimeSeries
-    from tpumon.state import Snapshot
+    from tpumon.state import PollState
     h = Histogram(tuple(2.0 ** i for i in range(10)), (0, 0, 0, 3, 0, 5, 0, 0, 0, 0, 0), 40.0)
     empty = Histogram(h.bounds, (0,) * 11, 0.0)
     series = (RuntimeSeries("tpumon_dcn_transfer_latency_seconds", ("8MiB",), histogram=h),
               RuntimeSeries("tpumon_dcn_transfer_latency_seconds", ("1KiB",), histogram=empty))
-    snap = Snapshot(0.0, Identity("h", "0", "v4-8", "s"), inventory_for("v4", 1),
+    snap = PollState(0.0, Identity("h", "0", "v4-8", "s"), inventory_for("v4", 1),
                     runtime=RuntimeReading(0.0, {}, (), series, (DCN, *METRICS)))
     registry = CollectorRegistry()
     registry.register(RuntimeMetricsCollector(lambda: snap))

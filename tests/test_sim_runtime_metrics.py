@@ -12,7 +12,7 @@ from tpu_info import metrics as tpu_info_metrics
 
 from test_sim_server import ManualClock
 from tools import require_tool
-from tpumon.agent import Agent, OwnerScanner
+from tpumon.agent import Agent, AgentInputs, OwnerScanner
 from tpumon.exporters.prometheus import build_registry
 from tpumon.identity import LABELS, Identity
 from tpumon.sim.server import Simulator
@@ -48,7 +48,7 @@ def simulated():
 def scrape(source):
     state = AgentState(IDENT, inventory_for("v4", 4), history_points=8)
     registry = build_registry(lambda: state.snapshot)
-    Agent(state, source, OwnerScanner(dict, 60), 1.0, registry).poll_once()
+    Agent(AgentInputs(state, source, OwnerScanner(dict, 60), 1.0, registry)).poll_once()
     return generate_latest(registry).decode()
 
 

@@ -102,7 +102,7 @@ def test_agent_poll_loop_detects_a_leak_end_to_end(simulator):
     """Simulated runtime over gRPC -> runtime source -> agent -> detector -> /metrics."""
     from prometheus_client import generate_latest
 
-    from tpumon.agent import Agent, OwnerScanner
+    from tpumon.agent import Agent, AgentInputs, OwnerScanner
     from tpumon.exporters.prometheus import build_registry
     from tpumon.identity import Identity
     from tpumon.state import AgentState
@@ -116,7 +116,7 @@ def test_agent_poll_loop_detects_a_leak_end_to_end(simulator):
     state = AgentState(Identity(host="t1v-n-9-w-0"), inventory, history_points=64)
     registry = build_registry(lambda: state.snapshot)
     source = TpuRuntimeSource("127.0.0.1", sim.ports, 1.0, inventory, clock=clock.now)
-    agent = Agent(state, source, OwnerScanner(dict, 60), 30.0, registry)
+    agent = Agent(AgentInputs(state, source, OwnerScanner(dict, 60), 30.0, registry))
     verdicts = set()
     while clock.t < start + 4 * 3600:  # the job OOMs at about 4.2 h
         snapshot = agent.poll_once()

@@ -203,8 +203,8 @@ def test_a_reporter_whose_agent_is_gone_keeps_training(tmp_path, monkeypatch):
 def test_snapshot_api_refuses_what_it_should(receiver, environ, status):
     from tpumon.identity import Identity
     from tpumon.sources.chips import ChipInventory
-    from tpumon.state import Snapshot
-    snap = Snapshot(time=0.0, identity=Identity("vm"), inventory=ChipInventory(None, 0))
+    from tpumon.state import PollState
+    snap = PollState(time=0.0, identity=Identity("vm"), inventory=ChipInventory(None, 0))
     got, doc = snapshot_api.handle(environ, snap, receiver.request_snapshot)
     assert got.startswith(status) and doc["error"]
     json.dumps(doc)

@@ -10,7 +10,7 @@ import time
 
 from tpu_info import device as tpu_device
 
-from tpumon.agent import Agent, OwnerScanner
+from tpumon.agent import Agent, AgentInputs, OwnerScanner
 from tpumon.exporters.prometheus import build_registry
 from tpumon.identity import Identity
 from tpumon.logs import JournalFormatter
@@ -148,7 +148,8 @@ def test_agent_loop_polls_on_cadence_and_stops_promptly():
     inventory = inventory_for("v4", 1)
     state = AgentState(Identity(host="h"), inventory, history_points=3)
     runtime = TpuRuntimeSource("127.0.0.1", [free_port()], 0.2, inventory)
-    agent = Agent(state, runtime, OwnerScanner(dict, 60), 0.05, build_registry(lambda: state.snapshot))
+    agent = Agent(AgentInputs(state, runtime, OwnerScanner(dict, 60), 0.05,
+                              build_registry(lambda: state.snapshot)))
     stop = threading.Event()
     thread = threading.Thread(target=agent.run, args=(stop,))
     thread.start()
@@ -167,7 +168,8 @@ def test_history_is_bounded(runtime_servers):
     inventory = inventory_for("v4", 1)
     state = AgentState(Identity(host="h"), inventory, history_points=3)
     runtime = TpuRuntimeSource("127.0.0.1", [server.port], 1.0, inventory)
-    agent = Agent(state, runtime, OwnerScanner(dict, 60), 1.0, build_registry(lambda: state.snapshot))
+    agent = Agent(AgentInputs(state, runtime, OwnerScanner(dict, 60), 1.0,
+                              build_registry(lambda: state.snapshot)))
     for used in range(1, 6):
         server.runtime.metrics = chips_metrics({0: used})
         agent.poll_once()

@@ -17,7 +17,7 @@ import pytest
 from fake_runtime import chips_metrics
 from test_sim_server import ManualClock
 from tools import TPUMON, AgentProcess, clean_env, wait_for
-from tpumon.agent import Agent, OwnerScanner
+from tpumon.agent import Agent, AgentInputs, OwnerScanner
 from tpumon.detect import ChipDetector, Verdict
 from tpumon.exporters.prometheus import build_registry
 from tpumon.identity import Identity
@@ -52,9 +52,9 @@ def test_restart_mid_run_resumes_verdict_slope_and_forecast(tmp_path):
         writer.start()
         state = AgentState(Identity(host=HOST), inventory, history_points=64)
         source = TpuRuntimeSource("127.0.0.1", sim.ports, 1.0, inventory, clock=clock.now)
-        agent = Agent(state, source, OwnerScanner(dict, 60), 30.0,
-                      build_registry(lambda: state.snapshot), detectors=detectors,
-                      store=writer, checkpoint_interval=checkpoint_interval)
+        agent = Agent(AgentInputs(state, source, OwnerScanner(dict, 60), 30.0,
+                                  build_registry(lambda: state.snapshot), detectors=detectors,
+                                  store=writer, checkpoint_interval=checkpoint_interval))
         for _ in range(polls):
             snap = agent.poll_once()
             for chip, sample in snap.runtime.chips.items():
@@ -226,8 +226,8 @@ def test_a_stalled_disk_never_stalls_polling(tmp_path, runtime_servers):
     writer = StoreWriter(tmp_path, Retention(), open_database(tmp_path, Retention()))
     writer.start()
     source = TpuRuntimeSource("127.0.0.1", [server.port], 1.0, inventory)
-    agent = Agent(state, source, OwnerScanner(dict, 60), 0.05,
-                  build_registry(lambda: state.snapshot), store=writer)
+    agent = Agent(AgentInputs(state, source, OwnerScanner(dict, 60), 0.05,
+                              build_registry(lambda: state.snapshot), store=writer))
     try:
         agent.poll_once()
         assert writer.flush()

@@ -20,7 +20,8 @@ from tpumon.detect import Assessment, Verdict
 from tpumon.identity import Identity
 from tpumon.samples import ChipSample, RuntimeReading
 from tpumon.sources.chips import inventory_for
-from tpumon.state import Snapshot
+from tpumon.state import PollState
+from tpumon.store.writer import StoreHealth
 from tpumon.systemd import SystemdNotify, status_line
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -133,10 +134,14 @@ def test_no_watchdog_for_another_process_and_nothing_without_systemd():
 def test_status_line_names_the_nearest_oom():
     chips = {c: ChipSample(c, 20 * 2**30, 32 * 2**30, 0.9, int(c), 8431) for c in "0123"}
     leak = Assessment(Verdict.LEAK, "grows", predicted_oom_time=1000.0 + 3 * 3600 + 720)
-    snap = Snapshot(time=1000.0, identity=Identity("h"), inventory=inventory_for("v4", 4),
+    snap = PollState(time=1000.0, identity=Identity("h"), inventory=inventory_for("v4", 4),
                     runtime=RuntimeReading(1000.0, chips),
                     assessments={"2": leak, "0": Assessment(Verdict.OK, "flat")})
     assert status_line(snap) == "4 chip(s) polled; 1 leaking, chip 2 OOM in 3 h 12 min"
+    # the store's health comes from the store, not from the poll state
+    assert status_line(snap, StoreHealth("/x", up=True)) == status_line(snap)
+    assert status_line(snap, StoreHealth("/x", up=False)).endswith(
+        "; history store not writing")
 
 
 # --- install.sh in a scratch root ----------------------------------------------------------

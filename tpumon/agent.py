@@ -1,7 +1,7 @@
 """The poll loop: sources -> state, on a fixed cadence, until told to stop.
 
 One thread polls; everything else (HTTP scrapes, later the notifiers and the store) reads
-the published snapshot. The cadence runs on the monotonic clock, so a wall-clock jump
+the published poll state. The cadence runs on the monotonic clock, so a wall-clock jump
 (NTP, a VM resumed from maintenance) neither bunches polls nor stops them; sample times
 use the wall clock because that is what people and Prometheus read.
 """
@@ -12,27 +12,28 @@ import logging
 import math
 import threading
 import time
+from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
 from prometheus_client import CollectorRegistry, Histogram
 
+from tpumon.config import Config
 from tpumon.detect import Assessment, ChipDetector, DetectorSettings, Verdict, describe_growth
 from tpumon.detect.pooling import pool_jobs
 from tpumon.identity import LABELS
 from tpumon.leak_snapshots import LeakSnapshots
+from tpumon.lifecycle import Component, take
 from tpumon.samples import HostSample, RuntimeReading
 from tpumon.sources.health import SourceTracker
 from tpumon.sources.host import HostSource
 from tpumon.sources.kernel_log import KernelLog
 from tpumon.sources.tpu_runtime import TpuRuntimeSource
 from tpumon.notify.alerts import AlertLog
-from tpumon.notify.health import NotifierHealth
-from tpumon.notify.settings import AlertSettings
 from tpumon.job_ends import JobEndTracker
 from tpumon.processes import (ChipClaims, ProcessState, ProcessTracker, growing_chips,
                               with_hbm_growth)
 from tpumon.sources.reporter import ReporterSocket
-from tpumon.state import AgentState, Snapshot
+from tpumon.state import AgentState, PollState
 from tpumon.store.checkpoint import dump_detector
 from tpumon.store.database import Sample, StoredEnd
 from tpumon.store.writer import PollRecord, StoreWriter
@@ -94,51 +95,72 @@ class OwnerScanner:
         return self._owners
 
 
-class Agent:
-    """Polls the runtime and the host each interval and publishes a snapshot."""
+@dataclass
+class AgentInputs:
+    """What an agent polls, where it publishes and what it feeds: built from the
+    configuration by ``bootstrap.build`` (or by hand in a test) and given to Agent whole.
+    A source or reader the agent runs without is None."""
 
-    def __init__(self, state: AgentState, runtime: TpuRuntimeSource, owners: OwnerScanner,
-                 interval: float, registry: CollectorRegistry,
-                 detector_settings: DetectorSettings | None = None,
-                 detectors: Mapping[str, ChipDetector] | None = None,
-                 store: StoreWriter | None = None, checkpoint_interval: float = 60.0,
-                 reporters: ReporterSocket | None = None,
-                 notifier_health: Callable[[], NotifierHealth] | None = None,
-                 alert_settings: AlertSettings | None = None,
-                 leak_snapshots: LeakSnapshots | None = None,
-                 kernel_log: KernelLog | None = None) -> None:
-        self.state = state
-        self._detector_settings = detector_settings
-        self._detectors: dict[str, ChipDetector] = dict(detectors or {})
-        self._store = store
-        self._checkpoint_interval = checkpoint_interval
-        self._next_checkpoint = time.monotonic() + checkpoint_interval
-        self.interval = interval
-        self._runtime_source = runtime
-        self._owners = owners
+    state: AgentState
+    runtime: TpuRuntimeSource
+    owners: OwnerScanner
+    interval: float
+    registry: CollectorRegistry  # where the poll's own histogram goes
+    detector_settings: DetectorSettings | None = None
+    detectors: Mapping[str, ChipDetector] = field(default_factory=dict)  # resumed ones
+    store: StoreWriter | None = None
+    checkpoint_interval: float = 60.0
+    reporters: ReporterSocket | None = None
+    # without a notifier (no Slack, no PagerDuty) alerts are still raised, in the log
+    alert_log: AlertLog | None = None
+    leak_snapshots: LeakSnapshots | None = None
+    kernel_log: KernelLog | None = None
+
+
+class Agent(Component):
+    """Polls the runtime and the host each interval and publishes a poll state. As a
+    component its loop is run by ``run``; a reload changes its interval."""
+
+    name = "poll loop"
+
+    def __init__(self, inputs: AgentInputs) -> None:
+        self.state = state = inputs.state
+        self._detector_settings = inputs.detector_settings
+        self._detectors: dict[str, ChipDetector] = dict(inputs.detectors)
+        self._store = inputs.store
+        self._checkpoint_interval = inputs.checkpoint_interval
+        self._next_checkpoint = time.monotonic() + inputs.checkpoint_interval
+        self.interval = inputs.interval
+        self._runtime_source = runtime = inputs.runtime
+        self._owners = inputs.owners
         self._runtime = SourceTracker("tpu_runtime", runtime.poll)
-        self._host = SourceTracker("host", HostSource(owners, min_interval=HOST_SECONDS).poll)
+        self._host = SourceTracker("host",
+                                   HostSource(inputs.owners, min_interval=HOST_SECONDS).poll)
+        reporters = self._reporter_socket = inputs.reporters
         self._reporters = None if reporters is None else SourceTracker("reporter", reporters.poll)
-        self._reporter_socket = reporters
         self._chip_claims = ChipClaims()
         self._processes = ProcessTracker()
-        self._kernel = None if kernel_log is None else SourceTracker("kernel_log",
-                                                                     kernel_log.poll)
-        self._ends = JobEndTracker(interval)
+        self._kernel = None if inputs.kernel_log is None else SourceTracker(
+            "kernel_log", inputs.kernel_log.poll)
+        self._ends = JobEndTracker(inputs.interval)
         self._unstored_ends: list[StoredEnd] = []  # for the store's next record
-        self._leak_snapshots = leak_snapshots
-        self._notifier_health = notifier_health
-        self.alert_settings = alert_settings or AlertSettings()  # swapped by a reload
-        # without a notifier (no Slack, no PagerDuty) alerts are still raised, in the log
-        self._alert_log = AlertLog(self.alert_settings) if notifier_health is None else None
+        self._leak_snapshots = inputs.leak_snapshots
+        self._alert_log = inputs.alert_log
         self._polls = 0
         self._clock_offset = 0.0  # the samples' clock minus the wall clock (simulated time)
         self._poll_seconds = Histogram(
             "tpumon_poll_duration_seconds", "Time taken by one poll of all sources.",
-            labelnames=LABELS, buckets=POLL_BUCKETS, registry=registry,
+            labelnames=LABELS, buckets=POLL_BUCKETS, registry=inputs.registry,
         ).labels(**state.snapshot.identity.labels())
 
-    def poll_once(self) -> Snapshot:
+    def reload(self, config: Config, changed: frozenset[str]) -> frozenset[str]:
+        """A new poll interval applies from the next tick."""
+        mine = take(changed, ["agent.poll_interval"])
+        if mine:
+            self.interval = config["agent.poll_interval"]
+        return changed - mine
+
+    def poll_once(self) -> PollState:
         """Poll every source once and publish the result; never raises for a source."""
         started = time.monotonic()
         runtime = self._runtime.poll()
@@ -165,7 +187,7 @@ class Agent:
             self._clock_offset = runtime.time - wall
         health = (self._runtime.health, self._host.health) + tuple(
             t.health for t in (self._reporters, self._kernel) if t is not None)
-        snapshot = Snapshot(
+        polled = PollState(
             time=wall, clock_offset=self._clock_offset, identity=previous.identity,
             inventory=previous.inventory,
             runtime=runtime, host=host, owners=owners, health=health,
@@ -173,19 +195,16 @@ class Agent:
             assessments=assessments,
             runtime_malformed_total=self._runtime_source.malformed_total,
             polls_total=self._polls,
-            store=None if self._store is None else self._store.health,
             processes=processes, chip_processes=attributed, chip_steps=steps,
-            reporter=reported,
-            notifier=None if self._notifier_health is None else self._notifier_health(),
-            alert_settings=self.alert_settings, job_ends=tuple(self._ends.recent),
+            reporter=reported, job_ends=tuple(self._ends.recent),
             job_ends_total=dict(self._ends.totals))
-        self.state.publish(snapshot)
+        self.state.publish(polled)
         if self._alert_log is not None:
-            self._alert_log(snapshot)
+            self._alert_log(polled)
         if self._store is not None:
             self._record(self._store, samples)
         self._poll_seconds.observe(time.monotonic() - started)
-        return snapshot
+        return polled
 
     def _notice_ends(self, runtime: RuntimeReading | None, owners: Mapping[str, int],
                      attributed: Mapping[str, int], processes: Mapping[int, ProcessState],
@@ -249,7 +268,7 @@ class Agent:
                          {chip: f"process {pid}" for chip, pid in owners.items()})
 
     def run(self, stop: threading.Event,
-            after_poll: Callable[[Snapshot], None] | None = None) -> None:
+            after_poll: Callable[[PollState], None] | None = None) -> None:
         """Poll on a fixed monotonic cadence until ``stop`` is set; overruns skip ticks.
         ``after_poll`` (systemd's READY and watchdog) runs after each poll that published."""
         next_tick = time.monotonic()

@@ -20,25 +20,29 @@ from typing import Callable, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry
 
-from tpumon.agent import Agent, OwnerScanner
+from tpumon.agent import Agent, AgentInputs, OwnerScanner
+from tpumon.components import (AlertThresholds, LogLevel, NotifierComponent, ReporterComponent,
+                               Service)
 from tpumon.config import Config, ConfigError, parse_ports
 from tpumon.exporters.prometheus import build_registry
 from tpumon.identity import Identity, discover_tpu_env, fetch_tpu_env, resolve_identity
 from tpumon.sim.pod import DEFAULT_SLICE, accelerator_type
 from tpumon.sim.pod import tpu_env as simulated_tpu_env
-from tpumon.sim.process import SimulatorProcess, spawn_simulator
+from tpumon.sim.process import spawn_simulator
 from tpumon.sources.chips import ChipInventory, detect_chips, inventory_for, scan_chip_owners
-from tpumon.notify.alerts import AlertSettings, AlertTracker
+from tpumon.notify.alerts import AlertLog, AlertSettings, AlertTracker
 from tpumon.notify.notifier import Channel, Notifier
 from tpumon.notify.outbox import open_outbox
 from tpumon.notify.pagerduty import PagerDutyChannel
 from tpumon.notify.secrets import read_secret
 from tpumon.notify.slack import SlackChannel
 from tpumon.leak_snapshots import LeakSnapshots
+from tpumon.lifecycle import Lifecycle
 from tpumon.sources.kernel_log import KernelLog
 from tpumon.sources.reporter import ReporterSocket
 from tpumon.sources.tpu_runtime import TpuRuntimeSource
 from tpumon.state import AgentState
+from tpumon.status import Readers
 from tpumon.store.database import (HistoryDB, Retention, database_path, move_aside,
                                    open_database)
 from tpumon.store.resume import restore_detectors
@@ -70,30 +74,29 @@ def resolve_ports(configured: list[int], env: Mapping[str, str],
 
 @dataclass
 class Assembly:
-    """A ready-to-run agent and what it was built from."""
+    """A ready-to-run agent, its components (started), and what it was built from."""
 
     agent: Agent
     state: AgentState
     registry: CollectorRegistry
     identity: Identity
-    runtime: TpuRuntimeSource
-    simulator: SimulatorProcess | None = None
+    components: Lifecycle  # the agent among them; a reload goes through them all
     store: StoreWriter | None = None
     reporters: ReporterSocket | None = None
     notifier: Notifier | None = None
 
+    def readers(self) -> Readers:
+        """The store's and the notifier's own health, for /api/status and systemd."""
+        store = self.store
+        return Readers(None if store is None else lambda: store.health,
+                       None if self.notifier is None else self.notifier.health)
+
     def close(self) -> None:
-        """Stop in the order data flows: runtime, then the store (writes what is queued)
-        and the notifier (finishes the request in flight; the outbox keeps the rest)."""
-        self.runtime.close()
-        if self.reporters is not None:
-            self.reporters.stop()
-        if self.store is not None:
-            self.store.stop()
-        if self.notifier is not None:
-            self.notifier.stop()
-        if self.simulator is not None:
-            self.simulator.stop()
+        """Stop every component, in the reverse order of building: the readers of the
+        poll state first (the store writes what is queued, the notifier finishes the
+        request in flight and its outbox keeps the rest), then the runtime source, the
+        simulator and the reporters' socket."""
+        self.components.stop()
 
 
 def _path_for(config: Config, key: str, simulate: bool) -> str:
@@ -236,6 +239,16 @@ def open_notifier(config: Config, simulate: bool, state: AgentState,
     return Notifier(lambda: state.snapshot, tracker, outbox, channels)
 
 
+def alert_tracker(config: Config, notifier: Notifier | None
+                  ) -> tuple[AlertLog | None, AlertTracker]:
+    """The tracker that raises the alerts: the notifier's, or without one (no Slack, no
+    PagerDuty) an alert log's, for the agent to run: alerts are still raised, in the log."""
+    if notifier is not None:
+        return None, notifier.tracker
+    logged = AlertLog(AlertSettings.from_config(config))
+    return logged, logged.tracker
+
+
 def agent_kernel_log(config: Config, simulate: bool, simulated: str | None) -> KernelLog | None:
     """The kernel log the agent reads: under --simulate the simulator's (a file it writes
     its job's OOM kill to; none when attached to a simulated slice's host), else
@@ -322,9 +335,11 @@ def build(config: Config, simulate: bool = False, env: Mapping[str, str] | None 
     env = os.environ if env is None else env
     configured_identity = {k: config[f"identity.{k}"]
                            for k in ("hostname", "worker", "accelerator_type", "slice")}
-    simulator = None
+    components = Lifecycle()
     channels = notification_channels(config, env) if history else []  # a bad secret file
     reporters = open_reporter_socket(config, simulate) if history else None  # fails first
+    if reporters is not None:
+        components.add(ReporterComponent(reporters))
     sources: list[TpuRuntimeSource] = []  # the runtime source, once made
     sim_kernel_log = simulated_kernel_log() if simulate and not config["simulator.host"] \
         else None
@@ -342,6 +357,7 @@ def build(config: Config, simulate: bool = False, env: Mapping[str, str] | None 
                                     max_lag=config["simulator.max_lag"],
                                     start_time=simulated_start(config, simulate),
                                     kernel_log=sim_kernel_log)
+        components.add(Service("simulator", simulator.stop))
         inventory = inventory_for(config["simulator.chip_type"], config["simulator.chips"])
         address, ports = "127.0.0.1", simulator.ports
         # A one-VM slice, named as the simulated slices are, so that every label is filled
@@ -364,27 +380,31 @@ def build(config: Config, simulate: bool = False, env: Mapping[str, str] | None 
                                runtime_clock=simulate,
                                slow_interval=config["runtime.slow_metrics_interval"])
     sources.append(runtime)
+    components.add(Service("runtime source", runtime.close))
     state = AgentState(identity, inventory, config["agent.history_points"])
     notifier = open_notifier(config, simulate, state, channels)
+    if notifier is not None:
+        components.add(NotifierComponent(notifier, notification_channels))
     store, detectors = open_store(config, simulate, identity.host) if history else (None, {})
+    if store is not None:
+        components.add(Service("history store", store.stop, store.start))
+    alert_log, tracker = alert_tracker(config, notifier)
+    components.add(AlertThresholds(tracker))
     registry = build_registry(lambda: state.snapshot,
                               store_health=None if store is None else lambda: store.health,
-                              notifier_health=None if notifier is None else notifier.health)
-    agent = Agent(state, runtime, owners, config["agent.poll_interval"], registry,
-                  detectors=detectors, store=store,
-                  checkpoint_interval=config["store.checkpoint_interval"], reporters=reporters,
-                  notifier_health=None if notifier is None else notifier.health,
-                  alert_settings=AlertSettings.from_config(config),
-                  leak_snapshots=None if reporters is None or not config[
-                      "reporter.snapshot_on_leak"] else LeakSnapshots(
-                      reporters.request_snapshot, config["reporter.snapshot_steps"]),
-                  kernel_log=agent_kernel_log(config, simulate, sim_kernel_log))
-    if store is not None:
-        store.start()
-    if notifier is not None:
-        notifier.start()
-    return Assembly(agent, state, registry, identity, runtime, simulator, store, reporters,
-                    notifier)
+                              notifier_health=None if notifier is None else notifier.health,
+                              alert_settings=lambda: tracker.settings)
+    agent = components.add(Agent(AgentInputs(
+        state, runtime, owners, config["agent.poll_interval"], registry, detectors=detectors,
+        store=store, checkpoint_interval=config["store.checkpoint_interval"],
+        reporters=reporters, alert_log=alert_log,
+        leak_snapshots=None if reporters is None or not config[
+            "reporter.snapshot_on_leak"] else LeakSnapshots(
+            reporters.request_snapshot, config["reporter.snapshot_steps"]),
+        kernel_log=agent_kernel_log(config, simulate, sim_kernel_log))))
+    components.add(LogLevel())
+    components.start()
+    return Assembly(agent, state, registry, identity, components, store, reporters, notifier)
 
 
 def _log_inventory(inventory: ChipInventory, address: str, ports: list[int], origin: str) -> None:

@@ -1,8 +1,13 @@
-"""The agent's state: the latest consistent snapshot, and a bounded history per chip.
+"""The agent's state: the latest consistent poll state, and a bounded history per chip.
 
-The poll thread is the only writer. It builds a new immutable :class:`Snapshot` after each
+The poll thread is the only writer. It builds a new immutable :class:`PollState` after each
 poll and publishes it with one reference assignment, so a scrape (another thread) always
 reads one whole poll, never half of one, and never waits for a poll in progress.
+
+Data flows one way: sources -> detector -> this state -> exporters, notifiers, the store.
+So the poll state holds what the poll found and nothing of its readers: the history
+store's and the notifiers' health and the alert thresholds are read from those components
+themselves (their collectors, the status document), and this module imports none of them.
 """
 
 from __future__ import annotations
@@ -19,12 +24,9 @@ from tpumon.job_ends import JobEnd
 from tpumon.samples import HostSample, RuntimeReading, chip_sort_key
 from tpumon.sources.chips import ChipInventory
 from tpumon.sources.health import SourceHealth
-from tpumon.notify.health import NotifierHealth
-from tpumon.notify.settings import AlertSettings
 from tpumon.processes import ProcessState
 from tpumon.sources.reporter import ReporterReading
 from tpumon.sources.snapshots import SnapshotResult
-from tpumon.store.writer import StoreHealth
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,8 +40,9 @@ class HistoryPoint:
 
 
 @dataclass(frozen=True)
-class Snapshot:
-    """Everything known after one poll; exporters and the CLI read only this."""
+class PollState:
+    """Everything one poll found (not a tensor snapshot: that is
+    ``tpumon.instrument.snapshot.Snapshot``); exporters and the CLI read it."""
 
     time: float
     identity: Identity
@@ -52,13 +55,10 @@ class Snapshot:
     assessments: Mapping[str, Assessment] = field(default_factory=dict)
     runtime_malformed_total: int = 0
     polls_total: int = 0
-    store: StoreHealth | None = None  # None: no history store configured
     processes: Mapping[int, ProcessState] = field(default_factory=dict)  # reporting, by pid
     chip_processes: Mapping[str, int] = field(default_factory=dict)  # chip -> reporting pid
     chip_steps: Mapping[str, int] = field(default_factory=dict)  # chip -> its training step
     reporter: ReporterReading | None = None  # None: no reporter socket configured
-    notifier: NotifierHealth | None = None  # None: no Slack or PagerDuty configured
-    alert_settings: AlertSettings = field(default_factory=AlertSettings)  # [alerts], reloadable
     job_ends: tuple[JobEnd, ...] = ()  # training jobs that ended in the last hour
     job_ends_total: Mapping[str, int] = field(default_factory=dict)  # by cause, since start
     # The samples' clock minus the wall clock: 0 on a TPU VM; under --simulate the simulated
@@ -117,20 +117,21 @@ class Snapshot:
 
 
 class AgentState:
-    """Holds the published snapshot and each chip's recent samples (a ring buffer)."""
+    """Holds the published poll state and each chip's recent samples (a ring buffer)."""
 
     def __init__(self, identity: Identity, inventory: ChipInventory, history_points: int) -> None:
-        self._snapshot = Snapshot(0.0, identity, inventory)
+        self._snapshot = PollState(0.0, identity, inventory)
         self._history_points = history_points
         self._history: dict[str, deque[HistoryPoint]] = {}
         self._lock = threading.Lock()  # guards _history for readers on other threads
 
     @property
-    def snapshot(self) -> Snapshot:
+    def snapshot(self) -> PollState:
+        """The latest poll's state (published whole, so always one consistent poll)."""
         return self._snapshot
 
-    def publish(self, snapshot: Snapshot) -> None:
-        """Record a poll's chip samples in the history, then make the snapshot visible."""
+    def publish(self, snapshot: PollState) -> None:
+        """Record a poll's chip samples in the history, then make the poll state visible."""
         if snapshot.runtime is not None:
             with self._lock:
                 for name, chip in snapshot.runtime.chips.items():

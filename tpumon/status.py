@@ -1,22 +1,38 @@
 """The status document: one JSON shape for ``tpumon status --format json`` and its table.
 
-Built from a Snapshot only, so whatever shows status (the CLI now, the agent's live view
-later) reports the same fields under the same names.
+Built from a PollState and, in the agent, the health its history store and notifiers
+report of themselves (``Readers``: read at the time of the request, never carried by the
+poll state), so whatever shows status reports the same fields under the same names.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
 from tpumon import __version__
 from tpumon.detect.counts import Cause
 from tpumon.processes import ProcessState
-from tpumon.state import Snapshot
+from tpumon.notify.health import NotifierHealth
+from tpumon.state import PollState
+from tpumon.store.writer import StoreHealth
 
 TOP_GROUPS = 10  # tensor groups that grew, per process, in the document
 
 
-def _assessment(snap: Snapshot, chip: str) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Readers:
+    """The health of the components that read the poll state (the history store, the
+    notifiers), each asked itself; None where the agent runs without one."""
+
+    store: Callable[[], StoreHealth] | None = None
+    notifier: Callable[[], NotifierHealth] | None = None
+
+
+NO_READERS = Readers()  # a one-off status: no store, no notifier
+
+
+def _assessment(snap: PollState, chip: str) -> dict[str, Any]:
     a = snap.assessments.get(chip)
     reported = {"step": snap.chip_steps.get(chip), "reporting_pid": snap.chip_processes.get(chip),
                 **_cause(snap.chip_cause(chip))}
@@ -34,8 +50,10 @@ def _assessment(snap: Snapshot, chip: str) -> dict[str, Any]:
     }
 
 
-def status_document(snap: Snapshot, source: str = "agent") -> dict[str, Any]:
-    """Per-chip HBM, duty cycle, owner and leak verdict, plus source health and identity.
+def status_document(snap: PollState, source: str = "agent",
+                    readers: Readers = NO_READERS) -> dict[str, Any]:
+    """Per-chip HBM, duty cycle, owner and leak verdict, plus source health and identity,
+    and the store's and notifiers' own health from ``readers``.
 
     ``source`` says where it came from: the running agent (with its history, so with
     verdicts) or a one-off read of the runtime (no history, so no verdict yet).
@@ -60,7 +78,7 @@ def status_document(snap: Snapshot, source: str = "agent") -> dict[str, Any]:
             **_assessment(snap, name),
         })
     host = snap.host
-    store = snap.store
+    store = None if readers.store is None else readers.store()
     return {
         "version": __version__,
         "source": source,
@@ -79,7 +97,8 @@ def status_document(snap: Snapshot, source: str = "agent") -> dict[str, Any]:
         },
         "processes": [{**_process(pid, state), "tensor_snapshot": _tensor_snapshot(snap, pid)}
                       for pid, state in sorted(snap.processes.items())],
-        "notifications": _notifications(snap),
+        "notifications": _notifications(None if readers.notifier is None
+                                        else readers.notifier()),
         "job_ends": [end.to_json() for end in reversed(snap.job_ends)],
         "store": None if store is None else {
             "path": store.path, "up": store.up, "error": store.error,
@@ -102,7 +121,7 @@ def _process(pid: int, state: ProcessState) -> dict[str, Any]:
             "devices": dict(r.devices), **_cause(state.diagnosis())}
 
 
-def _tensor_snapshot(snap: Snapshot, pid: int) -> dict[str, Any] | None:
+def _tensor_snapshot(snap: PollState, pid: int) -> dict[str, Any] | None:
     """The process's latest snapshot request: pending, failed, or what grew between the two."""
     result = snap.tensor_snapshot(pid)
     if result is None:
@@ -130,9 +149,8 @@ def _cause(cause: Cause | None) -> dict[str, str | None]:
     return {"cause": cause.code if cause else None, "diagnosis": cause.text if cause else None}
 
 
-def _notifications(snap: Snapshot) -> dict[str, Any] | None:
+def _notifications(h: NotifierHealth | None) -> dict[str, Any] | None:
     """Active alerts and each channel's delivery state; no URL or key ever."""
-    h = snap.notifier
     if h is None:
         return None
     return {"active_alerts": [dict(a) for a in h.active],

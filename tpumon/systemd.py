@@ -14,11 +14,12 @@ import logging
 import os
 import socket
 import time
-from typing import Mapping
+from typing import Callable, Mapping
 
 from tpumon.detect import Verdict
 from tpumon.notify.alerts import describe_duration
-from tpumon.state import Snapshot
+from tpumon.state import PollState
+from tpumon.store.writer import StoreHealth
 
 log = logging.getLogger("tpumon.systemd")
 
@@ -26,8 +27,11 @@ log = logging.getLogger("tpumon.systemd")
 class SystemdNotify:
     """Sends sd_notify messages; never raises (a failed send is logged once)."""
 
-    def __init__(self, env: Mapping[str, str] | None = None) -> None:
+    def __init__(self, env: Mapping[str, str] | None = None,
+                 store: Callable[[], StoreHealth] | None = None) -> None:
+        """``store``: the history store's own health, for the status line (None: none)."""
         env = os.environ if env is None else env
+        self._store = store
         address = env.get("NOTIFY_SOCKET", "")
         self.address = "\0" + address[1:] if address.startswith("@") else address
         self.watchdog_interval = self._watchdog_interval(env)
@@ -50,7 +54,7 @@ class SystemdNotify:
     def enabled(self) -> bool:
         return bool(self.address)
 
-    def after_poll(self, snap: Snapshot) -> None:
+    def after_poll(self, snap: PollState) -> None:
         """READY=1 after the first poll; then WATCHDOG=1 when due and STATUS= when it
         changed. Called by the poll loop, so the watchdog stops when polling stops."""
         if not self.address:
@@ -63,7 +67,7 @@ class SystemdNotify:
         if self.watchdog_interval is not None and now >= self._next_watchdog:
             fields["WATCHDOG"] = "1"
             self._next_watchdog = now + self.watchdog_interval
-        status = status_line(snap)
+        status = status_line(snap, None if self._store is None else self._store())
         if status != self._status:
             fields["STATUS"] = self._status = status
         if fields:
@@ -87,7 +91,7 @@ class SystemdNotify:
                 self._failed = True
 
 
-def status_line(snap: Snapshot) -> str:
+def status_line(snap: PollState, store: StoreHealth | None = None) -> str:
     """What `systemctl status` shows: chips polled, leaks, the nearest OOM, source trouble."""
     answered = len(snap.runtime.chips) if snap.runtime is not None else 0
     leaking = sorted((c for c, a in snap.assessments.items() if a.verdict is Verdict.LEAK),
@@ -102,6 +106,6 @@ def status_line(snap: Snapshot) -> str:
     down = [h.name for h in snap.health if not h.up and h.name != "tpu_runtime"]
     if down:
         parts.append("down: " + ", ".join(down))
-    if snap.store is not None and not snap.store.up:
+    if store is not None and not store.up:
         parts.append("history store not writing")
     return "; ".join(parts)

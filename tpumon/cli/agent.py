@@ -19,7 +19,7 @@ from tpumon.exporters.report_page import ReportPage
 from tpumon.logs import setup_logging
 from tpumon.reload import reload_config
 from tpumon.signals import signals_to_events
-from tpumon.state import Snapshot
+from tpumon.state import PollState
 from tpumon.systemd import SystemdNotify
 
 log = logging.getLogger("tpumon.agent")
@@ -99,16 +99,16 @@ def run_agent(config: Config, simulate: bool, stop: threading.Event,
             ReportPage(assembly.store.state_dir, assembly.identity.host)
         server.attach(assembly.registry, lambda: assembly.state.snapshot, report,
                       None if assembly.reporters is None else
-                      assembly.reporters.request_snapshot)
+                      assembly.reporters.request_snapshot, assembly.readers())
         shown = f"[{host}]" if ":" in host else host
         labels = ", ".join(f"{k}={v or '?'}" for k, v in assembly.identity.labels().items())
         secured = f"; {server.describe()}" if server.describe() else ""
         log.info("tpumon %s serving metrics on %s://%s:%d/metrics (%s%s)", __version__,
                  server.scheme, shown, port, labels, secured)
-        systemd = SystemdNotify()
+        systemd = SystemdNotify(store=assembly.readers().store)
         running = [config]
 
-        def after_poll(snap: Snapshot) -> None:
+        def after_poll(snap: PollState) -> None:
             systemd.after_poll(snap)
             if reload is not None and load is not None and reload.is_set():
                 reload.clear()

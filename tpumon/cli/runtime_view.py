@@ -19,7 +19,7 @@ from tpumon.units import format_bytes
 from tpumon.samples import Histogram
 from tpumon.sources.runtime_catalog import BY_RUNTIME_NAME, CATALOG, MetricSpec, find_spec
 from tpumon.sources.tpu_runtime import DUTY_CYCLE, TOTAL, USAGE
-from tpumon.state import Snapshot
+from tpumon.state import PollState
 
 CORE = {USAGE: ("hbm_usage", "tpumon_hbm_used_bytes"),
         TOTAL: ("hbm_usage", "tpumon_hbm_total_bytes"),
@@ -27,7 +27,7 @@ CORE = {USAGE: ("hbm_usage", "tpumon_hbm_used_bytes"),
 PERCENTILES = (("p50", 0.5), ("p90", 0.9), ("p95", 0.95), ("p99.9", 0.999))
 
 
-def read_runtime(config: Config) -> Snapshot:
+def read_runtime(config: Config) -> PollState:
     """One poll of the runtime (which lists its metrics and reads them at once)."""
     assembly = build(config, history=False)
     try:
@@ -36,11 +36,11 @@ def read_runtime(config: Config) -> Snapshot:
         assembly.close()
 
 
-def runtime_error(snap: Snapshot) -> str | None:
+def runtime_error(snap: PollState) -> str | None:
     return next((h.error for h in snap.health if h.name == "tpu_runtime" and not h.up), None)
 
 
-def list_document(snap: Snapshot) -> list[dict[str, Any]]:
+def list_document(snap: PollState) -> list[dict[str, Any]]:
     """Each metric the runtime lists, with tpu-info's name and tpumon's, where known."""
     rows = []
     for name in snap.runtime.supported if snap.runtime else ():
@@ -50,7 +50,7 @@ def list_document(snap: Snapshot) -> list[dict[str, Any]]:
     return rows
 
 
-def metric_document(snap: Snapshot, spec: MetricSpec) -> dict[str, Any]:
+def metric_document(snap: PollState, spec: MetricSpec) -> dict[str, Any]:
     """The metric's series: label values and the value, or count, mean and percentiles."""
     series = []
     for s in snap.runtime.series if snap.runtime else ():

@@ -1,7 +1,7 @@
 """The agent's HTTP endpoint: /metrics (prometheus-client's WSGI app), a landing page at /,
 and /-/healthy for probes, served by prometheus-client's threading WSGI server.
 
-Scrapes run on their own threads and only read the published snapshot, so a slow
+Scrapes run on their own threads and only read the published poll state, so a slow
 scraper can never delay a poll, and a poll in progress never delays a scrape.
 
 With a web configuration file (exporter.web_config_file, see webconfig.py) the endpoint
@@ -35,9 +35,9 @@ from tpumon.exporters.connections import (HEAD_END, MAX_BODY_BYTES, MAX_HEAD_BYT
                                           REQUEST_SECONDS, Connections, client_gone,
                                           receive_until)
 from tpumon.exporters.webconfig import LiveWebConfig, protect
-from tpumon.state import Snapshot
+from tpumon.state import PollState
 from tpumon.units import format_bytes
-from tpumon.status import status_document
+from tpumon.status import NO_READERS, Readers, status_document
 
 
 log = logging.getLogger("tpumon.exporter")
@@ -111,7 +111,7 @@ _TEMPLATES = jinja2.Environment(loader=jinja2.PackageLoader("tpumon.exporters", 
                                 autoescape=True, undefined=jinja2.StrictUndefined)
 
 
-def landing_page(snap: Snapshot) -> str:
+def landing_page(snap: PollState) -> str:
     """A small human page like node_exporter's: who am I, what do I see, where are metrics."""
     chips = []
     for chip in snap.chips():
@@ -128,9 +128,10 @@ def landing_page(snap: Snapshot) -> str:
         identity=[(k, v) for k, v in snap.identity.labels().items() if v])  # known ones only
 
 
-def _app(registry: CollectorRegistry, get_snapshot: Callable[[], Snapshot],
+def _app(registry: CollectorRegistry, get_snapshot: Callable[[], PollState],
          report: Callable[[], tuple[str, bytes]] | None = None,
-         snapshot_request: snapshot_api.Request | None = None) -> Callable:
+         snapshot_request: snapshot_api.Request | None = None,
+         readers: Readers = NO_READERS) -> Callable:
     metrics_app = make_wsgi_app(registry)
 
     def route(environ: dict, start_response: Callable) -> Iterable[bytes]:
@@ -146,7 +147,7 @@ def _app(registry: CollectorRegistry, get_snapshot: Callable[[], Snapshot],
             start_response("200 OK", [("Content-Type", "text/html; charset=utf-8")])
             return [body]
         if path == "/api/status":
-            body = json.dumps(status_document(get_snapshot())).encode()
+            body = json.dumps(status_document(get_snapshot(), readers=readers)).encode()
             start_response("200 OK", [("Content-Type", "application/json")])
             return [body]
         if path == "/-/healthy":
@@ -281,6 +282,12 @@ def _tls_close(conn: ssl.SSLSocket) -> None:
         conn.close()
 
 
+
+class _Server6(_Server):
+    """The same, listening on an IPv6 address."""
+
+    address_family = socket.AF_INET6
+
 class MetricsServer:
     """Binds HOST:PORT first (so a clash fails before anything else starts), serves at once
     (503 until :meth:`attach` supplies the registry), and stops on :meth:`stop`.
@@ -304,13 +311,15 @@ class MetricsServer:
         """How the endpoint is protected, for the start-up line ('' when it is not)."""
         return self._web.config.describe() if self._web is not None else ""
 
-    def attach(self, registry: CollectorRegistry, get_snapshot: Callable[[], Snapshot],
+    def attach(self, registry: CollectorRegistry, get_snapshot: Callable[[], PollState],
                report: Callable[[], tuple[str, bytes]] | None = None,
-               snapshot_request: snapshot_api.Request | None = None) -> None:
-        """Serve the agent: its registry, its snapshots, ``report`` at /report (the HTML
-        of ``tpumon report``, when the agent keeps a history store) and, with a reporter
-        socket, tensor snapshot requests at /api/snapshot."""
-        self._app = _app(registry, get_snapshot, report, snapshot_request)
+               snapshot_request: snapshot_api.Request | None = None,
+               readers: Readers = NO_READERS) -> None:
+        """Serve the agent: its registry, its poll states, ``report`` at /report (the HTML
+        of ``tpumon report``, when the agent keeps a history store), with a reporter
+        socket tensor snapshot requests at /api/snapshot, and in /api/status the health
+        ``readers`` (the store, the notifiers) give of themselves."""
+        self._app = _app(registry, get_snapshot, report, snapshot_request, readers)
 
     def _dispatch(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
         if self._app is None:
@@ -324,12 +333,11 @@ class MetricsServer:
         if self._web_config_file:
             self._web = LiveWebConfig(self._web_config_file)
         app = self._dispatch if self._web is None else protect(self._dispatch, self._web)
-        server_class = type("Server", (_Server,), {
-            "address_family": socket.AF_INET6 if ":" in host else socket.AF_INET,
-            "web": self._web})
         try:
-            self._server = make_server(host or "0.0.0.0", port, app, server_class,
+            self._server = make_server(host or "0.0.0.0", port, app,
+                                       _Server6 if ":" in host else _Server,
                                        handler_class=_Handler)
+            self._server.web = self._web  # read per connection, so set before serving
         except OSError as exc:
             reason = "address already in use" if exc.errno == errno.EADDRINUSE else exc.strerror
             raise ListenError(f"cannot listen on {self._address} (exporter.listen_address): "
@@ -338,8 +346,8 @@ class MetricsServer:
             self._server.base_environ["HTTPS"] = "on"  # wsgi.url_scheme
         threading.Thread(target=self._server.serve_forever, args=(IDLE_POLL,),
                          name="tpumon-http", daemon=True).start()
-        host, port = self._server.server_address[:2]
-        return str(host), int(port)
+        bound = self._server.server_address
+        return str(bound[0]), int(bound[1])
 
     def stop(self) -> None:
         """Stop serving (a request in progress finishes on its own thread), then close."""

@@ -12,10 +12,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from tpumon.identity import LABELS
 from tpumon.job_ends import CAUSES
-from tpumon.state import Snapshot
+from tpumon.state import PollState
 
 
-def job_end_metrics(snap: Snapshot, ident: list[str]) -> Iterator[Metric]:
+def job_end_metrics(snap: PollState, ident: list[str]) -> Iterator[Metric]:
     ends = CounterMetricFamily("tpumon_job_ends", "Training jobs seen to end on this host, by "
                                "likely cause: hbm_oom, host_oom, exited, unknown "
                                "(docs/job-ends.md).", labels=[*LABELS, "cause"])

@@ -1,7 +1,8 @@
 """Prometheus metrics built at scrape time, one collector per subsystem (as node_exporter's
-collectors): chips, detector, host, sources, reporters, alert settings and build info from
-the agent's published poll snapshot; the history store and the notifiers, where the agent
-has them, from their own health.
+collectors): chips, detector, host, sources, reporters, job ends and build info from the
+agent's published poll state; the history store and the notifiers, where the agent has
+them, from their own health, and the alert thresholds from the settings in force (a
+reload changes them). Nothing a reader of the poll state owns flows back through it.
 
 Custom collectors rather than long-lived Gauge objects: a chip or a process that goes
 away simply stops being exported (no stale series to delete by hand), and a scrape reads
@@ -29,7 +30,8 @@ from tpumon.exporters.runtime_families import RuntimeMetricsCollector
 from tpumon.identity import LABELS
 from tpumon.notify.health import NotifierHealth
 from tpumon.notify.notifier import FAILURE_REASONS, GIVE_UP_REASONS
-from tpumon.state import Snapshot
+from tpumon.notify.settings import AlertSettings
+from tpumon.state import PollState
 from tpumon.store.writer import StoreHealth
 
 IDENTITY = list(LABELS)
@@ -43,7 +45,7 @@ def _counter(name: str, doc: str, labels: list[str]) -> CounterMetricFamily:
     return CounterMetricFamily(name, doc, labels=IDENTITY + labels)
 
 
-def _identity_values(snap: Snapshot) -> list[str]:
+def _identity_values(snap: PollState) -> list[str]:
     return [snap.identity.labels()[k] for k in IDENTITY]
 
 
@@ -51,21 +53,21 @@ class _PollCollector(Collector):
     """One subsystem's families, from the poll's snapshot: one scrape reads one snapshot,
     so its values all come from the same poll."""
 
-    def __init__(self, get_snapshot: Callable[[], Snapshot]) -> None:
+    def __init__(self, get_snapshot: Callable[[], PollState]) -> None:
         self._get_snapshot = get_snapshot
 
     def collect(self) -> Iterator[Metric]:
         snap = self._get_snapshot()
         return self.families(snap, _identity_values(snap))
 
-    def families(self, snap: Snapshot, ident: list[str]) -> Iterator[Metric]:
+    def families(self, snap: PollState, ident: list[str]) -> Iterator[Metric]:
         raise NotImplementedError
 
 
 class ChipCollector(_PollCollector):
     """HBM, duty cycle, up and owner of each chip, as the runtime reported them."""
 
-    def families(self, snap: Snapshot, ident: list[str]) -> Iterator[Metric]:
+    def families(self, snap: PollState, ident: list[str]) -> Iterator[Metric]:
         used = _gauge("tpumon_hbm_used_bytes", "HBM in use on the chip, as libtpu reports it.",
                       ["chip"])
         total = _gauge("tpumon_hbm_total_bytes", "HBM capacity of the chip.", ["chip"])
@@ -100,7 +102,7 @@ class ChipCollector(_PollCollector):
 class DetectorCollector(_PollCollector):
     """The leak detector's view of each chip: floor, growth, forecast, verdict."""
 
-    def families(self, snap: Snapshot, ident: list[str]) -> Iterator[Metric]:
+    def families(self, snap: PollState, ident: list[str]) -> Iterator[Metric]:
         gauges = {
             "floor_bytes": _gauge(
                 "tpumon_hbm_floor_bytes",
@@ -150,7 +152,7 @@ class DetectorCollector(_PollCollector):
 class HostCollector(_PollCollector):
     """Host memory and the resident memory of the processes that own chips."""
 
-    def families(self, snap: Snapshot, ident: list[str]) -> Iterator[Metric]:
+    def families(self, snap: PollState, ident: list[str]) -> Iterator[Metric]:
         host = snap.host
         if host is None:
             return
@@ -173,7 +175,7 @@ class SourceCollector(_PollCollector):
     """Each data source's last poll (node_exporter's scrape_collector_success and
     _duration_seconds, per source), the runtime's ports and its unreadable entries."""
 
-    def families(self, snap: Snapshot, ident: list[str]) -> Iterator[Metric]:
+    def families(self, snap: PollState, ident: list[str]) -> Iterator[Metric]:
         up = _gauge("tpumon_source_up", "1 if the source's last poll succeeded.", ["source"])
         polls = _counter("tpumon_source_polls", "Polls of the source.", ["source"])
         errors = _counter("tpumon_source_errors", "Failed polls of the source.", ["source"])
@@ -201,7 +203,7 @@ class SourceCollector(_PollCollector):
 class ReporterCollector(_PollCollector):
     """Per reporting training process (tpumon.instrument), and the socket's counts."""
 
-    def families(self, snap: Snapshot, ident: list[str]) -> Iterator[Metric]:
+    def families(self, snap: PollState, ident: list[str]) -> Iterator[Metric]:
         if snap.reporter is None:
             return
         yield from self._processes(snap, ident)
@@ -217,7 +219,7 @@ class ReporterCollector(_PollCollector):
         yield from _tensor_growth_metrics(snap, ident)
 
     @staticmethod
-    def _processes(snap: Snapshot, ident: list[str]) -> Iterator[Metric]:
+    def _processes(snap: PollState, ident: list[str]) -> Iterator[Metric]:
         labels = ["pid", "framework", "rank"]
         families = {
             "step": _gauge("tpumon_process_step", "Training step of the last report.", labels),
@@ -293,12 +295,16 @@ class ReporterCollector(_PollCollector):
         yield cause
 
 
-class AlertSettingsCollector(_PollCollector):
+class AlertSettingsCollector(Collector):
     """The alert thresholds this agent uses: the Prometheus rules compare against them, so
-    one configuration drives both paths."""
+    one configuration drives both paths. Read from the settings in force at scrape time."""
 
-    def families(self, snap: Snapshot, ident: list[str]) -> Iterator[Metric]:
-        alerts = snap.alert_settings
+    def __init__(self, get_snapshot: Callable[[], PollState],
+                 settings: Callable[[], AlertSettings]) -> None:
+        self._get_snapshot, self._settings = get_snapshot, settings
+
+    def collect(self) -> Iterator[Metric]:
+        alerts, ident = self._settings(), _identity_values(self._get_snapshot())
         for name, doc, value in (
             ("tpumon_alert_oom_horizon_seconds", "Critical alert when a forecast OOM is "
              "nearer than this (alerts.oom_horizon_hours).", alerts.oom_horizon_seconds),
@@ -317,7 +323,7 @@ class NotifierCollector(Collector):
     """The direct notifiers' (Slack, PagerDuty) deliveries and the alerts they hold, read
     from the notifier itself at scrape time."""
 
-    def __init__(self, get_snapshot: Callable[[], Snapshot],
+    def __init__(self, get_snapshot: Callable[[], PollState],
                  health: Callable[[], NotifierHealth]) -> None:
         self._get_snapshot, self._health = get_snapshot, health
 
@@ -354,7 +360,7 @@ class NotifierCollector(Collector):
 class StoreCollector(Collector):
     """The history store's writes, errors and size, read from the store at scrape time."""
 
-    def __init__(self, get_snapshot: Callable[[], Snapshot],
+    def __init__(self, get_snapshot: Callable[[], PollState],
                  health: Callable[[], StoreHealth]) -> None:
         self._get_snapshot, self._health = get_snapshot, health
 
@@ -389,7 +395,7 @@ class StoreCollector(Collector):
 TOP_TENSOR_GROUPS = 3  # per process: bounded cardinality, the groups that matter
 
 
-def _tensor_growth_metrics(snap: Snapshot, ident: list[str]) -> Iterator[Metric]:
+def _tensor_growth_metrics(snap: PollState, ident: list[str]) -> Iterator[Metric]:
     """What the latest live-tensor snapshot diff of each process found: the top groups that
     grew (``group`` is "f32[]", "bf16[4096,14336]"...; at most TOP_TENSOR_GROUPS each) and
     the share of the HBM growth they explain."""
@@ -423,49 +429,52 @@ def _tensor_growth_metrics(snap: Snapshot, ident: list[str]) -> Iterator[Metric]
 class JobEndCollector(_PollCollector):
     """Training jobs' ends (tpumon.job_ends)."""
 
-    def families(self, snap: Snapshot, ident: list[str]) -> Iterator[Metric]:
+    def families(self, snap: PollState, ident: list[str]) -> Iterator[Metric]:
         return job_end_metrics(snap, ident)
 
 
 class BuildInfoCollector(_PollCollector):
     """tpumon_build_info: the versions tpumon runs with, in labels."""
 
-    def __init__(self, get_snapshot: Callable[[], Snapshot]) -> None:
+    def __init__(self, get_snapshot: Callable[[], PollState]) -> None:
         super().__init__(get_snapshot)
         self._build = [__version__, package_version("tpu-info"), platform.python_version()]
 
-    def families(self, snap: Snapshot, ident: list[str]) -> Iterator[Metric]:
+    def families(self, snap: PollState, ident: list[str]) -> Iterator[Metric]:
         info = _gauge("tpumon_build_info", "tpumon build: always 1, versions in labels.",
                       ["version", "tpu_info_version", "python_version"])
         info.add_metric(ident + self._build, 1)
         yield info
 
 
-def register_collectors(registry: CollectorRegistry, get_snapshot: Callable[[], Snapshot],
+def register_collectors(registry: CollectorRegistry, get_snapshot: Callable[[], PollState],
                         store_health: Callable[[], StoreHealth] | None = None,
-                        notifier_health: Callable[[], NotifierHealth] | None = None) -> None:
+                        notifier_health: Callable[[], NotifierHealth] | None = None,
+                        alert_settings: Callable[[], AlertSettings] = AlertSettings) -> None:
     """tpumon's collectors, one per subsystem: the store's and the notifiers' only where
-    there is one, reading its own health."""
+    there is one, reading its own health; ``alert_settings`` gives the thresholds in force
+    (the defaults unless given)."""
     for collector in (ChipCollector, DetectorCollector, HostCollector, SourceCollector):
         registry.register(collector(get_snapshot))
     if store_health is not None:
         registry.register(StoreCollector(get_snapshot, store_health))
     registry.register(ReporterCollector(get_snapshot))
-    registry.register(AlertSettingsCollector(get_snapshot))
+    registry.register(AlertSettingsCollector(get_snapshot, alert_settings))
     registry.register(JobEndCollector(get_snapshot))
     if notifier_health is not None:
         registry.register(NotifierCollector(get_snapshot, notifier_health))
     registry.register(BuildInfoCollector(get_snapshot))
 
 
-def build_registry(get_snapshot: Callable[[], Snapshot],
+def build_registry(get_snapshot: Callable[[], PollState],
                    store_health: Callable[[], StoreHealth] | None = None,
-                   notifier_health: Callable[[], NotifierHealth] | None = None
+                   notifier_health: Callable[[], NotifierHealth] | None = None,
+                   alert_settings: Callable[[], AlertSettings] = AlertSettings
                    ) -> CollectorRegistry:
     """A registry with tpumon's metrics and the agent's own process and platform metrics."""
     disable_created_metrics()  # *_created gauges per histogram: noise for a per-VM agent
     registry = CollectorRegistry()
-    register_collectors(registry, get_snapshot, store_health, notifier_health)
+    register_collectors(registry, get_snapshot, store_health, notifier_health, alert_settings)
     registry.register(RuntimeMetricsCollector(get_snapshot))
     ProcessCollector(registry=registry)
     PlatformCollector(registry=registry)

@@ -15,13 +15,13 @@ from typing import Iterator
 from prometheus_client.core import GaugeMetricFamily
 
 from tpumon.identity import LABELS
-from tpumon.state import Snapshot
+from tpumon.state import PollState
 
 IDENTITY = list(LABELS)
 
 
-def replay_metrics(snap: Snapshot, ident: list[str]) -> Iterator[GaugeMetricFamily]:
-    """tpumon_runtime_sample_timestamp_seconds and tpumon_chip_step, from the snapshot the
+def replay_metrics(snap: PollState, ident: list[str]) -> Iterator[GaugeMetricFamily]:
+    """tpumon_runtime_sample_timestamp_seconds and tpumon_chip_step, from the poll state the
     scrape's other chip series come from (a poll published between two reads of the
     snapshot would date one poll's HBM by the next one's clock)."""
     stamp = GaugeMetricFamily(

@@ -1,6 +1,6 @@
-"""The runtime's other metrics as Prometheus families, from the published snapshot.
+"""The runtime's other metrics as Prometheus families, from the published poll state.
 
-A collector beside :class:`~tpumon.exporters.prometheus.SnapshotCollector`: one family per
+A collector beside the per-subsystem ones in :mod:`tpumon.exporters.prometheus`: one family per
 entry of :data:`~tpumon.sources.runtime_catalog.CATALOG`, gauges as gauges and the
 runtime's cumulative distributions as histograms (its own bucket bounds, in the base unit;
 percentiles with ``histogram_quantile``), every series with the identity labels. Only the
@@ -20,7 +20,7 @@ from tpumon.identity import LABELS
 from tpumon.samples import Histogram
 from tpumon.sources.runtime_catalog import BY_RUNTIME_NAME, CATALOG
 from tpumon.sources.tpu_runtime import METRICS
-from tpumon.state import Snapshot
+from tpumon.state import PollState
 
 IDENTITY = list(LABELS)
 
@@ -28,7 +28,7 @@ IDENTITY = list(LABELS)
 class RuntimeMetricsCollector(Collector):
     """Yields the catalogue's families from whatever snapshot ``get_snapshot`` returns."""
 
-    def __init__(self, get_snapshot: Callable[[], Snapshot]) -> None:
+    def __init__(self, get_snapshot: Callable[[], PollState]) -> None:
         self._get_snapshot = get_snapshot
 
     def collect(self) -> Iterator[Metric]:

@@ -14,12 +14,12 @@ from urllib.parse import parse_qs
 
 from tpumon.leak_snapshots import snapshot_steps
 from tpumon.sources.snapshots import SnapshotResult
-from tpumon.state import Snapshot
+from tpumon.state import PollState
 
 Request = Callable[[int, int, str], SnapshotResult]
 
 
-def handle(environ: Mapping[str, Any], snap: Snapshot,
+def handle(environ: Mapping[str, Any], snap: PollState,
            request: Request | None) -> tuple[str, dict[str, Any]]:
     """(HTTP status, JSON document) for one POST."""
     if environ.get("REQUEST_METHOD") != "POST":
@@ -42,7 +42,7 @@ def handle(environ: Mapping[str, Any], snap: Snapshot,
                     "pending": result.pending, "error": result.error}
 
 
-def _chosen_pid(snap: Snapshot, pid: int | None) -> int:
+def _chosen_pid(snap: PollState, pid: int | None) -> int:
     """The process asked for, or the only one that can answer."""
     able = sorted(p for p, s in snap.processes.items()
                   if s.report.snapshots and not s.report.exited)

@@ -18,7 +18,8 @@ Supported, with the exporter-toolkit's meaning and defaults::
     basic_auth_users:                  # user: bcrypt hash
       alice: $2y$10$...
 
-Rejected with one line naming the file and the key: unknown keys (and duplicates), what
+The format itself is declared in webconfig_file.py (a pydantic schema). Rejected with one
+line naming the file and the key: unknown keys (and duplicates), what
 Python's ssl module cannot do (RequestClientCert and RequireAnyClientCert, which ask for a
 client certificate without verifying it; TLS10 and TLS11; curve_preferences), keys of newer
 exporter-toolkit versions that Prometheus 2.42's promtool does not know either, client
@@ -35,7 +36,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import difflib
 import hashlib
 import hmac
 import logging
@@ -45,312 +45,23 @@ import ssl
 import threading
 import time
 from collections import OrderedDict, deque
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 import bcrypt
-import yaml
 
 from tpumon.config import ConfigError
+from tpumon.exporters.webconfig_file import (CIPHERS_TLS12, CIPHERS_TLS13, CLIENT_AUTH,
+                                             TLS_VERSIONS, TLSSettings, WebConfig,
+                                             load_web_config)
+
+__all__ = ["CIPHERS_TLS12", "CIPHERS_TLS13", "BasicAuth", "LiveWebConfig", "WebConfig",
+           "build_ssl_context", "load_web_config", "protect"]
 
 log = logging.getLogger("tpumon.exporter")
 
-CLIENT_AUTH = {
-    "": ssl.CERT_NONE,
-    "NoClientCert": ssl.CERT_NONE,
-    "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
-    "RequireAndVerifyClientCert": ssl.CERT_REQUIRED,
-}
-# Go asks for a certificate and takes any; OpenSSL verifies every certificate it asks for.
-UNSUPPORTED_CLIENT_AUTH = ("RequestClientCert", "RequireAnyClientCert", "RequireClientCert")
-TLS_VERSIONS = {"TLS12": ssl.TLSVersion.TLSv1_2, "TLS13": ssl.TLSVersion.TLSv1_3}
-OLD_TLS_VERSIONS = ("TLS10", "TLS11")
-# Go's tls.CipherSuites() names (the ones the exporter-toolkit accepts) -> OpenSSL's names.
-CIPHERS_TLS12 = {
-    "TLS_RSA_WITH_AES_128_CBC_SHA": "AES128-SHA",
-    "TLS_RSA_WITH_AES_256_CBC_SHA": "AES256-SHA",
-    "TLS_RSA_WITH_AES_128_GCM_SHA256": "AES128-GCM-SHA256",
-    "TLS_RSA_WITH_AES_256_GCM_SHA384": "AES256-GCM-SHA384",
-    "TLS_ECDHE_ECDSA_WITH_AES_128_CBC_SHA": "ECDHE-ECDSA-AES128-SHA",
-    "TLS_ECDHE_ECDSA_WITH_AES_256_CBC_SHA": "ECDHE-ECDSA-AES256-SHA",
-    "TLS_ECDHE_RSA_WITH_AES_128_CBC_SHA": "ECDHE-RSA-AES128-SHA",
-    "TLS_ECDHE_RSA_WITH_AES_256_CBC_SHA": "ECDHE-RSA-AES256-SHA",
-    "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256": "ECDHE-ECDSA-AES128-GCM-SHA256",
-    "TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384": "ECDHE-ECDSA-AES256-GCM-SHA384",
-    "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256": "ECDHE-RSA-AES128-GCM-SHA256",
-    "TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384": "ECDHE-RSA-AES256-GCM-SHA384",
-    "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256": "ECDHE-RSA-CHACHA20-POLY1305",
-    "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256": "ECDHE-ECDSA-CHACHA20-POLY1305",
-}
-# TLS 1.3's suites are not configurable, in Go as in OpenSSL's cipher list: accepted, no effect.
-CIPHERS_TLS13 = ("TLS_AES_128_GCM_SHA256", "TLS_AES_256_GCM_SHA384",
-                 "TLS_CHACHA20_POLY1305_SHA256")
-# The only headers the exporter-toolkit lets a file set, and the values it allows (None: any).
-HEADERS: dict[str, tuple[str, ...] | None] = {
-    "Strict-Transport-Security": None,
-    "X-Content-Type-Options": ("nosniff",),
-    "X-Frame-Options": ("deny", "sameorigin"),
-    "X-XSS-Protection": None,
-    "Content-Security-Policy": None,
-}
-TLS_KEYS = ("cert_file", "key_file", "client_auth_type", "client_ca_file", "cipher_suites",
-            "curve_preferences", "min_version", "max_version", "prefer_server_cipher_suites")
-HTTP_KEYS = ("http2", "headers")
-TOP_KEYS = ("tls_server_config", "http_server_config", "basic_auth_users")
-# Keys of later exporter-toolkit versions (after the one in Prometheus 2.42's promtool).
-NEWER_KEYS = {"tls_server_config.cert", "tls_server_config.key", "tls_server_config.client_ca",
-              "tls_server_config.client_allowed_sans", "rate_limit"}
-BCRYPT_HASH = re.compile(rb"^\$2[abxy]?\$(\d\d)\$[./A-Za-z0-9]{53}$")
 BCRYPT_MAX_PASSWORD = 72  # bytes; bcrypt ignores the rest, so longer ones are refused
 REALM = "tpumon"
-
-
-@dataclass(frozen=True)
-class TLSSettings:
-    cert_file: Path
-    key_file: Path
-    client_auth_type: str = "NoClientCert"
-    client_ca_file: Path | None = None
-    min_version: str = "TLS12"
-    max_version: str = "TLS13"
-    cipher_suites: tuple[str, ...] = ()
-    prefer_server_cipher_suites: bool = True
-
-    def files(self) -> tuple[Path, ...]:
-        return (self.cert_file, self.key_file) + (
-            (self.client_ca_file,) if self.client_ca_file else ())
-
-
-@dataclass(frozen=True)
-class WebConfig:
-    """One web configuration file, parsed and checked (the files it names not yet read)."""
-
-    path: Path
-    tls: TLSSettings | None = None
-    users: Mapping[str, bytes] = field(default_factory=dict)  # user -> bcrypt hash
-    headers: tuple[tuple[str, str], ...] = ()
-    http2: bool = True
-
-    def describe(self) -> str:
-        """'TLS, client certificate required, basic auth (2 users)': for the start-up line."""
-        parts = ["TLS" if self.tls else "no TLS"]
-        if self.tls and self.tls.client_auth_type == "RequireAndVerifyClientCert":
-            parts.append("client certificate required")
-        elif self.tls and self.tls.client_auth_type == "VerifyClientCertIfGiven":
-            parts.append("client certificate verified if given")
-        if self.users:
-            parts.append(f"basic auth ({len(self.users)} user{'s' * (len(self.users) > 1)})")
-        return ", ".join(parts)
-
-
-class _StrictLoader(yaml.SafeLoader):
-    """YAML's safe loader, refusing duplicate keys like Go's yaml.UnmarshalStrict."""
-
-
-def _no_duplicates(loader: _StrictLoader, node: yaml.MappingNode) -> dict:
-    seen: set = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=True)
-        try:
-            duplicate = key in seen
-            seen.add(key)
-        except TypeError:  # an unhashable key: the constructor below says so
-            continue
-        if duplicate:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"key {key!r} given twice", key_node.start_mark)
-    return loader.construct_mapping(node, deep=True)
-
-
-_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _no_duplicates)
-
-
-def load_web_config(path: str | os.PathLike[str]) -> WebConfig:
-    """Read and check a web configuration file; ConfigError (one line) on any problem."""
-    path = Path(path)
-    where = f"web config file {path}"
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"{where} (exporter.web_config_file): cannot read it: "
-                          f"{exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{where}: not UTF-8 text") from None
-    try:
-        data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{where}: invalid YAML{_yaml_where(exc)}") from None
-    if data is None:
-        data = {}
-    top = _mapping(data, "", where)
-    _known_keys(top, TOP_KEYS, "", where)
-    tls = _tls_settings(_mapping(top.get("tls_server_config"), "tls_server_config", where),
-                        path.parent, where)
-    http = _mapping(top.get("http_server_config"), "http_server_config", where)
-    _known_keys(http, HTTP_KEYS, "http_server_config.", where)
-    http2 = http.get("http2", True)
-    if not isinstance(http2, bool):
-        raise ConfigError(f"{where}: http_server_config.http2 must be true or false")
-    return WebConfig(path=path, tls=tls, http2=http2,
-                     headers=_headers(_mapping(http.get("headers"),
-                                               "http_server_config.headers", where), where),
-                     users=_users(_mapping(top.get("basic_auth_users"), "basic_auth_users",
-                                           where), where))
-
-
-def _yaml_where(exc: yaml.YAMLError) -> str:
-    mark = getattr(exc, "problem_mark", None)
-    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-    at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-    return f"{at}: {problem}"
-
-
-def _mapping(value: Any, name: str, where: str) -> dict:
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise ConfigError(f"{where}: {name or 'the file'} must be a mapping of keys to values")
-    return value
-
-
-def _known_keys(table: dict, known: Iterable[str], prefix: str, where: str) -> None:
-    known = list(known)
-    for key in table:
-        dotted = f"{prefix}{key}"
-        if dotted in NEWER_KEYS:
-            raise ConfigError(f"{where}: {dotted} is not supported by tpumon (it follows the "
-                              "web configuration format of Prometheus 2.42's promtool)")
-        if key not in known:
-            hint = difflib.get_close_matches(str(key), known, n=1)
-            suffix = f" (did you mean '{prefix}{hint[0]}'?)" if hint else ""
-            raise ConfigError(f"{where}: unknown key '{dotted}'{suffix}")
-
-
-def _string(table: dict, key: str, prefix: str, where: str) -> str:
-    value = table.get(key, "")
-    if value is None:
-        return ""
-    if not isinstance(value, str):
-        raise ConfigError(f"{where}: {prefix}{key} must be a string")
-    return value
-
-
-def _tls_settings(table: dict, base: Path, where: str) -> TLSSettings | None:
-    p = "tls_server_config."
-    _known_keys(table, TLS_KEYS, p, where)
-    cert, key = _string(table, "cert_file", p, where), _string(table, "key_file", p, where)
-    auth = _string(table, "client_auth_type", p, where)
-    ca = _string(table, "client_ca_file", p, where)
-    if table.get("curve_preferences"):
-        raise ConfigError(f"{where}: {p}curve_preferences is not supported by tpumon "
-                          "(Python's ssl module cannot set a list of curves); remove it to "
-                          "use OpenSSL's defaults (X25519, P-256, P-384, P-521)")
-    versions = _tls_versions(table, p, where)
-    suites = _cipher_suites(table, p, where)
-    prefer = table.get("prefer_server_cipher_suites", True)
-    if not isinstance(prefer, bool):
-        raise ConfigError(f"{where}: {p}prefer_server_cipher_suites must be true or false")
-    if not (cert or key or auth or ca):
-        return None  # as in the exporter-toolkit: no TLS (other keys have no effect then)
-    if not cert:
-        raise ConfigError(f"{where}: {p}cert_file is missing")
-    if not key:
-        raise ConfigError(f"{where}: {p}key_file is missing")
-    _check_client_auth(auth, ca, p, where)
-    return TLSSettings(cert_file=base / cert, key_file=base / key,
-                       client_auth_type=auth or "NoClientCert",
-                       client_ca_file=base / ca if ca else None,
-                       min_version=versions["min_version"], max_version=versions["max_version"],
-                       cipher_suites=tuple(suites), prefer_server_cipher_suites=prefer)
-
-
-def _tls_versions(table: dict, p: str, where: str) -> dict[str, str]:
-    versions = {}
-    for name, default in (("min_version", "TLS12"), ("max_version", "TLS13")):
-        value = _string(table, name, p, where) or default
-        if value in OLD_TLS_VERSIONS:
-            raise ConfigError(f"{where}: {p}{name} {value} is not supported by tpumon "
-                              "(TLS 1.0 and 1.1 are off in OpenSSL 3); use TLS12 or TLS13")
-        if value not in TLS_VERSIONS:
-            raise ConfigError(f"{where}: {p}{name}: unknown TLS version {value!r} "
-                              "(TLS12 or TLS13)")
-        versions[name] = value
-    if TLS_VERSIONS[versions["min_version"]] > TLS_VERSIONS[versions["max_version"]]:
-        raise ConfigError(f"{where}: {p}min_version is above max_version")
-    return versions
-
-
-def _cipher_suites(table: dict, p: str, where: str) -> list[str]:
-    suites = table.get("cipher_suites") or []
-    if not isinstance(suites, list) or not all(isinstance(s, str) for s in suites):
-        raise ConfigError(f"{where}: {p}cipher_suites must be a list of names")
-    for suite in suites:
-        if suite not in CIPHERS_TLS12 and suite not in CIPHERS_TLS13:
-            raise ConfigError(f"{where}: {p}cipher_suites: unknown or insecure cipher suite "
-                              f"{suite!r} (Go's names, such as "
-                              "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256)")
-    return suites
-
-
-def _check_client_auth(auth: str, ca: str, p: str, where: str) -> None:
-    if auth in UNSUPPORTED_CLIENT_AUTH:
-        raise ConfigError(f"{where}: {p}client_auth_type {auth} is not supported by tpumon "
-                          "(OpenSSL verifies every client certificate it asks for); use "
-                          "VerifyClientCertIfGiven or RequireAndVerifyClientCert with "
-                          "client_ca_file")
-    if auth not in CLIENT_AUTH:
-        raise ConfigError(f"{where}: {p}client_auth_type: unknown policy {auth!r} "
-                          f"(one of {', '.join(k for k in CLIENT_AUTH if k)})")
-    if ca and CLIENT_AUTH[auth] == ssl.CERT_NONE:
-        raise ConfigError(f"{where}: {p}client_ca_file is set but client_auth_type is "
-                          "NoClientCert (set RequireAndVerifyClientCert)")
-    if not ca and CLIENT_AUTH[auth] != ssl.CERT_NONE:
-        raise ConfigError(f"{where}: {p}client_auth_type {auth} needs client_ca_file (tpumon "
-                          "does not trust the system's CAs for client certificates)")
-
-
-def _headers(table: dict, where: str) -> tuple[tuple[str, str], ...]:
-    headers = []
-    for name, value in table.items():
-        if name not in HEADERS:
-            raise ConfigError(f"{where}: http_server_config.headers: header {name!r} cannot be "
-                              f"configured (only {', '.join(HEADERS)})")
-        value = "" if value is None else value
-        if not isinstance(value, str) or "\n" in value or "\r" in value:
-            raise ConfigError(f"{where}: http_server_config.headers.{name} must be a one-line "
-                              "string")
-        allowed = HEADERS[name]
-        if allowed and value and value not in allowed:
-            raise ConfigError(f"{where}: http_server_config.headers.{name} must be one of "
-                              f"{', '.join(allowed)} (got {value!r})")
-        if value:  # blank: unset, as in the exporter-toolkit
-            headers.append((name, value))
-    return tuple(headers)
-
-
-def _users(table: dict, where: str) -> dict[str, bytes]:
-    users = {}
-    for user, hashed in table.items():
-        if not isinstance(user, str):
-            raise ConfigError(f"{where}: basic_auth_users: user name {user!r} must be a string "
-                              "(quote it)")
-        name = f"basic_auth_users.{user}"
-        # Never echo the value: it may be a plain password put there by mistake.
-        if not isinstance(hashed, str):
-            raise ConfigError(f"{where}: {name} must be a bcrypt hash string")
-        raw = hashed.strip().encode()
-        match = BCRYPT_HASH.match(raw)
-        if not match:
-            raise ConfigError(f"{where}: {name} is not a bcrypt hash (like $2y$10$ and 53 "
-                              "characters; see 'Securing the endpoint' in docs/deploy.md)")
-        if not 4 <= int(match.group(1)) <= 31:
-            raise ConfigError(f"{where}: {name}: bcrypt cost {int(match.group(1))} is outside "
-                              "4-31")
-        if raw.startswith(b"$2$"):  # the original prefix, which Go accepts and reads as 2a
-            raw = b"$2a$" + raw[3:]
-        users[user] = raw
-    return users
 
 
 def build_ssl_context(tls: TLSSettings, where: str) -> ssl.SSLContext:

@@ -3,7 +3,7 @@
 The agent's direct notifiers page on the same conditions, under the same names, as the
 Prometheus rules in deploy/prometheus/ (docs/alerts.md): a site that routes through
 Alertmanager and a small team whose agents post to Slack themselves read the same alerts.
-Everything here is computed from a Snapshot and the times in it, so it is deterministic
+Everything here is computed from a PollState and the times in it, so it is deterministic
 and testable without clocks; hold-downs keep a condition that flickers at its threshold
 from paging twice.
 """
@@ -17,7 +17,7 @@ from typing import Any, Iterable, Mapping
 
 from tpumon.detect import Assessment, Verdict, describe_growth
 from tpumon.notify.settings import AlertSettings
-from tpumon.state import Snapshot
+from tpumon.state import PollState
 
 log = logging.getLogger("tpumon.notify")
 
@@ -96,7 +96,7 @@ def describe_duration(seconds: float) -> str:
     return f"{minutes / 1440:.1f} d"
 
 
-def evaluate(snap: Snapshot, settings: AlertSettings) -> dict[str, Alert]:
+def evaluate(snap: PollState, settings: AlertSettings) -> dict[str, Alert]:
     """Every condition that holds in this snapshot, by key (before any hold-down)."""
     found: dict[str, Alert] = {}
     answered = snap.runtime.chips if snap.runtime is not None else {}
@@ -112,7 +112,7 @@ def evaluate(snap: Snapshot, settings: AlertSettings) -> dict[str, Alert]:
     return found
 
 
-def _alert(snap: Snapshot, name: str, subject: str, summary: str, details: dict,
+def _alert(snap: PollState, name: str, subject: str, summary: str, details: dict,
            settings: AlertSettings, chip: str = "") -> Alert:
     ident = snap.identity
     fill = dict(host=ident.host, worker=ident.worker, slice=ident.slice, chip=chip)
@@ -129,7 +129,7 @@ def _interval(low: float | None, high: float | None) -> list[float | None] | Non
     return None if low is None and high is None else [low, high]
 
 
-def _chip_alerts(snap: Snapshot, chip: str, a: Assessment, now: float,
+def _chip_alerts(snap: PollState, chip: str, a: Assessment, now: float,
                  settings: AlertSettings) -> Iterable[Alert]:
     cause = snap.chip_cause(chip)
     details = {"chip": chip, "verdict": a.verdict.value, "step": snap.chip_steps.get(chip),
@@ -165,7 +165,7 @@ def _chip_alerts(snap: Snapshot, chip: str, a: Assessment, now: float,
                          f"{100 * ratio:.1f}% of capacity", details, settings, chip)
 
 
-def _tensor_details(snap: Snapshot, chip: str, settings: AlertSettings) -> dict[str, Any]:
+def _tensor_details(snap: PollState, chip: str, settings: AlertSettings) -> dict[str, Any]:
     """What the chip's process's tensor snapshots found, or that they are on their way
     (the agent asks for them when the leak is called; the warning waits a little)."""
     pid = snap.chip_processes.get(chip)
@@ -178,7 +178,7 @@ def _tensor_details(snap: Snapshot, chip: str, settings: AlertSettings) -> dict[
     return {"tensors": snap.tensor_summary(pid), "tensors_pending": True if coming else None}
 
 
-def _stalls(snap: Snapshot, settings: AlertSettings) -> Iterable[Alert]:
+def _stalls(snap: PollState, settings: AlertSettings) -> Iterable[Alert]:
     """Reporting processes with no step for the stall time while their chips (or, when
     none is attributed, this host's chips) hold memory."""
     chips = snap.runtime.chips if snap.runtime is not None else {}
@@ -197,7 +197,7 @@ def _stalls(snap: Snapshot, settings: AlertSettings) -> Iterable[Alert]:
                           "hbm_held_bytes": held, "chips": ",".join(mine)}, settings)
 
 
-def _ends(snap: Snapshot, settings: AlertSettings) -> Iterable[Alert]:
+def _ends(snap: PollState, settings: AlertSettings) -> Iterable[Alert]:
     """Each job that ended in the last hour: one notification an end (its key names the
     pid and when it ended, so a later job under a reused pid is another)."""
     for end in snap.job_ends:
@@ -237,11 +237,10 @@ class AlertLog:
     agent does when no Slack or PagerDuty is configured (then no notifier runs)."""
 
     def __init__(self, settings: AlertSettings) -> None:
-        self._tracker = AlertTracker(settings)
+        self.tracker = AlertTracker(settings)  # a reload sets tracker.settings
 
-    def __call__(self, snap: Snapshot) -> None:
-        self._tracker.settings = snap.alert_settings  # follows a reload
-        for t in self._tracker.update(snap):
+    def __call__(self, snap: PollState) -> None:
+        for t in self.tracker.update(snap):
             log_transition(t)
 
 
@@ -259,7 +258,7 @@ class AlertTracker:
         self._pending: dict[str, float] = {}  # key -> since when its condition holds
         self._clearing: dict[str, float] = {}  # key -> since when an active one is false
 
-    def update(self, snap: Snapshot) -> list[Transition]:
+    def update(self, snap: PollState) -> list[Transition]:
         now = snap.time
         holding = evaluate(snap, self.settings)
         out: list[Transition] = []

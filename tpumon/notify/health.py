@@ -1,5 +1,6 @@
 """What the notifier tells the rest of the agent (metrics, status): counts and the active
-alerts, never a URL or a key. Kept free of imports so the state can carry it."""
+alerts, never a URL or a key. Read from the notifier by its collector and the status
+document, never carried by the poll state (the notifier reads that state)."""
 
 from __future__ import annotations
 

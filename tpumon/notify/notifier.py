@@ -1,4 +1,4 @@
-"""The notifier thread: alerts from the published snapshots, through the outbox, to Slack
+"""The notifier thread: alerts from the published poll states, through the outbox, to Slack
 and PagerDuty, without ever holding up a poll or a scrape.
 
 It reads the agent's state like an exporter does (data flows sources -> detector -> state
@@ -27,11 +27,11 @@ from tpumon.notify.alerts import AlertTracker, Transition, log_transition
 from tpumon.notify.health import ChannelHealth, NotifierHealth
 from tpumon.notify.outbox import Event, Outbox
 from tpumon.notify.post import DELIVERED, REJECTED, Outcome, post_json
-from tpumon.state import Snapshot
+from tpumon.state import PollState
 
 log = logging.getLogger("tpumon.notify")
 
-IDLE_WAIT = 0.5          # seconds between looks at the snapshot when nothing is due
+IDLE_WAIT = 0.5          # seconds between looks at the poll state when nothing is due
 PURGE_EVERY = 3600.0
 GIVE_UP_REASONS = ("rejected", "expired")
 FAILURE_REASONS = ("rate_limited", "server_error", "network")
@@ -63,7 +63,7 @@ class _Progress:
 class Notifier:
     """Runs the alert tracker on each new snapshot and delivers the outbox."""
 
-    def __init__(self, get_snapshot: Callable[[], Snapshot], tracker: AlertTracker,
+    def __init__(self, get_snapshot: Callable[[], PollState], tracker: AlertTracker,
                  outbox: Outbox, channels: Sequence[Channel], *, timeout: float = 10.0,
                  backoff_base: float = 1.0, backoff_max: float = 300.0,
                  max_age: float = 86400.0, clock: Callable[[], float] = time.time) -> None:
@@ -113,7 +113,8 @@ class Notifier:
         self.channels = list(channels)
 
     def health(self) -> NotifierHealth:
-        """For the next snapshot: each channel's counts, and the alerts active now."""
+        """For its collector and the status document: each channel's counts, and the alerts
+        active now (read from here, never carried by the poll state)."""
         channels = tuple(ChannelHealth(name, p.failures_in_row == 0, p.pending, p.delivered,
                                        dict(p.failures), dict(p.given_up), p.last_error,
                                        p.last_delivery)

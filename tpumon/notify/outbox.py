@@ -55,7 +55,7 @@ class Event:
     channel: str
     action: str
     alert: Alert
-    raised: float   # when the transition happened (the snapshot's time)
+    raised: float   # when the transition happened (the poll state's time)
     created: float  # when it was written down
     attempts: int
 

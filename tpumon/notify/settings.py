@@ -1,5 +1,6 @@
-"""The [alerts] thresholds, in a module of their own: the published snapshot carries them
-(a SIGHUP reload changes them), so they must not depend on the snapshot's module."""
+"""The [alerts] thresholds, in a module of their own: the alert trackers hold them (a
+SIGHUP reload changes them) and the exporter reads them from there, so the exported
+thresholds the Prometheus rules compare against are the ones the agent pages on."""
 
 from __future__ import annotations
 

@@ -1,0 +1,165 @@
+"""No import cycle in tpumon, and data flows one way: sources -> detector -> state ->
+exporters, notifiers, store. Checked statically over the source (no import runs), for
+the imports a module makes when it loads (top level, ``try`` and ``if`` included;
+``if TYPE_CHECKING:`` and imports inside functions left out, since they never run at load).
+
+Two levels: modules (``tpumon.notify.alerts``), and the units under ``tpumon``
+(``tpumon.notify``, ``tpumon.state``): a unit that imports another which imports it back
+is a knot even when no two modules close the loop (the poll state once carried the
+notifier's health while the notifier read the poll state)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+import tpumon
+
+ROOT = Path(tpumon.__file__).parent
+
+#: What reads the poll state: the poll state imports none of them.
+READERS_OF_STATE = {"tpumon.notify", "tpumon.store", "tpumon.exporters", "tpumon.status",
+                    "tpumon.systemd", "tpumon.cli", "tpumon.agent", "tpumon.bootstrap"}
+
+
+def modules() -> dict[str, Path]:
+    """Every module of the package by dotted name (a package by its __init__.py)."""
+    found = {}
+    for path in ROOT.rglob("*.py"):
+        parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        found[".".join(parts)] = path
+    return found
+
+
+def _load_time_imports(body: list[ast.stmt]) -> Iterator[ast.Import | ast.ImportFrom]:
+    for node in body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        elif isinstance(node, ast.If):
+            test = node.test
+            name = test.id if isinstance(test, ast.Name) else getattr(test, "attr", "")
+            if name != "TYPE_CHECKING":
+                yield from _load_time_imports(node.body)
+            yield from _load_time_imports(node.orelse)
+        elif isinstance(node, ast.Try):
+            for block in (node.body, node.orelse, node.finalbody,
+                          *(h.body for h in node.handlers)):
+                yield from _load_time_imports(block)
+
+
+def _imported_names(module: str, is_package: bool, node: ast.Import | ast.ImportFrom
+                    ) -> list[str]:
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    base = node.module or ""
+    if node.level:  # relative: from the module's package, up level - 1
+        package = module.split(".") if is_package else module.split(".")[:-1]
+        package = package[:len(package) - node.level + 1]
+        base = ".".join(package + ([base] if base else []))
+    return [base] + [f"{base}.{alias.name}" for alias in node.names]
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the tpumon modules it imports when loaded (packages on the way included,
+    as Python runs their __init__ first; a module's own packages left out)."""
+    known = modules()
+    graph: dict[str, set[str]] = {}
+    for module, path in known.items():
+        deps = set()
+        for node in _load_time_imports(ast.parse(path.read_text()).body):
+            for name in _imported_names(module, path.name == "__init__.py", node):
+                parts = name.split(".")
+                for i in range(1, len(parts) + 1):
+                    dep = ".".join(parts[:i])
+                    if dep in known and dep != module and not module.startswith(dep + "."):
+                        deps.add(dep)
+        graph[module] = deps
+    return graph
+
+
+def units(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The graph between tpumon's units (its subpackages and top-level modules)."""
+    def unit(module: str) -> str:
+        return ".".join(module.split(".")[:2])
+
+    out: dict[str, set[str]] = {}
+    for module, deps in graph.items():
+        out.setdefault(unit(module), set()).update(
+            unit(d) for d in deps if unit(d) != unit(module))
+    return out
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one node (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_the_checker_finds_a_cycle():
+    """The check can fail: a loop three deep, and one between units."""
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    graph = {"tpumon.notify.alerts": {"tpumon.state"}, "tpumon.notify.health": set(),
+             "tpumon.state": {"tpumon.notify.health"}}
+    assert cycles(graph) == []
+    assert cycles(units(graph)) == [["tpumon.notify", "tpumon.state"]]
+
+
+def test_the_graph_sees_tpumons_imports():
+    graph = import_graph()
+    assert "tpumon.state" in graph["tpumon.agent"]
+    assert "tpumon.notify.alerts" in graph["tpumon.agent"]
+    assert "tpumon.notify" in graph["tpumon.agent"]  # its package's __init__ runs first
+
+
+@pytest.mark.parametrize("level", ["modules", "units"])
+def test_no_import_cycle(level):
+    graph = import_graph()
+    found = cycles(graph if level == "modules" else units(graph))
+    assert not found, f"import cycles between {level}: {found}"
+
+
+def test_the_poll_state_imports_none_of_its_readers():
+    """sources -> detector -> state -> readers: the state knows nothing of who reads it."""
+    state = units(import_graph())["tpumon.state"]
+    assert not state & READERS_OF_STATE, sorted(state & READERS_OF_STATE)

@@ -1,0 +1,180 @@
+"""The web configuration file (the exporter-toolkit's format, as Prometheus 2.42's promtool
+checks it): read, checked against its schema (``webconfig_schema.py``: pydantic models
+that forbid unknown keys and check types and values), and turned into the settings
+``webconfig.py`` builds the TLS context and serves with. The first problem is one
+ConfigError line naming the file and the key.
+
+What Python's ssl module cannot honour is refused here, with the reason, rather than
+emulated: asking for a client certificate without verifying it, TLS 1.0 and 1.1 (off in
+OpenSSL 3), a list of curves; and keys of newer exporter-toolkit versions.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import ssl
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Mapping
+
+import yaml
+
+from tpumon.config import ConfigError
+
+if TYPE_CHECKING:
+    from tpumon.exporters.webconfig_schema import WebConfigFile
+
+CLIENT_AUTH = {
+    "": ssl.CERT_NONE,
+    "NoClientCert": ssl.CERT_NONE,
+    "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
+    "RequireAndVerifyClientCert": ssl.CERT_REQUIRED,
+}
+# Go asks for a certificate and takes any; OpenSSL verifies every certificate it asks for.
+UNSUPPORTED_CLIENT_AUTH = ("RequestClientCert", "RequireAnyClientCert", "RequireClientCert")
+TLS_VERSIONS = {"TLS12": ssl.TLSVersion.TLSv1_2, "TLS13": ssl.TLSVersion.TLSv1_3}
+OLD_TLS_VERSIONS = ("TLS10", "TLS11")
+# Go's tls.CipherSuites() names (the ones the exporter-toolkit accepts) -> OpenSSL's names.
+CIPHERS_TLS12 = {
+    "TLS_RSA_WITH_AES_128_CBC_SHA": "AES128-SHA",
+    "TLS_RSA_WITH_AES_256_CBC_SHA": "AES256-SHA",
+    "TLS_RSA_WITH_AES_128_GCM_SHA256": "AES128-GCM-SHA256",
+    "TLS_RSA_WITH_AES_256_GCM_SHA384": "AES256-GCM-SHA384",
+    "TLS_ECDHE_ECDSA_WITH_AES_128_CBC_SHA": "ECDHE-ECDSA-AES128-SHA",
+    "TLS_ECDHE_ECDSA_WITH_AES_256_CBC_SHA": "ECDHE-ECDSA-AES256-SHA",
+    "TLS_ECDHE_RSA_WITH_AES_128_CBC_SHA": "ECDHE-RSA-AES128-SHA",
+    "TLS_ECDHE_RSA_WITH_AES_256_CBC_SHA": "ECDHE-RSA-AES256-SHA",
+    "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256": "ECDHE-ECDSA-AES128-GCM-SHA256",
+    "TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384": "ECDHE-ECDSA-AES256-GCM-SHA384",
+    "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256": "ECDHE-RSA-AES128-GCM-SHA256",
+    "TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384": "ECDHE-RSA-AES256-GCM-SHA384",
+    "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256": "ECDHE-RSA-CHACHA20-POLY1305",
+    "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256": "ECDHE-ECDSA-CHACHA20-POLY1305",
+}
+# TLS 1.3's suites are not configurable, in Go as in OpenSSL's cipher list: accepted, no effect.
+CIPHERS_TLS13 = ("TLS_AES_128_GCM_SHA256", "TLS_AES_256_GCM_SHA384",
+                 "TLS_CHACHA20_POLY1305_SHA256")
+# The only headers the exporter-toolkit lets a file set, and the values it allows (None: any).
+HEADERS: dict[str, tuple[str, ...] | None] = {
+    "Strict-Transport-Security": None,
+    "X-Content-Type-Options": ("nosniff",),
+    "X-Frame-Options": ("deny", "sameorigin"),
+    "X-XSS-Protection": None,
+    "Content-Security-Policy": None,
+}
+# Keys of later exporter-toolkit versions (after the one in Prometheus 2.42's promtool).
+NEWER_KEYS = {"tls_server_config.cert", "tls_server_config.key", "tls_server_config.client_ca",
+              "tls_server_config.client_allowed_sans", "rate_limit"}
+BCRYPT_HASH = re.compile(r"^\$2[abxy]?\$(\d\d)\$[./A-Za-z0-9]{53}$")
+
+
+@dataclass(frozen=True)
+class TLSSettings:
+    cert_file: Path
+    key_file: Path
+    client_auth_type: str = "NoClientCert"
+    client_ca_file: Path | None = None
+    min_version: str = "TLS12"
+    max_version: str = "TLS13"
+    cipher_suites: tuple[str, ...] = ()
+    prefer_server_cipher_suites: bool = True
+
+    def files(self) -> tuple[Path, ...]:
+        return (self.cert_file, self.key_file) + (
+            (self.client_ca_file,) if self.client_ca_file else ())
+
+
+@dataclass(frozen=True)
+class WebConfig:
+    """One web configuration file, parsed and checked (the files it names not yet read)."""
+
+    path: Path
+    tls: TLSSettings | None = None
+    users: Mapping[str, bytes] = field(default_factory=dict)  # user -> bcrypt hash
+    headers: tuple[tuple[str, str], ...] = ()
+    http2: bool = True
+
+    def describe(self) -> str:
+        """'TLS, client certificate required, basic auth (2 users)': for the start-up line."""
+        parts = ["TLS" if self.tls else "no TLS"]
+        if self.tls and self.tls.client_auth_type == "RequireAndVerifyClientCert":
+            parts.append("client certificate required")
+        elif self.tls and self.tls.client_auth_type == "VerifyClientCertIfGiven":
+            parts.append("client certificate verified if given")
+        if self.users:
+            parts.append(f"basic auth ({len(self.users)} user{'s' * (len(self.users) > 1)})")
+        return ", ".join(parts)
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing duplicate keys like Go's yaml.UnmarshalStrict."""
+
+
+def _no_duplicates(loader: _StrictLoader, node: yaml.MappingNode) -> dict:
+    seen: set = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        try:
+            duplicate = key in seen
+            seen.add(key)
+        except TypeError:  # an unhashable key: the schema says so
+            continue
+        if duplicate:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"key {key!r} given twice", key_node.start_mark)
+    return loader.construct_mapping(node, deep=True)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _no_duplicates)
+
+
+def load_web_config(path: str | os.PathLike[str]) -> WebConfig:
+    """Read and check a web configuration file; ConfigError (one line) on any problem."""
+    path = Path(path)
+    where = f"web config file {path}"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{where} (exporter.web_config_file): cannot read it: "
+                          f"{exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{where}: not UTF-8 text") from None
+    try:
+        data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{where}: invalid YAML{_yaml_where(exc)}") from None
+    # pydantic loads only here: an agent without a web configuration never pays for it
+    # (about 100 ms of start-up and 7 MiB)
+    from pydantic import ValidationError
+
+    from tpumon.exporters.webconfig_schema import WebConfigFile, problem
+    try:
+        parsed = WebConfigFile.model_validate({} if data is None else data)
+    except ValidationError as exc:
+        raise ConfigError(f"{where}: {problem(exc.errors()[0])}") from None
+    return _settings(parsed, path)
+
+
+def _settings(parsed: WebConfigFile, path: Path) -> WebConfig:
+    tls, base = parsed.tls_server_config, path.parent
+    http = parsed.http_server_config
+    users = {user: re.sub(r"^\$2\$", "$2a$", hashed.strip()).encode()  # Go reads $2$ as 2a
+             for user, hashed in parsed.basic_auth_users.items()}
+    return WebConfig(
+        path=path, http2=http.http2, users=users,
+        headers=tuple((name, value) for name, value in http.headers.items() if value),
+        tls=None if not tls.enabled else TLSSettings(
+            cert_file=base / tls.cert_file, key_file=base / tls.key_file,
+            client_auth_type=tls.client_auth_type or "NoClientCert",
+            client_ca_file=base / tls.client_ca_file if tls.client_ca_file else None,
+            min_version=tls.min_version, max_version=tls.max_version,
+            cipher_suites=tuple(tls.cipher_suites),
+            prefer_server_cipher_suites=tls.prefer_server_cipher_suites))
+
+
+def _yaml_where(exc: yaml.YAMLError) -> str:
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+    return f"{at}: {problem}"
