@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from tools import FakeReporter, wait_for
 from tpumon.instrument import Reporter
 from tpumon.instrument.protocol import MAX_DATAGRAM, PROTOCOL_VERSION
-from tpumon.sources.reporter import (InvalidReport, Pacer, ReporterSocket, kernel_queue_length,
-                                     parse_report)
+from tpumon.sources.reporter import InvalidReport, ReporterSocket, parse_report
+from tpumon.sources.reporter_inlet import Pacer, kernel_queue_length
 
 
 @pytest.fixture
@@ -268,7 +268,7 @@ def send_steadily(r: ReporterSocket, reporter: FakeReporter
     received, dropped at the sender, dropped at the receiver (by reason), the receiving
     thread's voluntary switches meanwhile, and the longest this process was held off the
     CPU."""
-    thread = r._thread.native_id
+    thread = r._inlet._thread.native_id
     before = (r.poll().reports_total, reporter.dropped, voluntary_switches(thread))
 
     def accounted() -> tuple[int, int, dict] | None:
