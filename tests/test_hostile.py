@@ -730,3 +730,33 @@ def test_head_is_get_without_a_body_and_other_methods_are_405(agent):
             assert status == 405 and headers["Allow"] == "GET, HEAD", (method, path, status)
     status, headers, _ = ask("GET", "/api/snapshot")
     assert status == 405 and headers["Allow"] == "POST"
+
+
+# -- 8. a trace with a huge line -----------------------------------------------------------
+
+@pytest.mark.parametrize("name, head", [
+    ("huge.csv", b"time,host,chip,step,hbm_used_bytes,hbm_total_bytes\n1.0,h,0,1,1,2\n2.0,h,"),
+    ("huge.jsonl", b'{"time": 1.0, "host": "h", "chip": "0", "hbm_used_bytes": 1, '
+                   b'"hbm_total_bytes": 2}\n{"time": 2.0, "host": "'),
+])
+def test_a_trace_line_of_1_gib_is_refused_with_bounded_memory(tmp_path, name, head):
+    """A trace whose second data line runs on for 1 GiB (a sparse file: no disk, and this
+    test holds none of it): ``tpumon analyze`` refuses it with one line naming the line,
+    having read no more than MAX_LINE_CHARS of it (the command's peak RSS stays under
+    256 MiB; it used to read the whole line first, 2.2 GB)."""
+    path = tmp_path / name
+    with open(path, "wb") as f:
+        f.write(head)
+        f.truncate(f.tell() + (1 << 30))
+    proc = subprocess.Popen([sys.executable, "-m", "tpumon", "analyze", str(path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(proc.pid, 0)
+    err = proc.stderr.read().decode()
+    proc.stdout.close()
+    proc.stderr.close()
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    line = head.count(b"\n") + 1
+    assert proc.returncode != 0 and err.count("\n") == 1, (proc.returncode, err)
+    assert f"{path}:{line}: a line longer than 1,048,576 characters" in err, err
+    assert "Traceback" not in err
+    assert usage.ru_maxrss < 256 * 1024, f"peak RSS {usage.ru_maxrss / 1024:.0f} MiB"
