@@ -168,6 +168,7 @@ class ReporterInlet:
         self._wake_in, self._wake_out = socket.socketpair()
         self._connections: dict[int, set[Connection]] = {}  # uid -> its open connections
         self._paused: set[Connection] = set()
+        self._listener_paused = False  # out of descriptors: accept again after the next poll
         self._queue_length = kernel_queue_length()
         self._dropped: Counter[str] = Counter()  # by reason, under _lock
         self._lock = threading.Lock()
@@ -227,7 +228,7 @@ class ReporterInlet:
 
     def resume(self) -> None:
         """The inbox was emptied (any thread): read the users paused for their share again."""
-        if self._paused:
+        if self._paused or self._listener_paused:
             self._wake()
 
     def dropped(self) -> dict[str, int]:
@@ -318,7 +319,12 @@ class ReporterInlet:
         for _ in range(ACCEPTS_PER_TURN):
             try:
                 sock, _ = self._listener.accept()
-            except OSError:  # none waiting, or out of descriptors: try at the next turn
+            except BlockingIOError:  # none waiting
+                return
+            except OSError as exc:  # out of descriptors: not again until the next poll
+                log.warning("reporter connections: cannot accept: %s", exc)
+                self._selector.unregister(self._listener)
+                self._listener_paused = True
                 return
             uid = CREDS.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
                                                CREDS.size))[1]
@@ -363,3 +369,6 @@ class ReporterInlet:
         for connection in self._paused:
             self._selector.register(connection.sock, selectors.EVENT_READ, connection)
         self._paused = set()
+        if self._listener_paused and self._listener is not None:
+            self._selector.register(self._listener, selectors.EVENT_READ, "listener")
+            self._listener_paused = False
