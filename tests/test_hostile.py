@@ -110,16 +110,24 @@ HOSTILE_DATAGRAMS = [
 ]
 
 
-def test_hostile_datagrams_drop_only_themselves(agent):
-    """Each bad datagram is counted and dropped; a real job's reports in the same polls are
-    kept, the reporter source stays up and the job's series stay exported (8,000 bytes of
-    ``[`` used to raise RecursionError and throw away every poll's whole batch)."""
+def send_on_a_connection(path: Path, payload: bytes) -> None:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
+        s.connect(connection_path(path))
+        s.send(payload)
+
+
+@pytest.mark.parametrize("send", [send_raw, send_on_a_connection])
+def test_hostile_datagrams_drop_only_themselves(agent, send):
+    """Each bad message, as a datagram or on a connection, is counted and dropped; a real
+    job's reports in the same polls are kept, the reporter source stays up and the job's
+    series stay exported (8,000 bytes of ``[`` used to raise RecursionError and throw away
+    every poll's whole batch). On a connection an empty message is its end, not counted."""
     a = agent("--poll-interval", "0.2")
     sock = Path(a.log_path.parent / "reporter.sock")
     job = FakeReporter(socket=str(sock), min_interval=0)
     for round_ in range(4):
         for payload in HOSTILE_DATAGRAMS:
-            send_raw(sock, payload)
+            send(sock, payload)
         job.step(100 + round_)
         time.sleep(0.3)  # a poll in between: every batch holds both kinds
     doc = wait_for(lambda: (d := status(a)) and any(
@@ -127,7 +135,8 @@ def test_hostile_datagrams_drop_only_themselves(agent):
     assert doc["sources"]["reporter"]["up"], doc["sources"]
     assert all(len(p) <= MAX_DATAGRAM for p in HOSTILE_DATAGRAMS)
     dropped = a.value("tpumon_reporter_dropped_reports_total", reason="malformed")
-    assert dropped == 4 * len(HOSTILE_DATAGRAMS), a.log()[-2000:]
+    counted = len(HOSTILE_DATAGRAMS) - (send is send_on_a_connection)  # b"" ends it
+    assert dropped == 4 * counted, a.log()[-2000:]
     assert a.value("tpumon_process_step", pid=str(os.getpid()), framework="fake",
                    rank="3") == 103
 
