@@ -31,6 +31,8 @@ from typing import Any, Collection, Literal, Mapping, NamedTuple, overload
 from tpumon.instrument.protocol import (MAX_DATAGRAM, PART, PROTOCOL_VERSION, connection_path,
                                        encode_request, parse_part)
 from tpumon.sources.reporter_inlet import Arrival, Reply, ReporterInlet, sender
+# bench/overhead.py reads the queue length from here
+from tpumon.sources.reporter_inlet import kernel_queue_length as kernel_queue_length
 from tpumon.sources.snapshots import SnapshotRequests, SnapshotResult
 
 log = logging.getLogger("tpumon.sources")
