@@ -225,6 +225,10 @@ class ReporterInlet:
         for connection in [c for mine in self._connections.values() for c in mine]:
             connection.sock.close()
         self._connections.clear()
+        if self._thread is None or not self._thread.is_alive():
+            self._selector.close()
+            self._wake_in.close()
+            self._wake_out.close()
 
     def resume(self) -> None:
         """The inbox was emptied (any thread): read the users paused for their share again."""
