@@ -9,6 +9,9 @@
    leak that has run a while): what ``JaxReporter.step()`` adds per step, amortised
    (mean) and median, with the count timed and spaced by its cost (the default) and
    counted at every report (``count_budget=inf``, the earlier behaviour, as the baseline).
+4. The agent's side: CPU of its receiving thread (``/proc`` schedstat) while one reporter
+   in another process sends 10 reports a second for 20 s, over its connection and as
+   datagrams (an earlier version's reporter), one after the other in the same run.
 2. Real training loops on CPU, PyTorch/XLA and JAX (when importable): the median step
    time of the bare loop, and what ``reporter.step()`` adds to it, with the defaults and
    when it reports at every step; bare and reported steps are interleaved one by one, so
@@ -254,7 +257,50 @@ def reporter_added(reporter, step_fn, steps: int) -> tuple[list[float], int]:
     return added, sum(n is not None for n in counts)
 
 
+AT_TEN_A_SECOND = """
+import sys, time
+sys.path.insert(0, sys.argv[2])
+from tpumon.instrument import Reporter
+r = Reporter(socket=sys.argv[1], min_interval=0)
+if sys.argv[3] == "datagrams":
+    r._sender._disconnect()
+    r._sender._retry_at = float("inf")
+t0 = time.monotonic()
+for i in range(200):
+    r.step(i)
+    time.sleep(max(0, t0 + (i + 1) / 10 - time.monotonic()))
+print(r.sent, r.dropped)
+"""
+
+
+def agent_side() -> None:
+    """The receiving thread's CPU time and wake-ups per transport (same run)."""
+    from tpumon.sources.reporter import ReporterSocket
+
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+    print("\n## The agent's receiving thread, one reporter at 10 reports/s for 20 s")
+    print("| transport | reports received | thread CPU | per report | wake-ups |")
+    print("|---|---|---|---|---|")
+    for transport in ("connection", "datagrams", "connection", "datagrams"):
+        r = ReporterSocket(os.path.join(tempfile.mkdtemp(), "r.sock"))
+        r.start()
+        stat = f"/proc/self/task/{r._inlet._thread.native_id}/schedstat"
+        try:
+            before = [int(v) for v in open(stat).read().split()]
+            subprocess.run([sys.executable, "-c", AT_TEN_A_SECOND, str(r.path), root,
+                            transport], check=True, capture_output=True)
+            time.sleep(0.5)
+            after = [int(v) for v in open(stat).read().split()]
+            received = r.poll().reports_total
+        finally:
+            r.stop()
+        cpu = (after[0] - before[0]) / 1e9
+        print(f"| {transport} | {received} | {cpu * 1e3:.1f} ms | "
+              f"{cpu / max(received, 1) * 1e6:.0f} us | {after[2] - before[2]} |")
+
+
 if __name__ == "__main__":
     base_reporter()
+    agent_side()
     frameworks()
     jax_many_arrays()

@@ -264,7 +264,10 @@ class ReporterInlet:
             ready = self._selector.select(0 if looking else None)
             if self._stopping.is_set():
                 return
-            batch = self._read(ready)
+            # Woken from a block: one message per ready socket (most wake-ups bring one,
+            # and a read that finds none waiting costs as much again, cold); a socket
+            # that has more stays ready, and the look that follows takes full turns.
+            batch = self._read(ready, READS_PER_TURN if looking else 1)
             looking = pacer.after_look(len(batch)) if looking else \
                 pacer.after_block(time.monotonic() - started)
             if batch:
@@ -272,24 +275,25 @@ class ReporterInlet:
             if looking:
                 self._stopping.wait(pacer.hold)
 
-    def _read(self, ready: list) -> list[Arrival]:
-        """One turn: every ready socket, each within its budget."""
+    def _read(self, ready: list, reads: int) -> list[Arrival]:
+        """One turn: every ready socket, each at most ``reads`` messages (the datagram
+        socket, shared by every sender of earlier versions, its queue length)."""
         batch: list[Arrival] = []
         for key, _ in ready:
             if key.data == "datagrams":
-                self._read_datagrams(batch)
+                self._read_datagrams(batch, max(self._queue_length, reads) if reads > 1 else 1)
             elif key.data == "listener":
                 self._accept()
             elif key.data == "wake":
                 self._on_wake()
             else:
-                self._read_connection(key.data, batch)
+                self._read_connection(key.data, batch, reads)
         return batch
 
-    def _read_datagrams(self, batch: list[Arrival]) -> None:
+    def _read_datagrams(self, batch: list[Arrival], reads: int) -> None:
         assert self._datagrams is not None
         space = socket.CMSG_SPACE(CREDS.size)
-        for _ in range(max(self._queue_length, READS_PER_TURN)):
+        for _ in range(reads):
             try:
                 data, ancillary, flags, address = self._datagrams.recvmsg(
                     MAX_SNAPSHOT_DATAGRAM, space, socket.MSG_DONTWAIT)
@@ -297,10 +301,11 @@ class ReporterInlet:
                 return
             batch.append(Arrival(data, ancillary, flags, self.datagram_reply(address)))
 
-    def _read_connection(self, connection: Connection, batch: list[Arrival]) -> None:
-        """Up to READS_PER_TURN messages; a bad one, or the end, closes the connection."""
+    def _read_connection(self, connection: Connection, batch: list[Arrival],
+                         reads: int) -> None:
+        """Up to ``reads`` messages; a bad one, or the end, closes the connection."""
         space = socket.CMSG_SPACE(CREDS.size)
-        for _ in range(READS_PER_TURN):
+        for _ in range(reads):
             try:
                 data, ancillary, flags, _ = connection.sock.recvmsg(
                     MAX_SNAPSHOT_DATAGRAM, space, socket.MSG_DONTWAIT)
