@@ -95,6 +95,16 @@ def test_only_allowed_uids_are_heard(receiver):
     assert r.poll().processes == {}
 
 
+def test_allowed_uids_reloaded_apply_to_new_connections(receiver):
+    """reporter.allowed_uids is reloaded without a restart (SIGHUP): a connection opened
+    afterwards is held to the new list."""
+    r = receiver()
+    r.allowed_uids = frozenset({os.getuid() + 12345})
+    assert closed_by_agent(connect(r))
+    r.allowed_uids = frozenset({os.getuid()})
+    assert not closed_by_agent(connect(r), wait=0.5)
+
+
 def test_no_agent_or_a_full_socket_never_blocks_or_raises(tmp_path):
     absent = FakeReporter(socket=str(tmp_path / "nobody-listens.sock"), min_interval=0)
     for step in range(100):
@@ -415,12 +425,14 @@ def reading_where(r: ReporterSocket, holds) -> object:
     return reading if holds(reading) else None
 
 
-def closed_by_agent(s: socket.socket) -> bool:
-    s.settimeout(5)
+def closed_by_agent(s: socket.socket, wait: float = 5) -> bool:
+    s.settimeout(wait)
     try:
         return s.recv(16) == b""
     except ConnectionResetError:
         return True
+    except TimeoutError:
+        return False
 
 
 def test_a_connected_reporter_and_one_of_an_earlier_version_are_both_heard(receiver):

@@ -213,8 +213,8 @@ class ReporterSocket:
         """Bind both sockets (replacing stale socket files from a previous agent) and start
         receiving: reporters connect at :func:`connection_path` of ``path``; reporters of
         earlier versions send datagrams to ``path`` itself."""
-        inlet = ReporterInlet(self.path, Path(connection_path(self.path)), self.allowed_uids,
-                              self._keep)
+        inlet = ReporterInlet(self.path, Path(connection_path(self.path)),
+                              lambda: self.allowed_uids, self._keep)
         inlet.start()
         self._inlet = inlet
 

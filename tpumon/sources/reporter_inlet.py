@@ -157,10 +157,10 @@ class ReporterInlet:
     """Binds both sockets and takes messages off them on a thread, handing each batch to
     ``keep``, which answers the users now past their share (not read until :meth:`resume`)."""
 
-    def __init__(self, path: Path, connection_path: Path, allowed_uids: Collection[int],
-                 keep: Keep) -> None:
+    def __init__(self, path: Path, connection_path: Path,
+                 allowed_uids: Callable[[], Collection[int]], keep: Keep) -> None:
         self.path, self.connection_path = path, connection_path
-        self.allowed_uids = frozenset(allowed_uids)
+        self._allowed_uids = allowed_uids  # the owner's, as reloaded: asked at each accept
         self._keep = keep
         self._selector = selectors.DefaultSelector()
         self._datagrams: socket.socket | None = None
@@ -338,7 +338,8 @@ class ReporterInlet:
             uid = CREDS.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
                                                CREDS.size))[1]
             mine = self._connections.setdefault(uid, set())
-            if (self.allowed_uids and uid not in self.allowed_uids) or \
+            allowed = self._allowed_uids()
+            if (allowed and uid not in allowed) or \
                     len(mine) >= CONNECTIONS_PER_USER or \
                     self.connection_count() >= CONNECTIONS_MAX:
                 sock.close()
