@@ -7,11 +7,14 @@ and reporter socket on loopback, each attack against a baseline measured in the 
 2. Wrong passwords: GUESSERS clients sending random wrong passwords (bcrypt cost 10) for
    SECONDS; the right password's latency after every 300 wrong answers, against its
    latency with no attack.
-3. Garbage flood (as root: a second local user): 8,000-byte garbage datagrams as fast as
-   one process can send while a job reports 10 times a second, polls 5 s apart; the job's
-   reports accepted, against the same job with no flood.
+3. Garbage flood (as root: a second local user): 8,000-byte garbage as fast as two
+   processes can send, one on the datagram socket, one on as many connections as the
+   agent lets that user hold (reconnecting when it closes one), while a job reports 10
+   times a second, polls 5 s apart: the job's reports accepted, over its connection (this
+   version's reporter) and as datagrams (an earlier version's), against the same job with
+   no flood; the agent's CPU meanwhile.
 
-    python bench/hostile.py [--connections 2000] [--seconds 20]
+    python bench/hostile.py [--connections 2000] [--seconds 20] [--only flood]
 """
 
 from __future__ import annotations
@@ -26,26 +29,21 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
-from test_hostile import (NEIGHBOUR, agent_threads, as_user, authed_get,  # noqa: E402
-                          real_agent, slowloris, timed_scrape)
+from test_hostile import (FLOOD_BOTH_SOCKETS, NEIGHBOUR, agent_threads,  # noqa: E402
+                          as_user, authed_get, real_agent, slowloris, timed_scrape)
 from tools import AgentProcess, FakeReporter, wait_for  # noqa: E402
 
-
-FLOOD_AT_SPEED = """
-import socket, sys, time
-s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-junk, end = b"[" * 8000, time.monotonic() + float(sys.argv[2])
-while time.monotonic() < end:
-    try:
-        s.sendto(junk, socket.MSG_DONTWAIT, sys.argv[1])
-    except OSError:
-        pass
-"""
+from tpumon.instrument.protocol import connection_path  # noqa: E402
 
 
 def rss_mib(a: AgentProcess) -> float:
     text = Path(f"/proc/{a.proc.pid}/status").read_text()
     return int(text.split("VmRSS:")[1].split()[0]) / 1024
+
+
+def cpu_seconds(a: AgentProcess) -> float:
+    fields = Path(f"/proc/{a.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def poll_seconds(a: AgentProcess) -> tuple[float, float]:
@@ -168,22 +166,34 @@ def bench_flood(tmp: Path, seconds: float) -> None:
     a, sim = real_agent(tmp, sock, "--poll-interval", "5")
     try:
         for label, flood in (("no flood", False), ("flood", True)):
-            before = a.value("tpumon_reporter_reports_total") or 0
-            flooder = as_user(neighbour, FLOOD_AT_SPEED, str(sock), str(seconds + 1)) \
-                if flood else None
-            job = FakeReporter(socket=str(sock), min_interval=0)
-            sends = int(seconds * 10)
-            for step in range(sends):
-                job.step(step)
-                time.sleep(0.1)
+            flooder = as_user(neighbour, FLOOD_BOTH_SOCKETS, str(sock), connection_path(sock),
+                              str(seconds + 1)) if flood else None
             if flooder is not None:
-                flooder.communicate(timeout=60)
+                assert flooder.stdout.readline().strip() == "flooding"
+            time.sleep(0.5)
+            cpu0, before = cpu_seconds(a), a.value("tpumon_reporter_reports_total") or 0
+            jobs = {"connection": FakeReporter(socket=str(sock), min_interval=0),
+                    "datagrams": FakeReporter(socket=str(sock), min_interval=0)}
+            jobs["datagrams"]._sender._disconnect()
+            jobs["datagrams"]._sender._retry_at = float("inf")  # an earlier version's
+            sends = int(seconds * 10)
+            started = time.monotonic()
+            for step in range(sends):
+                for job in jobs.values():
+                    job.step(step)
+                time.sleep(max(0.0, started + (step + 1) / 10 - time.monotonic()))
+            cpu = (cpu_seconds(a) - cpu0) / (time.monotonic() - started)
+            sent = flooder.communicate(timeout=60)[0].split()[-1] if flooder else "0"
             time.sleep(6)  # the next poll
             accepted = (a.value("tpumon_reporter_reports_total") or 0) - before
-            print(f"garbage flood, {label}: job's reports accepted {accepted:.0f} of {sends} "
-                  f"({job.dropped} refused by the kernel's queue)")
+            print(f"garbage flood, {label}: agent CPU {cpu * 100:.0f} % of a core; "
+                  f"{sent} messages on the flooder's connections")
+            for kind, job in jobs.items():
+                print(f"  job over {kind}: {sends - job.dropped} of {sends} taken by the "
+                      f"kernel ({job.dropped} refused)")
+            print(f"  reports accepted by the agent, both jobs: {accepted:.0f} of {2 * sends}")
         dropped = {r: a.value("tpumon_reporter_dropped_reports_total", reason=r)
-                   for r in ("malformed", "backlog")}
+                   for r in ("malformed", "oversized", "forbidden", "backlog")}
         print(f"  dropped by the agent: {dropped}")
     finally:
         a.stop()
@@ -197,12 +207,17 @@ def main() -> None:
     parser.add_argument("--gap", type=float, default=2.0)
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--guessers", type=int, default=200)
+    parser.add_argument("--only", choices=("slowloris", "passwords", "flood"),
+                        help="run this attack alone")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         print(f"tpumon hostile-neighbour bench ({os.cpu_count()} CPUs)")
-        bench_slowloris(Path(tmp), args.connections, args.seconds, args.gap)
-        bench_passwords(Path(tmp), args.guessers, args.seconds)
-        bench_flood(Path(tmp), min(args.seconds, 10.0))
+        if args.only in (None, "slowloris"):
+            bench_slowloris(Path(tmp), args.connections, args.seconds, args.gap)
+        if args.only in (None, "passwords"):
+            bench_passwords(Path(tmp), args.guessers, args.seconds)
+        if args.only in (None, "flood"):
+            bench_flood(Path(tmp), min(args.seconds, 10.0))
 
 
 if __name__ == "__main__":

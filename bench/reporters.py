@@ -2,11 +2,16 @@
 
 1. ``Reporter.step()`` alone, building and sending a report at every call
    (``min_interval=0``, the worst case) and with the defaults (at most 20 reports a
-   second), with an agent-side socket draining in another process, and with no agent.
+   second), with an agent side draining in another process (this version's: the report
+   goes over the reporter's connection; an earlier version's: datagrams), and with no
+   agent.
 3. JAX with 150,000 live arrays (a large model's parameters and optimizer state, or a
    leak that has run a while): what ``JaxReporter.step()`` adds per step, amortised
    (mean) and median, with the count timed and spaced by its cost (the default) and
    counted at every report (``count_budget=inf``, the earlier behaviour, as the baseline).
+4. The agent's side: CPU of its receiving thread (``/proc`` schedstat) while one reporter
+   in another process sends 10 reports a second for 20 s, over its connection and as
+   datagrams (an earlier version's reporter), one after the other in the same run.
 2. Real training loops on CPU, PyTorch/XLA and JAX (when importable): the median step
    time of the bare loop, and what ``reporter.step()`` adds to it, with the defaults and
    when it reports at every step; bare and reported steps are interleaved one by one, so
@@ -16,7 +21,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -27,12 +31,35 @@ os.environ.setdefault("PJRT_DEVICE", "CPU")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 
-def drain(path: str) -> subprocess.Popen:
-    """An agent-side socket in another process that reads and discards datagrams."""
-    code = ("import socket,sys; s=socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM); "
-            "s.bind(sys.argv[1]); print('ready', flush=True)\nwhile True: s.recv(65536)")
-    proc = subprocess.Popen([sys.executable, "-c", code, path], stdout=subprocess.PIPE,
-                            text=True)
+DRAIN = """
+import selectors, socket, sys
+sel = selectors.DefaultSelector()
+d = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+d.bind(sys.argv[1])
+sel.register(d, selectors.EVENT_READ)
+if len(sys.argv) > 2:
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(sys.argv[2])
+    listener.listen(16)
+    sel.register(listener, selectors.EVENT_READ, "listener")
+print("ready", flush=True)
+while True:
+    for key, _ in sel.select():
+        if key.data == "listener":
+            sel.register(listener.accept()[0], selectors.EVENT_READ)
+        elif not key.fileobj.recv(65536):
+            sel.unregister(key.fileobj)
+"""
+
+
+def drain(path: str, connections: bool = True) -> subprocess.Popen:
+    """An agent side in another process that reads and discards reports: this version's
+    (connections and datagrams), or an earlier one's (datagrams only)."""
+    from tpumon.instrument.protocol import connection_path
+
+    extra = [connection_path(path)] if connections else []
+    proc = subprocess.Popen([sys.executable, "-c", DRAIN, path, *extra],
+                            stdout=subprocess.PIPE, text=True)
     proc.stdout.readline()
     return proc
 
@@ -60,39 +87,46 @@ def base_reporter() -> None:
             return {"rank": 0, "ordinal": 0, "live": 1234,
                     "compiles": {"cached": 99, "uncached": 3}}
 
-    path = os.path.join(tempfile.mkdtemp(), "r.sock")
+    cases = (("report every step (min_interval=0)", 0.0),
+             ("defaults (at most 20 reports/s)", 0.05))
     print("\n## Reporter.step() alone (median of 20,000 calls)")
-    print("| case | agent listening | no agent |")
-    print("|---|---|---|")
-    listener = drain(path)
-    try:
-        rows = {}
-        for label, interval in (("report every step (min_interval=0)", 0.0),
-                                ("defaults (at most 20 reports/s)", 0.05)):
-            rows[label] = [us(timed_calls(Counts(socket=path, min_interval=interval).step, 20000))]
-    finally:
-        listener.kill()
-    os.unlink(path)
-    for label, interval in (("report every step (min_interval=0)", 0.0),
-                            ("defaults (at most 20 reports/s)", 0.05)):
-        rows[label].append(us(timed_calls(Counts(socket=path, min_interval=interval).step, 20000)))
-        print(f"| {label} | {rows[label][0]} | {rows[label][1]} |")
+    print("| case | agent listening: connection | earlier agent: datagrams | no agent |")
+    print("|---|---|---|---|")
+    rows: dict[str, list[str]] = {label: [] for label, _ in cases}
+    for connections in (True, False, None):  # None: no agent
+        path = os.path.join(tempfile.mkdtemp(), "r.sock")
+        listener = None if connections is None else drain(path, connections)
+        try:
+            for label, interval in cases:
+                reporter = Counts(socket=path, min_interval=interval)
+                assert reporter._sender.connected == bool(connections)
+                rows[label].append(us(timed_calls(reporter.step, 20000)))
+                reporter.close()
+        finally:
+            if listener is not None:
+                listener.kill()
+    for label, _ in cases:
+        print(f"| {label} | {' | '.join(rows[label])} |")
 
 
 def loop_overhead(name: str, make_step, make_reporter, steps: int) -> None:
     """Steps with and without the reporter interleaved one by one (so drift in the loop's
-    own speed falls on both alike), plus the reporter reporting at every step."""
+    own speed falls on both alike), plus the reporter reporting at every step, over its
+    connection and as datagrams to an agent of an earlier version."""
     path = os.path.join(tempfile.mkdtemp(), "r.sock")
-    listener = drain(path)
+    old_path = os.path.join(tempfile.mkdtemp(), "r.sock")
+    listener, old_listener = drain(path), drain(old_path, connections=False)
+    kinds = ("bare", "default", "every", "every, datagrams")
     try:
         step_fn = make_step()
         for i in range(200):  # compile and warm up
             step_fn(i)
-        times: dict[str, list[float]] = {"bare": [], "default": [], "every": []}
-        cpu: dict[str, list[float]] = {"bare": [], "default": [], "every": []}
-        reporters = {"default": make_reporter(path, 0.05), "every": make_reporter(path, 0.0)}
-        for i in range(3 * steps):
-            kind = ("bare", "default", "every")[i % 3]
+        times: dict[str, list[float]] = {k: [] for k in kinds}
+        cpu: dict[str, list[float]] = {k: [] for k in kinds}
+        reporters = {"default": make_reporter(path, 0.05), "every": make_reporter(path, 0.0),
+                     "every, datagrams": make_reporter(old_path, 0.0)}
+        for i in range(len(kinds) * steps):
+            kind = kinds[i % len(kinds)]
             t0, c0 = time.perf_counter(), time.thread_time()
             step_fn(i)
             if kind != "bare":
@@ -101,11 +135,12 @@ def loop_overhead(name: str, make_step, make_reporter, steps: int) -> None:
             cpu[kind].append(time.thread_time() - c0)
     finally:
         listener.kill()
+        old_listener.kill()
     med = {k: statistics.median(v) for k, v in times.items()}
     cmed = {k: statistics.median(v) for k, v in cpu.items()}
-    print(f"| {name} | {med['bare'] * 1e3:.3f} ms | "
-          f"{(med['default'] - med['bare']) * 1e6:+.1f} / {(cmed['default'] - cmed['bare']) * 1e6:+.1f} us | "
-          f"{(med['every'] - med['bare']) * 1e6:+.1f} / {(cmed['every'] - cmed['bare']) * 1e6:+.1f} us |")
+    added = [f"{(med[k] - med['bare']) * 1e6:+.1f} / {(cmed[k] - cmed['bare']) * 1e6:+.1f} us"
+             for k in kinds[1:]]
+    print(f"| {name} | {med['bare'] * 1e3:.3f} ms | {' | '.join(added)} |")
 
 
 def torch_xla_loop():
@@ -169,8 +204,8 @@ def frameworks() -> None:
     print("\n## Training loop: median step time, bare, and what reporter.step() adds to it "
           "(steps interleaved one by one, 10,000 of each kind); wall / training thread's CPU")
     print("| loop | bare step | + reporter (defaults: at most 20 reports/s) | "
-          "+ reporter reporting every step |")
-    print("|---|---|---|---|")
+          "+ reporter reporting every step | ... as datagrams (an earlier agent) |")
+    print("|---|---|---|---|---|")
     for name, make_step, make_reporter in loops:
         loop_overhead(name, make_step, make_reporter, steps=10000)
 
@@ -222,7 +257,50 @@ def reporter_added(reporter, step_fn, steps: int) -> tuple[list[float], int]:
     return added, sum(n is not None for n in counts)
 
 
+AT_TEN_A_SECOND = """
+import sys, time
+sys.path.insert(0, sys.argv[2])
+from tpumon.instrument import Reporter
+r = Reporter(socket=sys.argv[1], min_interval=0)
+if sys.argv[3] == "datagrams":
+    r._sender._disconnect()
+    r._sender._retry_at = float("inf")
+t0 = time.monotonic()
+for i in range(200):
+    r.step(i)
+    time.sleep(max(0, t0 + (i + 1) / 10 - time.monotonic()))
+print(r.sent, r.dropped)
+"""
+
+
+def agent_side() -> None:
+    """The receiving thread's CPU time and wake-ups per transport (same run)."""
+    from tpumon.sources.reporter import ReporterSocket
+
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+    print("\n## The agent's receiving thread, one reporter at 10 reports/s for 20 s")
+    print("| transport | reports received | thread CPU | per report | wake-ups |")
+    print("|---|---|---|---|---|")
+    for transport in ("connection", "datagrams", "connection", "datagrams"):
+        r = ReporterSocket(os.path.join(tempfile.mkdtemp(), "r.sock"))
+        r.start()
+        stat = f"/proc/self/task/{r._inlet._thread.native_id}/schedstat"
+        try:
+            before = [int(v) for v in open(stat).read().split()]
+            subprocess.run([sys.executable, "-c", AT_TEN_A_SECOND, str(r.path), root,
+                            transport], check=True, capture_output=True)
+            time.sleep(0.5)
+            after = [int(v) for v in open(stat).read().split()]
+            received = r.poll().reports_total
+        finally:
+            r.stop()
+        cpu = (after[0] - before[0]) / 1e9
+        print(f"| {transport} | {received} | {cpu * 1e3:.1f} ms | "
+              f"{cpu / max(received, 1) * 1e6:.0f} us | {after[2] - before[2]} |")
+
+
 if __name__ == "__main__":
     base_reporter()
+    agent_side()
     frameworks()
     jax_many_arrays()

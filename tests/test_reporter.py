@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 
 from tools import FakeReporter, wait_for
 from tpumon.instrument import Reporter
-from tpumon.instrument.protocol import MAX_DATAGRAM, PROTOCOL_VERSION
-from tpumon.sources.reporter import (InvalidReport, Pacer, ReporterSocket, kernel_queue_length,
-                                     parse_report)
+from tpumon.instrument.protocol import MAX_DATAGRAM, PROTOCOL_VERSION, connection_path
+from tpumon.sources.reporter import InvalidReport, ReporterSocket, parse_report
+from tpumon.sources.reporter_inlet import CONNECTIONS_PER_USER, Pacer, kernel_queue_length
 
 
 @pytest.fixture
@@ -93,6 +93,16 @@ def test_only_allowed_uids_are_heard(receiver):
     FakeReporter(socket=str(r.path)).step(1)
     wait_for(lambda: r.poll().dropped_total["forbidden"] == 1, 5)
     assert r.poll().processes == {}
+
+
+def test_allowed_uids_reloaded_apply_to_new_connections(receiver):
+    """reporter.allowed_uids is reloaded without a restart (SIGHUP): a connection opened
+    afterwards is held to the new list."""
+    r = receiver()
+    r.allowed_uids = frozenset({os.getuid() + 12345})
+    assert closed_by_agent(connect(r))
+    r.allowed_uids = frozenset({os.getuid()})
+    assert not closed_by_agent(connect(r), wait=0.5)
 
 
 def test_no_agent_or_a_full_socket_never_blocks_or_raises(tmp_path):
@@ -268,7 +278,7 @@ def send_steadily(r: ReporterSocket, reporter: FakeReporter
     received, dropped at the sender, dropped at the receiver (by reason), the receiving
     thread's voluntary switches meanwhile, and the longest this process was held off the
     CPU."""
-    thread = r._thread.native_id
+    thread = r._inlet._thread.native_id
     before = (r.poll().reports_total, reporter.dropped, voluntary_switches(thread))
 
     def accounted() -> tuple[int, int, dict] | None:
@@ -400,3 +410,117 @@ def test_the_simulated_job_reports_its_step_to_the_agent(tmp_path):
         assert {c["owner_pid"] for c in doc["chips"]} == {sim["pid"]}  # attributed as owner
     finally:
         assert agent.stop() == 0
+
+
+# -- connections (docs/reporters.md#transport) -------------------------------------------
+
+def connect(r: ReporterSocket) -> socket.socket:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.connect(connection_path(r.path))
+    return s
+
+
+def reading_where(r: ReporterSocket, holds) -> object:
+    reading = r.poll()
+    return reading if holds(reading) else None
+
+
+def closed_by_agent(s: socket.socket, wait: float = 5) -> bool:
+    s.settimeout(wait)
+    try:
+        return s.recv(16) == b""
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+
+
+def test_a_connected_reporter_and_one_of_an_earlier_version_are_both_heard(receiver):
+    """A reporter of this version sends on its own connection; one of an earlier version
+    (a datagram to the socket path, from another process) is heard beside it, each under
+    the kernel's pid."""
+    r = receiver()
+    reporter = FakeReporter(socket=str(r.path), min_interval=0)
+    assert reporter._sender.connected
+    reporter.step(1)
+    old = subprocess.run([sys.executable, "-c", (
+        "import socket,sys,os; s=socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM);"
+        "s.sendto(sys.argv[2].encode(), sys.argv[1]); print(os.getpid())"),
+        str(r.path), json.dumps({"v": PROTOCOL_VERSION, "framework": "jax", "step": 5,
+                                 "time": time.time()})],
+        capture_output=True, text=True, check=True)
+    reading = wait_for(lambda: reading_where(r, lambda p: len(p.processes) == 2), 5)
+    assert reading.processes[os.getpid()].framework == "fake"
+    assert reading.processes[int(old.stdout)].step == 5
+
+
+def test_garbage_or_an_overlong_message_closes_that_connection_only(receiver):
+    r = receiver()
+    reporter = FakeReporter(socket=str(r.path), min_interval=0)
+    garbage, overlong = connect(r), connect(r)
+    garbage.send(b"[" * 100)
+    overlong.send(b"{" + b" " * 70000 + b"}")
+    assert closed_by_agent(garbage) and closed_by_agent(overlong)
+    for step in range(5):
+        reporter.step(step)
+    reading = wait_for(lambda: reading_where(r, lambda p: p.reports_total == 5), 5)
+    assert (reading.dropped_total["malformed"], reading.dropped_total["oversized"]) == (1, 1)
+    assert reporter.dropped == 0 and reporter._sender.connected
+
+
+def test_a_user_holds_at_most_his_quota_of_connections(receiver):
+    """Past CONNECTIONS_PER_USER the agent closes each new connection of that user (one
+    'forbidden' each): a user crowds out only himself."""
+    r = receiver()
+    held = [connect(r) for _ in range(CONNECTIONS_PER_USER + 3)]
+    wait_for(lambda: r.poll().dropped_total["forbidden"] == 3, 5)
+    assert sum(closed_by_agent(s) for s in held[-3:]) == 3
+    for s in held[:2]:  # the first ones stay open and heard
+        s.send(json.dumps({"v": PROTOCOL_VERSION, "framework": "jax", "step": 1,
+                           "time": time.time()}).encode())
+    wait_for(lambda: r.poll().reports_total == 2, 5)
+    for s in held:
+        s.close()
+
+
+def test_a_full_connection_drops_without_blocking(tmp_path):
+    """An agent that accepts but never reads: the reporter's own queue fills, and past that
+    each report is dropped at once (never a wait in the training step)."""
+    path = tmp_path / "deaf.sock"
+    deaf = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    deaf.bind(connection_path(path))
+    deaf.listen(1)
+    reporter = FakeReporter(socket=str(path), min_interval=0)
+    assert reporter._sender.connected
+    started = time.monotonic()
+    for step in range(2000):
+        reporter.step(step)
+    assert time.monotonic() - started < 5
+    assert 50 < reporter.sent < 2000 and reporter.sent + reporter.dropped == 2000
+    deaf.close()
+
+
+def test_a_reporter_reaches_a_restarted_agent_and_connects_again(tmp_path, monkeypatch):
+    """The agent restarts (an upgrade): the reporter's next report finds its connection
+    closed and goes as a datagram to the new agent; after RETRY_SECONDS it connects again.
+    Nothing is lost, and no report waits."""
+    from tpumon.instrument import transport
+    monkeypatch.setattr(transport, "RETRY_SECONDS", 0.2)
+    r = ReporterSocket(tmp_path / "r.sock")
+    r.start()
+    reporter = FakeReporter(socket=str(r.path), min_interval=0)
+    reporter.step(1)
+    wait_for(lambda: r.poll().reports_total == 1, 5)
+    r.stop()
+    r = ReporterSocket(tmp_path / "r.sock")
+    r.start()
+    try:
+        reporter.step(2)
+        assert not reporter._sender.connected
+        time.sleep(0.3)
+        reporter.step(3)
+        assert reporter._sender.connected
+        reading = wait_for(lambda: reading_where(r, lambda p: p.reports_total == 2), 5)
+        assert reading.processes[os.getpid()].step == 3 and reporter.dropped == 0
+    finally:
+        r.stop()

@@ -153,12 +153,15 @@ def test_another_process_cannot_answer_for_the_one_asked(receiver):
 
 
 def test_the_reporter_takes_requests_only_from_the_agents_socket(tmp_path, receiver):
-    """Its socket's abstract address is visible in /proc/net/unix: a request from any other
-    socket is ignored (a snapshot costs the training loop a walk of its objects)."""
+    """A reporter sending datagrams (its connection refused, or an agent of an earlier
+    version): its socket's abstract address is visible in /proc/net/unix, and a request
+    from any other socket is ignored (a snapshot costs the training loop a walk of its
+    objects). On a connection only the agent can send."""
     reporter = LeakyReporter(socket=str(receiver.path), min_interval=0)
+    reporter._sender._disconnect()  # datagrams for the next RETRY_SECONDS
     reporter.step(1)
     heard(receiver)
-    address = receiver._addresses[os.getpid()]
+    address = receiver._replies[os.getpid()].address
     assert address and address.startswith(b"\0")
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
         s.bind(str(tmp_path / "impostor.sock"))

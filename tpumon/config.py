@@ -192,7 +192,8 @@ SCHEMA: tuple[Key, ...] = (
         "Seconds a poll may wait to be written together with the next ones (fewer commits; "
         "a crash loses at most this much history).", _within(0, 3600, " s")),
     Key("reporter", "socket", str, "/run/tpumon/reporter.sock",
-        "Unix datagram socket for the in-process reporters (tpumon.instrument). Empty: "
+        "Unix datagram socket for the in-process reporters (tpumon.instrument); each "
+        "reporter connects to <name>-seqpacket<ext> beside it (docs/reporters.md). Empty: "
         "none. With --simulate only when set explicitly."),
     Key("reporter", "allowed_uids", list, [],
         "Only reports from processes of these user ids are taken (the kernel vouches for "

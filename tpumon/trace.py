@@ -89,6 +89,11 @@ _BATCH_ROWS = 1 << 16
 #: Python 3.10's csv module rejects NUL characters; 3.11's reads them like any other.
 _CSV_TAKES_NUL = sys.version_info >= (3, 11)
 
+#: The longest line a trace may have, in characters (a row is well under 1 KiB). A longer
+#: one is refused once this much of it has been read, never held whole: a 1 GiB line used
+#: to be read into memory (2.2 GB RSS) before the parser refused it.
+MAX_LINE_CHARS = 1 << 20
+
 
 class SeriesColumns(NamedTuple):
     """One (host, chip) series of a trace as arrays, in file order (so in time order)."""
@@ -210,21 +215,35 @@ def _parsed_columns(path: PathOrFile,
 
 
 @contextmanager
-def _open_trace(path: PathOrFile, format: str | None) -> Iterator[tuple[IO[str], str, str, bool]]:
-    """(stream, name for messages, format, plain lines) of a file name, ``-`` or an open text
+def _open_trace(path: PathOrFile,
+                format: str | None) -> Iterator[tuple[Iterator[str], str, str, bool]]:
+    """(lines, name for messages, format, plain lines) of a file name, ``-`` or an open text
     file. Lines are plain when they can have line breaks (\\r, \\n) only at their end and no NUL
     that the csv module rejects: files read with newline="" on Python 3.11 and later."""
     if isinstance(path, (str, os.PathLike)) and os.fspath(path) != "-":
         name = os.fspath(path)
         fmt = _resolve_format(format, name)
         with open(name, encoding="utf-8-sig", newline="") as f, _text_only(name):
-            yield f, name, fmt, _CSV_TAKES_NUL
+            yield _bounded_lines(f, name), name, fmt, _CSV_TAKES_NUL
     else:
         stream = sys.stdin if path == "-" else path
         name = getattr(stream, "name", None)
         name = name if isinstance(name, str) else "<stream>"
         with _text_only(name):
-            yield stream, name, _resolve_format(format, name), False
+            yield _bounded_lines(stream, name), name, _resolve_format(format, name), False
+
+
+def _bounded_lines(stream: Iterable[str], name: str) -> Iterator[str]:
+    """The stream's lines as iterating it gives them, but a line longer than MAX_LINE_CHARS
+    is refused (TraceFormatError with its number) as soon as that much has been read (a
+    file); an iterable of lines without ``readline`` (a generator) hands them over whole."""
+    readline = getattr(stream, "readline", None)
+    lines = iter(stream) if readline is None else iter(lambda: readline(MAX_LINE_CHARS + 1), "")
+    for number, text in enumerate(lines, start=1):
+        if len(text) > MAX_LINE_CHARS and len(text.rstrip("\r\n")) > MAX_LINE_CHARS:
+            raise TraceFormatError(name, number, f"a line longer than {MAX_LINE_CHARS:,} "
+                                   "characters (a trace row is one short line)")
+        yield text
 
 
 @contextmanager
@@ -258,7 +277,7 @@ def _resolve_format(format: str | None, name: str) -> str:
 _Record = tuple[int, float, int | None, int, int]
 
 
-def _records(stream: IO[str], name: str, fmt: str, lines_are_plain: bool,
+def _records(stream: Iterator[str], name: str, fmt: str, lines_are_plain: bool,
              names: list[tuple[str, str]],
              lists: tuple[list[Any], ...] | None = None) -> Iterator[_Record | None]:
     """The validated rows of a trace in file order; raises TraceFormatError at the first bad one.
@@ -326,7 +345,8 @@ class _Series:
             f"for host {host!r} chip {chip!r} (times of a series must not go back)")
 
 
-def _csv_records(stream: IO[str], name: str, lines_are_plain: bool, names: list[tuple[str, str]],
+def _csv_records(stream: Iterator[str], name: str, lines_are_plain: bool,
+                 names: list[tuple[str, str]],
                  lists: tuple[list[Any], ...] | None) -> Iterator[_Record | None]:
     lines = iter(stream)
     series = _Series(names)
@@ -477,7 +497,8 @@ def _csv_values(fields: list[str], positions: tuple[int | None, ...],
     return _check_values(*(None if p is None else fields[p] for p in positions))
 
 
-def _jsonl_records(stream: IO[str], name: str, names: list[tuple[str, str]]) -> Iterator[_Record]:
+def _jsonl_records(stream: Iterator[str], name: str,
+                   names: list[tuple[str, str]]) -> Iterator[_Record]:
     series = _Series(names)
     get_state, add_series, went_back = series.by_spelling.get, series.add, series.went_back
     scan, loads = json.JSONDecoder().scan_once, json.loads

@@ -1,8 +1,13 @@
-"""What a training process tells the agent, one datagram per report.
+"""What a training process tells the agent, one message per report.
 
-A report is one JSON object, at most ``MAX_DATAGRAM`` bytes, sent over a Unix datagram
-socket. The agent validates every field (a report is untrusted input from another
-process) and takes the sender's pid and uid from the kernel, not from the report.
+A report is one JSON object, at most ``MAX_DATAGRAM`` bytes, sent as one message on the
+reporter's own connection to the agent (a Unix ``SOCK_SEQPACKET`` socket at
+:func:`connection_path`: message boundaries kept, and a kernel queue per reporter, so that
+no other sender can fill it), or, where that cannot be opened (an agent of an earlier
+version), as one datagram to the Unix datagram socket at the socket path itself, which
+every earlier reporter uses and the agent keeps. The agent validates every field (a report
+is untrusted input from another process) and takes the sender's pid and uid from the
+kernel, not from the report.
 
 Fields (``None``/absent where the framework does not give them):
 
@@ -23,8 +28,9 @@ Fields (``None``/absent where the framework does not give them):
 
 
 Snapshots (``tpumon snapshot``, and on a leak) go the other way first: the agent sends a
-request line to the reporter's socket, and the reporter answers, at step boundaries, with
-two snapshot datagrams ``steps`` apart (a header line, then
+request line back on the reporter's connection (or to its datagram socket's address),
+and the reporter answers, at step boundaries, with two snapshot messages ``steps`` apart
+(a header line, then
 ``tpumon.instrument.snapshot.Snapshot.to_json``)::
 
     TPUMON-SNAPSHOT-REQUEST 1 <id> <steps> <sites 0|1>
@@ -59,6 +65,12 @@ def socket_path(path: str | None = None) -> str:
     """Where reports go: the argument, else $TPUMON_REPORTER_SOCKET, else the default."""
     return path or os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET
 
+
+def connection_path(path: str | os.PathLike[str]) -> str:
+    """Where reporters connect, beside the datagram socket ``path``:
+    ``/run/tpumon/reporter.sock`` -> ``/run/tpumon/reporter-seqpacket.sock``."""
+    root, ext = os.path.splitext(os.fspath(path))
+    return f"{root}-seqpacket{ext}"
 
 
 def encode_request(request_id: str, steps: int, sites: bool) -> bytes:

@@ -18,7 +18,7 @@ from typing import Any
 from tpumon.instrument.protocol import PROTOCOL_VERSION, parse_request, socket_path
 from tpumon.instrument.snapshot import Snapshot, track_sites_setting
 from tpumon.instrument.snapshot_job import SnapshotJob
-from tpumon.instrument.transport import DatagramSender
+from tpumon.instrument.transport import ReportSender
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -28,9 +28,9 @@ class Reporter:
     and never more often than every ``min_interval`` seconds.
 
     The interval keeps a fast loop (a small model can take a few ms per step) from
-    flooding the agent: the kernel queues only a handful of datagrams per Unix socket
-    (net.unix.max_dgram_qlen, 10 by default) and drops beyond. Trends need steady
-    sampling, not every step.
+    flooding the agent: a reporter's connection queues ~150 reports, and an agent of an
+    earlier version, reached by datagrams, only a handful for every sender together
+    (net.unix.max_dgram_qlen, 10 by default). Trends need steady sampling, not every step.
     """
 
     framework = "python"
@@ -45,7 +45,7 @@ class Reporter:
         self.min_interval = min_interval
         self.last_sent_step: int | None = None
         self._next_send = 0.0
-        self._sender = DatagramSender(socket_path(socket))
+        self._sender = ReportSender(socket_path(socket))
         self._calls = 0
         self._pid = os.getpid()
         self._statm = _open_statm()

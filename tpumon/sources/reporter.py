@@ -1,19 +1,16 @@
-"""Reports from training processes (tpumon.instrument), received on a Unix datagram socket.
+"""Reports from training processes (tpumon.instrument): each reporter's connection, and the
+datagram socket that reporters of earlier versions send to (:mod:`reporter_inlet`).
 
-Every datagram is untrusted input from another process: it is read on its own thread,
-checked (size, JSON, protocol version, field types), and anything wrong is dropped and
-counted by reason, never raised. The thread only takes datagrams off the socket, and
-they are parsed at the next poll, all at once: a datagram handled on its own, after the
-thread slept, cost ~0.2 ms of CPU, most of it a cold interpreter, and a poll's batch costs
-a fraction of that per report. The thread does not wake for every datagram either: it
-takes whatever is waiting, then sleeps while more gather, for as long as the kernel's
-queue stays well under full (it holds just ``net.unix.max_dgram_qlen`` datagrams, 10 by
-default; past that a sender's report is dropped at the sender). See :class:`Pacer`.
-The sender's pid and uid come from the kernel
-(SO_PASSCRED), not from the report, so a process cannot speak for another; with
-``allowed_uids`` only those users' processes are heard.
+Every message is untrusted input from another process: the inlet's thread only takes
+messages off the sockets, and they are checked (size, JSON, protocol version, field
+types) at the next poll, all at once: a message handled on its own, after the thread
+slept, cost ~0.2 ms of CPU, most of it a cold interpreter, and a poll's batch costs a
+fraction of that per report. Anything wrong is dropped and counted by reason, never
+raised. The sender's pid and uid come from the kernel (SO_PASSCRED), not from the
+report, so a process cannot speak for another; with ``allowed_uids`` only those users'
+processes are heard.
 
-The socket is made writable by every local user (training jobs rarely run as the agent's
+The sockets are writable by every local user (training jobs rarely run as the agent's
 user); ``allowed_uids`` is how a site narrows that down.
 """
 
@@ -24,7 +21,6 @@ import logging
 import math
 import os
 import socket
-import struct
 import threading
 import time
 from collections import deque
@@ -32,13 +28,15 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Collection, Literal, Mapping, NamedTuple, overload
 
-from tpumon.instrument.protocol import (MAX_DATAGRAM, MAX_SNAPSHOT_DATAGRAM, PART,
-                                       PROTOCOL_VERSION, encode_request, parse_part)
+from tpumon.instrument.protocol import (MAX_DATAGRAM, PART, PROTOCOL_VERSION, connection_path,
+                                       encode_request, parse_part)
+from tpumon.sources.reporter_inlet import Arrival, Reply, ReporterInlet, sender
+# bench/overhead.py reads the queue length from here
+from tpumon.sources.reporter_inlet import kernel_queue_length as kernel_queue_length
 from tpumon.sources.snapshots import SnapshotRequests, SnapshotResult
 
 log = logging.getLogger("tpumon.sources")
 
-_CREDS = struct.Struct("3i")  # struct ucred: pid, uid, gid
 _MSG_TRUNC = int(socket.MSG_TRUNC)  # a plain int: ``&`` on the IntFlag goes through enum
 DROP_REASONS = ("oversized", "malformed", "version", "forbidden", "backlog")
 INBOX_BYTES = 8 << 20  # datagrams waiting for the next poll; beyond, dropped ("backlog")
@@ -48,7 +46,6 @@ SILENT_MAX_SECONDS = 86400.0  # ... and even while alive (a pid reused, a job pa
 RATE_WINDOW_SECONDS = 120.0
 PENDING_POINTS = 4096  # per process between two polls; beyond, the oldest go
 USER_SLOTS = 32  # processes of one user heard at once (a VM has at most 8 chips)
-QUEUE_LENGTH_FILE = Path("/proc/sys/net/unix/max_dgram_qlen")
 
 
 @dataclass(frozen=True)
@@ -166,14 +163,6 @@ def _devices(value: Any) -> dict[str, dict[str, int | None]]:
     return out
 
 
-def _sender(ancillary: list) -> tuple[int, int]:
-    """(pid, uid) of a datagram's sender, as the kernel gave them; (-1, -1) without."""
-    for level, kind, value in ancillary:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
-            pid, uid, _ = _CREDS.unpack(value[:_CREDS.size])
-            return pid, uid
-    return -1, -1
-
 
 class CountPoint(NamedTuple):
     """One report's counts, kept for the trend of live tensors and compiles."""
@@ -196,56 +185,6 @@ class ReporterReading:
     snapshots: Mapping[int, SnapshotResult] = field(default_factory=dict)  # latest, per pid
 
 
-def kernel_queue_length(path: Path = QUEUE_LENGTH_FILE) -> int:
-    """How many datagrams the kernel queues for an unconnected Unix socket before senders
-    get EAGAIN (this network namespace's ``net.unix.max_dgram_qlen``; the kernel's default
-    of 10 when it cannot be read). systemd raises it to 512; containers often keep 10."""
-    try:
-        return max(int(path.read_text()), 1)
-    except (OSError, ValueError):
-        return 10
-
-
-class Pacer:
-    """When the receiving thread sleeps, and for how long, between looks at the socket.
-
-    Each wake-up costs the agent ~0.1-0.2 ms of CPU on a VM (cold caches, the GIL), so at
-    10 reports a second waking for each was half the agent's budget. While datagrams come
-    faster than the thread's sleep, it sleeps between looks and takes what gathered, as
-    long as that stays under half the kernel's queue: a look that found more than half
-    shortens the next sleep in proportion, one that found under a quarter lengthens it by
-    half (between MIN_HOLD and MAX_HOLD). A look that finds nothing, or a slow sender,
-    puts the thread back to blocking until the next datagram (no wake-ups while idle, one
-    per datagram when they come further apart than the sleep). No rate is assumed, so a
-    sender that speeds up is followed within a look or two.
-    """
-
-    MIN_HOLD = 0.002
-    MAX_HOLD = 0.5  # reports are read at the next poll anyway; this only delays them
-
-    def __init__(self, queue_length: int) -> None:
-        self.queue_length = queue_length
-        self.hold = self.MIN_HOLD
-
-    def after_look(self, taken: int) -> bool:
-        """After a look that found ``taken`` datagrams waiting: whether to sleep and look
-        again (else block), with ``hold`` adjusted."""
-        high, low = self.queue_length / 2, self.queue_length / 4
-        if taken > high:
-            self.hold = max(self.hold * low / taken, self.MIN_HOLD)
-        elif taken < low:
-            self.hold = min(self.hold * 1.5, self.MAX_HOLD)
-        return taken > 0
-
-    def after_block(self, waited: float) -> bool:
-        """After blocking ``waited`` seconds for a datagram: whether to sleep and look (the
-        next one is likely to come within the sleep), else block again."""
-        if waited < self.hold:
-            return True
-        self.hold = min(self.hold * 1.5, self.MAX_HOLD)
-        return False
-
-
 class ReporterSocket:
     """Binds the socket, receives on a thread, keeps each process's latest report."""
 
@@ -263,46 +202,26 @@ class ReporterSocket:
         self._reports = 0
         self._dropped = dict.fromkeys(DROP_REASONS, 0)  # the poll thread's counts
         self._dropped_backlog = 0  # the receiving thread's, under the lock
-        self._inbox: list[tuple[bytes, list, int, float, Any]] = []
+        self._inbox: list[tuple[Arrival, float]] = []  # with when it was taken
         self._inbox_bytes = 0
         self._inbox_by_user: dict[int, int] = {}
-        self._addresses: dict[int, bytes] = {}  # pid -> its reporter's socket address
+        self._replies: dict[int, Reply] = {}  # pid -> where a request to it goes
         self._requests = SnapshotRequests()  # under the lock: the HTTP thread asks too
-        self._sock: socket.socket | None = None
-        self._thread: threading.Thread | None = None
-        self._stopping = threading.Event()
+        self._inlet: ReporterInlet | None = None
 
     def start(self) -> None:
-        """Bind (replacing a stale socket file from a previous agent) and start receiving."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        if self.path.is_socket():
-            self.path.unlink()
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
-        sock.bind(str(self.path))
-        os.chmod(self.path, 0o666)
-        self._sock = sock
-        self._thread = threading.Thread(target=self._receive, args=(sock,),
-                                        name="tpumon-reporter", daemon=True)
-        self._thread.start()
+        """Bind both sockets (replacing stale socket files from a previous agent) and start
+        receiving: reporters connect at :func:`connection_path` of ``path``; reporters of
+        earlier versions send datagrams to ``path`` itself."""
+        inlet = ReporterInlet(self.path, Path(connection_path(self.path)),
+                              lambda: self.allowed_uids, self._keep)
+        inlet.start()
+        self._inlet = inlet
 
     def stop(self) -> None:
-        self._stopping.set()
-        if self._sock is not None:
-            try:
-                self._sock.shutdown(socket.SHUT_RDWR)  # wakes the blocked receive
-            except OSError:
-                pass
-        if self._thread is not None:
-            self._thread.join(2.0)
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
-        try:
-            self.path.unlink()
-        except OSError:
-            pass
+        if self._inlet is not None:
+            self._inlet.stop()
+            self._inlet = None
 
     def poll(self) -> ReporterReading:
         """Each process heard from in the last STALE_SECONDS, or still alive (a training
@@ -310,16 +229,20 @@ class ReporterSocket:
         with self._lock:
             inbox, self._inbox, self._inbox_bytes = self._inbox, [], 0
             self._inbox_by_user = {}
-        for datagram in inbox:
-            self._handle_one(datagram)
+        if self._inlet is not None:
+            self._inlet.resume()
+        for arrival, received in inbox:
+            self._handle_one(arrival, received)
         now = self._clock()
         for pid in [p for p, r in self._latest.items() if self._forgotten(p, now - r.received)]:
             self._forget(pid)
         points = {pid: list(q) for pid, q in self._points.items() if q}
         self._points = {pid: deque(maxlen=PENDING_POINTS) for pid in self._latest}
         exited = {pid for pid in self._latest if not pid_alive(pid)}
+        early = self._inlet.dropped() if self._inlet is not None else {}
         with self._lock:
             dropped = {k: v + self._dropped_backlog * (k == "backlog")
+                       + early.get(k, 0)
                        for k, v in self._dropped.items()}
             self._exited = exited
             self._requests.expire(now, self._latest, exited)
@@ -335,24 +258,21 @@ class ReporterSocket:
         already open, the process's socket gone)."""
         now = self._clock()
         with self._lock:
-            address, report = self._addresses.get(pid), self._latest.get(pid)
+            reply, report = self._replies.get(pid), self._latest.get(pid)
             if report is None:
                 return SnapshotResult(pid, "", reason, now, steps, now,
                                       error=f"no reporting process {pid}")
             if pid in self._exited:
                 return SnapshotResult(pid, "", reason, now, steps, now,
                                       error=f"process {pid} has exited")
-            if not report.snapshots or address is None:
+            if not report.snapshots or reply is None:
                 return SnapshotResult(pid, "", reason, now, steps, now, error=(
                     f"process {pid}'s reporter ({report.framework}) takes no snapshots"))
             request_id = self._requests.open(pid, steps, reason, now)
             if request_id is None:
                 return self._requests.results[pid]  # the open one
             try:
-                if self._sock is None:
-                    raise OSError("the agent is stopping")
-                self._sock.sendto(encode_request(request_id, steps, sites),
-                                  socket.MSG_DONTWAIT, address)
+                reply.send(encode_request(request_id, steps, sites))
             except OSError as exc:  # queue full, process gone, stopped
                 self._requests.cancel(request_id, f"could not ask: {exc}", now)
             return self._requests.results[pid]
@@ -363,70 +283,42 @@ class ReporterSocket:
             return False
         return silent > SILENT_MAX_SECONDS or not pid_alive(pid)
 
-    def _receive(self, sock: socket.socket) -> None:
-        """Take datagrams off the socket for the next poll, paced by :class:`Pacer`:
-        blocking for one, or sleeping and then taking all that wait."""
-        pacer = Pacer(kernel_queue_length())
-        looking = False
-        while not self._stopping.is_set():
-            if looking:
-                batch = self._take(sock, socket.MSG_DONTWAIT)
-                looking = pacer.after_look(len(batch))
-            else:  # stop() shuts the socket down, which ends the wait
-                started = time.monotonic()
-                batch = self._take(sock, 0)
-                looking = pacer.after_block(time.monotonic() - started)
-            if self._stopping.is_set():
-                return
-            self._keep(batch)
-            if looking:
-                self._stopping.wait(pacer.hold)
-
-    @staticmethod
-    def _take(sock: socket.socket, flags: int) -> list[tuple]:
-        """Every datagram waiting (MSG_DONTWAIT), or the next one (blocking)."""
-        space = socket.CMSG_SPACE(_CREDS.size)
-        batch = []
-        while True:
-            try:
-                batch.append(sock.recvmsg(MAX_SNAPSHOT_DATAGRAM, space, flags))
-            except OSError:  # none waiting (EAGAIN), a transient error, or stop()'s shutdown
-                return batch
-            if not flags:
-                return batch
-
-    def _keep(self, batch: list[tuple]) -> None:
-        """Into the inbox for the next poll, within INBOX_BYTES, and within INBOX_USER_BYTES
-        for each sending user, so that one user's flood cannot crowd out another's reports
-        (beyond: "backlog")."""
+    def _keep(self, batch: list[Arrival]) -> set[int]:
+        """Into the inbox for the next poll (the inlet's thread), within INBOX_BYTES, and
+        within INBOX_USER_BYTES for each sending user, so that one user's flood cannot crowd
+        out another's reports (beyond: "backlog"). The users past their share: the inlet
+        reads their connections no more until the next poll."""
         received = self._clock()
+        full = set()
         with self._lock:
-            for data, ancillary, flags, address in batch:
-                uid = _sender(ancillary)[1]
-                size = len(data) + 1  # an empty datagram takes a slot too
+            for arrival in batch:
+                uid = sender(arrival.ancillary)[1]
+                size = len(arrival.data) + 1  # an empty datagram takes a slot too
                 if self._inbox_bytes + size > INBOX_BYTES or \
                         self._inbox_by_user.get(uid, 0) + size > INBOX_USER_BYTES:
                     self._dropped_backlog += 1
+                    full.add(uid)
                     continue
-                self._inbox.append((data, ancillary, flags, received, address))
+                self._inbox.append((arrival, received))
                 self._inbox_bytes += size
                 self._inbox_by_user[uid] = self._inbox_by_user.get(uid, 0) + size
+        return full
 
-    def _handle_one(self, datagram: tuple) -> None:
-        """One datagram of the poll's batch, on its own: whatever it does wrong, only it is
+    def _handle_one(self, arrival: Arrival, received: float) -> None:
+        """One message of the poll's batch, on its own: whatever it does wrong, only it is
         dropped (counted "malformed"), never the rest of the batch."""
         try:
-            self._handle(*datagram)
-        except Exception:  # noqa: BLE001 - untrusted input: a parser bug drops one datagram
-            log.debug("reporter datagram dropped", exc_info=True)
+            self._handle(arrival, received)
+        except Exception:  # noqa: BLE001 - untrusted input: a parser bug drops one message
+            log.debug("reporter message dropped", exc_info=True)
             self._dropped["malformed"] += 1
 
-    def _handle(self, data: bytes, ancillary: list, flags: int, received: float,
-                address: Any) -> None:
-        """Validate one datagram and record it, or count why it was dropped."""
-        pid, uid = _sender(ancillary)
+    def _handle(self, arrival: Arrival, received: float) -> None:
+        """Validate one message and record it, or count why it was dropped."""
+        data = arrival.data
+        pid, uid = sender(arrival.ancillary)
         try:
-            if flags & _MSG_TRUNC:
+            if arrival.flags & _MSG_TRUNC:
                 raise InvalidReport("oversized")
             if pid <= 0 or (self.allowed_uids and uid not in self.allowed_uids):
                 raise InvalidReport("forbidden")
@@ -439,8 +331,8 @@ class ReporterSocket:
         except InvalidReport as exc:
             self._dropped[str(exc)] += 1
             return
-        if self._record(report) and address:
-            self._addresses[pid] = address
+        if self._record(report) and arrival.reply is not None:
+            self._replies[pid] = arrival.reply
 
     def _answer(self, pid: int, data: bytes, received: float) -> None:
         """One of a process's two snapshots for an open request."""
@@ -476,7 +368,7 @@ class ReporterSocket:
     def _forget(self, pid: int) -> None:
         del self._latest[pid]
         self._steps.pop(pid, None)
-        self._addresses.pop(pid, None)
+        self._replies.pop(pid, None)
         self._points.pop(pid, None)
 
     def _record(self, report: ProcessReport) -> bool:

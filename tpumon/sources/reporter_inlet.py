@@ -1,0 +1,384 @@
+"""Where reports arrive: the reporters' connections and the datagram socket, one thread.
+
+Every local user can reach both sockets, so no sender may be able to silence another.
+A reporter connects to a Unix ``SOCK_SEQPACKET`` socket (message boundaries kept, like
+datagrams) and so has a kernel queue of its own: a neighbour flooding his connection
+fills only his queue. The thread reads the ready connections in turn, at most
+READS_PER_TURN messages from each before the next, so one that always has more waiting
+cannot starve the others; a user whose messages overflow his share of the agent's inbox
+(the caller's ``keep`` says who) is not read again until the next poll, so his senders'
+queues fill, nobody else's, and the agent spends no CPU on him meanwhile. A message too
+long, or that cannot be a report (not ``{`` nor a snapshot header), closes its
+connection. Each user may hold CONNECTIONS_PER_USER connections (beyond, the new one is
+closed: a user crowds out only himself), CONNECTIONS_MAX in all.
+
+Each message's pid and uid are the kernel's (``SO_PASSCRED``, which an accepted socket
+takes from the listener): the process that sent that message, even on a connection that
+another process opened (a forked child, a descriptor passed on, a pid since reused).
+The connecting user (``SO_PEERCRED``) is what the quota counts.
+
+The datagram socket at the documented address stays for reporters of earlier versions
+(and for any reporter whose connection failed): its kernel queue holds just
+``net.unix.max_dgram_qlen`` datagrams for every sender together, which is why
+connections came. It is read at most its queue length per turn.
+
+The thread does not wake for every message either: it takes whatever is waiting, then
+sleeps while more gather (:class:`Pacer`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import selectors
+import socket
+import struct
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Callable, Collection, NamedTuple, Protocol
+
+from tpumon.instrument.protocol import MAX_SNAPSHOT_DATAGRAM, PART
+
+log = logging.getLogger("tpumon.sources")
+
+CREDS = struct.Struct("3i")  # struct ucred: pid, uid, gid
+_MSG_TRUNC = int(socket.MSG_TRUNC)  # a plain int: ``&`` on the IntFlag goes through enum
+_SEND = socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL
+READS_PER_TURN = 16  # messages from one connection before the next ready one's turn
+ACCEPTS_PER_TURN = 64
+CONNECTIONS_PER_USER = 64  # a user's processes heard at once are 32 (reporter.USER_SLOTS)
+CONNECTIONS_MAX = 512
+QUEUE_LENGTH_FILE = Path("/proc/sys/net/unix/max_dgram_qlen")
+
+
+class Reply(Protocol):
+    """Where a request to a message's sender goes (snapshot requests)."""
+
+    def send(self, payload: bytes) -> None:
+        """Send without waiting; OSError when it cannot be sent now."""
+
+
+class DatagramReply(NamedTuple):
+    """A datagram sender's address, answered from the agent's datagram socket."""
+
+    sock: socket.socket
+    address: str | bytes
+
+    def send(self, payload: bytes) -> None:
+        self.sock.sendto(payload, socket.MSG_DONTWAIT, self.address)
+
+
+class Connection:
+    """One reporter's connection, and the user who opened it (SO_PEERCRED)."""
+
+    def __init__(self, sock: socket.socket, uid: int) -> None:
+        self.sock = sock
+        self.uid = uid
+
+    def send(self, payload: bytes) -> None:
+        self.sock.send(payload, _SEND)  # a closed socket raises OSError too
+
+
+class Arrival(NamedTuple):
+    """One message as read: the caller parses it at its next poll."""
+
+    data: bytes
+    ancillary: list
+    flags: int
+    reply: Reply | None
+
+
+def sender(ancillary: list) -> tuple[int, int]:
+    """(pid, uid) of a message's sender, as the kernel gave them; (-1, -1) without."""
+    for level, kind, value in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
+            pid, uid, _ = CREDS.unpack(value[:CREDS.size])
+            return pid, uid
+    return -1, -1
+
+
+def kernel_queue_length(path: Path = QUEUE_LENGTH_FILE) -> int:
+    """How many datagrams the kernel queues for an unconnected Unix socket before senders
+    get EAGAIN (this network namespace's ``net.unix.max_dgram_qlen``; the kernel's default
+    of 10 when it cannot be read). systemd raises it to 512; containers often keep 10."""
+    try:
+        return max(int(path.read_text()), 1)
+    except (OSError, ValueError):
+        return 10
+
+
+class Pacer:
+    """When the receiving thread sleeps, and for how long, between looks at the sockets.
+
+    Each wake-up costs the agent ~0.1-0.2 ms of CPU on a VM (cold caches, the GIL), so at
+    10 reports a second waking for each was half the agent's budget. While messages come
+    faster than the thread's sleep, it sleeps between looks and takes what gathered, as
+    long as that stays under half the datagram socket's kernel queue (the smallest queue
+    it reads): a look that found more than half shortens the next sleep in proportion,
+    one that found under a quarter lengthens it by half (between MIN_HOLD and MAX_HOLD).
+    A look that finds nothing, or a slow sender, puts the thread back to blocking until
+    the next message (no wake-ups while idle, one per message when they come further apart
+    than the sleep). No rate is assumed, so a sender that speeds up is followed within a
+    look or two.
+    """
+
+    MIN_HOLD = 0.002
+    MAX_HOLD = 0.5  # reports are read at the next poll anyway; this only delays them
+
+    def __init__(self, queue_length: int) -> None:
+        self.queue_length = queue_length
+        self.hold = self.MIN_HOLD
+
+    def after_look(self, taken: int) -> bool:
+        """After a look that found ``taken`` messages waiting: whether to sleep and look
+        again (else block), with ``hold`` adjusted."""
+        high, low = self.queue_length / 2, self.queue_length / 4
+        if taken > high:
+            self.hold = max(self.hold * low / taken, self.MIN_HOLD)
+        elif taken < low:
+            self.hold = min(self.hold * 1.5, self.MAX_HOLD)
+        return taken > 0
+
+    def after_block(self, waited: float) -> bool:
+        """After blocking ``waited`` seconds for a message: whether to sleep and look (the
+        next one is likely to come within the sleep), else block again."""
+        if waited < self.hold:
+            return True
+        self.hold = min(self.hold * 1.5, self.MAX_HOLD)
+        return False
+
+
+Keep = Callable[[list[Arrival]], Collection[int]]
+
+
+class ReporterInlet:
+    """Binds both sockets and takes messages off them on a thread, handing each batch to
+    ``keep``, which answers the users now past their share (not read until :meth:`resume`)."""
+
+    def __init__(self, path: Path, connection_path: Path,
+                 allowed_uids: Callable[[], Collection[int]], keep: Keep) -> None:
+        self.path, self.connection_path = path, connection_path
+        self._allowed_uids = allowed_uids  # the owner's, as reloaded: asked at each accept
+        self._keep = keep
+        self._selector = selectors.DefaultSelector()
+        self._datagrams: socket.socket | None = None
+        self._listener: socket.socket | None = None
+        self._wake_in, self._wake_out = socket.socketpair()
+        self._connections: dict[int, set[Connection]] = {}  # uid -> its open connections
+        self._paused: set[Connection] = set()
+        self._listener_paused = False  # out of descriptors: accept again after the next poll
+        self._queue_length = kernel_queue_length()
+        self._dropped: Counter[str] = Counter()  # by reason, under _lock
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Bind both sockets (replacing stale socket files) and start the thread."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._datagrams = self._bind(socket.SOCK_DGRAM, self.path)
+        self._datagrams.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+        self._selector.register(self._datagrams, selectors.EVENT_READ, "datagrams")
+        try:
+            self._listener = self._bind(socket.SOCK_SEQPACKET, self.connection_path)
+            self._listener.listen(socket.SOMAXCONN)
+            self._listener.setblocking(False)
+            self._selector.register(self._listener, selectors.EVENT_READ, "listener")
+        except OSError as exc:  # e.g. a path too long: reporters fall back to datagrams
+            log.warning("reporter connections off: cannot listen on %s: %s",
+                        self.connection_path, exc)
+        self._wake_in.setblocking(False)
+        self._wake_out.setblocking(False)
+        self._selector.register(self._wake_in, selectors.EVENT_READ, "wake")
+        self._thread = threading.Thread(target=self._run, name="tpumon-reporter", daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def _bind(kind: int, path: Path) -> socket.socket:
+        if path.is_socket():
+            path.unlink()
+        sock = socket.socket(socket.AF_UNIX, kind | socket.SOCK_CLOEXEC)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+            sock.bind(str(path))
+            os.chmod(path, 0o666)
+        except OSError:
+            sock.close()
+            raise
+        return sock
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._wake()
+        if self._thread is not None:
+            self._thread.join(2.0)
+        for sock, path in ((self._datagrams, self.path), (self._listener, self.connection_path)):
+            if sock is not None:
+                sock.close()
+                try:
+                    path.unlink()
+                except OSError:
+                    pass
+        self._datagrams = self._listener = None
+        for connection in [c for mine in self._connections.values() for c in mine]:
+            connection.sock.close()
+        self._connections.clear()
+        if self._thread is None or not self._thread.is_alive():
+            self._selector.close()
+            self._wake_in.close()
+            self._wake_out.close()
+
+    def resume(self) -> None:
+        """The inbox was emptied (any thread): read the users paused for their share again."""
+        if self._paused or self._listener_paused:
+            self._wake()
+
+    def dropped(self) -> dict[str, int]:
+        """Messages dropped here, by reason (a refused connection counts one)."""
+        with self._lock:
+            return dict(self._dropped)
+
+    def datagram_reply(self, address: str | bytes) -> Reply | None:
+        """Where a request to a datagram's sender goes (None for an unbound sender)."""
+        return DatagramReply(self._datagrams, address) \
+            if address and self._datagrams is not None else None
+
+    def connection_count(self) -> int:
+        return sum(len(mine) for mine in self._connections.values())
+
+    def _wake(self) -> None:
+        try:
+            self._wake_out.send(b"w")
+        except OSError:  # already awake (full) or stopped
+            pass
+
+    def _run(self) -> None:
+        """Take messages for ``keep``, paced by :class:`Pacer`: blocking until one is
+        ready, or sleeping and then taking all that wait."""
+        pacer = Pacer(self._queue_length)
+        looking = False
+        while not self._stopping.is_set():
+            started = time.monotonic()
+            ready = self._selector.select(0 if looking else None)
+            if self._stopping.is_set():
+                return
+            # Woken from a block: one message per ready socket (most wake-ups bring one,
+            # and a read that finds none waiting costs as much again, cold); a socket
+            # that has more stays ready, and the look that follows takes full turns.
+            batch = self._read(ready, READS_PER_TURN if looking else 1)
+            looking = pacer.after_look(len(batch)) if looking else \
+                pacer.after_block(time.monotonic() - started)
+            if batch:
+                self._pause(self._keep(batch))
+            if looking:
+                self._stopping.wait(pacer.hold)
+
+    def _read(self, ready: list, reads: int) -> list[Arrival]:
+        """One turn: every ready socket, each at most ``reads`` messages (the datagram
+        socket, shared by every sender of earlier versions, its queue length)."""
+        batch: list[Arrival] = []
+        for key, _ in ready:
+            if key.data == "datagrams":
+                self._read_datagrams(batch, max(self._queue_length, reads) if reads > 1 else 1)
+            elif key.data == "listener":
+                self._accept()
+            elif key.data == "wake":
+                self._on_wake()
+            else:
+                self._read_connection(key.data, batch, reads)
+        return batch
+
+    def _read_datagrams(self, batch: list[Arrival], reads: int) -> None:
+        assert self._datagrams is not None
+        space = socket.CMSG_SPACE(CREDS.size)
+        for _ in range(reads):
+            try:
+                data, ancillary, flags, address = self._datagrams.recvmsg(
+                    MAX_SNAPSHOT_DATAGRAM, space, socket.MSG_DONTWAIT)
+            except OSError:  # none waiting (EAGAIN), or a transient error
+                return
+            batch.append(Arrival(data, ancillary, flags, self.datagram_reply(address)))
+
+    def _read_connection(self, connection: Connection, batch: list[Arrival],
+                         reads: int) -> None:
+        """Up to ``reads`` messages; a bad one, or the end, closes the connection."""
+        space = socket.CMSG_SPACE(CREDS.size)
+        for _ in range(reads):
+            try:
+                data, ancillary, flags, _ = connection.sock.recvmsg(
+                    MAX_SNAPSHOT_DATAGRAM, space, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                return
+            except OSError:
+                data, flags = b"", 0
+            if not data:  # the reporter closed it (or the kernel did)
+                self._close(connection, None)
+                return
+            bad = "oversized" if flags & _MSG_TRUNC else None if data[:1] == b"{" or \
+                data.startswith(PART) else "malformed"
+            if bad:
+                self._close(connection, bad)
+                return
+            batch.append(Arrival(data, ancillary, flags, connection))
+
+    def _accept(self) -> None:
+        assert self._listener is not None
+        for _ in range(ACCEPTS_PER_TURN):
+            try:
+                sock, _ = self._listener.accept()
+            except BlockingIOError:  # none waiting
+                return
+            except OSError as exc:  # out of descriptors: not again until the next poll
+                log.warning("reporter connections: cannot accept: %s", exc)
+                self._selector.unregister(self._listener)
+                self._listener_paused = True
+                return
+            uid = CREDS.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                               CREDS.size))[1]
+            mine = self._connections.setdefault(uid, set())
+            allowed = self._allowed_uids()
+            if (allowed and uid not in allowed) or \
+                    len(mine) >= CONNECTIONS_PER_USER or \
+                    self.connection_count() >= CONNECTIONS_MAX:
+                sock.close()
+                with self._lock:
+                    self._dropped["forbidden"] += 1
+                continue
+            sock.setblocking(False)
+            connection = Connection(sock, uid)
+            mine.add(connection)
+            self._selector.register(sock, selectors.EVENT_READ, connection)
+
+    def _close(self, connection: Connection, reason: str | None) -> None:
+        if reason is not None:
+            with self._lock:
+                self._dropped[reason] += 1
+        if connection in self._paused:
+            self._paused.discard(connection)
+        else:
+            self._selector.unregister(connection.sock)
+        self._connections.get(connection.uid, set()).discard(connection)
+        connection.sock.close()
+
+    def _pause(self, users: Collection[int]) -> None:
+        """Stop reading these users' connections until :meth:`resume`."""
+        for uid in users:
+            for connection in self._connections.get(uid, ()):
+                if connection not in self._paused:
+                    self._selector.unregister(connection.sock)
+                    self._paused.add(connection)
+
+    def _on_wake(self) -> None:
+        try:
+            while self._wake_in.recv(64):
+                pass
+        except OSError:  # drained
+            pass
+        for connection in self._paused:
+            self._selector.register(connection.sock, selectors.EVENT_READ, connection)
+        self._paused = set()
+        if self._listener_paused and self._listener is not None:
+            self._selector.register(self._listener, selectors.EVENT_READ, "listener")
+            self._listener_paused = False
