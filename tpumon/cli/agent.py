@@ -38,7 +38,8 @@ log = logging.getLogger("tpumon.agent")
 @runtime_ports_option
 @state_dir_option
 @click.option("--reporter-socket", default=None, metavar="PATH",
-              help="Unix socket for the in-process reporters; '' for none "
+              help="Unix socket for the in-process reporters (their connections go to "
+                   "NAME-seqpacket.sock beside it); '' for none "
                    "[default: reporter.socket, /run/tpumon/reporter.sock].")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
               default=None, help="Log level [default: info].")

@@ -9,9 +9,11 @@ Two lines in a training loop::
         reporter.step(step)                           # after each step
 
 Imports only the standard library (and the framework the reporter is for, when it is
-created), so adding it to a training job adds no dependency. Reports are datagrams to
-the agent's socket (``$TPUMON_REPORTER_SOCKET``, default /run/tpumon/reporter.sock); with
-no agent listening they are dropped, never an error in the training loop.
+created), so adding it to a training job adds no dependency. Reports go to the agent on
+a connection of the reporter's own, beside its socket (``$TPUMON_REPORTER_SOCKET``,
+default /run/tpumon/reporter.sock), or as datagrams to that socket where no connection
+can be made; with no agent listening they are dropped, never an error in the training
+loop.
 """
 
 from tpumon.instrument.protocol import PROTOCOL_VERSION

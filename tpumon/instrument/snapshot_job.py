@@ -5,8 +5,9 @@ next step boundary it reports at, starts creation-site tracking if the request w
 and the process allows it, and takes the second once the step has advanced by ``steps``.
 Everything runs inside ``Reporter.step()`` on the training thread, only while a request
 is open: between requests a step pays one attribute test. A snapshot that does not fit in
-the agent's socket queue right now (the kernel queues 10 datagrams; a fast loop's
-reports can fill it) is sent again at the next steps, for up to ``SEND_SECONDS``.
+the queue to the agent right now (a fast loop's reports can fill it; as datagrams, the
+kernel queues just 10 for every sender) is sent again at the next steps, for up to
+``SEND_SECONDS``.
 """
 
 from __future__ import annotations
