@@ -374,3 +374,24 @@ def test_replay_series_runs_the_detector_with_agent_defaults():
     arrays, _ = scenario_series("linear-leak", 12, seed=11)
     result = replay_series("h", "0", *arrays)
     assert result.assessment == run(arrays).assessment
+
+
+def test_a_leak_stays_a_leak_while_it_goes_on():
+    """Hysteresis: once called, a leak does not flap back to ok at a refit whose window or
+    recent half is short of the strict test (each flap resolves an alert and raises it
+    again; seen in the agent under load). Slow polls, a leak from mid-run: before the fix
+    the verdict went leak, ok, leak."""
+    rows = list(generate_trace("linear-leak", duration_s=12 * 3600, poll_interval_s=39.8,
+                               chips=1, seed=10004, drop_probability=0.0418,
+                               poll_jitter_s=0.301, leak_onset_step=7667,
+                               leak_bytes_per_step=254212, stair_bytes=0))
+    detector = ChipDetector()
+    detector.log = []
+    detector.update(np.array([r.time for r in rows]),
+                    np.array([math.nan if r.step is None else r.step for r in rows], float),
+                    np.array([r.hbm_used_bytes for r in rows], float),
+                    np.array([r.hbm_total_bytes for r in rows], float))
+    verdicts = [a.verdict for _, _, a in detector.log]
+    assert Verdict.LEAK in verdicts
+    after = verdicts[verdicts.index(Verdict.LEAK):]
+    assert all(v is Verdict.LEAK for v in after), [v.value for v in after]

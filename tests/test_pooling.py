@@ -79,3 +79,35 @@ def test_a_leak_on_one_rank_is_caught_alone():
     assert pooled["0"].verdict == "leak" and pooled["0"].alert is not None
     assert "(1 of 4 chips" in pooled["0"].assessment.reason
     assert all(pooled[c].alert is None and pooled[c].verdict != "leak" for c in "123")
+
+
+def test_the_agent_keeps_a_job_together_through_a_poll_that_misses_its_process():
+    """A poll whose owner scan comes back empty (a runtime poll that timed out, /proc under
+    load) must not split a job: the chips that had joined its leak stayed ``leak``. Before
+    the fix they fell back to their own verdict for that poll and rose again after (an
+    alert resolved and raised within seconds)."""
+    from tpumon.agent import Agent, OwnerScanner
+    from tpumon.exporters.prometheus import build_registry
+    from tpumon.identity import Identity
+    from tpumon.sources.chips import inventory_for
+    from tpumon.sources.tpu_runtime import TpuRuntimeSource
+    from tpumon.state import AgentState
+
+    cols = columns("linear-leak", 10, 11, leak_chip_spread=0.3)
+    first_leak = min(r.alert["time"] for r in replay_columns(cols))  # pooled: all at once
+    detectors = {}
+    for (_, chip), c in cols.items():
+        n = int(np.searchsorted(c.times, first_leak, side="right"))
+        detectors[chip] = ChipDetector()
+        detectors[chip].update(c.times[:n], c.steps[:n], c.used[:n], c.total[:n])
+    own = {chip: d.assessment.verdict for chip, d in detectors.items()}
+    assert Verdict.LEAK in own.values() and set(own.values()) != {Verdict.LEAK}  # some join
+    inventory = inventory_for("v4", 4)
+    state = AgentState(Identity(host="h"), inventory, history_points=8)
+    agent = Agent(state, TpuRuntimeSource("127.0.0.1", [], 1.0, inventory),
+                  OwnerScanner(dict, 60), 1.0, build_registry(lambda: state.snapshot),
+                  detectors=detectors)
+    held = agent._detect({}, {chip: 7 for chip in detectors})
+    assert all(a.verdict is Verdict.LEAK for a in held.values())
+    missed = agent._detect({}, {})
+    assert {c: a.verdict for c, a in missed.items()} == {c: Verdict.LEAK for c in detectors}

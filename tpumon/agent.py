@@ -110,6 +110,7 @@ class Agent:
         self.state = state
         self._detector_settings = detector_settings
         self._detectors: dict[str, ChipDetector] = dict(detectors or {})
+        self._holder: dict[str, int] = {}  # chip -> the last process seen holding it
         self._store = store
         self._checkpoint_interval = checkpoint_interval
         self._next_checkpoint = time.monotonic() + checkpoint_interval
@@ -245,8 +246,12 @@ class Agent:
                 detector = self._detectors[name] = ChipDetector(self._detector_settings)
             detector.update((s.time,), (math.nan if s.step is None else s.step,), (s.used,),
                             (s.total,))
+        # a chip's job is the last process seen holding it: a poll whose owner scan misses
+        # the holder (a runtime that timed out, /proc under load) must not split the job
+        # and flip its pooled verdicts back and forth
+        self._holder.update(owners)
         return pool_jobs({name: d.assessment for name, d in self._detectors.items()},
-                         {chip: f"process {pid}" for chip, pid in owners.items()})
+                         {chip: f"process {pid}" for chip, pid in self._holder.items()})
 
     def run(self, stop: threading.Event,
             after_poll: Callable[[Snapshot], None] | None = None) -> None:

@@ -530,7 +530,10 @@ class ChipDetector:
         first = data.item(0, 0)
         window = now - first
         in_window = [j for j in job.jumps if j.time >= first]
-        continuous = fit.z >= self.settings.z_threshold and fit.slope_low > 0
+        # hysteresis: a leak is called at z >= z_threshold, and stays one while its growth
+        # is significant at 95 % (the interval above zero): one refit on a shorter window
+        # that falls below z 4 must not resolve an alert and raise it again a bucket later
+        continuous = fit.slope_low > 0 and (job.leaking or fit.z >= self.settings.z_threshold)
         start = job.trend_start if job.trend_start is not None else first
         stairs = find_staircase([j for j in job.jumps if j.time >= start], now,
                                 self.settings.staircase_min_jumps)
@@ -549,7 +552,7 @@ class ChipDetector:
                                      fit.slope_high + stair_high, steps_per_second))
         rate = (fit.slope if continuous else 0.0) + stair
         if rate > 0 and continuous and not decelerating:
-            rate = min(rate, self._recent_rate(pairs) + stair)
+            rate = min(rate, self._recent_rate(pairs, job.leaking) + stair)
         if decelerating and stair > 0 and not job.leaking:
             # what slows is the growth between the stairs (a cache filling early in the
             # job); the staircase itself goes on, so it alone is the leak's rate
@@ -581,10 +584,12 @@ class ChipDetector:
         return raw is not None and raw.z >= self.settings.z_threshold and raw.slope_low > 0
 
     @staticmethod
-    def _recent_rate(pairs: PairwiseSlopes) -> float:
-        """The slope over the recent half of the window: growth must still be going on."""
+    def _recent_rate(pairs: PairwiseSlopes, leaking: bool) -> float:
+        """The slope over the recent half of the window: growth must still be going on,
+        significantly at 95 % to call a leak; once called, while the recent half still
+        grows (hysteresis: a half-window of a dozen floors is often short of 95 %)."""
         sen = pairs.tail(pairs.n // 2).sen()
-        if sen is None or sen[1] <= 0:
+        if sen is None or (sen[0] if leaking else sen[1]) <= 0:
             return 0.0
         return sen[0]
 
