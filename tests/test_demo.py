@@ -49,9 +49,7 @@ def test_two_demo_runs_then_export_and_analyze(tmp_path):
         doc = wait_for(lambda: leaking(first), timeout=120, interval=0.5)
         check_one_clock(first, doc)
         check_the_log_says_so(first)
-        # check_the_pages_agree(first) is left out for now: /report replays each chip on
-        # its own while the live detector pools a job's chips (issue 20), so the two can
-        # differ for a while after a pooled call (seen in a clean-clone run)
+        check_the_pages_agree(first)
     finally:
         assert first.stop() == 0
     agent = demo_run(tmp_path, state, 2)

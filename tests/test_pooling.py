@@ -10,6 +10,7 @@ import pytest
 from tpumon.detect import ChipDetector, Verdict
 from tpumon.detect.pooling import pool_jobs
 from tpumon.detect.replay import replay_columns
+from tpumon.report.data import build_reports
 from tpumon.sim.tracegen import generate_trace
 from tpumon.trace import SeriesColumns
 
@@ -111,3 +112,25 @@ def test_the_agent_keeps_a_job_together_through_a_poll_that_misses_its_process()
     assert all(a.verdict is Verdict.LEAK for a in held.values())
     missed = agent._detect({}, {})
     assert {c: a.verdict for c, a in missed.items()} == {c: Verdict.LEAK for c in detectors}
+
+
+@pytest.mark.parametrize("scenario,seed", [("linear-leak", 11), ("chip0-leak", 3)])
+def test_the_report_says_what_analyze_says(scenario, seed):
+    """`tpumon report` pools a host's chips as `analyze` (and the agent) do: the same final
+    verdict and reason, the same alert, a verdict timeline that turns to leak right there
+    (it once replayed each chip alone, and the index page and /report disagreed)."""
+    cols = columns(scenario, 10, seed, leak_chip_spread=0.3)
+    replayed = {r.chip: r for r in replay_columns(cols)}
+    (report,) = build_reports(cols, "test", "0", 0.0)
+    assert len(report.chips) == 4
+    for chip in report.chips:
+        result = replayed[chip.chip]
+        assert chip.assessment == result.assessment
+        assert chip.alert == result.alert
+        leaks = [start for start, _, v in chip.verdicts if v == "leak"]
+        if result.alert:
+            assert leaks[0] == result.alert["time"]
+        else:
+            assert not leaks
+        assert all(a[1] == b[0] for a, b in zip(chip.verdicts, chip.verdicts[1:]))
+        assert chip.verdicts[0][0] == chip.start and chip.verdicts[-1][1] == chip.end

@@ -78,10 +78,12 @@ def render_table(results: list[SeriesResult], console: Console) -> None:
                       _with_step(r.alert), _with_step(r.predicted_oom))
     console.print(table)
     for r in results:
-        console.print(f"{r.host} chip {r.chip}: {r.assessment.reason}", highlight=False)
+        # one line each, never wrapped mid-sentence (a pipe's console is 80 wide)
+        console.print(f"{r.host} chip {r.chip}: {r.assessment.reason}", highlight=False,
+                      soft_wrap=True)
         said = post_mortem(r)
         if said:
-            console.print(f"  {said}", highlight=False)
+            console.print(f"  {said}", highlight=False, soft_wrap=True)
 
 
 @click.command("analyze")

@@ -13,7 +13,7 @@ import os
 import re
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -205,29 +205,58 @@ def replay_job(job: str, series: list[tuple[str, str, SeriesColumns]],
         detector.log = []
         detector.update(c.times, c.steps, c.used, c.total)
         detectors.append(detector)
-    events = sorted(((t, i, a) for i, d in enumerate(detectors) for t, _, a in d.log or ()),
-                    key=lambda e: (e[0], e[1]))
-    current: dict[str, Assessment] = {}
-    alerts: dict[str, dict] = {}
-    for moment, group in itertools.groupby(events, key=lambda e: e[0]):
-        for _, i, a in group:
-            current[str(i)] = a
-        if not any(a.verdict is Verdict.LEAK for a in current.values()):
-            continue
-        for name, a in pool_job(job, current).items():
-            if a.verdict is Verdict.LEAK and name not in alerts:
-                c = series[int(name)][2]
-                at = max(int(np.searchsorted(c.times, moment, side="right")) - 1, 0)
-                alerts[name] = leak_alert(moment, float(c.steps[at]), a)
+    pooled = replay_pooling(job, [d.log or [] for d in detectors], [c for _, _, c in series])
     final = pool_job(job, {str(i): d.assessment for i, d in enumerate(detectors)})
     results = []
     for i, (host, chip, c) in enumerate(series):
-        alert = alerts.get(str(i))
+        alert = pooled.alerts.get(i)
         results.append(SeriesResult(host, chip, len(c.times), final[str(i)], alert,
                                     full_after(alert, c.times, c.steps, c.used, c.total),
                                     int(np.count_nonzero(np.asarray(c.used) >
                                                          np.asarray(c.total)))))
     return results
+
+
+Said = Sequence[tuple[float, float, Assessment]]
+
+
+@dataclass
+class Pooling:
+    """What sharing evidence said of each chip (by index) over a replay."""
+
+    #: (moment, verdict) at every moment one chip's own assessment changed
+    verdicts: list[list[tuple[float, str]]]
+    #: the first moment the pooled verdict was ``leak``, as the agent's alert
+    alerts: dict[int, dict]
+
+
+def replay_pooling(job: str, logs: Sequence[Said], columns: Sequence[SeriesColumns]) -> Pooling:
+    """The pooled verdicts and alerts of a job's chips, from their detectors' logs."""
+    out = Pooling([[] for _ in logs], {})
+    for moment, pooled in pooled_moments(job, logs):
+        for name, a in pooled.items():
+            i = int(name)
+            out.verdicts[i].append((moment, a.verdict.value))
+            if a.verdict is Verdict.LEAK and i not in out.alerts:
+                c = columns[i]
+                at = max(int(np.searchsorted(c.times, moment, side="right")) - 1, 0)
+                out.alerts[i] = leak_alert(moment, float(c.steps[at]), a)
+    return out
+
+
+def pooled_moments(job: str,
+                   logs: Sequence[Said]) -> Iterator[tuple[float, dict[str, Assessment]]]:
+    """Every chip's pooled assessment (chips named by their index in ``logs``, each a
+    detector's log) at every moment one chip's own assessment changed: the pooled verdicts
+    change only then, so this is what the agent's pooling at each poll would have said."""
+    events = sorted(((t, i, a) for i, log in enumerate(logs) for t, _, a in log),
+                    key=lambda e: (e[0], e[1]))
+    current: dict[str, Assessment] = {}
+    for moment, group in itertools.groupby(events, key=lambda e: e[0]):
+        for _, i, a in group:
+            current[str(i)] = a
+        leaking = any(a.verdict is Verdict.LEAK for a in current.values())
+        yield moment, pool_job(job, current) if leaking else dict(current)
 
 
 #: A slice's hosts are named ``PREFIX-w-N``: the chips of a slice run one job.

@@ -20,9 +20,11 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from tpumon.detect import Assessment, ChipDetector, DetectorSettings, describe_growth
+from tpumon.detect import Assessment, ChipDetector, DetectorSettings, Verdict, describe_growth
 from tpumon.detect.floors import group_by_bucket
 from tpumon.detect.jumps import Jump
+from tpumon.detect.pooling import pool_job
+from tpumon.detect.replay import job_name, replay_pooling
 from tpumon.store.database import StoredEnd
 from tpumon.trace import SeriesColumns, TraceRow
 
@@ -114,6 +116,9 @@ class ChipReport:
     ends: list[StoredEnd] = field(default_factory=list)
     trend: Trend | None = None
     forecast: Forecast | None = None
+    #: the detector's own assessments as they changed (time, step, assessment): what
+    #: pooling the chips of a job replays
+    said: list = field(default_factory=list, repr=False)
 
     @property
     def verdict(self) -> str:
@@ -180,12 +185,17 @@ def build_reports(series: Mapping[tuple[str, str], SeriesColumns], source: str, 
     """One report per host, chips in numeric order; series without samples are left out.
     ``ends``: job ends the agent kept (docs/job-ends.md), marked on their host's chips."""
     by_host: dict[str, list[ChipReport]] = {}
+    by_job: dict[str, list[tuple[ChipReport, SeriesColumns]]] = {}
     for (host, chip), columns in series.items():
         if len(columns.times):
             report = chip_report(host, chip, columns, settings)
             report.ends = [e for e in ends if e.host == host
                            and report.start <= e.time <= report.end + END_MARGIN_SECONDS]
             by_host.setdefault(host, []).append(report)
+            by_job.setdefault(job_name(host), []).append((report, columns))
+    for job, chips in by_job.items():
+        if len(chips) > 1:
+            pool_reports(job, chips)
     return [HostReport(host, sorted(chips, key=lambda c: _chip_sort_key(c.chip)), source,
                        version, generated_at)
             for host, chips in sorted(by_host.items())]
@@ -198,6 +208,7 @@ def chip_report(host: str, chip: str, columns: SeriesColumns,
     used = np.asarray(columns.used, dtype=float)
     totals = np.asarray(columns.total, dtype=float)
     detector = ChipDetector(settings)
+    detector.log = []
     verdicts: list[tuple[float, float, str]] = []
     job_starts: dict[float, float | None] = {}  # job start -> trend start (as last seen)
     jumps: dict[tuple[float, float], Jump] = {}
@@ -233,11 +244,41 @@ def chip_report(host: str, chip: str, columns: SeriesColumns,
         *_envelope(times, used), floor_times.astype(float), groups.floor, groups.peak, jobs,
         sorted(jumps.values(), key=lambda j: j.time),
         _excursions(floor_times, groups.floor, groups.peak, jobs, total), verdicts,
-        times[known], steps[known])
+        times[known], steps[known], said=detector.log)
     report.gaps = _gaps(times, settings or DetectorSettings())
     report.trend = _trend(report)
     report.forecast = _forecast(report)
     return report
+
+
+def pool_reports(job: str, chips: Sequence[tuple[ChipReport, SeriesColumns]]) -> None:
+    """Share evidence between the chips of one job, as the agent and ``tpumon analyze`` do
+    (:mod:`tpumon.detect.pooling`): each chip's verdict over time, alert, final assessment,
+    trend and forecast become the pooled ones, so the report says what they say."""
+    reports = [r for r, _ in chips]
+    pooled = replay_pooling(job, [r.said for r in reports], [c for _, c in chips])
+    final = pool_job(job, {str(i): r.assessment for i, r in enumerate(reports)})
+    for i, r in enumerate(reports):
+        r.assessment, r.alert = final[str(i)], pooled.alerts.get(i)
+        r.verdicts = _timeline(r.start, r.end, pooled.verdicts[i])
+        r.trend = _trend(r)
+        r.forecast = _forecast(r)
+
+
+def _timeline(start: float, end: float,
+              said: Sequence[tuple[float, str]]) -> list[tuple[float, float, str]]:
+    """(from, to, verdict) spans from the verdicts said at moments, merged where equal;
+    before the first moment the detector had too little data."""
+    out: list[tuple[float, float, str]] = []
+    since, verdict = start, Verdict.INSUFFICIENT_DATA.value
+    for moment, now in said:
+        if now != verdict:
+            moment = min(max(moment, start), end)
+            if moment > since:
+                out.append((since, moment, verdict))
+            since, verdict = moment, now
+    out.append((since, end, verdict))
+    return out
 
 
 def _slices(times: np.ndarray) -> Iterable[tuple[int, int]]:
