@@ -134,3 +134,18 @@ def test_the_report_says_what_analyze_says(scenario, seed):
             assert not leaks
         assert all(a[1] == b[0] for a, b in zip(chip.verdicts, chip.verdicts[1:]))
         assert chip.verdicts[0][0] == chip.start and chip.verdicts[-1][1] == chip.end
+
+
+def test_jobs_replayed_by_forked_workers_give_the_same_results(monkeypatch):
+    """`tpumon analyze` replays a large trace's jobs on every core: the same results as one
+    process, in the same order (each job is replayed whole wherever it runs)."""
+    from tpumon.detect import replay
+
+    cols = dict(columns("linear-leak", 6, 11))
+    cols.update({("other-host", chip): c for (_, chip), c in columns("chip0-leak", 6, 3).items()})
+    alone = replay_columns(cols)
+    monkeypatch.setattr(replay, "PARALLEL_MIN_SAMPLES", 0)
+    forked = replay_columns(cols, workers=2)
+    assert [r.to_json() for r in forked] == [r.to_json() for r in alone]
+    assert [r.alert for r in forked] == [r.alert for r in alone]
+    assert any(r.alert for r in alone)
