@@ -395,3 +395,25 @@ def test_a_leak_stays_a_leak_while_it_goes_on():
     assert Verdict.LEAK in verdicts
     after = verdicts[verdicts.index(Verdict.LEAK):]
     assert all(v is Verdict.LEAK for v in after), [v.value for v in after]
+
+
+def test_a_leak_from_mid_run_under_slow_polls_is_called_without_waiting_for_hourly_refits():
+    """30 s polls, a leak from step 9,538: its first fits sit just short of z 4, and while
+    the floor counted as flat the next refit came up to an hour later. A floor that grows
+    (95 %) fast enough to fill HBM within the horizon is refit as often as a leak: the call
+    comes with more than half the onset-to-OOM time left (before: 40 %)."""
+    onset = 9538
+    overrides = dict(leak_onset_step=onset, leak_bytes_per_step=255344, stair_bytes=0,
+                     hbm_total_bytes=34088157184)
+    rows = [r for r in generate_trace("linear-leak", duration_s=25590.0, poll_interval_s=30.5,
+                                      chips=4, host="slow-poll-leak-03", seed=10003,
+                                      drop_probability=0.0444, poll_jitter_s=0.447,
+                                      start_time=T0, **overrides) if r.chip == "0"]
+    workload = Workload("linear-leak", chips=4, seed=10003, start_time=T0, **overrides)
+    d = run((np.array([r.time for r in rows]), np.array([r.step for r in rows], float),
+             np.array([r.hbm_used_bytes for r in rows], float),
+             np.array([r.hbm_total_bytes for r in rows], float)))
+    onset_time = next(r.time for r in rows if r.step >= onset)
+    assert workload.oom_time is not None and d.alert is not None
+    lead = (workload.oom_time - d.alert["time"]) / (workload.oom_time - onset_time)
+    assert lead > 0.5, lead

@@ -542,10 +542,13 @@ class ChipDetector:
             stairs = None
         stair = stairs.growth if stairs else 0.0
         stair_low, stair_high = stairs.growth_interval if stairs else (0.0, 0.0)
-        # refit often while the floor grows at all (significant at 95 %), not only once it
-        # is a leak: a leak that starts mid-run sits just short of z 4 for a fit or two,
-        # and the hourly refits of a flat floor would hold its call back by an hour
-        job.growing = fit.slope_low > 0 or stair > 0
+        # refit often while the floor grows (significant at 95 %) fast enough to fill HBM
+        # within the horizon, not only once it is a leak: a leak that starts mid-run sits
+        # just short of z 4 for a fit or two, and the hourly refits of a flat floor would
+        # hold its call back by an hour; slower growth could not become a leak so soon
+        headroom = (self.total or 0.0) - job.transient - fit.level
+        job.growing = stair > 0 or (fit.slope_low > 0 and
+                                    headroom < fit.slope * self.settings.horizon_seconds)
         job.slope = fit.slope if continuous else 0.0
         steps_per_second = self._step_rate(data)
         common = dict(base, floor_bytes=fit.level, transient_bytes=job.transient,
