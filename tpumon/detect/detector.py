@@ -38,11 +38,18 @@ from tpumon.describe import describe_growth
 from tpumon.detect import jumps as level_shifts
 from tpumon.detect.floors import FloorHistory, group_by_bucket
 from tpumon.detect.jumps import Jump
-from tpumon.detect.robust import PairwiseSlopes, lower_quartiles, sen_mann_kendall
+from tpumon.detect.robust import PairwiseSlopes, lower_quartiles, median, sen_mann_kendall
 from tpumon.detect.staircase import Staircase, find_staircase
 from tpumon.units import format_bytes
 
 
+
+
+def floor_noise(floors: np.ndarray) -> float:
+    """The scatter of single floors: MAD of successive differences around their median (a
+    steady trend is not scatter), as a standard deviation."""
+    diffs = np.diff(floors)
+    return 1.4826 * median(np.abs(diffs - median(diffs))) / math.sqrt(2) if len(diffs) else 0.0
 
 
 class Verdict(str, enum.Enum):
@@ -510,8 +517,10 @@ class ChipDetector:
             # levels of the thirds as lower quartiles: floors only ever read high
             l1, l2, l3 = lower_quartiles(y, (0, third, len(y) - third, len(y)))
             early, late = l2 - l1, l3 - l2
-            # about 3 sigma of (l3 - l2) - (l2 - l1) for levels of n/3 floors each
-            noise = 3 * 1.25 * job.sigma * math.sqrt(18.0 / len(y))
+            # about 3 sigma of (l3 - l2) - (l2 - l1) for levels of n/3 floors each, from
+            # the scatter of single floors (with few polls per bucket, floors read high
+            # often: far noisier than the envelopes that ``job.sigma`` measures)
+            noise = 3 * 1.25 * max(job.sigma, floor_noise(y)) * math.sqrt(18.0 / len(y))
             accelerating = late - early > max(noise,
                                               self.settings.shape_change_fraction * abs(late))
             if not accelerating or shorter < self.settings.min_window_seconds:
