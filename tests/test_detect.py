@@ -441,3 +441,25 @@ def test_noisy_floors_of_slow_polls_are_not_read_as_a_saturating_cache():
     assert workload.oom_time is not None and d.alert is not None
     lead = (workload.oom_time - d.alert["time"]) / (workload.oom_time - onset_time)
     assert lead > 0.65, lead
+
+
+def test_a_staircase_is_called_while_its_next_step_is_being_confirmed():
+    """An irregular staircase (1.2 GB at random steps, 21 s polls, no step numbers): its
+    third jump is confirmed while the fourth is rising. That rise held the call back until
+    it was confirmed too (it would pass for steep growth in a trend fit), so the alert came
+    0.6 h before the OOM; the staircase's rate counts confirmed jumps only, so it is called
+    on its own meanwhile, with its forecast and reason, over an hour before."""
+    overrides = dict(leak_onset_step=0, leak_bytes_per_step=0, stair_bytes=1285423712,
+                     stair_every_steps=6214, hbm_total_bytes=34088157184)
+    rows = [r for r in generate_trace("irregular-staircase", duration_s=25872.0,
+                                      poll_interval_s=21.0, chips=4,
+                                      host="irregular-stair-0-00", seed=7000,
+                                      drop_probability=0.0233, poll_jitter_s=0.09,
+                                      start_time=T0, **overrides) if r.chip == "0"]
+    workload = Workload("irregular-staircase", chips=4, seed=7000, start_time=T0, **overrides)
+    d = run((np.array([r.time for r in rows]), np.full(len(rows), math.nan),
+             np.array([r.hbm_used_bytes for r in rows], float),
+             np.array([r.hbm_total_bytes for r in rows], float)))
+    assert workload.oom_time is not None and d.alert is not None
+    assert workload.oom_time - d.alert["time"] > 3600
+    assert d.alert["reason"].startswith("3 jumps in ") and d.alert["predicted_oom_time"]

@@ -179,6 +179,7 @@ class JobView:
 
 
 _UNFITTED = (Verdict.INSUFFICIENT_DATA, Verdict.WARMING_UP)
+_PENDING = "a level shift is being confirmed"
 
 #: What a leak alert keeps of the assessment that raised it.
 _ALERT_FIELDS = ("predicted_oom_time", "predicted_oom_time_low", "predicted_oom_time_high",
@@ -556,8 +557,10 @@ class ChipDetector:
         # just short of z 4 for a fit or two, and the hourly refits of a flat floor would
         # hold its call back by an hour; slower growth could not become a leak so soon
         headroom = (self.total or 0.0) - job.transient - fit.level
-        job.growing = stair > 0 or (fit.slope_low > 0 and
-                                    headroom < fit.slope * self.settings.horizon_seconds)
+        # (and while the window holds a step up: it may be a staircase's first, and jumps
+        # are found at fits)
+        job.growing = stair > 0 or (
+            fit.slope_low > 0 and headroom < fit.slope * self.settings.horizon_seconds)
         job.slope = fit.slope if continuous else 0.0
         steps_per_second = self._step_rate(data)
         common = dict(base, floor_bytes=fit.level, transient_bytes=job.transient,
@@ -573,8 +576,19 @@ class ChipDetector:
             # job); the staircase itself goes on, so it alone is the leak's rate
             rate = stair
         if rate > 0 and (not decelerating or job.leaking or stair > 0):
-            return self._forecast(common, rate, steps_per_second, fit.level, job, window, b,
+            said = self._forecast(common, rate, steps_per_second, fit.level, job, window, b,
                                   stairs if stair and not continuous else None)
+            if said.reason == _PENDING and stairs and continuous and self._significant(
+                    job.history.window(now - stairs.span_seconds, self.settings.fit_points),
+                    now):
+                # the trend's call waits for a rise to be confirmed as a jump (it would pass
+                # for steep growth); the staircase's rate counts confirmed jumps only, so it
+                # is called on its own meanwhile
+                alone = dict(common, **slope_fields(stair, stair_low, stair_high,
+                                                    steps_per_second))
+                said = self._forecast(alone, stair, steps_per_second, fit.level, job, window,
+                                      b, stairs)
+            return said
         job.leaking = False
         return self._no_leak(job, common, decelerating)
 
@@ -626,7 +640,7 @@ class ChipDetector:
                       predicted_oom_time_high=times[2], predicted_oom_step=steps[0],
                       predicted_oom_step_low=steps[1], predicted_oom_step_high=steps[2])
         if not job.leaking:  # hysteresis: a leak stays one while growth stays significant
-            why_not = self._not_a_leak_yet(job, tto, window)
+            why_not = self._not_a_leak_yet(job, tto, window, stairs)
             if why_not:
                 return _Said(Verdict.OK, why_not, common)
             job.leaking = True
@@ -634,12 +648,21 @@ class ChipDetector:
         growth = stairs.describe() if stairs else f"floor grows {per}"
         return _Said(Verdict.LEAK, f"{growth}; OOM in {tto / 3600:.1f} h", common)
 
-    def _not_a_leak_yet(self, job: _Job, tto: float, window: float) -> str | None:
-        """Why growth that would OOM in ``tto`` seconds is not (yet) a leak; None if it is."""
-        recent = job.history.recent(2 * self._confirm)
-        if level_shifts.pending(self._detrended(job, recent), self._confirm, self._envelope,
-                                self._jump_threshold(job)):
-            return "a level shift is being confirmed"
+    def _not_a_leak_yet(self, job: _Job, tto: float, window: float,
+                        stairs: Staircase | None) -> str | None:
+        """Why growth that would OOM in ``tto`` seconds is not (yet) a leak; None if it is.
+
+        A rise not yet confirmed as a jump would pass for steep growth in a trend fit, so it
+        holds a trend's call back; a staircase's rate counts confirmed jumps only, so such a
+        rise (most likely its next step) does not hold it back, and its evidence is the
+        whole span of its jumps, not the trend fit's window."""
+        if stairs is not None:
+            window = max(window, stairs.span_seconds)
+        else:
+            recent = job.history.recent(2 * self._confirm)
+            if level_shifts.pending(self._detrended(job, recent), self._confirm,
+                                    self._envelope, self._jump_threshold(job)):
+                return _PENDING
         if tto <= self.settings.horizon_seconds and tto <= self.settings.max_extrapolation * window:
             return None
         return f"slow growth: OOM would take {tto / 3600:.0f} h"
