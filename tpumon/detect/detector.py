@@ -139,6 +139,8 @@ class _Job:
     sigma: float = 0.0
     sigma_due: int = 0
     last_fit: float = -math.inf
+    rise_limit: float = math.inf  # a floor above this (level at the last fit, plus a jump's
+    # threshold) is news on a floor counted flat: it is refit at once
     growing: bool = False
     slope: float = 0.0  # continuous trend (bytes/s) at the last fit: jumps are found around it
     leaking: bool = False
@@ -399,7 +401,7 @@ class ChipDetector:
             self._warm_up(job, b)
         else:
             self._trend_bucket(job, b)
-        if job.trend_start is None or self._fit_due(job, b.start):
+        if job.trend_start is None or self._fit_due(job, b.start, b.floor):
             self._assess(job, b)  # else, between fits, the last assessment stands
 
     def _is_restart(self, job: _Job, b: _Bucket) -> bool:
@@ -477,13 +479,15 @@ class ChipDetector:
         self._update_jumps(job)
         self._set(self._fit(job, b, base), b)
 
-    def _fit_due(self, job: _Job, now: float) -> bool:
+    def _fit_due(self, job: _Job, now: float, floor: float) -> bool:
         """Whether a bucket at ``now``, in the trend phase, is assessed: at every bucket
         until a fit gave a verdict; then refit often while something grows, rarely on a
-        flat floor (bounded CPU)."""
+        flat floor (bounded CPU), unless its floor rose clear of the last fit's level
+        (a leak that starts on a flat floor is not left unseen for up to an hour)."""
         assert job.trend_start is not None and self.width is not None
         span = now - job.trend_start
-        if span < self.settings.min_window_seconds or self._said.verdict in _UNFITTED:
+        if span < self.settings.min_window_seconds or self._said.verdict in _UNFITTED \
+                or floor > job.rise_limit:
             return True
         if job.growing:
             interval = min(max(span / 16, self.width), 600.0)
@@ -562,6 +566,7 @@ class ChipDetector:
         job.growing = stair > 0 or (
             fit.slope_low > 0 and headroom < fit.slope * self.settings.horizon_seconds)
         job.slope = fit.slope if continuous else 0.0
+        job.rise_limit = math.inf if job.growing else fit.level + self._jump_threshold(job)
         steps_per_second = self._step_rate(data)
         common = dict(base, floor_bytes=fit.level, transient_bytes=job.transient,
                       window_start=first, window_seconds=window, points=fit.n,
