@@ -38,7 +38,8 @@ from tpumon.describe import describe_growth
 from tpumon.detect import jumps as level_shifts
 from tpumon.detect.floors import FloorHistory, group_by_bucket
 from tpumon.detect.jumps import Jump
-from tpumon.detect.robust import PairwiseSlopes, lower_quartiles, median, sen_mann_kendall
+from tpumon.detect.robust import (PairwiseSlopes, TrendFit, lower_quartiles, median,
+                                  sen_mann_kendall)
 from tpumon.detect.staircase import Staircase, find_staircase
 from tpumon.units import format_bytes
 
@@ -536,9 +537,7 @@ class ChipDetector:
     def _fit(self, job: _Job, b: _Bucket, base: dict) -> _Said:
         now = b.start
         start, decelerating = self._choose_window(job, now)
-        data = job.history.window(start, self.settings.fit_points)
-        pairs = PairwiseSlopes(data[0], job.corrected(data))
-        fit = pairs.fit(now)
+        data, pairs, fit = self._window_fit(job, start, now)
         if fit is None:
             return _Said(Verdict.INSUFFICIENT_DATA, "too few floors", base)
         first = data.item(0, 0)
@@ -596,6 +595,26 @@ class ChipDetector:
             return said
         job.leaking = False
         return self._no_leak(job, common, decelerating)
+
+    def _window_fit(self, job: _Job, start: float,
+                    now: float) -> tuple[np.ndarray, PairwiseSlopes, TrendFit | None]:
+        """Floors from ``start`` on, their pairwise slopes and fit; narrowed to the recent
+        half while that half grows significantly faster than the whole (its slope
+        interval above the whole's): the growth began inside the window, and the flat
+        floors before it would dilute its rate. The shape test of ``_choose_window``
+        compares levels of thirds, which scattered floors blur; this compares the fits'
+        own 95 % intervals."""
+        while True:
+            data = job.history.window(start, self.settings.fit_points)
+            pairs = PairwiseSlopes(data[0], job.corrected(data))
+            fit = pairs.fit(now)
+            half = pairs.n // 2
+            if fit is None or now - data.item(0, half) < self.settings.min_window_seconds:
+                return data, pairs, fit
+            recent = pairs.tail(half).sen()
+            if recent is None or recent[1] <= fit.slope_high:
+                return data, pairs, fit
+            start = data.item(0, half)
 
     @staticmethod
     def _step_rate(data: np.ndarray) -> float | None:
