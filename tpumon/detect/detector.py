@@ -139,6 +139,7 @@ class _Job:
     transient: float = 0.0
     sigma: float = 0.0
     sigma_due: int = 0
+    scatter: float = 0.0  # of single floors (at least sigma): see floor_noise
     last_fit: float = -math.inf
     rise_limit: float = math.inf  # a floor above this (level at the last fit, plus a jump's
     # threshold) is news on a floor counted flat: it is refit at once
@@ -441,8 +442,9 @@ class ChipDetector:
         """Refresh the noise scale and scan the boundaries that arrived since the last fit."""
         k, e = self._confirm, self._envelope
         if job.appended >= job.sigma_due:  # the noise scale changes slowly: refresh it rarely
-            job.sigma = level_shifts.level_noise(job.history.recent(65 * e)[2], e,
-                                                 1e-4 * (self.total or 0.0))
+            recent = job.history.recent(65 * e)[2]
+            job.sigma = level_shifts.level_noise(recent, e, 1e-4 * (self.total or 0.0))
+            job.scatter = max(job.sigma, floor_noise(recent))
             job.sigma_due = job.appended + 16 * e
         offset = job.appended - len(job.history)  # global index of the oldest kept bucket
         begin = max(job.scanned - k - offset, 0)
@@ -525,8 +527,9 @@ class ChipDetector:
             early, late = l2 - l1, l3 - l2
             # about 3 sigma of (l3 - l2) - (l2 - l1) for levels of n/3 floors each, from
             # the scatter of single floors (with few polls per bucket, floors read high
-            # often: far noisier than the envelopes that ``job.sigma`` measures)
-            noise = 3 * 1.25 * max(job.sigma, floor_noise(y)) * math.sqrt(18.0 / len(y))
+            # often: far noisier than the envelopes that ``job.sigma`` measures; both are
+            # refreshed together, rarely)
+            noise = 3 * 1.25 * job.scatter * math.sqrt(18.0 / len(y))
             accelerating = late - early > max(noise,
                                               self.settings.shape_change_fraction * abs(late))
             if not accelerating or shorter < self.settings.min_window_seconds:
@@ -537,7 +540,7 @@ class ChipDetector:
     def _fit(self, job: _Job, b: _Bucket, base: dict) -> _Said:
         now = b.start
         start, decelerating = self._choose_window(job, now)
-        data, pairs, fit = self._window_fit(job, start, now)
+        data, fit, recent = self._window_fit(job, start, now)
         if fit is None:
             return _Said(Verdict.INSUFFICIENT_DATA, "too few floors", base)
         first = data.item(0, 0)
@@ -574,7 +577,7 @@ class ChipDetector:
                                      fit.slope_high + stair_high, steps_per_second))
         rate = (fit.slope if continuous else 0.0) + stair
         if rate > 0 and continuous and not decelerating:
-            rate = min(rate, self._recent_rate(pairs, job.leaking) + stair)
+            rate = min(rate, self._recent_rate(recent, job.leaking) + stair)
         if decelerating and stair > 0 and not job.leaking:
             # what slows is the growth between the stairs (a cache filling early in the
             # job); the staircase itself goes on, so it alone is the leak's rate
@@ -596,24 +599,23 @@ class ChipDetector:
         job.leaking = False
         return self._no_leak(job, common, decelerating)
 
-    def _window_fit(self, job: _Job, start: float,
-                    now: float) -> tuple[np.ndarray, PairwiseSlopes, TrendFit | None]:
-        """Floors from ``start`` on, their pairwise slopes and fit; narrowed to the recent
-        half while that half grows significantly faster than the whole (its slope
-        interval above the whole's): the growth began inside the window, and the flat
-        floors before it would dilute its rate. The shape test of ``_choose_window``
-        compares levels of thirds, which scattered floors blur; this compares the fits'
-        own 95 % intervals."""
+    def _window_fit(self, job: _Job, start: float, now: float) -> tuple[
+            np.ndarray, TrendFit | None, tuple[float, float, float] | None]:
+        """Floors from ``start`` on, their fit, and Sen's slope of their recent half;
+        narrowed to the recent half while that half grows significantly faster than the
+        whole (its slope interval above the whole's): the growth began inside the window,
+        and the flat floors before it would dilute its rate. The shape test of
+        ``_choose_window`` compares levels of thirds, which scattered floors blur; this
+        compares the fits' own 95 % intervals."""
         while True:
             data = job.history.window(start, self.settings.fit_points)
             pairs = PairwiseSlopes(data[0], job.corrected(data))
             fit = pairs.fit(now)
             half = pairs.n // 2
-            if fit is None or now - data.item(0, half) < self.settings.min_window_seconds:
-                return data, pairs, fit
-            recent = pairs.tail(half).sen()
-            if recent is None or recent[1] <= fit.slope_high:
-                return data, pairs, fit
+            recent = pairs.tail(half).sen() if fit is not None else None
+            if fit is None or recent is None or recent[1] <= fit.slope_high or \
+                    now - data.item(0, half) < self.settings.min_window_seconds:
+                return data, fit, recent
             start = data.item(0, half)
 
     @staticmethod
@@ -637,11 +639,11 @@ class ChipDetector:
         return raw is not None and raw.z >= self.settings.z_threshold and raw.slope_low > 0
 
     @staticmethod
-    def _recent_rate(pairs: PairwiseSlopes, leaking: bool) -> float:
-        """The slope over the recent half of the window: growth must still be going on,
-        significantly at 95 % to call a leak; once called, while the recent half still
-        grows (hysteresis: a half-window of a dozen floors is often short of 95 %)."""
-        sen = pairs.tail(pairs.n // 2).sen()
+    def _recent_rate(sen: tuple[float, float, float] | None, leaking: bool) -> float:
+        """The slope over the recent half of the window (Sen's, with its interval): growth
+        must still be going on, significantly at 95 % to call a leak; once called, while
+        the recent half still grows (hysteresis: a half-window of a dozen floors is often
+        short of 95 %)."""
         if sen is None or (sen[0] if leaking else sen[1]) <= 0:
             return 0.0
         return sen[0]
