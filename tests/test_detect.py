@@ -397,25 +397,33 @@ def test_a_leak_stays_a_leak_while_it_goes_on():
     assert all(v is Verdict.LEAK for v in after), [v.value for v in after]
 
 
+def corpus_chip(scenario: str, overrides: dict, steps: bool, **trace):
+    """Chip 0 of a 4-chip trace drawn as bench/detect.py draws its corpus (``trace``: poll
+    interval, seed, ...), run through a detector; with the OOM time (the truth) and the
+    lead: the share of the onset-to-OOM time left when the alert fired."""
+    rows = [r for r in generate_trace(scenario, chips=4, start_time=T0, **trace, **overrides)
+            if r.chip == "0"]
+    workload = Workload(scenario, chips=4, seed=trace["seed"], start_time=T0, **overrides)
+    d = run((np.array([r.time for r in rows]),
+             np.array([r.step if steps else math.nan for r in rows], float),
+             np.array([r.hbm_used_bytes for r in rows], float),
+             np.array([r.hbm_total_bytes for r in rows], float)))
+    onset = next(r.time for r in rows if r.step >= overrides["leak_onset_step"])
+    oom = workload.oom_time
+    assert oom is not None and d.alert is not None
+    return d, oom, (oom - d.alert["time"]) / (oom - onset)
+
+
 def test_a_leak_from_mid_run_under_slow_polls_is_called_without_waiting_for_hourly_refits():
     """30 s polls, a leak from step 9,538: its first fits sit just short of z 4, and while
     the floor counted as flat the next refit came up to an hour later. A floor that grows
     (95 %) fast enough to fill HBM within the horizon is refit as often as a leak: the call
     comes with more than half the onset-to-OOM time left (before: 40 %)."""
-    onset = 9538
-    overrides = dict(leak_onset_step=onset, leak_bytes_per_step=255344, stair_bytes=0,
-                     hbm_total_bytes=34088157184)
-    rows = [r for r in generate_trace("linear-leak", duration_s=25590.0, poll_interval_s=30.5,
-                                      chips=4, host="slow-poll-leak-03", seed=10003,
-                                      drop_probability=0.0444, poll_jitter_s=0.447,
-                                      start_time=T0, **overrides) if r.chip == "0"]
-    workload = Workload("linear-leak", chips=4, seed=10003, start_time=T0, **overrides)
-    d = run((np.array([r.time for r in rows]), np.array([r.step for r in rows], float),
-             np.array([r.hbm_used_bytes for r in rows], float),
-             np.array([r.hbm_total_bytes for r in rows], float)))
-    onset_time = next(r.time for r in rows if r.step >= onset)
-    assert workload.oom_time is not None and d.alert is not None
-    lead = (workload.oom_time - d.alert["time"]) / (workload.oom_time - onset_time)
+    _, _, lead = corpus_chip(
+        "linear-leak", dict(leak_onset_step=9538, leak_bytes_per_step=255344, stair_bytes=0,
+                            hbm_total_bytes=34088157184), True,
+        duration_s=25590.0, poll_interval_s=30.5, host="slow-poll-leak-03", seed=10003,
+        drop_probability=0.0444, poll_jitter_s=0.447)
     assert lead > 0.5, lead
 
 
@@ -426,21 +434,12 @@ def test_noisy_floors_of_slow_polls_are_not_read_as_a_saturating_cache():
     of single floors read as growth slowing down, a saturating cache, for an hour. Against
     the floors' own scatter the leak is called with over 60 % of onset-to-OOM left (63 %;
     before: 52 %)."""
-    onset = 6121
-    overrides = dict(leak_onset_step=onset, leak_bytes_per_step=303356, stair_bytes=0,
-                     leak_change_step=6379, leak_change_factor=1.76,
-                     hbm_total_bytes=34088157184)
-    rows = [r for r in generate_trace("leak-rate-change", duration_s=19811.0,
-                                      poll_interval_s=23.2, chips=4, host="rate-change-04",
-                                      seed=11004, drop_probability=0.0213, poll_jitter_s=0.328,
-                                      start_time=T0, **overrides) if r.chip == "0"]
-    workload = Workload("leak-rate-change", chips=4, seed=11004, start_time=T0, **overrides)
-    d = run((np.array([r.time for r in rows]), np.full(len(rows), math.nan),
-             np.array([r.hbm_used_bytes for r in rows], float),
-             np.array([r.hbm_total_bytes for r in rows], float)))
-    onset_time = next(r.time for r in rows if r.step >= onset)
-    assert workload.oom_time is not None and d.alert is not None
-    lead = (workload.oom_time - d.alert["time"]) / (workload.oom_time - onset_time)
+    _, _, lead = corpus_chip(
+        "leak-rate-change", dict(leak_onset_step=6121, leak_bytes_per_step=303356,
+                                 stair_bytes=0, leak_change_step=6379, leak_change_factor=1.76,
+                                 hbm_total_bytes=34088157184), False,
+        duration_s=19811.0, poll_interval_s=23.2, host="rate-change-04", seed=11004,
+        drop_probability=0.0213, poll_jitter_s=0.328)
     assert lead > 0.6, lead
 
 
@@ -451,17 +450,11 @@ def test_an_irregular_staircase_is_called_over_an_hour_before_its_oom():
     hourly: the alert came 0.6 h before the OOM. Now a pending rise holds back a trend's
     call only (a staircase's rate counts confirmed jumps), and a floor that rises clear of
     the last fit is refit at once: over an hour before."""
-    overrides = dict(leak_onset_step=0, leak_bytes_per_step=0, stair_bytes=1285423712,
-                     stair_every_steps=6214, hbm_total_bytes=34088157184)
-    rows = [r for r in generate_trace("irregular-staircase", duration_s=25872.0,
-                                      poll_interval_s=21.0, chips=4,
-                                      host="irregular-stair-0-00", seed=7000,
-                                      drop_probability=0.0233, poll_jitter_s=0.09,
-                                      start_time=T0, **overrides) if r.chip == "0"]
-    workload = Workload("irregular-staircase", chips=4, seed=7000, start_time=T0, **overrides)
-    d = run((np.array([r.time for r in rows]), np.full(len(rows), math.nan),
-             np.array([r.hbm_used_bytes for r in rows], float),
-             np.array([r.hbm_total_bytes for r in rows], float)))
-    assert workload.oom_time is not None and d.alert is not None
-    assert workload.oom_time - d.alert["time"] > 3600
+    d, oom, _ = corpus_chip(
+        "irregular-staircase", dict(leak_onset_step=0, leak_bytes_per_step=0,
+                                    stair_bytes=1285423712, stair_every_steps=6214,
+                                    hbm_total_bytes=34088157184), False,
+        duration_s=25872.0, poll_interval_s=21.0, host="irregular-stair-0-00", seed=7000,
+        drop_probability=0.0233, poll_jitter_s=0.09)
+    assert oom - d.alert["time"] > 3600
     assert d.alert["predicted_oom_time"] is not None
