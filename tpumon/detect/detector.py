@@ -558,17 +558,8 @@ class ChipDetector:
             stairs = None
         stair = stairs.growth if stairs else 0.0
         stair_low, stair_high = stairs.growth_interval if stairs else (0.0, 0.0)
-        # refit often while the floor grows (significant at 95 %) fast enough to fill HBM
-        # within the horizon, not only once it is a leak: a leak that starts mid-run sits
-        # just short of z 4 for a fit or two, and the hourly refits of a flat floor would
-        # hold its call back by an hour; slower growth could not become a leak so soon
-        headroom = (self.total or 0.0) - job.transient - fit.level
-        # (and while the window holds a step up: it may be a staircase's first, and jumps
-        # are found at fits)
-        job.growing = stair > 0 or (
-            fit.slope_low > 0 and headroom < fit.slope * self.settings.horizon_seconds)
+        self._plan_refits(job, fit, stair)
         job.slope = fit.slope if continuous else 0.0
-        job.rise_limit = math.inf if job.growing else fit.level + self._jump_threshold(job)
         steps_per_second = self._step_rate(data)
         common = dict(base, floor_bytes=fit.level, transient_bytes=job.transient,
                       window_start=first, window_seconds=window, points=fit.n,
@@ -598,6 +589,18 @@ class ChipDetector:
             return said
         job.leaking = False
         return self._no_leak(job, common, decelerating)
+
+    def _plan_refits(self, job: _Job, fit: TrendFit, stair: float) -> None:
+        """How soon the next fit comes (``_fit_due``). Often while the floor grows
+        (significant at 95 %) fast enough to fill HBM within the horizon, or a staircase
+        goes on, not only once it is a leak: a leak that starts mid-run sits just short of
+        z 4 for a fit or two, and the hourly refits of a flat floor would hold its call back
+        by an hour (slower growth could not become a leak so soon). On a floor counted flat,
+        as soon as a bucket's floor rises clear of this fit's level."""
+        headroom = (self.total or 0.0) - job.transient - fit.level
+        job.growing = stair > 0 or (
+            fit.slope_low > 0 and headroom < fit.slope * self.settings.horizon_seconds)
+        job.rise_limit = math.inf if job.growing else fit.level + self._jump_threshold(job)
 
     def _window_fit(self, job: _Job, start: float, now: float) -> tuple[
             np.ndarray, TrendFit | None, tuple[float, float, float] | None]:
