@@ -7,7 +7,8 @@ is analyzed by this tree's ``analyze_path`` and by the baseline's (``git archive
 ``--baseline-ref``, default ``main``: what `tpumon analyze` is today), each in a fresh
 subprocess, alternating, median CPU seconds of ``--runs`` runs. CPU time, not wall time:
 the machine is shared, and CPU time is what one core's throughput means (pyarrow's reader
-threads are counted too). The table says whether both gave the same verdicts, alerts and
+threads and the forked workers that replay jobs in parallel are counted too; wall time is
+shown beside it). The table says whether both gave the same verdicts, alerts and
 forecasts (they differ where the detector itself changed, not where the reader did).
 
 The corpus is built once from the simulator (about 1M rows) and multiplied: each copy is
@@ -47,14 +48,22 @@ SMALL_HOURS = 6.0  # one small trace: one host, this many hours
 #: Run in a subprocess with PYTHONPATH set to the tree under test: prints CPU seconds,
 #: samples and a digest of the results.
 _MEASURE = """
-import json, sys, time
+import inspect, json, resource, sys, time
 from tpumon.detect import replay
 paths = sys.argv[1:]
 analyze = getattr(replay, "analyze_path", None) or replay.analyze_file
-start = time.process_time()
+# as `tpumon analyze` runs it: on every usable core where the tree replays jobs in parallel
+cores = getattr(replay, "usable_cores", lambda: 1)()
+kwargs = {"workers": cores} if "workers" in inspect.signature(analyze).parameters else {}
+
+def children():
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)  # forked workers, once reaped
+    return usage.ru_utime + usage.ru_stime
+
+start = time.process_time() + children()
 wall = time.perf_counter()
-results = [r for p in paths for r in analyze(p)]
-cpu = time.process_time() - start
+results = [r for p in paths for r in analyze(p, **kwargs)]
+cpu = time.process_time() + children() - start
 wall = time.perf_counter() - wall
 import tpumon
 print(json.dumps({"tree": tpumon.__file__, "cpu": cpu, "wall": wall,

@@ -374,3 +374,87 @@ def test_replay_series_runs_the_detector_with_agent_defaults():
     arrays, _ = scenario_series("linear-leak", 12, seed=11)
     result = replay_series("h", "0", *arrays)
     assert result.assessment == run(arrays).assessment
+
+
+def test_a_leak_stays_a_leak_while_it_goes_on():
+    """Hysteresis: once called, a leak does not flap back to ok at a refit whose window or
+    recent half is short of the strict test (each flap resolves an alert and raises it
+    again; seen in the agent under load). Slow polls, a leak from mid-run: before the fix
+    the verdict went leak, ok, leak."""
+    rows = list(generate_trace("linear-leak", duration_s=12 * 3600, poll_interval_s=39.8,
+                               chips=1, seed=10004, drop_probability=0.0418,
+                               poll_jitter_s=0.301, leak_onset_step=7667,
+                               leak_bytes_per_step=254212, stair_bytes=0))
+    detector = ChipDetector()
+    detector.log = []
+    detector.update(np.array([r.time for r in rows]),
+                    np.array([math.nan if r.step is None else r.step for r in rows], float),
+                    np.array([r.hbm_used_bytes for r in rows], float),
+                    np.array([r.hbm_total_bytes for r in rows], float))
+    verdicts = [a.verdict for _, _, a in detector.log]
+    assert Verdict.LEAK in verdicts
+    after = verdicts[verdicts.index(Verdict.LEAK):]
+    assert all(v is Verdict.LEAK for v in after), [v.value for v in after]
+
+
+def corpus_chip(scenario: str, overrides: dict, steps: bool, **trace):
+    """Chip 0 of a 4-chip trace drawn as bench/detect.py draws its corpus (``trace``: poll
+    interval, seed, ...), run through a detector; with the OOM time (the truth) and the
+    lead: the share of the onset-to-OOM time left when the alert fired."""
+    rows = [r for r in generate_trace(scenario, chips=4, start_time=T0, **trace, **overrides)
+            if r.chip == "0"]
+    workload = Workload(scenario, chips=4, seed=trace["seed"], start_time=T0, **overrides)
+    d = run((np.array([r.time for r in rows]),
+             np.array([r.step if steps else math.nan for r in rows], float),
+             np.array([r.hbm_used_bytes for r in rows], float),
+             np.array([r.hbm_total_bytes for r in rows], float)))
+    onset = next(r.time for r in rows if r.step >= overrides["leak_onset_step"])
+    oom = workload.oom_time
+    assert oom is not None and d.alert is not None
+    return d, oom, (oom - d.alert["time"]) / (oom - onset)
+
+
+def test_a_leak_from_mid_run_under_slow_polls_is_called_without_waiting_for_hourly_refits():
+    """30 s polls, a leak from step 9,538: its first fits sit just short of z 4, and while
+    the floor counted as flat the next refit came up to an hour later. A floor that grows
+    (95 %) fast enough to fill HBM within the horizon is refit as often as a leak: the call
+    comes with more than half the onset-to-OOM time left (before: 40 %)."""
+    _, _, lead = corpus_chip(
+        "linear-leak", dict(leak_onset_step=9538, leak_bytes_per_step=255344, stair_bytes=0,
+                            hbm_total_bytes=34088157184), True,
+        duration_s=25590.0, poll_interval_s=30.5, host="slow-poll-leak-03", seed=10003,
+        drop_probability=0.0444, poll_jitter_s=0.447)
+    assert lead > 0.5, lead
+
+
+def test_noisy_floors_of_slow_polls_are_not_read_as_a_saturating_cache():
+    """23 s polls (8 per bucket: floors often read high by a GiB), no step numbers, a leak
+    from step 6,121 whose rate rises 1.76x soon after. The growth per third of the window
+    was compared against the noise of lower envelopes (about 10 MiB here), so the scatter
+    of single floors read as growth slowing down, a saturating cache, for an hour. Against
+    the floors' own scatter the leak is called with over 60 % of onset-to-OOM left (63 %;
+    before: 52 %)."""
+    _, _, lead = corpus_chip(
+        "leak-rate-change", dict(leak_onset_step=6121, leak_bytes_per_step=303356,
+                                 stair_bytes=0, leak_change_step=6379, leak_change_factor=1.76,
+                                 hbm_total_bytes=34088157184), False,
+        duration_s=19811.0, poll_interval_s=23.2, host="rate-change-04", seed=11004,
+        drop_probability=0.0213, poll_jitter_s=0.328)
+    assert lead > 0.6, lead
+
+
+def test_an_irregular_staircase_is_called_over_an_hour_before_its_oom():
+    """An irregular staircase (1.2 GB at random steps, 21 s polls, no step numbers): its
+    third jump is confirmed while the fourth is rising. That rise held every call back
+    until it was confirmed too, and the floor, counted flat between jumps, was refit only
+    hourly: the alert came 0.6 h before the OOM. Now a pending rise holds back a trend's
+    call only (a staircase's rate counts confirmed jumps), and a floor that rises clear of
+    the last fit is refit at once: over an hour before."""
+    d, oom, _ = corpus_chip(
+        "irregular-staircase", dict(leak_onset_step=0, leak_bytes_per_step=0,
+                                    stair_bytes=1285423712, stair_every_steps=6214,
+                                    hbm_total_bytes=34088157184), False,
+        duration_s=25872.0, poll_interval_s=21.0, host="irregular-stair-0-00", seed=7000,
+        drop_probability=0.0233, poll_jitter_s=0.09)
+    assert oom - d.alert["time"] > 3600
+    assert d.alert["predicted_oom_time"] is not None

@@ -82,6 +82,38 @@ def test_a_leak_on_one_rank_is_caught_alone():
     assert all(pooled[c].alert is None and pooled[c].verdict != "leak" for c in "123")
 
 
+def test_the_agent_keeps_a_job_together_through_a_poll_that_misses_its_process():
+    """A poll whose owner scan comes back empty (a runtime poll that timed out, /proc under
+    load) must not split a job: the chips that had joined its leak stayed ``leak``. Before
+    the fix they fell back to their own verdict for that poll and rose again after (an
+    alert resolved and raised within seconds)."""
+    from tpumon.agent import Agent, OwnerScanner
+    from tpumon.exporters.prometheus import build_registry
+    from tpumon.identity import Identity
+    from tpumon.sources.chips import inventory_for
+    from tpumon.sources.tpu_runtime import TpuRuntimeSource
+    from tpumon.state import AgentState
+
+    cols = columns("linear-leak", 10, 11, leak_chip_spread=0.3)
+    first_leak = min(r.alert["time"] for r in replay_columns(cols))  # pooled: all at once
+    detectors = {}
+    for (_, chip), c in cols.items():
+        n = int(np.searchsorted(c.times, first_leak, side="right"))
+        detectors[chip] = ChipDetector()
+        detectors[chip].update(c.times[:n], c.steps[:n], c.used[:n], c.total[:n])
+    own = {chip: d.assessment.verdict for chip, d in detectors.items()}
+    assert Verdict.LEAK in own.values() and set(own.values()) != {Verdict.LEAK}  # some join
+    inventory = inventory_for("v4", 4)
+    state = AgentState(Identity(host="h"), inventory, history_points=8)
+    agent = Agent(state, TpuRuntimeSource("127.0.0.1", [], 1.0, inventory),
+                  OwnerScanner(dict, 60), 1.0, build_registry(lambda: state.snapshot),
+                  detectors=detectors)
+    held = agent._detect({}, {chip: 7 for chip in detectors})
+    assert all(a.verdict is Verdict.LEAK for a in held.values())
+    missed = agent._detect({}, {})
+    assert {c: a.verdict for c, a in missed.items()} == {c: Verdict.LEAK for c in detectors}
+
+
 @pytest.mark.parametrize("scenario,seed", [("linear-leak", 11), ("chip0-leak", 3)])
 def test_the_report_says_what_analyze_says(scenario, seed):
     """`tpumon report` pools a host's chips as `analyze` (and the agent) do: the same final
@@ -102,3 +134,18 @@ def test_the_report_says_what_analyze_says(scenario, seed):
             assert not leaks
         assert all(a[1] == b[0] for a, b in zip(chip.verdicts, chip.verdicts[1:]))
         assert chip.verdicts[0][0] == chip.start and chip.verdicts[-1][1] == chip.end
+
+
+def test_jobs_replayed_by_forked_workers_give_the_same_results(monkeypatch):
+    """`tpumon analyze` replays a large trace's jobs on every core: the same results as one
+    process, in the same order (each job is replayed whole wherever it runs)."""
+    from tpumon.detect import replay
+
+    cols = dict(columns("linear-leak", 6, 11))
+    cols.update({("other-host", chip): c for (_, chip), c in columns("chip0-leak", 6, 3).items()})
+    alone = replay_columns(cols)
+    monkeypatch.setattr(replay, "PARALLEL_MIN_SAMPLES", 0)
+    forked = replay_columns(cols, workers=2)
+    assert [r.to_json() for r in forked] == [r.to_json() for r in alone]
+    assert [r.alert for r in forked] == [r.alert for r in alone]
+    assert any(r.alert for r in alone)

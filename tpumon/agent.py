@@ -127,6 +127,7 @@ class Agent(Component):
         self.state = state = inputs.state
         self._detector_settings = inputs.detector_settings
         self._detectors: dict[str, ChipDetector] = dict(inputs.detectors)
+        self._holder: dict[str, int] = {}  # chip -> the last process seen holding it
         self._store = inputs.store
         self._checkpoint_interval = inputs.checkpoint_interval
         self._next_checkpoint = time.monotonic() + inputs.checkpoint_interval
@@ -264,8 +265,12 @@ class Agent(Component):
                 detector = self._detectors[name] = ChipDetector(self._detector_settings)
             detector.update((s.time,), (math.nan if s.step is None else s.step,), (s.used,),
                             (s.total,))
+        # a chip's job is the last process seen holding it: a poll whose owner scan misses
+        # the holder (a runtime that timed out, /proc under load) must not split the job
+        # and flip its pooled verdicts back and forth
+        self._holder.update(owners)
         return pool_jobs({name: d.assessment for name, d in self._detectors.items()},
-                         {chip: f"process {pid}" for chip, pid in owners.items()})
+                         {chip: f"process {pid}" for chip, pid in self._holder.items()})
 
     def run(self, stop: threading.Event,
             after_poll: Callable[[PollState], None] | None = None) -> None:

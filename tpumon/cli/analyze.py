@@ -14,7 +14,8 @@ from rich.table import Table
 from tpumon.cli.prometheus_source import (check_prometheus_options, prometheus_options,
                                           prometheus_rows)
 from tpumon.detect import describe_growth
-from tpumon.detect.replay import SeriesResult, analyze_path, describe_forecast, replay_columns
+from tpumon.detect.replay import (SeriesResult, analyze_path, describe_forecast, replay_columns,
+                                   usable_cores)
 from tpumon.trace import TraceFormatError
 
 #: Widest host name shown: the table fits 80 columns with every other column full.
@@ -120,7 +121,7 @@ def command(trace: str | None, fmt: str, prometheus: str | None, slice_name: str
     if trace is None:
         raise click.UsageError("give a TRACE file, or --prometheus URL --slice NAME")
     try:
-        results = analyze_path(trace)
+        results = analyze_path(trace, workers=usable_cores())
     except TraceFormatError as exc:
         raise click.ClickException(str(exc)) from None
     except OSError as exc:

@@ -38,11 +38,19 @@ from tpumon.describe import describe_growth
 from tpumon.detect import jumps as level_shifts
 from tpumon.detect.floors import FloorHistory, group_by_bucket
 from tpumon.detect.jumps import Jump
-from tpumon.detect.robust import PairwiseSlopes, lower_quartiles, sen_mann_kendall
+from tpumon.detect.robust import (PairwiseSlopes, TrendFit, lower_quartiles, median,
+                                  sen_mann_kendall)
 from tpumon.detect.staircase import Staircase, find_staircase
 from tpumon.units import format_bytes
 
 
+
+
+def floor_noise(floors: np.ndarray) -> float:
+    """The scatter of single floors: MAD of successive differences around their median (a
+    steady trend is not scatter), as a standard deviation."""
+    diffs = np.diff(floors)
+    return 1.4826 * median(np.abs(diffs - median(diffs))) / math.sqrt(2) if len(diffs) else 0.0
 
 
 class Verdict(str, enum.Enum):
@@ -131,7 +139,10 @@ class _Job:
     transient: float = 0.0
     sigma: float = 0.0
     sigma_due: int = 0
+    scatter: float = 0.0  # of single floors (at least sigma): see floor_noise
     last_fit: float = -math.inf
+    rise_limit: float = math.inf  # a floor above this (level at the last fit, plus a jump's
+    # threshold) is news on a floor counted flat: it is refit at once
     growing: bool = False
     slope: float = 0.0  # continuous trend (bytes/s) at the last fit: jumps are found around it
     leaking: bool = False
@@ -172,6 +183,7 @@ class JobView:
 
 
 _UNFITTED = (Verdict.INSUFFICIENT_DATA, Verdict.WARMING_UP)
+_PENDING = "a level shift is being confirmed"
 
 #: What a leak alert keeps of the assessment that raised it.
 _ALERT_FIELDS = ("predicted_oom_time", "predicted_oom_time_low", "predicted_oom_time_high",
@@ -391,7 +403,7 @@ class ChipDetector:
             self._warm_up(job, b)
         else:
             self._trend_bucket(job, b)
-        if job.trend_start is None or self._fit_due(job, b.start):
+        if job.trend_start is None or self._fit_due(job, b.start, b.floor):
             self._assess(job, b)  # else, between fits, the last assessment stands
 
     def _is_restart(self, job: _Job, b: _Bucket) -> bool:
@@ -430,8 +442,9 @@ class ChipDetector:
         """Refresh the noise scale and scan the boundaries that arrived since the last fit."""
         k, e = self._confirm, self._envelope
         if job.appended >= job.sigma_due:  # the noise scale changes slowly: refresh it rarely
-            job.sigma = level_shifts.level_noise(job.history.recent(65 * e)[2], e,
-                                                 1e-4 * (self.total or 0.0))
+            recent = job.history.recent(65 * e)[2]
+            job.sigma = level_shifts.level_noise(recent, e, 1e-4 * (self.total or 0.0))
+            job.scatter = max(job.sigma, floor_noise(recent))
             job.sigma_due = job.appended + 16 * e
         offset = job.appended - len(job.history)  # global index of the oldest kept bucket
         begin = max(job.scanned - k - offset, 0)
@@ -469,13 +482,15 @@ class ChipDetector:
         self._update_jumps(job)
         self._set(self._fit(job, b, base), b)
 
-    def _fit_due(self, job: _Job, now: float) -> bool:
+    def _fit_due(self, job: _Job, now: float, floor: float) -> bool:
         """Whether a bucket at ``now``, in the trend phase, is assessed: at every bucket
         until a fit gave a verdict; then refit often while something grows, rarely on a
-        flat floor (bounded CPU)."""
+        flat floor (bounded CPU), unless its floor rose clear of the last fit's level
+        (a leak that starts on a flat floor is not left unseen for up to an hour)."""
         assert job.trend_start is not None and self.width is not None
         span = now - job.trend_start
-        if span < self.settings.min_window_seconds or self._said.verdict in _UNFITTED:
+        if span < self.settings.min_window_seconds or self._said.verdict in _UNFITTED \
+                or floor > job.rise_limit:
             return True
         if job.growing:
             interval = min(max(span / 16, self.width), 600.0)
@@ -510,8 +525,11 @@ class ChipDetector:
             # levels of the thirds as lower quartiles: floors only ever read high
             l1, l2, l3 = lower_quartiles(y, (0, third, len(y) - third, len(y)))
             early, late = l2 - l1, l3 - l2
-            # about 3 sigma of (l3 - l2) - (l2 - l1) for levels of n/3 floors each
-            noise = 3 * 1.25 * job.sigma * math.sqrt(18.0 / len(y))
+            # about 3 sigma of (l3 - l2) - (l2 - l1) for levels of n/3 floors each, from
+            # the scatter of single floors (with few polls per bucket, floors read high
+            # often: far noisier than the envelopes that ``job.sigma`` measures; both are
+            # refreshed together, rarely)
+            noise = 3 * 1.25 * job.scatter * math.sqrt(18.0 / len(y))
             accelerating = late - early > max(noise,
                                               self.settings.shape_change_fraction * abs(late))
             if not accelerating or shorter < self.settings.min_window_seconds:
@@ -522,15 +540,16 @@ class ChipDetector:
     def _fit(self, job: _Job, b: _Bucket, base: dict) -> _Said:
         now = b.start
         start, decelerating = self._choose_window(job, now)
-        data = job.history.window(start, self.settings.fit_points)
-        pairs = PairwiseSlopes(data[0], job.corrected(data))
-        fit = pairs.fit(now)
+        data, fit, recent = self._window_fit(job, start, now)
         if fit is None:
             return _Said(Verdict.INSUFFICIENT_DATA, "too few floors", base)
         first = data.item(0, 0)
         window = now - first
         in_window = [j for j in job.jumps if j.time >= first]
-        continuous = fit.z >= self.settings.z_threshold and fit.slope_low > 0
+        # hysteresis: a leak is called at z >= z_threshold, and stays one while its growth
+        # is significant at 95 % (the interval above zero): one refit on a shorter window
+        # that falls below z 4 must not resolve an alert and raise it again a bucket later
+        continuous = fit.slope_low > 0 and (job.leaking or fit.z >= self.settings.z_threshold)
         start = job.trend_start if job.trend_start is not None else first
         stairs = find_staircase([j for j in job.jumps if j.time >= start], now,
                                 self.settings.staircase_min_jumps)
@@ -539,7 +558,7 @@ class ChipDetector:
             stairs = None
         stair = stairs.growth if stairs else 0.0
         stair_low, stair_high = stairs.growth_interval if stairs else (0.0, 0.0)
-        job.growing = continuous or stair > 0
+        self._plan_refits(job, fit, stair)
         job.slope = fit.slope if continuous else 0.0
         steps_per_second = self._step_rate(data)
         common = dict(base, floor_bytes=fit.level, transient_bytes=job.transient,
@@ -549,16 +568,58 @@ class ChipDetector:
                                      fit.slope_high + stair_high, steps_per_second))
         rate = (fit.slope if continuous else 0.0) + stair
         if rate > 0 and continuous and not decelerating:
-            rate = min(rate, self._recent_rate(pairs) + stair)
+            rate = min(rate, self._recent_rate(recent, job.leaking) + stair)
         if decelerating and stair > 0 and not job.leaking:
             # what slows is the growth between the stairs (a cache filling early in the
             # job); the staircase itself goes on, so it alone is the leak's rate
             rate = stair
         if rate > 0 and (not decelerating or job.leaking or stair > 0):
-            return self._forecast(common, rate, steps_per_second, fit.level, job, window, b,
+            said = self._forecast(common, rate, steps_per_second, fit.level, job, window, b,
                                   stairs if stair and not continuous else None)
+            if said.reason == _PENDING and stairs and continuous and self._significant(
+                    job.history.window(now - stairs.span_seconds, self.settings.fit_points),
+                    now):
+                # the trend's call waits for a rise to be confirmed as a jump (it would pass
+                # for steep growth); the staircase's rate counts confirmed jumps only, so it
+                # is called on its own meanwhile
+                alone = dict(common, **slope_fields(stair, stair_low, stair_high,
+                                                    steps_per_second))
+                said = self._forecast(alone, stair, steps_per_second, fit.level, job, window,
+                                      b, stairs)
+            return said
         job.leaking = False
         return self._no_leak(job, common, decelerating)
+
+    def _plan_refits(self, job: _Job, fit: TrendFit, stair: float) -> None:
+        """How soon the next fit comes (``_fit_due``). Often while the floor grows
+        (significant at 95 %) fast enough to fill HBM within the horizon, or a staircase
+        goes on, not only once it is a leak: a leak that starts mid-run sits just short of
+        z 4 for a fit or two, and the hourly refits of a flat floor would hold its call back
+        by an hour (slower growth could not become a leak so soon). On a floor counted flat,
+        as soon as a bucket's floor rises clear of this fit's level."""
+        headroom = (self.total or 0.0) - job.transient - fit.level
+        job.growing = stair > 0 or (
+            fit.slope_low > 0 and headroom < fit.slope * self.settings.horizon_seconds)
+        job.rise_limit = math.inf if job.growing else fit.level + self._jump_threshold(job)
+
+    def _window_fit(self, job: _Job, start: float, now: float) -> tuple[
+            np.ndarray, TrendFit | None, tuple[float, float, float] | None]:
+        """Floors from ``start`` on, their fit, and Sen's slope of their recent half;
+        narrowed to the recent half while that half grows significantly faster than the
+        whole (its slope interval above the whole's): the growth began inside the window,
+        and the flat floors before it would dilute its rate. The shape test of
+        ``_choose_window`` compares levels of thirds, which scattered floors blur; this
+        compares the fits' own 95 % intervals."""
+        while True:
+            data = job.history.window(start, self.settings.fit_points)
+            pairs = PairwiseSlopes(data[0], job.corrected(data))
+            fit = pairs.fit(now)
+            half = pairs.n // 2
+            recent = pairs.tail(half).sen() if fit is not None else None
+            if fit is None or recent is None or recent[1] <= fit.slope_high or \
+                    now - data.item(0, half) < self.settings.min_window_seconds:
+                return data, fit, recent
+            start = data.item(0, half)
 
     @staticmethod
     def _step_rate(data: np.ndarray) -> float | None:
@@ -581,10 +642,12 @@ class ChipDetector:
         return raw is not None and raw.z >= self.settings.z_threshold and raw.slope_low > 0
 
     @staticmethod
-    def _recent_rate(pairs: PairwiseSlopes) -> float:
-        """The slope over the recent half of the window: growth must still be going on."""
-        sen = pairs.tail(pairs.n // 2).sen()
-        if sen is None or sen[1] <= 0:
+    def _recent_rate(sen: tuple[float, float, float] | None, leaking: bool) -> float:
+        """The slope over the recent half of the window (Sen's, with its interval): growth
+        must still be going on, significantly at 95 % to call a leak; once called, while
+        the recent half still grows (hysteresis: a half-window of a dozen floors is often
+        short of 95 %)."""
+        if sen is None or (sen[0] if leaking else sen[1]) <= 0:
             return 0.0
         return sen[0]
 
@@ -606,7 +669,7 @@ class ChipDetector:
                       predicted_oom_time_high=times[2], predicted_oom_step=steps[0],
                       predicted_oom_step_low=steps[1], predicted_oom_step_high=steps[2])
         if not job.leaking:  # hysteresis: a leak stays one while growth stays significant
-            why_not = self._not_a_leak_yet(job, tto, window)
+            why_not = self._not_a_leak_yet(job, tto, window, stairs)
             if why_not:
                 return _Said(Verdict.OK, why_not, common)
             job.leaking = True
@@ -614,12 +677,21 @@ class ChipDetector:
         growth = stairs.describe() if stairs else f"floor grows {per}"
         return _Said(Verdict.LEAK, f"{growth}; OOM in {tto / 3600:.1f} h", common)
 
-    def _not_a_leak_yet(self, job: _Job, tto: float, window: float) -> str | None:
-        """Why growth that would OOM in ``tto`` seconds is not (yet) a leak; None if it is."""
-        recent = job.history.recent(2 * self._confirm)
-        if level_shifts.pending(self._detrended(job, recent), self._confirm, self._envelope,
-                                self._jump_threshold(job)):
-            return "a level shift is being confirmed"
+    def _not_a_leak_yet(self, job: _Job, tto: float, window: float,
+                        stairs: Staircase | None) -> str | None:
+        """Why growth that would OOM in ``tto`` seconds is not (yet) a leak; None if it is.
+
+        A rise not yet confirmed as a jump would pass for steep growth in a trend fit, so it
+        holds a trend's call back; a staircase's rate counts confirmed jumps only, so such a
+        rise (most likely its next step) does not hold it back, and its evidence is the
+        whole span of its jumps, not the trend fit's window."""
+        if stairs is not None:
+            window = max(window, stairs.span_seconds)
+        else:
+            recent = job.history.recent(2 * self._confirm)
+            if level_shifts.pending(self._detrended(job, recent), self._confirm,
+                                    self._envelope, self._jump_threshold(job)):
+                return _PENDING
         if tto <= self.settings.horizon_seconds and tto <= self.settings.max_extrapolation * window:
             return None
         return f"slow growth: OOM would take {tto / 3600:.0f} h"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import multiprocessing
 import os
 import re
 import time
@@ -169,12 +170,13 @@ def replay_series(host: str, chip: str, times: np.ndarray, steps: np.ndarray,
                         int(np.count_nonzero(used > totals)))
 
 
-def analyze_path(path: str, settings: DetectorSettings | None = None) -> list[SeriesResult]:
+def analyze_path(path: str, settings: DetectorSettings | None = None,
+                 workers: int = 1) -> list[SeriesResult]:
     """``analyze_file`` of a trace file, or of every trace file (.csv, .jsonl, .parquet) in a
     directory, in name order: a slice recorded one file per host, its chips pooled as one
-    job. A series in two files is an error."""
+    job. A series in two files is an error. ``workers``: as in :func:`replay_columns`."""
     if path == "-" or not os.path.isdir(path):
-        return analyze_file(path, settings)
+        return replay_columns(read_trace_columns(path), settings, workers)
     columns: dict[tuple[str, str], SeriesColumns] = {}
     for name in sorted(n for n in os.listdir(path) if n.lower().endswith(TRACE_SUFFIXES)):
         file = os.path.join(path, name)
@@ -183,7 +185,7 @@ def analyze_path(path: str, settings: DetectorSettings | None = None) -> list[Se
                 raise TraceFormatError(file, None, f"host {key[0]!r} chip {key[1]!r} is also "
                                        "in an earlier file of the directory")
             columns[key] = c
-    return replay_columns(columns, settings)
+    return replay_columns(columns, settings, workers)
 
 
 #: What a trace file's name ends with, in a directory that ``analyze_path`` reads.
@@ -279,13 +281,55 @@ def analyze_file(path: str, settings: DetectorSettings | None = None) -> list[Se
 
 
 def replay_columns(columns: dict[tuple[str, str], SeriesColumns],
-                   settings: DetectorSettings | None = None) -> list[SeriesResult]:
+                   settings: DetectorSettings | None = None,
+                   workers: int = 1) -> list[SeriesResult]:
     """Replay every series, the chips of each job (slice, or host) together, in the
-    columns' order."""
+    columns' order. Jobs are independent, so with ``workers`` > 1 a large trace's jobs are
+    replayed by that many forked processes (``tpumon analyze`` uses every usable core):
+    the same results, as each job is replayed whole by one detector per chip wherever it
+    runs. Only a command-line process forks; the agent (threads) replays in itself."""
     jobs: dict[str, list[tuple[str, str, SeriesColumns]]] = {}
     for (host, chip), c in columns.items():
         jobs.setdefault(job_name(host), []).append((host, chip, c))
-    by_key = {(r.host, r.chip): r for job, series in jobs.items()
-              for r in replay_job(job, series, settings)}
+    by_key = {(r.host, r.chip): r for r in _replay_jobs(list(jobs.items()), settings, workers)}
     return [by_key[key] for key in columns]
+
+
+#: Fewer samples than this are replayed in this process: forking would cost more than it
+#: saves (a 2-core VM replays about 2M samples a second per core).
+PARALLEL_MIN_SAMPLES = 1_000_000
+
+Jobs = list[tuple[str, list[tuple[str, str, SeriesColumns]]]]
+
+#: What forked workers replay: inherited from the parent at the fork, never pickled.
+_FORKED: tuple[Jobs, DetectorSettings | None] | None = None
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its affinity, else the machine's)."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    return len(affinity(0)) if affinity is not None else os.cpu_count() or 1
+
+
+def _replay_jobs(jobs: Jobs, settings: DetectorSettings | None,
+                 workers: int) -> list[SeriesResult]:
+    samples = sum(len(c.times) for _, series in jobs for _, _, c in series)
+    workers = min(workers, len(jobs))
+    if workers < 2 or samples < PARALLEL_MIN_SAMPLES or \
+            "fork" not in multiprocessing.get_all_start_methods():
+        return [r for job, series in jobs for r in replay_job(job, series, settings)]
+    global _FORKED
+    _FORKED = (jobs, settings)
+    try:
+        with multiprocessing.get_context("fork").Pool(workers) as pool:
+            parts = pool.map(_replay_forked, range(len(jobs)), chunksize=1)
+    finally:
+        _FORKED = None
+    return [r for part in parts for r in part]
+
+
+def _replay_forked(index: int) -> list[SeriesResult]:
+    assert _FORKED is not None
+    jobs, settings = _FORKED
+    return replay_job(*jobs[index], settings)
 
