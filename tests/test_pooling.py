@@ -87,7 +87,7 @@ def test_the_agent_keeps_a_job_together_through_a_poll_that_misses_its_process()
     load) must not split a job: the chips that had joined its leak stayed ``leak``. Before
     the fix they fell back to their own verdict for that poll and rose again after (an
     alert resolved and raised within seconds)."""
-    from tpumon.agent import Agent, OwnerScanner
+    from tpumon.agent import Agent, AgentInputs, OwnerScanner
     from tpumon.exporters.prometheus import build_registry
     from tpumon.identity import Identity
     from tpumon.sources.chips import inventory_for
@@ -105,9 +105,9 @@ def test_the_agent_keeps_a_job_together_through_a_poll_that_misses_its_process()
     assert Verdict.LEAK in own.values() and set(own.values()) != {Verdict.LEAK}  # some join
     inventory = inventory_for("v4", 4)
     state = AgentState(Identity(host="h"), inventory, history_points=8)
-    agent = Agent(state, TpuRuntimeSource("127.0.0.1", [], 1.0, inventory),
-                  OwnerScanner(dict, 60), 1.0, build_registry(lambda: state.snapshot),
-                  detectors=detectors)
+    agent = Agent(AgentInputs(state, TpuRuntimeSource("127.0.0.1", [], 1.0, inventory),
+                              OwnerScanner(dict, 60), 1.0,
+                              build_registry(lambda: state.snapshot), detectors=detectors))
     held = agent._detect({}, {chip: 7 for chip in detectors})
     assert all(a.verdict is Verdict.LEAK for a in held.values())
     missed = agent._detect({}, {})
