@@ -210,8 +210,9 @@ class ReporterCollector(_PollCollector):
         received = _counter("tpumon_reporter_reports", "Reports received from training "
                             "processes.", [])
         received.add_metric(ident, snap.reporter.reports_total)
-        dropped = _counter("tpumon_reporter_dropped_reports", "Datagrams dropped by the "
-                           "agent, by reason (oversized, malformed, version, forbidden, backlog).",
+        dropped = _counter("tpumon_reporter_dropped_reports", "Reports (datagrams or "
+                           "messages on a connection) dropped by the agent, by reason (oversized, "
+                           "malformed, version, forbidden, backlog).",
                            ["reason"])
         for reason, count in snap.reporter.dropped_total.items():
             dropped.add_metric(ident + [reason], count)
