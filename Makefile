@@ -91,6 +91,7 @@ bench: system-deps-bench venv
 	$(BIN)/python bench/soak.py
 	$(BIN)/python bench/overhead.py
 	$(BIN)/python bench/startup.py
+	$(BIN)/python bench/http_serve.py
 
 clean:
 	rm -rf $(VENV) .venv-frameworks .pytest_cache build *.egg-info .demo-state .demo-pod
