@@ -24,6 +24,7 @@ from tpumon.samples import HostSample, RuntimeReading
 from tpumon.sources.health import SourceTracker
 from tpumon.sources.host import HostSource
 from tpumon.sources.kernel_log import KernelLog
+from tpumon.sources.pod_resources import PodAssignment
 from tpumon.sources.tpu_runtime import TpuRuntimeSource
 from tpumon.notify.alerts import AlertLog
 from tpumon.notify.health import NotifierHealth
@@ -106,7 +107,8 @@ class Agent:
                  notifier_health: Callable[[], NotifierHealth] | None = None,
                  alert_settings: AlertSettings | None = None,
                  leak_snapshots: LeakSnapshots | None = None,
-                 kernel_log: KernelLog | None = None) -> None:
+                 kernel_log: KernelLog | None = None,
+                 pod_resources: SourceTracker[PodAssignment] | None = None) -> None:
         self.state = state
         self._detector_settings = detector_settings
         self._detectors: dict[str, ChipDetector] = dict(detectors or {})
@@ -125,6 +127,9 @@ class Agent:
         self._kernel = None if kernel_log is None else SourceTracker("kernel_log",
                                                                      kernel_log.poll)
         self._ends = JobEndTracker(interval)
+        self._pods = pod_resources  # polled on its own, slower cadence
+        self._chip_pods: PodAssignment | None = None if pod_resources is None else \
+            PodAssignment({})  # the last answer stands while the kubelet does not answer
         self._unstored_ends: list[StoredEnd] = []  # for the store's next record
         self._leak_snapshots = leak_snapshots
         self._notifier_health = notifier_health
@@ -163,8 +168,10 @@ class Agent:
         wall = time.time()
         if runtime is not None:
             self._clock_offset = runtime.time - wall
+        if self._pods is not None:
+            self._chip_pods = self._pods.poll() or self._chip_pods
         health = (self._runtime.health, self._host.health) + tuple(
-            t.health for t in (self._reporters, self._kernel) if t is not None)
+            t.health for t in (self._reporters, self._kernel, self._pods) if t is not None)
         snapshot = Snapshot(
             time=wall, clock_offset=self._clock_offset, identity=previous.identity,
             inventory=previous.inventory,
@@ -178,7 +185,7 @@ class Agent:
             reporter=reported,
             notifier=None if self._notifier_health is None else self._notifier_health(),
             alert_settings=self.alert_settings, job_ends=tuple(self._ends.recent),
-            job_ends_total=dict(self._ends.totals))
+            job_ends_total=dict(self._ends.totals), chip_pods=self._chip_pods)
         self.state.publish(snapshot)
         if self._alert_log is not None:
             self._alert_log(snapshot)

@@ -36,6 +36,7 @@ from tpumon.notify.secrets import read_secret
 from tpumon.notify.slack import SlackChannel
 from tpumon.leak_snapshots import LeakSnapshots
 from tpumon.sources.kernel_log import KernelLog
+from tpumon.sources.pod_resources import open_pod_resources
 from tpumon.sources.reporter import ReporterSocket
 from tpumon.sources.tpu_runtime import TpuRuntimeSource
 from tpumon.state import AgentState
@@ -378,7 +379,8 @@ def build(config: Config, simulate: bool = False, env: Mapping[str, str] | None 
                   leak_snapshots=None if reporters is None or not config[
                       "reporter.snapshot_on_leak"] else LeakSnapshots(
                       reporters.request_snapshot, config["reporter.snapshot_steps"]),
-                  kernel_log=agent_kernel_log(config, simulate, sim_kernel_log))
+                  kernel_log=agent_kernel_log(config, simulate, sim_kernel_log),
+                  pod_resources=open_pod_resources(config, simulate, inventory))
     if store is not None:
         store.start()
     if notifier is not None:
