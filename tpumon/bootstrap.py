@@ -24,8 +24,8 @@ from tpumon.agent import Agent, OwnerScanner
 from tpumon.config import Config, ConfigError, parse_ports
 from tpumon.exporters.prometheus import build_registry
 from tpumon.identity import Identity, discover_tpu_env, fetch_tpu_env, resolve_identity
-from tpumon.sim.pod import DEFAULT_SLICE, accelerator_type
-from tpumon.sim.pod import tpu_env as simulated_tpu_env
+from tpumon.sim.naming import DEFAULT_SLICE, accelerator_type
+from tpumon.sim.naming import tpu_env as simulated_tpu_env
 from tpumon.sim.process import SimulatorProcess, spawn_simulator
 from tpumon.sources.chips import ChipInventory, detect_chips, inventory_for, scan_chip_owners
 from tpumon.notify.alerts import AlertSettings, AlertTracker
