@@ -5,6 +5,7 @@ tpumon's api.proto subset on a unix socket (as the kubelet serves it)."""
 from __future__ import annotations
 
 import subprocess
+import sys
 import threading
 import time
 from concurrent import futures
@@ -234,3 +235,23 @@ def test_labels_reach_the_exposition_and_are_absent_off_kubernetes():
         "chip": "0", "accelerator_id": "accel0", "pod": "p", "namespace": "n",
         "container": "c"}
     assert set(used_labels(None)) == {"host", "worker", "accelerator_type", "slice", "chip"}
+
+
+def test_the_daemonset_mounts_the_configured_socket_read_only():
+    import yaml
+
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
+
+    root = Path(__file__).resolve().parent.parent / "deploy" / "kubernetes"
+    config = yaml.safe_load((root / "configmap.yaml").read_text())["data"]["config.toml"]
+    socket = tomllib.loads(config)["kubernetes"]["pod_resources_socket"]
+    docs = [d for d in yaml.safe_load_all((root / "daemonset.yaml").read_text()) if d]
+    spec = next(d for d in docs if d["kind"] == "DaemonSet")["spec"]["template"]["spec"]
+    [mount] = [m for m in spec["containers"][0]["volumeMounts"]
+               if socket.startswith(m["mountPath"].rstrip("/") + "/")]
+    assert mount["readOnly"] is True
+    volume = next(v for v in spec["volumes"] if v["name"] == mount["name"])
+    assert volume["hostPath"]["path"] == mount["mountPath"]  # the node's own directory
