@@ -12,7 +12,7 @@ DEMO_HOSTS ?= 4
 DEMO_POD_SCENARIO ?= slice-leak
 
 .PHONY: help demo demo-pod test test-fast lint test-frameworks bench venv system-deps-demo \
-	system-deps-test system-deps-bench system-deps-pod clean
+	system-deps-test system-deps-bench system-deps-pod clean protos
 
 help:
 	@echo "make demo    run the agent on the TPU simulator (metrics on $(DEMO_ADDRESS))"
@@ -23,6 +23,7 @@ help:
 	@echo "make test-frameworks   the reporters against real PyTorch/XLA and JAX (CPU)"
 	@echo "make bench   run the benchmarks (figures go to docs/benchmarks.md)"
 	@echo "make clean   remove the virtual environment and caches"
+	@echo "make protos  regenerate tpumon/podresources/api_pb2.py{,i} from api.proto"
 
 system-deps-demo:
 	@scripts/ensure-system-deps demo
@@ -96,3 +97,14 @@ bench: system-deps-bench venv
 clean:
 	rm -rf $(VENV) .venv-frameworks .pytest_cache build *.egg-info .demo-state .demo-pod
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
+
+# The kubelet pod-resources subset's Python modules, committed. grpcio-tools 1.62 (protoc
+# 25, gencode for protobuf 4.25) in a throwaway venv: newer protoc output refuses to load
+# under an older protobuf runtime, and pyproject.toml allows protobuf >= 4.25. Only the
+# messages are generated: tpumon calls the two methods by name (no _grpc module).
+PROTOC_VENV := .venv-protoc
+protos:
+	$(PYTHON) -m venv $(PROTOC_VENV)
+	$(PROTOC_VENV)/bin/python -m pip install --quiet --disable-pip-version-check 'grpcio-tools==1.62.3'
+	$(PROTOC_VENV)/bin/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. \
+		tpumon/podresources/api.proto

@@ -532,8 +532,8 @@ def test_renewed_certificate_is_served_without_a_restart(pki, tmp_path, serve, c
 
 def test_basic_auth_caches_bcrypt(monkeypatch):
     calls = []
-    real = webconfig.bcrypt.checkpw
-    monkeypatch.setattr(webconfig.bcrypt, "checkpw",
+    real = bcrypt.checkpw
+    monkeypatch.setattr(bcrypt, "checkpw",
                         lambda password, hashed: calls.append(1) or real(password, hashed))
     auth, users = BasicAuth(), {USER: HASH.encode()}
     for _ in range(3):

@@ -27,6 +27,7 @@ from tpumon.samples import HostSample, RuntimeReading
 from tpumon.sources.health import SourceTracker
 from tpumon.sources.host import HostSource
 from tpumon.sources.kernel_log import KernelLog
+from tpumon.sources.pod_resources import PodAssignment
 from tpumon.sources.tpu_runtime import TpuRuntimeSource
 from tpumon.notify.alerts import AlertLog
 from tpumon.job_ends import JobEndTracker
@@ -115,6 +116,7 @@ class AgentInputs:
     alert_log: AlertLog | None = None
     leak_snapshots: LeakSnapshots | None = None
     kernel_log: KernelLog | None = None
+    pod_resources: SourceTracker[PodAssignment] | None = None  # kubelet's, on Kubernetes
 
 
 class Agent(Component):
@@ -144,6 +146,9 @@ class Agent(Component):
         self._kernel = None if inputs.kernel_log is None else SourceTracker(
             "kernel_log", inputs.kernel_log.poll)
         self._ends = JobEndTracker(inputs.interval)
+        self._pods = inputs.pod_resources  # polled on its own, slower cadence
+        self._chip_pods: PodAssignment | None = None if self._pods is None else \
+            PodAssignment({})  # the last answer stands while the kubelet does not answer
         self._unstored_ends: list[StoredEnd] = []  # for the store's next record
         self._leak_snapshots = inputs.leak_snapshots
         self._alert_log = inputs.alert_log
@@ -186,8 +191,10 @@ class Agent(Component):
         wall = time.time()
         if runtime is not None:
             self._clock_offset = runtime.time - wall
+        if self._pods is not None:
+            self._chip_pods = self._pods.poll() or self._chip_pods
         health = (self._runtime.health, self._host.health) + tuple(
-            t.health for t in (self._reporters, self._kernel) if t is not None)
+            t.health for t in (self._reporters, self._kernel, self._pods) if t is not None)
         polled = PollState(
             time=wall, clock_offset=self._clock_offset, identity=previous.identity,
             inventory=previous.inventory,
@@ -198,7 +205,7 @@ class Agent(Component):
             polls_total=self._polls,
             processes=processes, chip_processes=attributed, chip_steps=steps,
             reporter=reported, job_ends=tuple(self._ends.recent),
-            job_ends_total=dict(self._ends.totals))
+            job_ends_total=dict(self._ends.totals), chip_pods=self._chip_pods)
         self.state.publish(polled)
         if self._alert_log is not None:
             self._alert_log(polled)

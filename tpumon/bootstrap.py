@@ -26,8 +26,8 @@ from tpumon.components import (AlertThresholds, LogLevel, NotifierComponent, Rep
 from tpumon.config import Config, ConfigError, parse_ports
 from tpumon.exporters.prometheus import build_registry
 from tpumon.identity import Identity, discover_tpu_env, fetch_tpu_env, resolve_identity
-from tpumon.sim.pod import DEFAULT_SLICE, accelerator_type
-from tpumon.sim.pod import tpu_env as simulated_tpu_env
+from tpumon.sim.naming import DEFAULT_SLICE, accelerator_type
+from tpumon.sim.naming import tpu_env as simulated_tpu_env
 from tpumon.sim.process import spawn_simulator
 from tpumon.sources.chips import ChipInventory, detect_chips, inventory_for, scan_chip_owners
 from tpumon.notify.alerts import AlertLog, AlertSettings, AlertTracker
@@ -39,6 +39,7 @@ from tpumon.notify.slack import SlackChannel
 from tpumon.leak_snapshots import LeakSnapshots
 from tpumon.lifecycle import Lifecycle
 from tpumon.sources.kernel_log import KernelLog
+from tpumon.sources.pod_resources import open_pod_resources
 from tpumon.sources.reporter import ReporterSocket
 from tpumon.sources.tpu_runtime import TpuRuntimeSource
 from tpumon.state import AgentState
@@ -401,7 +402,8 @@ def build(config: Config, simulate: bool = False, env: Mapping[str, str] | None 
         leak_snapshots=None if reporters is None or not config[
             "reporter.snapshot_on_leak"] else LeakSnapshots(
             reporters.request_snapshot, config["reporter.snapshot_steps"]),
-        kernel_log=agent_kernel_log(config, simulate, sim_kernel_log))))
+        kernel_log=agent_kernel_log(config, simulate, sim_kernel_log),
+        pod_resources=open_pod_resources(config, simulate, inventory))))
     components.add(LogLevel())
     components.start()
     return Assembly(agent, state, registry, identity, components, store, reporters, notifier)

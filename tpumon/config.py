@@ -159,6 +159,20 @@ SCHEMA: tuple[Key, ...] = (
     Key("runtime", "owners_interval", float, 30.0,
         "Seconds between scans of /proc for the processes that own each chip.",
         _within(0.1, 86400, " s")),
+    Key("kubernetes", "pod_resources", str, "auto",
+        "Label each chip's series with the pod, namespace and container it is allocated "
+        "to and its accelerator_id, from the kubelet's pod-resources API: 'auto' (when "
+        "the socket exists at start-up), 'on' (a missing socket is a reported down "
+        "state), 'off'.", _one_of("auto", "on", "off")),
+    Key("kubernetes", "pod_resources_socket", str,
+        "/var/lib/kubelet/pod-resources/kubelet.sock",
+        "The kubelet's pod-resources socket (the DaemonSet mounts its directory "
+        "read-only)."),
+    Key("kubernetes", "pod_resources_interval", float, 30.0,
+        "Seconds between asking the kubelet which pod holds each chip (pods change "
+        "rarely; a new pod's labels appear within this).", _within(1, 3600, " s")),
+    Key("kubernetes", "tpu_resource", str, "google.com/tpu",
+        "The extended resource name of TPU chips in the pod-resources answer."),
     Key("identity", "hostname", str, "",
         "Host label. Empty: the machine's hostname."),
     Key("identity", "worker", str, "",

@@ -24,6 +24,7 @@ from tpumon.job_ends import JobEnd
 from tpumon.samples import HostSample, RuntimeReading, chip_sort_key
 from tpumon.sources.chips import ChipInventory
 from tpumon.sources.health import SourceHealth
+from tpumon.sources.pod_resources import PodAssignment
 from tpumon.processes import ProcessState
 from tpumon.sources.reporter import ReporterReading
 from tpumon.sources.snapshots import SnapshotResult
@@ -64,6 +65,7 @@ class PollState:
     # The samples' clock minus the wall clock: 0 on a TPU VM; under --simulate the simulated
     # time runs ahead. Verdicts and forecasts are on the samples' clock (samples_time).
     clock_offset: float = 0.0
+    chip_pods: PodAssignment | None = None  # None: not on Kubernetes (pod-resources off)
 
     @property
     def samples_time(self) -> float:

@@ -13,6 +13,7 @@ that connects and sends nothing cannot stall the others.
 from __future__ import annotations
 
 import errno
+import functools
 import io
 import json
 import logging
@@ -22,10 +23,9 @@ import ssl
 import sys
 import threading
 import time
-from typing import IO, Any, Callable, Iterable, cast
+from typing import IO, TYPE_CHECKING, Any, Callable, Iterable, cast
 from wsgiref.simple_server import ServerHandler, WSGIRequestHandler, make_server
 
-import jinja2
 from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 
@@ -39,6 +39,9 @@ from tpumon.exporters.webconfig import LiveWebConfig, protect
 from tpumon.state import PollState
 from tpumon.units import format_bytes
 from tpumon.status import NO_READERS, Readers, status_document
+
+if TYPE_CHECKING:
+    import jinja2
 
 
 log = logging.getLogger("tpumon.exporter")
@@ -105,8 +108,14 @@ class _Handler(WSGIRequestHandler):
         pass
 
 
-_TEMPLATES = jinja2.Environment(loader=jinja2.PackageLoader("tpumon.exporters", "templates"),
-                                autoescape=True, undefined=jinja2.StrictUndefined)
+@functools.cache
+def _templates() -> jinja2.Environment:
+    """Made at the first page asked for: jinja2 is ~1.9 MiB of RSS that an agent only
+    scraped for /metrics never needs (docs/benchmarks.md)."""
+    import jinja2
+
+    return jinja2.Environment(loader=jinja2.PackageLoader("tpumon.exporters", "templates"),
+                              autoescape=True, undefined=jinja2.StrictUndefined)
 
 
 def landing_page(snap: PollState) -> str:
@@ -121,7 +130,7 @@ def landing_page(snap: PollState) -> str:
             row["hbm"] = f"{format_bytes(sample.hbm_used_bytes)} / {format_bytes(total)}"
             row["used"] = f"{100 * sample.hbm_used_bytes / total:.1f} %" if total else "?"
         chips.append(row)
-    return _TEMPLATES.get_template("index.html.j2").render(
+    return _templates().get_template("index.html.j2").render(
         version=__version__, chips=chips, sources=snap.health,
         identity=[(k, v) for k, v in snap.identity.labels().items() if v])  # known ones only
 

@@ -25,6 +25,7 @@ from prometheus_client.registry import Collector
 from tpumon import __version__, package_version
 from tpumon.detect import Verdict
 from tpumon.exporters.job_ends import job_end_metrics
+from tpumon.exporters.pod_labels import PodLabels
 from tpumon.exporters.replay_metrics import replay_metrics
 from tpumon.exporters.runtime_families import RuntimeMetricsCollector
 from tpumon.identity import LABELS
@@ -474,9 +475,11 @@ def build_registry(get_snapshot: Callable[[], PollState],
                    ) -> CollectorRegistry:
     """A registry with tpumon's metrics and the agent's own process and platform metrics."""
     disable_created_metrics()  # *_created gauges per histogram: noise for a per-VM agent
+    tpumon = CollectorRegistry()  # tpumon's families, given each chip's pod labels at once
+    register_collectors(tpumon, get_snapshot, store_health, notifier_health, alert_settings)
+    tpumon.register(RuntimeMetricsCollector(get_snapshot))
     registry = CollectorRegistry()
-    register_collectors(registry, get_snapshot, store_health, notifier_health, alert_settings)
-    registry.register(RuntimeMetricsCollector(get_snapshot))
+    registry.register(PodLabels(tpumon, get_snapshot))
     ProcessCollector(registry=registry)
     PlatformCollector(registry=registry)
     return registry

@@ -19,10 +19,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 from tpumon.sim.metadata import MetadataServer, render_tpu_env
+from tpumon.sim.naming import DEFAULT_SLICE, accelerator_type, tpu_env
 from tpumon.sim.server import SimClock, Simulator
 from tpumon.sim.workload import SCENARIOS, Workload
-
-DEFAULT_SLICE = "tpumon-sim"
 
 #: name -> (description, the scenario of worker k of n)
 SLICE_SCENARIOS: dict[str, tuple[str, Callable[[int, int], str]]] = {
@@ -34,11 +33,6 @@ SLICE_SCENARIOS: dict[str, tuple[str, Callable[[int, int], str]]] = {
     "host-restart": ("Worker 0's job dies and restarts from a checkpoint; the others are "
                      "healthy.", lambda k, n: "job-restart" if k == 0 else "healthy"),
 }
-
-#: TPU generation -> (accelerator type prefix, TensorCores per chip counted in its name)
-_ACCELERATOR_NAMES = {"v4": ("v4", 2), "v5p": ("v5p", 2), "v5e": ("v5litepod", 1),
-                      "v6e": ("v6e", 1)}
-
 
 def known_scenarios() -> list[str]:
     return [*SCENARIOS, *SLICE_SCENARIOS]
@@ -53,25 +47,12 @@ def host_scenario(scenario: str, worker: int, hosts: int) -> str:
     return scenario
 
 
-def accelerator_type(chip_type: str, chips_per_host: int, hosts: int) -> str:
-    """Cloud TPU's name for the slice: v4 and v5p count TensorCores (4 v4 VMs of 4 chips
-    are a v4-32), v5e and v6e count chips (v5litepod-16)."""
-    prefix, cores = _ACCELERATOR_NAMES[chip_type]
-    return f"{prefix}-{chips_per_host * hosts * cores}"
-
-
 def host_address(base: str, worker: int) -> str:
     """Worker k's loopback address: the base address plus k."""
     address = ipaddress.IPv4Address(base) + worker
     if not address.is_loopback:
         raise ValueError(f"{base} + {worker} is not a loopback address")
     return str(address)
-
-
-def tpu_env(slice_name: str, worker: int, accelerator: str, ports: list[int]) -> dict[str, str]:
-    """The tpu-env entries tpumon reads, as a TPU VM's metadata has them."""
-    return {"ACCELERATOR_TYPE": accelerator, "NODE_ID": slice_name, "WORKER_ID": str(worker),
-            "TPU_RUNTIME_METRICS_PORTS": ",".join(map(str, ports))}
 
 
 def worker_network_endpoints(addresses: list[str]) -> str:

@@ -7,6 +7,7 @@ reported state, never a crash" is enforced in one place instead of in each sourc
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass
 from typing import Callable, Generic, TypeVar
@@ -33,14 +34,21 @@ class SourceHealth:
 
 
 class SourceTracker(Generic[T]):
-    """Polls a source, times the call, and records the outcome instead of raising."""
+    """Polls a source, times the call, and records the outcome instead of raising.
+
+    With ``min_interval`` a source that changes rarely (the kubelet's pod list) is asked at
+    most that often: a call in between returns the last successful result and leaves the
+    health (and its counts) as the last real poll left them."""
 
     def __init__(self, name: str, poll: Callable[[], T],
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, min_interval: float = 0.0) -> None:
         self.name = name
         self._poll = poll
         self._clock = clock
         self._health = SourceHealth(name, False, "not polled yet", None, 0, 0, 0.0)
+        self._min_interval = min_interval
+        self._next_due = -math.inf
+        self._last: T | None = None
 
     @property
     def health(self) -> SourceHealth:
@@ -49,6 +57,9 @@ class SourceTracker(Generic[T]):
     def poll(self) -> T | None:
         """The source's result, or None when it failed (the reason is in ``health``)."""
         started = time.monotonic()
+        if started < self._next_due:
+            return self._last if self._health.up else None
+        self._next_due = started + self._min_interval
         try:
             result = self._poll()
         except SourceUnavailable as exc:
@@ -59,6 +70,7 @@ class SourceTracker(Generic[T]):
             self._record_failure(f"{type(exc).__name__}: {exc}", started, expected=False)
             return None
         self._record_success(started)
+        self._last = result
         return result
 
     def _record_success(self, started: float) -> None:

@@ -1,0 +1,35 @@
+"""The agent imports only what it runs: page templates (jinja2), web configuration parsing
+(PyYAML), basic auth (bcrypt) and the simulator's server and workloads (run in the
+simulator's own process) are loaded when first needed, each worth 0.4-1.9 MiB of the
+agent's RSS (docs/benchmarks.md, issue 25)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+ON_DEMAND = ("jinja2", "yaml", "bcrypt", "tpumon.sim.server", "tpumon.sim.workload",
+             "tpumon.sim.pod")
+
+PROBE = f"""
+import sys
+import tpumon.cli, tpumon.cli.agent, tpumon.bootstrap, tpumon.exporters.http
+from tpumon.config import load_config
+load_config(None, env={{}})
+print(sorted(m for m in {ON_DEMAND!r} if m in sys.modules))
+"""
+
+
+def test_the_agent_modules_leave_on_demand_libraries_unloaded():
+    out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    assert out == "[]"
+
+
+def test_a_page_and_a_web_config_still_load_them(tmp_path):
+    from tpumon.exporters.http import _templates
+    from tpumon.exporters.webconfig import load_web_config
+    assert _templates().get_template("index.html.j2") is not None
+    path = tmp_path / "web.yml"
+    path.write_text("http_server_config:\n  http2: true\n")
+    assert load_web_config(path).http2 is True
