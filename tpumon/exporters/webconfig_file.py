@@ -18,8 +18,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping
 
-import yaml
-
 from tpumon.config import ConfigError
 
 if TYPE_CHECKING:
@@ -107,28 +105,6 @@ class WebConfig:
         return ", ".join(parts)
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """YAML's safe loader, refusing duplicate keys like Go's yaml.UnmarshalStrict."""
-
-
-def _no_duplicates(loader: _StrictLoader, node: yaml.MappingNode) -> dict:
-    seen: set = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=True)
-        try:
-            duplicate = key in seen
-            seen.add(key)
-        except TypeError:  # an unhashable key: the schema says so
-            continue
-        if duplicate:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"key {key!r} given twice", key_node.start_mark)
-    return loader.construct_mapping(node, deep=True)
-
-
-_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _no_duplicates)
-
-
 def load_web_config(path: str | os.PathLike[str]) -> WebConfig:
     """Read and check a web configuration file; ConfigError (one line) on any problem."""
     path = Path(path)
@@ -140,9 +116,11 @@ def load_web_config(path: str | os.PathLike[str]) -> WebConfig:
                           f"{exc.strerror or exc}") from None
     except UnicodeDecodeError:
         raise ConfigError(f"{where}: not UTF-8 text") from None
+    from tpumon.exporters.strict_yaml import YAMLError, load_strict  # only with a file
+
     try:
-        data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
-    except yaml.YAMLError as exc:
+        data = load_strict(text)
+    except YAMLError as exc:
         raise ConfigError(f"{where}: invalid YAML{_yaml_where(exc)}") from None
     # pydantic loads only here: an agent without a web configuration never pays for it
     # (about 100 ms of start-up and 7 MiB)
@@ -173,7 +151,7 @@ def _settings(parsed: WebConfigFile, path: Path) -> WebConfig:
             prefer_server_cipher_suites=tls.prefer_server_cipher_suites))
 
 
-def _yaml_where(exc: yaml.YAMLError) -> str:
+def _yaml_where(exc: Exception) -> str:
     mark = getattr(exc, "problem_mark", None)
     problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
     at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
