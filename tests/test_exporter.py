@@ -34,7 +34,7 @@ def served(runtime_servers, tmp_path):
     loopback port."""
     server = runtime_servers(chips_metrics({0: 2**30, 1: 2 * 2**30, 3: 3 * 2**30}, duty=50.0))
     inventory = inventory_for("v4", 4)
-    state = AgentState(IDENT, inventory, history_points=16)
+    state = AgentState(IDENT, inventory)
     registry = build_registry(lambda: state.snapshot)
     runtime = TpuRuntimeSource("127.0.0.1", [server.port], 1.0, inventory)
     owners = OwnerScanner(lambda: {"0": os.getpid(), "1": os.getpid()}, 60)

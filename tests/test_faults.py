@@ -62,7 +62,7 @@ V4x4 = inventory_for("v4", 4)
 def make_agent(ports, inventory=V4x4, interval=1.0, timeout=5.0, **kw):
     """An agent on the given runtime ports (loopback), with its state and registry."""
     clock = kw.pop("clock", time.time)
-    state = kw.pop("state", None) or AgentState(Identity(host="h"), inventory, history_points=64)
+    state = kw.pop("state", None) or AgentState(Identity(host="h"), inventory)
     registry = build_registry(lambda: state.snapshot,
                               notifier_health=kw.pop("notifier_health", None))
     source = TpuRuntimeSource("127.0.0.1", ports, timeout, inventory, clock=clock)
@@ -575,7 +575,7 @@ def test_a_slow_slack_is_a_network_failure_retried_while_polling_goes_on(runtime
     request is held, and a scrape reads the notifier's health from the notifier."""
     server = runtime_servers(chips_metrics({0: 20 * GiB}))
     with FakeAlertAPI("slack", delay=60.0) as api:
-        state = AgentState(Identity(host="h"), inventory_for("v4", 1), history_points=64)
+        state = AgentState(Identity(host="h"), inventory_for("v4", 1))
         leak = Assessment(Verdict.LEAK, "floor grows", floor_bytes=20 * GiB,
                           total_bytes=32 * GiB, slope_bytes_per_second=3e5,
                           predicted_oom_time=time.time() + 20 * 3600)

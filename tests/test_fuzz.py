@@ -361,7 +361,7 @@ def scripted():
 def test_any_runtime_answer_is_chips_and_a_count_of_unreadable_entries(scripted, answers):
     runtime, source = scripted
     runtime.responses = answers
-    state = AgentState(Identity(host="h"), source.inventory, history_points=4)
+    state = AgentState(Identity(host="h"), source.inventory)
     registry = build_registry(lambda: state.snapshot)
     agent = Agent(AgentInputs(state, source, OwnerScanner(dict, 60), 1.0, registry))
     before = source.malformed_total

@@ -104,7 +104,7 @@ def test_the_agent_keeps_a_job_together_through_a_poll_that_misses_its_process()
     own = {chip: d.assessment.verdict for chip, d in detectors.items()}
     assert Verdict.LEAK in own.values() and set(own.values()) != {Verdict.LEAK}  # some join
     inventory = inventory_for("v4", 4)
-    state = AgentState(Identity(host="h"), inventory, history_points=8)
+    state = AgentState(Identity(host="h"), inventory)
     agent = Agent(AgentInputs(state, TpuRuntimeSource("127.0.0.1", [], 1.0, inventory),
                               OwnerScanner(dict, 60), 1.0,
                               build_registry(lambda: state.snapshot), detectors=detectors))

@@ -361,7 +361,7 @@ def test_the_agent_gives_each_chip_its_process_step(tmp_path, receiver, runtime_
     r = receiver()
     server = runtime_servers(chips_metrics({0: 2**30, 1: 2**31}))
     inventory = inventory_for("v4", 2)
-    state = AgentState(Identity(host="h"), inventory, history_points=16)
+    state = AgentState(Identity(host="h"), inventory)
     registry = build_registry(lambda: state.snapshot)
     store = StoreWriter(tmp_path, Retention(), open_database(tmp_path, Retention()))
     store.start()

@@ -46,7 +46,7 @@ def simulated():
 
 
 def scrape(source):
-    state = AgentState(IDENT, inventory_for("v4", 4), history_points=8)
+    state = AgentState(IDENT, inventory_for("v4", 4))
     registry = build_registry(lambda: state.snapshot)
     Agent(AgentInputs(state, source, OwnerScanner(dict, 60), 1.0, registry)).poll_once()
     return generate_latest(registry).decode()

@@ -20,7 +20,6 @@ from tpumon.sources.health import SourceTracker, SourceUnavailable
 from tpumon.sources.host import HostSource
 from tpumon.sources.tpu_runtime import TpuRuntimeSource
 from tpumon.state import AgentState
-from fake_runtime import chips_metrics
 from tools import free_port, wait_for
 
 
@@ -146,7 +145,7 @@ def test_journal_formatter_prefixes_priority():
 
 def test_agent_loop_polls_on_cadence_and_stops_promptly():
     inventory = inventory_for("v4", 1)
-    state = AgentState(Identity(host="h"), inventory, history_points=3)
+    state = AgentState(Identity(host="h"), inventory)
     runtime = TpuRuntimeSource("127.0.0.1", [free_port()], 0.2, inventory)
     agent = Agent(AgentInputs(state, runtime, OwnerScanner(dict, 60), 0.05,
                               build_registry(lambda: state.snapshot)))
@@ -161,17 +160,3 @@ def test_agent_loop_polls_on_cadence_and_stops_promptly():
     polls = state.snapshot.polls_total
     assert 6 <= polls <= 13, polls  # ~12 at 50 ms; no burst, no stall
     assert state.snapshot.health[0].up is False  # nothing listens: reported, loop kept going
-
-
-def test_history_is_bounded(runtime_servers):
-    server = runtime_servers(chips_metrics({0: 1}))
-    inventory = inventory_for("v4", 1)
-    state = AgentState(Identity(host="h"), inventory, history_points=3)
-    runtime = TpuRuntimeSource("127.0.0.1", [server.port], 1.0, inventory)
-    agent = Agent(AgentInputs(state, runtime, OwnerScanner(dict, 60), 1.0,
-                              build_registry(lambda: state.snapshot)))
-    for used in range(1, 6):
-        server.runtime.metrics = chips_metrics({0: used})
-        agent.poll_once()
-    assert [p.hbm_used_bytes for p in state.history("0")] == [3, 4, 5]
-    runtime.close()

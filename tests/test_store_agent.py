@@ -50,7 +50,7 @@ def test_restart_mid_run_resumes_verdict_slope_and_forecast(tmp_path):
         detectors = restore_detectors(db, HOST)
         writer = StoreWriter(tmp_path, Retention(), db)
         writer.start()
-        state = AgentState(Identity(host=HOST), inventory, history_points=64)
+        state = AgentState(Identity(host=HOST), inventory)
         source = TpuRuntimeSource("127.0.0.1", sim.ports, 1.0, inventory, clock=clock.now)
         agent = Agent(AgentInputs(state, source, OwnerScanner(dict, 60), 30.0,
                                   build_registry(lambda: state.snapshot), detectors=detectors,
@@ -222,7 +222,7 @@ def test_a_stalled_disk_never_stalls_polling(tmp_path, runtime_servers):
     for the writer: bench/store.py measures latency.)"""
     server = runtime_servers(chips_metrics({0: 2**30, 1: 2**31}))
     inventory = inventory_for("v4", 2)
-    state = AgentState(Identity(host=HOST), inventory, history_points=16)
+    state = AgentState(Identity(host=HOST), inventory)
     writer = StoreWriter(tmp_path, Retention(), open_database(tmp_path, Retention()))
     writer.start()
     source = TpuRuntimeSource("127.0.0.1", [server.port], 1.0, inventory)

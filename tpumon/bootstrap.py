@@ -382,7 +382,7 @@ def build(config: Config, simulate: bool = False, env: Mapping[str, str] | None 
                                slow_interval=config["runtime.slow_metrics_interval"])
     sources.append(runtime)
     components.add(Service("runtime source", runtime.close))
-    state = AgentState(identity, inventory, config["agent.history_points"])
+    state = AgentState(identity, inventory)
     notifier = open_notifier(config, simulate, state, channels)
     if notifier is not None:
         components.add(NotifierComponent(notifier, notification_channels))

@@ -128,7 +128,8 @@ SCHEMA: tuple[Key, ...] = (
     Key("agent", "poll_interval", float, 5.0,
         "Seconds between polls of the TPU runtime and the host.", _within(0.01, 3600, " s")),
     Key("agent", "history_points", int, 4096,
-        "Samples kept in memory per chip (a ring buffer; older ones are dropped).",
+        "Unused: the in-memory ring of samples it sized is gone (the history store keeps "
+        "them); accepted so that older configuration files still load.",
         _history_points),
     Key("agent", "log_level", str, "info",
         "One of debug, info, warning, error.", _one_of(*LOG_LEVELS)),

@@ -12,8 +12,6 @@ themselves (their collectors, the status document), and this module imports none
 
 from __future__ import annotations
 
-import threading
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -28,16 +26,6 @@ from tpumon.sources.pod_resources import PodAssignment
 from tpumon.processes import ProcessState
 from tpumon.sources.reporter import ReporterReading
 from tpumon.sources.snapshots import SnapshotResult
-
-
-@dataclass(frozen=True, slots=True)
-class HistoryPoint:
-    """One chip at one poll: what the leak detector and the live views look back over."""
-
-    time: float
-    step: int | None
-    hbm_used_bytes: int
-    hbm_total_bytes: int | None
 
 
 @dataclass(frozen=True)
@@ -119,13 +107,11 @@ class PollState:
 
 
 class AgentState:
-    """Holds the published poll state and each chip's recent samples (a ring buffer)."""
+    """Holds the published poll state: the one thing the agent's readers (the exporter,
+    /api/status, the alert log) share with the poll loop."""
 
-    def __init__(self, identity: Identity, inventory: ChipInventory, history_points: int) -> None:
+    def __init__(self, identity: Identity, inventory: ChipInventory) -> None:
         self._snapshot = PollState(0.0, identity, inventory)
-        self._history_points = history_points
-        self._history: dict[str, deque[HistoryPoint]] = {}
-        self._lock = threading.Lock()  # guards _history for readers on other threads
 
     @property
     def snapshot(self) -> PollState:
@@ -133,18 +119,5 @@ class AgentState:
         return self._snapshot
 
     def publish(self, snapshot: PollState) -> None:
-        """Record a poll's chip samples in the history, then make the poll state visible."""
-        if snapshot.runtime is not None:
-            with self._lock:
-                for name, chip in snapshot.runtime.chips.items():
-                    ring = self._history.get(name)
-                    if ring is None:
-                        ring = self._history[name] = deque(maxlen=self._history_points)
-                    ring.append(HistoryPoint(snapshot.runtime.time, None, chip.hbm_used_bytes,
-                                             chip.hbm_total_bytes))
+        """Make a poll's state visible (one reference swap: readers see one poll whole)."""
         self._snapshot = snapshot
-
-    def history(self, chip: str) -> list[HistoryPoint]:
-        """A copy of one chip's recent samples, oldest first."""
-        with self._lock:
-            return list(self._history.get(chip, ()))
