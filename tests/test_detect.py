@@ -186,6 +186,38 @@ def test_jumps_that_keep_coming_are_a_jump_process_and_stop_when_they_stop():
     assert find_staircase(mixed, T0 + 5 * hour, min_jumps=3) is None
 
 
+def test_a_stair_soon_after_another_is_a_jump_of_its_own():
+    """Two stairs 4 buckets apart, 5 confirming each: the second came before the first's
+    confirmation window ended, and jumps had to be a full window apart, so it was skipped
+    for good (half the stairs of an irregular staircase went uncounted). It is a jump of its
+    own, measured from the level the first left."""
+    from tpumon.detect.jumps import scan
+
+    floors = [0.0] * 10 + [1.0] * 4 + [2.0] * 7
+    times = [float(i) for i in range(len(floors))]
+    found, _ = scan(times, [math.nan] * len(floors), floors, 0, k=5, e=2, threshold=0.5)
+    assert [(j.time, j.size) for j in found] == [(10.0, 1.0), (14.0, 1.0)]
+    # found the same when the second one's boundary comes in a later scan
+    first, after = scan(times[:15], [math.nan] * 15, floors[:15], 0, k=5, e=2, threshold=0.5)
+    rest, _ = scan(times, [math.nan] * len(floors), floors, after, k=5, e=2, threshold=0.5,
+                   last=10)
+    assert [j.time for j in first + rest] == [10.0, 14.0]
+
+
+def test_an_irregular_staircase_with_stairs_close_together_is_called():
+    """Stairs of 1.8 GB at random steps, 28 s polls: of the stairs at 38 %, 41 % and 50 %
+    of the way to the OOM, only the first was counted (the next ones came before its
+    confirmation window ended), so the staircase never had its third jump and the leak was
+    missed. Counted, it is called with a third of the onset-to-OOM time left."""
+    d, oom, lead = corpus_chip(
+        "irregular-staircase", dict(leak_onset_step=0, leak_bytes_per_step=0,
+                                    stair_bytes=1838001902, stair_every_steps=6617,
+                                    hbm_total_bytes=34088157184), True,
+        duration_s=27622.0, poll_interval_s=27.9, host="irregular-stair-0-05", seed=10007005,
+        drop_probability=0.0455, poll_jitter_s=0.232)
+    assert d.assessment.verdict is Verdict.LEAK and lead > 0.3, (lead, d.assessment.reason)
+
+
 def test_leak_starting_mid_run_is_found_with_its_own_rate():
     arrays, workload = scenario_series("linear-leak", 40, seed=3, leak_bytes_per_step=120_000,
                                        leak_chip_spread=0.0, leak_onset_step=20_000)

@@ -449,9 +449,10 @@ class ChipDetector:
         offset = job.appended - len(job.history)  # global index of the oldest kept bucket
         begin = max(job.scanned - k - offset, 0)
         rows = job.history.recent(len(job.history) - begin)
+        last = int(rows[0].searchsorted(job.jumps[-1].time)) if job.jumps else -1
         found, next_local = level_shifts.scan(rows[0], rows[1], self._detrended(job, rows),
                                               job.scanned - offset - begin, k, e,
-                                              self._jump_threshold(job))
+                                              self._jump_threshold(job), last)
         job.scanned = next_local + begin + offset
         job.add_jumps(found)
 
