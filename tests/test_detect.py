@@ -459,6 +459,36 @@ def test_a_leak_from_mid_run_under_slow_polls_is_called_without_waiting_for_hour
     assert lead > 0.5, lead
 
 
+def test_a_leak_from_mid_run_is_measured_over_all_of_its_evidence():
+    """A leak from step 29,412 of a run whose cache filled early: halving the window from
+    the trend start until growth stopped accelerating left a window of half the leak's
+    evidence or less (the next longer one held the flat hours), and at most 5 of those
+    windows ahead the call came with 73 % of the onset-to-OOM time left. A window one and
+    a half times as long is tried too, and one whose growth slows (the early cache) is
+    halved rather than taken as saturating: 79 % (81 % with the host's 4 chips pooled)."""
+    _, _, lead = corpus_chip(
+        "linear-leak", dict(leak_onset_step=29412, leak_bytes_per_step=803018, stair_bytes=0,
+                            hbm_total_bytes=102005473280), True,
+        duration_s=45863.0, poll_interval_s=5.2, host="linear-leak-mid-05", seed=1005,
+        drop_probability=0.0264, poll_jitter_s=0.45)
+    assert lead > 0.77, lead
+
+
+def test_a_cache_that_filled_early_does_not_hide_a_leak_that_began_since():
+    """A leak from step 14,347, 2.5 h into the trend, whose rate triples soon after: the
+    window from the trend start slowed down (the job's cache filled in its first third,
+    the leak had barely begun in the last), so for an hour the verdict was "saturating".
+    A window that slows down is halved like one that speeds up, down to the minimum
+    window: the call comes with 60 % of the onset-to-OOM time left (before: 56 %)."""
+    _, _, lead = corpus_chip(
+        "leak-rate-change", dict(leak_onset_step=14347, leak_bytes_per_step=269908,
+                                 stair_bytes=0, leak_change_step=11123,
+                                 leak_change_factor=2.99, hbm_total_bytes=34088157184), True,
+        duration_s=24728.0, poll_interval_s=6.9, host="rate-change-02", seed=11002,
+        drop_probability=0.0282, poll_jitter_s=0.24)
+    assert lead > 0.58, lead
+
+
 def test_noisy_floors_of_slow_polls_are_not_read_as_a_saturating_cache():
     """23 s polls (8 per bucket: floors often read high by a GiB), no step numbers, a leak
     from step 6,121 whose rate rises 1.76x soon after. The growth per third of the window
