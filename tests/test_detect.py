@@ -209,12 +209,10 @@ def test_an_irregular_staircase_with_stairs_close_together_is_called():
     of the way to the OOM, only the first was counted (the next ones came before its
     confirmation window ended), so the staircase never had its third jump and the leak was
     missed. Counted, it is called with a third of the onset-to-OOM time left."""
-    d, oom, lead = corpus_chip(
-        "irregular-staircase", dict(leak_onset_step=0, leak_bytes_per_step=0,
-                                    stair_bytes=1838001902, stair_every_steps=6617,
-                                    hbm_total_bytes=34088157184), True,
-        duration_s=27622.0, poll_interval_s=27.9, host="irregular-stair-0-05", seed=10007005,
-        drop_probability=0.0455, poll_jitter_s=0.232)
+    d, oom, lead = irregular_stair_chip(1838001902, 6617, True, duration_s=27622.0,
+                                        poll_interval_s=27.9, host="irregular-stair-0-05",
+                                        seed=10007005, drop_probability=0.0455,
+                                        poll_jitter_s=0.232)
     assert d.assessment.verdict is Verdict.LEAK and lead > 0.3, (lead, d.assessment.reason)
 
 
@@ -446,16 +444,32 @@ def corpus_chip(scenario: str, overrides: dict, steps: bool, **trace):
     return d, oom, (oom - d.alert["time"]) / (oom - onset)
 
 
+def irregular_stair_chip(stair_bytes: int, every: int, steps: bool, **trace):
+    """``corpus_chip`` of an irregular staircase from the job's start on a 32 GiB chip."""
+    return corpus_chip("irregular-staircase", dict(leak_onset_step=0, leak_bytes_per_step=0,
+                                                   stair_bytes=stair_bytes,
+                                                   stair_every_steps=every,
+                                                   hbm_total_bytes=34088157184),
+                       steps, **trace)
+
+
+def linear_leak_lead(onset_step: int, bytes_per_step: int, total: int, **trace) -> float:
+    """The lead of chip 0's alert on a corpus trace of a linear leak from ``onset_step``."""
+    _, _, lead = corpus_chip("linear-leak", dict(leak_onset_step=onset_step,
+                                                 leak_bytes_per_step=bytes_per_step,
+                                                 stair_bytes=0, hbm_total_bytes=total),
+                             True, **trace)
+    return lead
+
+
 def test_a_leak_from_mid_run_under_slow_polls_is_called_without_waiting_for_hourly_refits():
     """30 s polls, a leak from step 9,538: its first fits sit just short of z 4, and while
     the floor counted as flat the next refit came up to an hour later. A floor that grows
     (95 %) fast enough to fill HBM within the horizon is refit as often as a leak: the call
     comes with more than half the onset-to-OOM time left (before: 40 %)."""
-    _, _, lead = corpus_chip(
-        "linear-leak", dict(leak_onset_step=9538, leak_bytes_per_step=255344, stair_bytes=0,
-                            hbm_total_bytes=34088157184), True,
-        duration_s=25590.0, poll_interval_s=30.5, host="slow-poll-leak-03", seed=10003,
-        drop_probability=0.0444, poll_jitter_s=0.447)
+    lead = linear_leak_lead(9538, 255344, 34088157184, duration_s=25590.0,
+                            poll_interval_s=30.5, host="slow-poll-leak-03", seed=10003,
+                            drop_probability=0.0444, poll_jitter_s=0.447)
     assert lead > 0.5, lead
 
 
@@ -466,11 +480,9 @@ def test_a_leak_from_mid_run_is_measured_over_all_of_its_evidence():
     windows ahead the call came with 73 % of the onset-to-OOM time left. A window one and
     a half times as long is tried too, and one whose growth slows (the early cache) is
     halved rather than taken as saturating: 79 % (81 % with the host's 4 chips pooled)."""
-    _, _, lead = corpus_chip(
-        "linear-leak", dict(leak_onset_step=29412, leak_bytes_per_step=803018, stair_bytes=0,
-                            hbm_total_bytes=102005473280), True,
-        duration_s=45863.0, poll_interval_s=5.2, host="linear-leak-mid-05", seed=1005,
-        drop_probability=0.0264, poll_jitter_s=0.45)
+    lead = linear_leak_lead(29412, 803018, 102005473280, duration_s=45863.0,
+                            poll_interval_s=5.2, host="linear-leak-mid-05", seed=1005,
+                            drop_probability=0.0264, poll_jitter_s=0.45)
     assert lead > 0.77, lead
 
 
@@ -512,11 +524,8 @@ def test_an_irregular_staircase_is_called_over_an_hour_before_its_oom():
     hourly: the alert came 0.6 h before the OOM. Now a pending rise holds back a trend's
     call only (a staircase's rate counts confirmed jumps), and a floor that rises clear of
     the last fit is refit at once: over an hour before."""
-    d, oom, _ = corpus_chip(
-        "irregular-staircase", dict(leak_onset_step=0, leak_bytes_per_step=0,
-                                    stair_bytes=1285423712, stair_every_steps=6214,
-                                    hbm_total_bytes=34088157184), False,
-        duration_s=25872.0, poll_interval_s=21.0, host="irregular-stair-0-00", seed=7000,
-        drop_probability=0.0233, poll_jitter_s=0.09)
+    d, oom, _ = irregular_stair_chip(1285423712, 6214, False, duration_s=25872.0,
+                                     poll_interval_s=21.0, host="irregular-stair-0-00",
+                                     seed=7000, drop_probability=0.0233, poll_jitter_s=0.09)
     assert oom - d.alert["time"] > 3600
     assert d.alert["predicted_oom_time"] is not None
