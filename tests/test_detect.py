@@ -479,19 +479,20 @@ def test_a_leak_from_mid_run_is_measured_over_all_of_its_evidence():
     evidence or less (the next longer one held the flat hours), and at most 5 of those
     windows ahead the call came with 73 % of the onset-to-OOM time left. A window one and
     a half times as long is tried too, and one whose growth slows (the early cache) is
-    halved rather than taken as saturating: 79 % (81 % with the host's 4 chips pooled)."""
+    halved rather than taken as saturating: 76 % (81 % with the host's 4 chips pooled)."""
     lead = linear_leak_lead(29412, 803018, 102005473280, duration_s=45863.0,
                             poll_interval_s=5.2, host="linear-leak-mid-05", seed=1005,
                             drop_probability=0.0264, poll_jitter_s=0.45)
-    assert lead > 0.77, lead
+    assert lead > 0.75, lead
 
 
 def test_a_cache_that_filled_early_does_not_hide_a_leak_that_began_since():
     """A leak from step 14,347, 2.5 h into the trend, whose rate triples soon after: the
     window from the trend start slowed down (the job's cache filled in its first third,
     the leak had barely begun in the last), so for an hour the verdict was "saturating".
-    A window that slows down is halved like one that speeds up, down to the minimum
-    window: the call comes with 60 % of the onset-to-OOM time left (before: 56 %)."""
+    A window that slows down while its last third still grows is halved like one that
+    speeds up, down to the minimum window: the call comes with 60 % of the onset-to-OOM
+    time left (before: 56 %)."""
     _, _, lead = corpus_chip(
         "leak-rate-change", dict(leak_onset_step=14347, leak_bytes_per_step=269908,
                                  stair_bytes=0, leak_change_step=11123,

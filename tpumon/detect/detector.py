@@ -513,8 +513,9 @@ class ChipDetector:
         (a leak that began mid-run must not be diluted by flat hours before it) nor slows
         down, and whether growth in it slows down (a cache saturating, not a leak).
 
-        Halving from the trend start; a window that slows down is halved too (a cache that
-        filled early in the job must not hide growth that began since), down to the
+        Halving from the trend start; a window that slows down but whose last third still
+        grows is halved too (a cache that filled early in the job must not hide growth
+        that began since; one whose last third is flat is a cache that filled), down to the
         minimum window, where slowing down is the verdict. Once halved, the window one and
         a half times as long is tried: halving alone could leave half the evidence out."""
         assert job.trend_start is not None
@@ -525,19 +526,21 @@ class ChipDetector:
             shape = self._shape(job, y_all[data[0].searchsorted(now - length):])
             if shape is None:
                 return now - length, False
-            accelerating, slowing = shape
-            if (accelerating or slowing) and length / 2 >= self.settings.min_window_seconds:
+            accelerating, slowing, growing = shape
+            if (accelerating or (slowing and growing)) and \
+                    length / 2 >= self.settings.min_window_seconds:
                 length, rejected = length / 2, True
                 continue
             if rejected and not (accelerating or slowing):
                 longer = self._shape(job, y_all[data[0].searchsorted(now - 1.5 * length):])
-                if longer is not None and not any(longer):
+                if longer is not None and not (longer[0] or longer[1]):
                     length *= 1.5
             return now - length, slowing
 
-    def _shape(self, job: _Job, y: np.ndarray) -> tuple[bool, bool] | None:
-        """Whether the growth of floors ``y`` accelerates, and whether it slows down, from
-        the levels of its thirds; None with fewer than 9 floors."""
+    def _shape(self, job: _Job, y: np.ndarray) -> tuple[bool, bool, bool] | None:
+        """Whether the growth of floors ``y`` accelerates, whether it slows down, and
+        whether its last third still grows (beyond noise), from the levels of its thirds;
+        None with fewer than 9 floors."""
         if len(y) < 9:
             return None
         third = len(y) // 3
@@ -552,7 +555,7 @@ class ChipDetector:
         accelerating = late - early > max(noise, self.settings.shape_change_fraction * abs(late))
         slowing = not accelerating and early > 0 and \
             early - late > max(noise, self.settings.slowdown_fraction * early)
-        return accelerating, slowing
+        return accelerating, slowing, late > noise
 
     def _fit(self, job: _Job, b: _Bucket, base: dict) -> _Said:
         now = b.start
