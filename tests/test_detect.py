@@ -186,6 +186,36 @@ def test_jumps_that_keep_coming_are_a_jump_process_and_stop_when_they_stop():
     assert find_staircase(mixed, T0 + 5 * hour, min_jumps=3) is None
 
 
+def test_a_stair_soon_after_another_is_a_jump_of_its_own():
+    """Two stairs 4 buckets apart, 5 confirming each: the second came before the first's
+    confirmation window ended, and jumps had to be a full window apart, so it was skipped
+    for good (half the stairs of an irregular staircase went uncounted). It is a jump of its
+    own, measured from the level the first left."""
+    from tpumon.detect.jumps import scan
+
+    floors = [0.0] * 10 + [1.0] * 4 + [2.0] * 7
+    times = [float(i) for i in range(len(floors))]
+    found, _ = scan(times, [math.nan] * len(floors), floors, 0, k=5, e=2, threshold=0.5)
+    assert [(j.time, j.size) for j in found] == [(10.0, 1.0), (14.0, 1.0)]
+    # found the same when the second one's boundary comes in a later scan
+    first, after = scan(times[:15], [math.nan] * 15, floors[:15], 0, k=5, e=2, threshold=0.5)
+    rest, _ = scan(times, [math.nan] * len(floors), floors, after, k=5, e=2, threshold=0.5,
+                   last=10)
+    assert [j.time for j in first + rest] == [10.0, 14.0]
+
+
+def test_an_irregular_staircase_with_stairs_close_together_is_called():
+    """Stairs of 1.8 GB at random steps, 28 s polls: of the stairs at 38 %, 41 % and 50 %
+    of the way to the OOM, only the first was counted (the next ones came before its
+    confirmation window ended), so the staircase never had its third jump and the leak was
+    missed. Counted, it is called with a third of the onset-to-OOM time left."""
+    d, oom, lead = irregular_stair_chip(1838001902, 6617, True, duration_s=27622.0,
+                                        poll_interval_s=27.9, host="irregular-stair-0-05",
+                                        seed=10007005, drop_probability=0.0455,
+                                        poll_jitter_s=0.232)
+    assert d.assessment.verdict is Verdict.LEAK and lead > 0.3, (lead, d.assessment.reason)
+
+
 def test_leak_starting_mid_run_is_found_with_its_own_rate():
     arrays, workload = scenario_series("linear-leak", 40, seed=3, leak_bytes_per_step=120_000,
                                        leak_chip_spread=0.0, leak_onset_step=20_000)
@@ -414,17 +444,62 @@ def corpus_chip(scenario: str, overrides: dict, steps: bool, **trace):
     return d, oom, (oom - d.alert["time"]) / (oom - onset)
 
 
+def irregular_stair_chip(stair_bytes: int, every: int, steps: bool, **trace):
+    """``corpus_chip`` of an irregular staircase from the job's start on a 32 GiB chip."""
+    return corpus_chip("irregular-staircase", dict(leak_onset_step=0, leak_bytes_per_step=0,
+                                                   stair_bytes=stair_bytes,
+                                                   stair_every_steps=every,
+                                                   hbm_total_bytes=34088157184),
+                       steps, **trace)
+
+
+def linear_leak_lead(onset_step: int, bytes_per_step: int, total: int, **trace) -> float:
+    """The lead of chip 0's alert on a corpus trace of a linear leak from ``onset_step``."""
+    _, _, lead = corpus_chip("linear-leak", dict(leak_onset_step=onset_step,
+                                                 leak_bytes_per_step=bytes_per_step,
+                                                 stair_bytes=0, hbm_total_bytes=total),
+                             True, **trace)
+    return lead
+
+
 def test_a_leak_from_mid_run_under_slow_polls_is_called_without_waiting_for_hourly_refits():
     """30 s polls, a leak from step 9,538: its first fits sit just short of z 4, and while
     the floor counted as flat the next refit came up to an hour later. A floor that grows
     (95 %) fast enough to fill HBM within the horizon is refit as often as a leak: the call
     comes with more than half the onset-to-OOM time left (before: 40 %)."""
-    _, _, lead = corpus_chip(
-        "linear-leak", dict(leak_onset_step=9538, leak_bytes_per_step=255344, stair_bytes=0,
-                            hbm_total_bytes=34088157184), True,
-        duration_s=25590.0, poll_interval_s=30.5, host="slow-poll-leak-03", seed=10003,
-        drop_probability=0.0444, poll_jitter_s=0.447)
+    lead = linear_leak_lead(9538, 255344, 34088157184, duration_s=25590.0,
+                            poll_interval_s=30.5, host="slow-poll-leak-03", seed=10003,
+                            drop_probability=0.0444, poll_jitter_s=0.447)
     assert lead > 0.5, lead
+
+
+def test_a_leak_from_mid_run_is_measured_over_all_of_its_evidence():
+    """A leak from step 29,412 of a run whose cache filled early: halving the window from
+    the trend start until growth stopped accelerating left a window of half the leak's
+    evidence or less (the next longer one held the flat hours), and at most 5 of those
+    windows ahead the call came with 73 % of the onset-to-OOM time left. A window one and
+    a half times as long is tried too, and one whose growth slows (the early cache) is
+    halved rather than taken as saturating: 76 % (81 % with the host's 4 chips pooled)."""
+    lead = linear_leak_lead(29412, 803018, 102005473280, duration_s=45863.0,
+                            poll_interval_s=5.2, host="linear-leak-mid-05", seed=1005,
+                            drop_probability=0.0264, poll_jitter_s=0.45)
+    assert lead > 0.75, lead
+
+
+def test_a_cache_that_filled_early_does_not_hide_a_leak_that_began_since():
+    """A leak from step 14,347, 2.5 h into the trend, whose rate triples soon after: the
+    window from the trend start slowed down (the job's cache filled in its first third,
+    the leak had barely begun in the last), so for an hour the verdict was "saturating".
+    A window that slows down while its last third still grows is halved like one that
+    speeds up, down to the minimum window: the call comes with 60 % of the onset-to-OOM
+    time left (before: 56 %)."""
+    _, _, lead = corpus_chip(
+        "leak-rate-change", dict(leak_onset_step=14347, leak_bytes_per_step=269908,
+                                 stair_bytes=0, leak_change_step=11123,
+                                 leak_change_factor=2.99, hbm_total_bytes=34088157184), True,
+        duration_s=24728.0, poll_interval_s=6.9, host="rate-change-02", seed=11002,
+        drop_probability=0.0282, poll_jitter_s=0.24)
+    assert lead > 0.58, lead
 
 
 def test_noisy_floors_of_slow_polls_are_not_read_as_a_saturating_cache():
@@ -450,11 +525,8 @@ def test_an_irregular_staircase_is_called_over_an_hour_before_its_oom():
     hourly: the alert came 0.6 h before the OOM. Now a pending rise holds back a trend's
     call only (a staircase's rate counts confirmed jumps), and a floor that rises clear of
     the last fit is refit at once: over an hour before."""
-    d, oom, _ = corpus_chip(
-        "irregular-staircase", dict(leak_onset_step=0, leak_bytes_per_step=0,
-                                    stair_bytes=1285423712, stair_every_steps=6214,
-                                    hbm_total_bytes=34088157184), False,
-        duration_s=25872.0, poll_interval_s=21.0, host="irregular-stair-0-00", seed=7000,
-        drop_probability=0.0233, poll_jitter_s=0.09)
+    d, oom, _ = irregular_stair_chip(1285423712, 6214, False, duration_s=25872.0,
+                                     poll_interval_s=21.0, host="irregular-stair-0-00",
+                                     seed=7000, drop_probability=0.0233, poll_jitter_s=0.09)
     assert oom - d.alert["time"] > 3600
     assert d.alert["predicted_oom_time"] is not None

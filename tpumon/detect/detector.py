@@ -449,9 +449,10 @@ class ChipDetector:
         offset = job.appended - len(job.history)  # global index of the oldest kept bucket
         begin = max(job.scanned - k - offset, 0)
         rows = job.history.recent(len(job.history) - begin)
+        last = int(rows[0].searchsorted(job.jumps[-1].time)) if job.jumps else -1
         found, next_local = level_shifts.scan(rows[0], rows[1], self._detrended(job, rows),
                                               job.scanned - offset - begin, k, e,
-                                              self._jump_threshold(job))
+                                              self._jump_threshold(job), last)
         job.scanned = next_local + begin + offset
         job.add_jumps(found)
 
@@ -508,34 +509,53 @@ class ChipDetector:
             self.alert = leak_alert(b.trigger_time, b.trigger_step, self.assessment)
 
     def _choose_window(self, job: _Job, now: float) -> tuple[float, bool]:
-        """The longest window, back to the trend start, whose growth does not accelerate
-        (a leak that began mid-run must not be diluted by flat hours before it), and
-        whether growth in it slows down (a cache saturating, not a leak)."""
+        """The longest window, back to the trend start, whose growth neither accelerates
+        (a leak that began mid-run must not be diluted by flat hours before it) nor slows
+        down, and whether growth in it slows down (a cache saturating, not a leak).
+
+        Halving from the trend start; a window that slows down but whose last third still
+        grows is halved too (a cache that filled early in the job must not hide growth
+        that began since; one whose last third is flat is a cache that filled), down to the
+        minimum window, where slowing down is the verdict. Once halved, the window one and
+        a half times as long is tried: halving alone could leave half the evidence out."""
         assert job.trend_start is not None
         data = job.history.window(job.trend_start, 4096)
         y_all = job.corrected(data)
-        length = now - job.trend_start
+        length, rejected = now - job.trend_start, False
         while True:
-            start = now - length
-            shorter = length / 2
-            y = y_all[data[0].searchsorted(start):]
-            if len(y) < 9:
-                return start, False
-            third = len(y) // 3
-            # levels of the thirds as lower quartiles: floors only ever read high
-            l1, l2, l3 = lower_quartiles(y, (0, third, len(y) - third, len(y)))
-            early, late = l2 - l1, l3 - l2
-            # about 3 sigma of (l3 - l2) - (l2 - l1) for levels of n/3 floors each, from
-            # the scatter of single floors (with few polls per bucket, floors read high
-            # often: far noisier than the envelopes that ``job.sigma`` measures; both are
-            # refreshed together, rarely)
-            noise = 3 * 1.25 * job.scatter * math.sqrt(18.0 / len(y))
-            accelerating = late - early > max(noise,
-                                              self.settings.shape_change_fraction * abs(late))
-            if not accelerating or shorter < self.settings.min_window_seconds:
-                slowing = early - late > max(noise, self.settings.slowdown_fraction * early)
-                return start, early > 0 and slowing
-            length = shorter
+            shape = self._shape(job, y_all[data[0].searchsorted(now - length):])
+            if shape is None:
+                return now - length, False
+            accelerating, slowing, growing = shape
+            if (accelerating or (slowing and growing)) and \
+                    length / 2 >= self.settings.min_window_seconds:
+                length, rejected = length / 2, True
+                continue
+            if rejected and not (accelerating or slowing):
+                longer = self._shape(job, y_all[data[0].searchsorted(now - 1.5 * length):])
+                if longer is not None and not (longer[0] or longer[1]):
+                    length *= 1.5
+            return now - length, slowing
+
+    def _shape(self, job: _Job, y: np.ndarray) -> tuple[bool, bool, bool] | None:
+        """Whether the growth of floors ``y`` accelerates, whether it slows down, and
+        whether its last third still grows (beyond noise), from the levels of its thirds;
+        None with fewer than 9 floors."""
+        if len(y) < 9:
+            return None
+        third = len(y) // 3
+        # levels of the thirds as lower quartiles: floors only ever read high
+        l1, l2, l3 = lower_quartiles(y, (0, third, len(y) - third, len(y)))
+        early, late = l2 - l1, l3 - l2
+        # about 3 sigma of (l3 - l2) - (l2 - l1) for levels of n/3 floors each, from the
+        # scatter of single floors (with few polls per bucket, floors read high often: far
+        # noisier than the envelopes that ``job.sigma`` measures; both are refreshed
+        # together, rarely)
+        noise = 3 * 1.25 * job.scatter * math.sqrt(18.0 / len(y))
+        accelerating = late - early > max(noise, self.settings.shape_change_fraction * abs(late))
+        slowing = not accelerating and early > 0 and \
+            early - late > max(noise, self.settings.slowdown_fraction * early)
+        return accelerating, slowing, late > noise
 
     def _fit(self, job: _Job, b: _Bucket, base: dict) -> _Said:
         now = b.start

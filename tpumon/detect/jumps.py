@@ -50,38 +50,46 @@ def _tolist(values: Sequence[float] | np.ndarray) -> list[float]:
 
 
 def scan(times: Sequence[float], steps: Sequence[float], floors: Sequence[float] | np.ndarray,
-         first: int, k: int, e: int, threshold: float) -> tuple[list[Jump], int]:
+         first: int, k: int, e: int, threshold: float, last: int = -1) -> tuple[list[Jump], int]:
     """Jumps at boundaries ``first``.. ``len - k``: ``k`` buckets confirm the new level on
-    the right; on the left, up to ``k`` (fewer early in a job, but at least ``e``).
+    the right; on the left, up to ``k`` (fewer early in a job, or soon after the last jump,
+    but at least ``e``).
 
-    Returns the jumps found and the next boundary to scan. Accepted jumps are at least
-    ``k`` buckets apart (the second would be confirmed by the first one's own buckets).
+    ``last`` is the boundary of the last jump found (-1: none), in this call or an earlier
+    one: the level before a boundary is taken from there on, so a stair that comes less
+    than ``k`` buckets after the one before is a jump of its own, measured from the level
+    that one left (it was skipped, and lost for good, while jumps had to be ``k`` apart).
+    Returns the jumps found and the next boundary to scan; jumps are at least ``e`` apart.
     """
     f = _tolist(floors)
-    first = max(first, e)
-    last = len(f) - k
-    if last < first:
+    first = max(first, e, last + e)
+    end = len(f) - k
+    if end < first:
         return [], first
-    boundaries = range(first, last + 1)
-    # level after minus level before each boundary (levels: second-lowest floors, inline
-    # as this is the loop that runs once per bucket)
-    shifts = [sorted(f[c:c + k])[1] - sorted(f[max(c - k, 0):c])[1] for c in boundaries]
     found: list[Jump] = []
-    next_free = first
-    for c, shift in zip(boundaries, shifts, strict=True):
-        if c >= next_free and abs(shift) > threshold and _is_jump(f, c, k, e, shift):
+    c = first
+    while c <= end:
+        lo = max(c - k, last, 0)
+        # level after minus level before (levels: second-lowest floors, inline as this is
+        # the loop that runs once per bucket)
+        shift = sorted(f[c:c + k])[1] - sorted(f[lo:c])[1]
+        if abs(shift) > threshold and _is_jump(f, c, k, e, shift, lo):
             found.append(Jump(float(times[c]), float(steps[c]), shift))
-            next_free = c + k
-    return found, max(last + 1, next_free)
+            last = c
+            c += e
+        else:
+            c += 1
+    return found, max(end + 1, last + e)
 
 
-def _is_jump(f: list[float], c: int, k: int, e: int, shift: float) -> bool:
+def _is_jump(f: list[float], c: int, k: int, e: int, shift: float, lo: int) -> bool:
     """The level, moving by ``shift`` at boundary ``c``, does so in one step and is level
-    on both sides (the size test, which rules out most boundaries, is the caller's)."""
+    on both sides (the left one from ``lo``); the size test, which rules out most
+    boundaries, is the caller's."""
     size = abs(shift)
     before = min(f[c - e:c])
     step_up = min(f[c:c + e]) - before
-    left_rise = before - min(f[max(c - k, 0):max(c - k, 0) + e])
+    left_rise = before - min(f[lo:lo + e])
     right_rise = min(f[c + k - e:c + k]) - min(f[c:c + e])
     return (abs(step_up) >= 0.6 * size and step_up * shift > 0
             and abs(left_rise) <= 0.3 * size and abs(right_rise) <= 0.3 * size)
