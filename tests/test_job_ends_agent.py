@@ -37,7 +37,7 @@ def test_the_simulated_jobs_hbm_oom_is_named_compared_and_told_once(tmp_path):
                "TPUMON_PAGERDUTY_URL": pagerduty.url}
         state = tmp_path / "state"
         agent = AgentProcess(tmp_path, state, "--scenario", "fast-leak", "--acceleration",
-                             "480", "--reporter-socket", str(tmp_path / "r.sock"), env=env)
+                             "960", "--reporter-socket", str(tmp_path / "r.sock"), env=env)
         try:
             [end] = wait_for(lambda: ended(agent), 240)
             assert end["cause"] == "hbm_oom", end
