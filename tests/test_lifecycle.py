@@ -165,3 +165,28 @@ def test_a_configuration_that_does_not_load_changes_nothing(assembly, caplog):
         assembly.write(interval=5, slack="")
         assert reload_config(assembly, running, assembly.load) == running
     assert caplog.records[-1].getMessage() == "reload: configuration unchanged"
+
+
+@pytest.mark.e2e  # spawns the simulator: a few seconds
+def test_a_build_that_fails_part_way_stops_what_it_had_built(tmp_path, monkeypatch):
+    """The simulator child and the reporters' socket are built before the history store;
+    a failure after them (here an error in the alert tracker's making, as any bug there
+    would be) must not leave the child running nor the socket bound."""
+    import psutil
+
+    from tpumon import bootstrap
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(bootstrap, "alert_tracker", broken)
+    socket_path = tmp_path / "reporter.sock"
+    config = load_config(env={"TPUMON_REPORTER_SOCKET": str(socket_path),
+                              "TPUMON_STORE_STATE_DIR": ""})
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    with pytest.raises(RuntimeError, match="injected"):
+        build(config, simulate=True, env={})
+    left = [p for p in psutil.Process().children(recursive=True) if p.pid not in before
+            and p.status() != psutil.STATUS_ZOMBIE]
+    assert left == []
+    assert not socket_path.exists()

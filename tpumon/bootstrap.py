@@ -332,11 +332,22 @@ def build(config: Config, simulate: bool = False, env: Mapping[str, str] | None 
           history: bool = True) -> Assembly:
     """Wire sources, state and exporter registry; start the simulator child if asked.
     ``history`` False (a one-off ``tpumon status``) leaves the history store and the
-    reporter socket (both the running agent's) alone."""
-    env = os.environ if env is None else env
+    reporter socket (both the running agent's) alone. A build that fails part-way stops
+    what it had built (the simulator child, the reporter socket) before the error goes on:
+    the caller has no assembly to close."""
+    components = Lifecycle()
+    try:
+        return _assemble(config, simulate, os.environ if env is None else env, history,
+                         components)
+    except BaseException:
+        components.stop()
+        raise
+
+
+def _assemble(config: Config, simulate: bool, env: Mapping[str, str], history: bool,
+              components: Lifecycle) -> Assembly:
     configured_identity = {k: config[f"identity.{k}"]
                            for k in ("hostname", "worker", "accelerator_type", "slice")}
-    components = Lifecycle()
     channels = notification_channels(config, env) if history else []  # a bad secret file
     reporters = open_reporter_socket(config, simulate) if history else None  # fails first
     if reporters is not None:
