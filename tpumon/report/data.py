@@ -208,24 +208,12 @@ def chip_report(host: str, chip: str, columns: SeriesColumns,
     used = np.asarray(columns.used, dtype=float)
     totals = np.asarray(columns.total, dtype=float)
     detector = ChipDetector(settings)
-    detector.log = []
-    verdicts: list[tuple[float, float, str]] = []
+    said: list[tuple[float, float, Assessment]] = []
+    detector.log = said
     job_starts: dict[float, float | None] = {}  # job start -> trend start (as last seen)
     jumps: dict[tuple[float, float], Jump] = {}
-    previous = float(times[0])
     for a, b in _slices(times):
         detector.update(times[a:b], steps[a:b], used[a:b], totals[a:b])
-        now = float(times[b - 1])
-        verdict = detector.assessment.verdict.value
-        if verdicts and verdicts[-1][2] == verdict and verdicts[-1][1] == previous:
-            verdicts[-1] = (verdicts[-1][0], now, verdict)
-        else:
-            alert = detector.alert
-            if verdicts and alert and previous < alert["time"] <= now:  # changed right there
-                verdicts[-1] = (verdicts[-1][0], alert["time"], verdicts[-1][2])
-                previous = alert["time"]
-            verdicts.append((previous, now, verdict))
-        previous = now
         job = detector.job
         if job is not None:
             job_starts[job.start] = job.trend_start
@@ -243,8 +231,9 @@ def chip_report(host: str, chip: str, columns: SeriesColumns,
         host, chip, len(times), float(times[0]), end, total, assessment, detector.alert,
         *_envelope(times, used), floor_times.astype(float), groups.floor, groups.peak, jobs,
         sorted(jumps.values(), key=lambda j: j.time),
-        _excursions(floor_times, groups.floor, groups.peak, jobs, total), verdicts,
-        times[known], steps[known], said=detector.log)
+        _excursions(floor_times, groups.floor, groups.peak, jobs, total),
+        _timeline(float(times[0]), end, [(t, a.verdict.value) for t, _, a in said]),
+        times[known], steps[known], said=said)
     report.gaps = _gaps(times, settings or DetectorSettings())
     report.trend = _trend(report)
     report.forecast = _forecast(report)
