@@ -101,8 +101,11 @@ def _read_csv(file: BinaryIO) -> pa.Table:
     # dictionaries of names unify and the columns join in a fraction of the time
     convert = pcsv.ConvertOptions(column_types=types, null_values=[""],
                                   strings_can_be_null=False, quoted_strings_can_be_null=False)
+    # the C library's allocator, not pyarrow's default (mimalloc): on this project's VM,
+    # mimalloc's handling of the parse's short-lived blocks cost 0.5-0.8 s more of kernel
+    # time on an 8M-row file (bench/analyze_speed.py)
     table = pcsv.read_csv(file, read_options=pcsv.ReadOptions(block_size=_BLOCK_BYTES),
-                          convert_options=convert)
+                          convert_options=convert, memory_pool=pa.system_memory_pool())
     names = table.column_names
     if any(names.count(c) > 1 for c in types):
         raise NeedsStrictParser("a column appears twice in the header")
