@@ -149,3 +149,28 @@ def test_jobs_replayed_by_forked_workers_give_the_same_results(monkeypatch):
     assert [r.to_json() for r in forked] == [r.to_json() for r in alone]
     assert [r.alert for r in forked] == [r.alert for r in alone]
     assert any(r.alert for r in alone)
+
+
+def test_a_job_that_is_most_of_the_trace_is_replayed_chip_by_chip_in_parallel(monkeypatch):
+    """A slice of many chips is one job, often the whole trace: its chips are replayed by
+    the forked workers one by one and pooled by the parent (it was once replayed whole by
+    one worker, the other cores idle), with the same results as one process."""
+    from tpumon.detect import replay
+
+    cols = dict(columns("linear-leak", 6, 11, leak_chip_spread=0.3))
+    first = next(iter(cols.values()))
+    cols[("small-host", "0")] = SeriesColumns(*(column[:500] for column in first))
+    jobs = {}
+    for (host, chip), c in cols.items():
+        jobs.setdefault(replay.job_name(host), []).append((host, chip, c))
+    job_list = list(jobs.items())
+    sizes = [sum(len(c.times) for _, _, c in series) for _, series in job_list]
+    tasks = replay._tasks(job_list, sizes, 2)
+    assert sorted(tasks) == [(0, 0), (0, 1), (0, 2), (0, 3), (1, None)]
+    assert tasks[-1] == (1, None)  # largest first: the small job last
+    alone = replay_columns(cols)
+    monkeypatch.setattr(replay, "PARALLEL_MIN_SAMPLES", 0)
+    forked = replay_columns(cols, workers=2)
+    assert [r.to_json() for r in forked] == [r.to_json() for r in alone]
+    assert [r.alert for r in forked] == [r.alert for r in alone]
+    assert any(r.alert for r in alone)

@@ -210,10 +210,10 @@ def _series_groups(table: pa.Table) -> _Groups:
     # A stable sort keeps file order in each series; radix (linear) when keys fit 16 bits,
     # which they are computed in then (a quarter of the memory: every array of a trace's
     # length costs its first write, see small_pages)
-    dtype = np.uint16 if len(hosts) * width <= 1 << 16 else np.int64
-    keys = host_codes.astype(dtype)
-    keys *= width
-    keys += chip_codes.astype(dtype, copy=False)
+    dtype: type = np.uint16 if len(hosts) * width <= 1 << 16 else np.int64
+    keys: np.ndarray = host_codes.astype(dtype)
+    np.multiply(keys, width, out=keys, casting="unsafe")
+    np.add(keys, chip_codes, out=keys, casting="unsafe")
     order = np.argsort(keys, kind="stable")
     grouped = keys[order]
     starts = np.flatnonzero(np.r_[True, grouped[1:] != grouped[:-1]])
@@ -231,7 +231,7 @@ def _numbers(table: pa.Table, column: str, dtype: type,
     values = table.column(column)
     if values.null_count and not nulls_allowed:
         raise NeedsStrictParser(f"row {_first(values.is_null()) + 1}: column {column!r} is empty")
-    out = np.empty(len(values), dtype)
+    out: np.ndarray = np.empty(len(values), dtype)
     at = 0
     for chunk in values.chunks:
         out[at:at + len(chunk)] = chunk.to_numpy(zero_copy_only=False)
