@@ -258,7 +258,9 @@ def replay_pooling(job: str, logs: Sequence[Said], columns: Sequence[SeriesColum
     """The pooled verdicts and alerts of a job's chips, from their detectors' logs; the
     verdicts only with ``timelines`` (``tpumon report`` draws them, ``analyze`` does not)."""
     out = Pooling([[] for _ in logs], {})
-    for moment, pooled in pooled_moments(job, logs):
+    for moment, pooled in pooled_moments(job, logs, leaking_only=not timelines):
+        if not timelines and len(out.alerts) == len(logs):
+            break  # every chip has its alert: nothing later changes what is returned
         for name, a in pooled.items():
             i = int(name)
             if timelines:
@@ -270,19 +272,28 @@ def replay_pooling(job: str, logs: Sequence[Said], columns: Sequence[SeriesColum
     return out
 
 
-def pooled_moments(job: str,
-                   logs: Sequence[Said]) -> Iterator[tuple[float, dict[str, Assessment]]]:
+def pooled_moments(job: str, logs: Sequence[Said], leaking_only: bool = False) -> Iterator[
+        tuple[float, dict[str, Assessment]]]:
     """Every chip's pooled assessment (chips named by their index in ``logs``, each a
     detector's log) at every moment one chip's own assessment changed: the pooled verdicts
-    change only then, so this is what the agent's pooling at each poll would have said."""
+    change only then, so this is what the agent's pooling at each poll would have said.
+    With ``leaking_only``, only the moments when some chip's own verdict is ``leak`` (no
+    other moment has a pooled leak): a slice of hundreds of chips has tens of thousands of
+    moments, and copying its assessments at each cost more than replaying them."""
     events = sorted(((t, i, a) for i, log in enumerate(logs) for t, _, a in log),
                     key=lambda e: (e[0], e[1]))
     current: dict[str, Assessment] = {}
+    leaking = 0  # chips whose own verdict in ``current`` is leak, counted as they change
     for moment, group in itertools.groupby(events, key=lambda e: e[0]):
         for _, i, a in group:
+            was = current.get(str(i))
+            leaking += (a.verdict is Verdict.LEAK) - (was is not None and
+                                                      was.verdict is Verdict.LEAK)
             current[str(i)] = a
-        leaking = any(a.verdict is Verdict.LEAK for a in current.values())
-        yield moment, pool_job(job, current) if leaking else dict(current)
+        if leaking:
+            yield moment, pool_job(job, current)
+        elif not leaking_only:
+            yield moment, dict(current)
 
 
 #: A slice's hosts are named ``PREFIX-w-N``: the chips of a slice run one job.
