@@ -1,8 +1,10 @@
 """``tpumon analyze`` end to end, in samples per second: this tree against a baseline tree.
 
-Two workloads (issue 20, item 5): one large trace (8M rows by default: 32 hosts of a slice,
-4 chips each, polled every 5 s; the simulator's scenarios, leaks included) and a directory
-of many small traces (the same rows cut into files of one host and a few hours each). Each
+Three workloads (issue 20, item 5): one large trace (8M rows by default: copies of 8 hosts
+of 4 chips, one scenario of the simulator each, leaks included, polled every 5 s; each host
+its own job), a directory of many small traces (the same rows cut into files of
+one host and a few hours each), and one slice (the first 2M rows, every host a worker of
+one slice: one job of all its chips, pooled, as a pod's trace is). Each
 is analyzed by this tree's ``analyze_path`` and by the baseline's (``git archive`` of
 ``--baseline-ref``, default ``main``: what `tpumon analyze` is today), each in a fresh
 subprocess, alternating, median CPU seconds of ``--runs`` runs. CPU time, not wall time:
@@ -44,6 +46,7 @@ POLL_S = 5.0
 SCENARIOS = ("healthy", "linear-leak", "staircase-leak", "step-change", "saturating-cache",
              "chip0-leak", "job-restart", "healthy")
 SMALL_HOURS = 6.0  # one small trace: one host, this many hours
+SLICE_ROWS = 2_000_000  # the trace of one slice whose chips are all one job
 
 #: Run in a subprocess with PYTHONPATH set to the tree under test: prints CPU seconds,
 #: samples and a digest of the results.
@@ -120,6 +123,14 @@ def write_small(table: pa.Table, directory: str) -> list[str]:
     return paths
 
 
+def one_slice(table: pa.Table) -> pa.Table:
+    """The table's hosts as workers of one slice (``…-w-0-s3`` -> ``…-w-03``): one job of
+    all its chips, pooled together, as a pod's trace is."""
+    import pyarrow.compute as pc
+
+    return table.set_column(1, "host", pc.replace_substring(table.column("host"), "-s", ""))
+
+
 def baseline_tree(ref: str, directory: str) -> str:
     """The tpumon package at git ``ref``, extracted under ``directory``."""
     archive = subprocess.run(["git", "-C", ROOT, "archive", ref, "tpumon"], check=True,
@@ -148,13 +159,15 @@ def compare(label: str, paths: list[str], trees: dict[str, str], runs: int) -> l
             cpu[name].append(got["cpu"])
             wall[name].append(got["wall"])
             digests[name], samples = got["digest"], got["samples"]
+    load = os.getloadavg()[0]  # the machine is shared: say how busy it was
     same = len({json.dumps(d) for d in digests.values()}) == 1
     rates = {name: samples / statistics.median(c) for name, c in cpu.items()}
     walls = {name: samples / statistics.median(c) for name, c in wall.items()}
     base, new = rates["baseline"], rates["this tree"]
     return [f"| {label} | {samples:,} | {base:,.0f} ({walls['baseline']:,.0f}) | "
-            f"{new:,.0f} ({walls['this tree']:,.0f}) | {new / base:.2f}x | "
-            f"{'same' if same else 'different'} |"]
+            f"{new:,.0f} ({walls['this tree']:,.0f}) | {new / base:.2f}x "
+            f"({walls['this tree'] / walls['baseline']:.2f}x) | "
+            f"{'same' if same else 'different'} | {load:.1f} |"]
 
 
 def main() -> int:
@@ -168,6 +181,8 @@ def main() -> int:
         big = slice_table(base_table(), args.rows)
         big_path = os.path.join(tmp, "slice.csv")
         pcsv.write_csv(big, big_path)
+        slice_path = os.path.join(tmp, "one-slice.csv")
+        pcsv.write_csv(one_slice(big.slice(0, min(args.rows, SLICE_ROWS))), slice_path)
         small = write_small(big.slice(0, min(args.rows, 4_000_000)),
                             os.path.join(tmp, "small"))
         print(f"corpus written in {time.perf_counter() - start:.0f} s: {len(big):,} rows in "
@@ -176,9 +191,11 @@ def main() -> int:
         trees = {"baseline": baseline_tree(args.baseline_ref, tempfile.mkdtemp(dir=tmp)),
                  "this tree": ROOT}
         lines = ["| trace | samples | baseline samples/s, CPU (wall) | this tree samples/s, "
-                 "CPU (wall) | ratio (CPU) | results |", "|---|---|---|---|---|---|"]
+                 "CPU (wall) | ratio, CPU (wall) | results | load after |",
+                 "|---|---|---|---|---|---|---|"]
         lines += compare("one large CSV", [big_path], trees, args.runs)
         lines += compare(f"{len(small)} small CSVs", sorted(small), trees, args.runs)
+        lines += compare("one slice, one job (CSV)", [slice_path], trees, args.runs)
     print(f"`analyze` end to end, CPU time, median of {args.runs} runs each, baseline = "
           f"`{args.baseline_ref}`:\n")
     print("\n".join(lines))

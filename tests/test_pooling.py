@@ -139,13 +139,38 @@ def test_the_report_says_what_analyze_says(scenario, seed):
 def test_jobs_replayed_by_forked_workers_give_the_same_results(monkeypatch):
     """`tpumon analyze` replays a large trace's jobs on every core: the same results as one
     process, in the same order (each job is replayed whole wherever it runs)."""
-    from tpumon.detect import replay
-
     cols = dict(columns("linear-leak", 6, 11))
     cols.update({("other-host", chip): c for (_, chip), c in columns("chip0-leak", 6, 3).items()})
+    assert_forked_replay_is_the_same(cols, monkeypatch)
+
+
+def assert_forked_replay_is_the_same(cols: dict, monkeypatch) -> None:
+    """Two forked workers give the results of one process, alerts included (some)."""
+    from tpumon.detect import replay
+
     alone = replay_columns(cols)
     monkeypatch.setattr(replay, "PARALLEL_MIN_SAMPLES", 0)
     forked = replay_columns(cols, workers=2)
     assert [r.to_json() for r in forked] == [r.to_json() for r in alone]
     assert [r.alert for r in forked] == [r.alert for r in alone]
     assert any(r.alert for r in alone)
+
+
+def test_a_job_that_is_most_of_the_trace_is_replayed_chip_by_chip_in_parallel(monkeypatch):
+    """A slice of many chips is one job, often the whole trace: its chips are replayed by
+    the forked workers one by one and pooled by the parent (it was once replayed whole by
+    one worker, the other cores idle), with the same results as one process."""
+    from tpumon.detect import replay
+
+    cols = dict(columns("linear-leak", 6, 11, leak_chip_spread=0.3))
+    first = next(iter(cols.values()))
+    cols[("small-host", "0")] = SeriesColumns(*(column[:500] for column in first))
+    jobs = {}
+    for (host, chip), c in cols.items():
+        jobs.setdefault(replay.job_name(host), []).append((host, chip, c))
+    job_list = list(jobs.items())
+    sizes = [sum(len(c.times) for _, _, c in series) for _, series in job_list]
+    tasks = replay._tasks(job_list, sizes, 2)
+    assert sorted(tasks) == [(0, 0), (0, 1), (0, 2), (0, 3), (1, None)]
+    assert tasks[-1] == (1, None)  # largest first: the small job last
+    assert_forked_replay_is_the_same(cols, monkeypatch)

@@ -674,3 +674,35 @@ def test_parquet_errors_name_the_row_and_parquet_needs_a_file(tmp_path):
     (tmp_path / "junk.parquet").write_text("time,host\n")
     with pytest.raises(TraceFormatError, match="junk.parquet: "):
         read_trace_columns(tmp_path / "junk.parquet")
+
+
+def test_series_keys_past_16_bits_are_grouped_too(read_text, write_file):
+    """Series are grouped by a key of host and chip numbers, kept in 16 bits when every
+    pair fits there: 300 hosts and 300 chip names (90,000 pairs, though few occur) take
+    the 64-bit path, and both give the rows of each series in file order."""
+    rows = [f"{t},h{(t * 7) % 300},c{(t * 11) % 300},{t},{t},99\n" for t in range(900)]
+    rows += [f"{900 + t},h{t % 3},c{t % 2},{t},{t},99\n" for t in range(12)]
+    text = HEADER + "".join(rows)
+    assert columns_as_series(read_trace_columns(write_file(text))) == \
+        as_series(read_text(text))
+    few = HEADER + "".join(rows[900:])  # 3 hosts, 2 chips: 16-bit keys
+    assert columns_as_series(read_trace_columns(write_file(few))) == as_series(read_text(few))
+
+
+def test_small_pages_turns_numpys_huge_page_advice_off_and_back():
+    """Reading a trace asks numpy not to advise huge pages (their kernel-side cost was most
+    of the time of grouping a large trace, bench/analyze_speed.py) and restores the
+    process-wide setting after."""
+    from tpumon.trace_columns import small_pages
+
+    core = getattr(np, "_core", None) or np.core
+    switch = getattr(core.multiarray, "_set_madvise_hugepage", None)
+    if switch is None:
+        pytest.skip("this numpy has no huge-page switch")
+    original = switch(True)
+    try:
+        with small_pages():
+            assert switch(False) is False  # off within
+        assert switch(True) is True  # back on after
+    finally:
+        switch(original)

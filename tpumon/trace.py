@@ -158,7 +158,8 @@ def read_trace_columns(path: PathOrFile, *,
         name = os.fspath(path)
         fmt = _resolve_format(format, name)
         try:
-            return trace_columns.series_columns(trace_columns.read_table(name, fmt))
+            with trace_columns.small_pages():
+                return trace_columns.series_columns(trace_columns.read_table(name, fmt))
         except trace_columns.NeedsStrictParser as exc:
             if fmt == "parquet":
                 raise TraceFormatError(name, None, str(exc)) from None

@@ -14,6 +14,8 @@ parser does not read, gets the same checks here, and an error names the row.
 from __future__ import annotations
 
 import csv
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, BinaryIO, NamedTuple
 
 import numpy as np
@@ -32,6 +34,32 @@ _BLOCK_BYTES = 16 << 20
 _NAME_COLUMNS = ("host", "chip")
 _NUMBER_COLUMNS = ("time", "step", "hbm_used_bytes", "hbm_total_bytes")
 _REQUIRED = ("time", "host", "chip", "hbm_used_bytes", "hbm_total_bytes")
+
+
+@contextmanager
+def small_pages() -> Iterator[None]:
+    """Within, numpy does not ask the kernel for huge pages for its large arrays.
+
+    numpy advises huge pages (madvise) for every array of 4 MiB or more. Where the kernel
+    then compacts memory to find them (transparent huge pages with defrag on madvise, as on
+    many VMs), each such array costs kernel time when first written: on this project's
+    2-core VM, grouping an 8M-row trace into series took 1.5 s of CPU, 1.3 s of it in the
+    kernel, and 0.5 s with small pages (bench/analyze_speed.py). Reading a trace makes a
+    few dozen such arrays once, so huge pages buy nothing back. Forked workers inherit the
+    setting; it is restored on the way out (numpy's switch is process-wide)."""
+    import numpy as np
+
+    switch = getattr(getattr(np, "_core", None) or getattr(np, "core", None), "multiarray",
+                     None)
+    set_huge = getattr(switch, "_set_madvise_hugepage", None)
+    if set_huge is None:  # not in this numpy: nothing to switch
+        yield
+        return
+    was = set_huge(False)
+    try:
+        yield
+    finally:
+        set_huge(was)
 
 
 class NeedsStrictParser(Exception):
@@ -73,8 +101,11 @@ def _read_csv(file: BinaryIO) -> pa.Table:
     # dictionaries of names unify and the columns join in a fraction of the time
     convert = pcsv.ConvertOptions(column_types=types, null_values=[""],
                                   strings_can_be_null=False, quoted_strings_can_be_null=False)
+    # the C library's allocator, not pyarrow's default (mimalloc): on this project's VM,
+    # mimalloc's handling of the parse's short-lived blocks cost 0.5-0.8 s more of kernel
+    # time on an 8M-row file (bench/analyze_speed.py)
     table = pcsv.read_csv(file, read_options=pcsv.ReadOptions(block_size=_BLOCK_BYTES),
-                          convert_options=convert)
+                          convert_options=convert, memory_pool=pa.system_memory_pool())
     names = table.column_names
     if any(names.count(c) > 1 for c in types):
         raise NeedsStrictParser("a column appears twice in the header")
@@ -143,9 +174,7 @@ def series_columns(table: pa.Table) -> dict[tuple[str, str], SeriesColumns]:
     times = _numbers(table, "time", np.float64)
     used = _numbers(table, "hbm_used_bytes", np.int64)
     total = _numbers(table, "hbm_total_bytes", np.int64)
-    step_column = table.column("step")
-    steps = _numbers(table, "step", np.float64) if step_column.null_count == 0 else \
-        step_column.to_numpy(zero_copy_only=False).astype(np.float64)  # null -> NaN
+    steps = _numbers(table, "step", np.float64, nulls_allowed=True)  # null -> NaN
     _check_values(times, steps, used, total)
     groups = _series_groups(table)
     if groups.order is not None:
@@ -176,13 +205,17 @@ def _series_groups(table: pa.Table) -> _Groups:
     if rows == 0:
         return _Groups([], None, [], [])
     width = max(len(chips), 1)
-    pair = host_codes.astype(np.int64) * width + chip_codes
     if len(hosts) * width == 1:
         return _Groups([(hosts[0], chips[0])], None, [0], [rows])
-    # A stable sort keeps file order in each series; radix (linear) when keys fit 16 bits.
-    keys = pair.astype(np.uint16) if len(hosts) * width <= 1 << 16 else pair
+    # A stable sort keeps file order in each series; radix (linear) when keys fit 16 bits,
+    # which they are computed in then (a quarter of the memory: every array of a trace's
+    # length costs its first write, see small_pages)
+    dtype: type = np.uint16 if len(hosts) * width <= 1 << 16 else np.int64
+    keys: np.ndarray = host_codes.astype(dtype)
+    np.multiply(keys, width, out=keys, casting="unsafe")
+    np.add(keys, chip_codes, out=keys, casting="unsafe")
     order = np.argsort(keys, kind="stable")
-    grouped = pair[order]
+    grouped = keys[order]
     starts = np.flatnonzero(np.r_[True, grouped[1:] != grouped[:-1]])
     ends = np.r_[starts[1:], rows]
     by_appearance = np.argsort(order[starts], kind="stable")
@@ -191,11 +224,19 @@ def _series_groups(table: pa.Table) -> _Groups:
     return _Groups(names, order, starts.tolist(), ends.tolist())
 
 
-def _numbers(table: pa.Table, column: str, dtype: type) -> np.ndarray:
+def _numbers(table: pa.Table, column: str, dtype: type,
+             nulls_allowed: bool = False) -> np.ndarray:
+    """A column as one numpy array of ``dtype``, nulls as NaN where allowed. Written chunk
+    by chunk into one array: joining the chunks first, then converting, would make two."""
     values = table.column(column)
-    if values.null_count:
+    if values.null_count and not nulls_allowed:
         raise NeedsStrictParser(f"row {_first(values.is_null()) + 1}: column {column!r} is empty")
-    return values.to_numpy().astype(dtype, copy=False)
+    out: np.ndarray = np.empty(len(values), dtype)
+    at = 0
+    for chunk in values.chunks:
+        out[at:at + len(chunk)] = chunk.to_numpy(zero_copy_only=False)
+        at += len(chunk)
+    return out
 
 
 def _first(mask: pa.ChunkedArray | np.ndarray) -> int:
@@ -232,7 +273,7 @@ def _check_times(times: np.ndarray, groups: _Groups) -> None:
     """Times of each series must not go back."""
     if len(times) < 2:
         return
-    back = np.diff(times) < 0
+    back = times[1:] < times[:-1]
     for start in groups.starts:
         if start:
             back[start - 1] = False  # from the end of one series to the next: not a step

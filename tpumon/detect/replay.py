@@ -14,7 +14,7 @@ import os
 import re
 import time
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
@@ -159,15 +159,40 @@ def full_after(alert: dict | None, times: np.ndarray, steps: np.ndarray, used: n
     return {"time": float(times[i]), "step": None if math.isnan(steps[i]) else int(steps[i])}
 
 
+class _ChipRun(NamedTuple):
+    """One chip's detector replayed over its whole series: what it said at the end, its
+    own alert, and (for a chip of a job of several) every assessment as it was set."""
+
+    assessment: Assessment
+    alert: dict | None
+    log: list[tuple[float, float, Assessment]] | None
+
+
+def _run_chip(c: SeriesColumns, settings: DetectorSettings | None, log: bool) -> _ChipRun:
+    """Run one detector over one series' arrays (the agent's code path, in one batch)."""
+    detector = ChipDetector(settings)
+    if log:
+        detector.log = []
+    detector.update(c.times, c.steps, c.used, c.total)
+    return _ChipRun(detector.assessment, detector.alert, detector.log)
+
+
+def _result(host: str, chip: str, c: SeriesColumns, assessment: Assessment,
+            alert: dict | None) -> SeriesResult:
+    """A series' outcome: its verdict and alert, where HBM filled after the alert, and the
+    samples over capacity."""
+    return SeriesResult(host, chip, len(c.times), assessment, alert,
+                        full_after(alert, c.times, c.steps, c.used, c.total),
+                        int(np.count_nonzero(np.asarray(c.used) > np.asarray(c.total))))
+
+
 def replay_series(host: str, chip: str, times: np.ndarray, steps: np.ndarray,
                   used: np.ndarray, totals: np.ndarray,
                   settings: DetectorSettings | None = None) -> SeriesResult:
     """Run one detector over one series' arrays (the agent's code path, in one batch)."""
-    detector = ChipDetector(settings)
-    detector.update(times, steps, used, totals)
-    return SeriesResult(host, chip, len(times), detector.assessment, detector.alert,
-                        full_after(detector.alert, times, steps, used, totals),
-                        int(np.count_nonzero(used > totals)))
+    c = SeriesColumns(times, steps, used, totals)
+    run = _run_chip(c, settings, log=False)
+    return _result(host, chip, c, run.assessment, run.alert)
 
 
 def analyze_path(path: str, settings: DetectorSettings | None = None,
@@ -198,25 +223,21 @@ def replay_job(job: str, series: list[tuple[str, str, SeriesColumns]],
     (:mod:`tpumon.detect.pooling`) at every moment one of their assessments changed: what
     the agent does at every poll, as pooled verdicts change only at those moments. A chip's
     alert is the first moment its pooled verdict was ``leak``."""
+    runs = [_run_chip(c, settings, log=len(series) > 1) for _, _, c in series]
+    return _job_results(job, series, runs)
+
+
+def _job_results(job: str, series: list[tuple[str, str, SeriesColumns]],
+                 runs: Sequence[_ChipRun]) -> list[SeriesResult]:
+    """The results of a job's chips from their detectors' runs, pooled if several."""
     if len(series) == 1:
-        host, chip, c = series[0]
-        return [replay_series(host, chip, c.times, c.steps, c.used, c.total, settings)]
-    detectors = []
-    for _, _, c in series:
-        detector = ChipDetector(settings)
-        detector.log = []
-        detector.update(c.times, c.steps, c.used, c.total)
-        detectors.append(detector)
-    pooled = replay_pooling(job, [d.log or [] for d in detectors], [c for _, _, c in series])
-    final = pool_job(job, {str(i): d.assessment for i, d in enumerate(detectors)})
-    results = []
-    for i, (host, chip, c) in enumerate(series):
-        alert = pooled.alerts.get(i)
-        results.append(SeriesResult(host, chip, len(c.times), final[str(i)], alert,
-                                    full_after(alert, c.times, c.steps, c.used, c.total),
-                                    int(np.count_nonzero(np.asarray(c.used) >
-                                                         np.asarray(c.total)))))
-    return results
+        (host, chip, c), (run,) = series[0], runs
+        return [_result(host, chip, c, run.assessment, run.alert)]
+    pooled = replay_pooling(job, [run.log or [] for run in runs], [c for _, _, c in series],
+                            timelines=False)
+    final = pool_job(job, {str(i): run.assessment for i, run in enumerate(runs)})
+    return [_result(host, chip, c, final[str(i)], pooled.alerts.get(i))
+            for i, (host, chip, c) in enumerate(series)]
 
 
 Said = Sequence[tuple[float, float, Assessment]]
@@ -232,13 +253,18 @@ class Pooling:
     alerts: dict[int, dict]
 
 
-def replay_pooling(job: str, logs: Sequence[Said], columns: Sequence[SeriesColumns]) -> Pooling:
-    """The pooled verdicts and alerts of a job's chips, from their detectors' logs."""
+def replay_pooling(job: str, logs: Sequence[Said], columns: Sequence[SeriesColumns],
+                   timelines: bool = True) -> Pooling:
+    """The pooled verdicts and alerts of a job's chips, from their detectors' logs; the
+    verdicts only with ``timelines`` (``tpumon report`` draws them, ``analyze`` does not)."""
     out = Pooling([[] for _ in logs], {})
-    for moment, pooled in pooled_moments(job, logs):
+    for moment, pooled in pooled_moments(job, logs, leaking_only=not timelines):
+        if not timelines and len(out.alerts) == len(logs):
+            break  # every chip has its alert: nothing later changes what is returned
         for name, a in pooled.items():
             i = int(name)
-            out.verdicts[i].append((moment, a.verdict.value))
+            if timelines:
+                out.verdicts[i].append((moment, a.verdict.value))
             if a.verdict is Verdict.LEAK and i not in out.alerts:
                 c = columns[i]
                 at = max(int(np.searchsorted(c.times, moment, side="right")) - 1, 0)
@@ -246,19 +272,28 @@ def replay_pooling(job: str, logs: Sequence[Said], columns: Sequence[SeriesColum
     return out
 
 
-def pooled_moments(job: str,
-                   logs: Sequence[Said]) -> Iterator[tuple[float, dict[str, Assessment]]]:
+def pooled_moments(job: str, logs: Sequence[Said], leaking_only: bool = False) -> Iterator[
+        tuple[float, dict[str, Assessment]]]:
     """Every chip's pooled assessment (chips named by their index in ``logs``, each a
     detector's log) at every moment one chip's own assessment changed: the pooled verdicts
-    change only then, so this is what the agent's pooling at each poll would have said."""
+    change only then, so this is what the agent's pooling at each poll would have said.
+    With ``leaking_only``, only the moments when some chip's own verdict is ``leak`` (no
+    other moment has a pooled leak): a slice of hundreds of chips has tens of thousands of
+    moments, and copying its assessments at each cost more than replaying them."""
     events = sorted(((t, i, a) for i, log in enumerate(logs) for t, _, a in log),
                     key=lambda e: (e[0], e[1]))
     current: dict[str, Assessment] = {}
+    leaking = 0  # chips whose own verdict in ``current`` is leak, counted as they change
     for moment, group in itertools.groupby(events, key=lambda e: e[0]):
         for _, i, a in group:
+            was = current.get(str(i))
+            leaking += (a.verdict is Verdict.LEAK) - (was is not None and
+                                                      was.verdict is Verdict.LEAK)
             current[str(i)] = a
-        leaking = any(a.verdict is Verdict.LEAK for a in current.values())
-        yield moment, pool_job(job, current) if leaking else dict(current)
+        if leaking:
+            yield moment, pool_job(job, current)
+        elif not leaking_only:
+            yield moment, dict(current)
 
 
 #: A slice's hosts are named ``PREFIX-w-N``: the chips of a slice run one job.
@@ -301,6 +336,10 @@ PARALLEL_MIN_SAMPLES = 1_000_000
 
 Jobs = list[tuple[str, list[tuple[str, str, SeriesColumns]]]]
 
+#: A worker's task: a job replayed whole (its index, None), or one chip of a job too large
+#: for one worker (job index, chip index), pooled afterwards by the parent.
+_Task = tuple[int, int | None]
+
 #: What forked workers replay: inherited from the parent at the fork, never pickled.
 _FORKED: tuple[Jobs, DetectorSettings | None] | None = None
 
@@ -313,23 +352,51 @@ def usable_cores() -> int:
 
 def _replay_jobs(jobs: Jobs, settings: DetectorSettings | None,
                  workers: int) -> list[SeriesResult]:
-    samples = sum(len(c.times) for _, series in jobs for _, _, c in series)
-    workers = min(workers, len(jobs))
-    if workers < 2 or samples < PARALLEL_MIN_SAMPLES or \
+    sizes = [sum(len(c.times) for _, _, c in series) for _, series in jobs]
+    tasks = _tasks(jobs, sizes, workers)
+    if workers < 2 or len(tasks) < 2 or sum(sizes) < PARALLEL_MIN_SAMPLES or \
             "fork" not in multiprocessing.get_all_start_methods():
         return [r for job, series in jobs for r in replay_job(job, series, settings)]
     global _FORKED
     _FORKED = (jobs, settings)
     try:
-        with multiprocessing.get_context("fork").Pool(workers) as pool:
-            parts = pool.map(_replay_forked, range(len(jobs)), chunksize=1)
+        with multiprocessing.get_context("fork").Pool(min(workers, len(tasks))) as pool:
+            outputs = pool.map(_replay_forked, tasks, chunksize=1)
     finally:
         _FORKED = None
-    return [r for part in parts for r in part]
+    whole: dict[int, list[SeriesResult]] = {}
+    runs: dict[tuple[int, int], _ChipRun] = {}
+    for (j, i), out in zip(tasks, outputs, strict=True):
+        if i is None:
+            assert not isinstance(out, _ChipRun)
+            whole[j] = out
+        else:
+            assert isinstance(out, _ChipRun)
+            runs[j, i] = out
+    return [r for j, (job, series) in enumerate(jobs) for r in (
+        whole[j] if j in whole else
+        _job_results(job, series, [runs[j, i] for i in range(len(series))]))]
 
 
-def _replay_forked(index: int) -> list[SeriesResult]:
+def _tasks(jobs: Jobs, sizes: list[int], workers: int) -> list[_Task]:
+    """The workers' tasks, largest first (the last to finish is then a small one): each
+    job whole, but a job of more than a 1/(2 workers) share of the samples (a slice of
+    hundreds of chips may be the whole trace) chip by chip, so that it keeps every worker
+    busy; its chips are pooled by the parent, from their detectors' logs."""
+    share = sum(sizes) / (2 * max(workers, 1))
+    tasks: list[tuple[int, _Task]] = []
+    for j, (_, series) in enumerate(jobs):
+        if sizes[j] <= share or len(series) == 1:
+            tasks.append((sizes[j], (j, None)))
+        else:
+            tasks += [(len(c.times), (j, i)) for i, (_, _, c) in enumerate(series)]
+    return [task for _, task in sorted(tasks, key=lambda t: -t[0])]
+
+
+def _replay_forked(task: _Task) -> list[SeriesResult] | _ChipRun:
     assert _FORKED is not None
     jobs, settings = _FORKED
-    return replay_job(*jobs[index], settings)
-
+    j, chip = task
+    if chip is None:
+        return replay_job(*jobs[j], settings)
+    return _run_chip(jobs[j][1][chip][2], settings, log=True)
