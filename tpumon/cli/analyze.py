@@ -9,14 +9,15 @@ import time
 import click
 from rich import box
 from rich.console import Console
+from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from tpumon.cli.prometheus_source import (check_prometheus_options, prometheus_options,
                                           prometheus_rows)
 from tpumon.detect import describe_growth
-from tpumon.detect.replay import (SeriesResult, analyze_path, describe_forecast, replay_columns,
-                                   usable_cores)
-from tpumon.trace import TraceFormatError
+from tpumon.detect.replay import (SeriesResult, describe_forecast, read_path, replay_columns,
+                                   trace_files, usable_cores)
+from tpumon.trace import SeriesColumns, TraceFormatError
 
 #: Widest host name shown: the table fits 80 columns with every other column full.
 HOST_WIDTH = 18
@@ -116,12 +117,14 @@ def command(trace: str | None, fmt: str, prometheus: str | None, slice_name: str
 
         columns = series_from_rows(prometheus_rows(prometheus, slice_name, since, until,
                                                    resolution))
-        _print(replay_columns(columns), fmt)  # as a directory of the slice's traces
+        with _progress() as progress:  # as a directory of the slice's traces
+            _print(_replay(columns, progress), fmt)
         return
     if trace is None:
         raise click.UsageError("give a TRACE file, or --prometheus URL --slice NAME")
     try:
-        results = analyze_path(trace, workers=usable_cores())
+        with _progress() as progress:
+            results = _replay(_read(trace, progress), progress)
     except TraceFormatError as exc:
         raise click.ClickException(str(exc)) from None
     except OSError as exc:
@@ -129,6 +132,33 @@ def command(trace: str | None, fmt: str, prometheus: str | None, slice_name: str
     if not results:  # like `report` and `export`: nothing selected is an error
         raise click.ClickException(f"{trace}: no samples to analyze (only a header?)")
     _print(results, fmt)
+
+
+def _progress() -> Progress:
+    """Bars on stderr while a trace is read and replayed (an 8M-row trace takes seconds);
+    gone when done, and nothing at all when stderr is not a terminal."""
+    console = Console(stderr=True)
+    return Progress(TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
+                    TimeElapsedColumn(), console=console, transient=True,
+                    disable=not console.is_terminal)
+
+
+def _read(trace: str, progress: Progress) -> dict[tuple[str, str], SeriesColumns]:
+    files = len(trace_files(trace))
+    # one file is read in one go: a bar that pulses until it is in
+    task = progress.add_task(f"reading {files:,} trace file{'s' * (files != 1)}",
+                             total=files if files > 1 else None)
+    columns = read_path(trace, read=lambda n: progress.advance(task, n))
+    progress.update(task, total=files, completed=files)
+    return columns
+
+
+def _replay(columns: dict[tuple[str, str], SeriesColumns],
+            progress: Progress) -> list[SeriesResult]:
+    samples = sum(len(c.times) for c in columns.values())
+    task = progress.add_task(f"replaying {samples:,} samples", total=samples)
+    return replay_columns(columns, workers=usable_cores(),
+                          replayed=lambda n: progress.advance(task, n))
 
 
 def _print(results: list[SeriesResult], fmt: str) -> None:

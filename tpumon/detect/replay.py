@@ -14,7 +14,7 @@ import os
 import re
 import time
 from dataclasses import dataclass
-from typing import Any, Iterator, NamedTuple, Sequence
+from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
@@ -195,22 +195,40 @@ def replay_series(host: str, chip: str, times: np.ndarray, steps: np.ndarray,
     return _result(host, chip, c, run.assessment, run.alert)
 
 
+#: Told how much work was done since it was last told (files read, samples replayed): what
+#: a command line's progress bar advances by. Never told anything it must act on.
+Advance = Callable[[int], None]
+
+
 def analyze_path(path: str, settings: DetectorSettings | None = None,
                  workers: int = 1) -> list[SeriesResult]:
     """``analyze_file`` of a trace file, or of every trace file (.csv, .jsonl, .parquet) in a
     directory, in name order: a slice recorded one file per host, its chips pooled as one
     job. A series in two files is an error. ``workers``: as in :func:`replay_columns`."""
+    return replay_columns(read_path(path), settings, workers)
+
+
+def trace_files(path: str) -> list[str]:
+    """The trace files ``path`` names: itself, or a directory's, in name order."""
     if path == "-" or not os.path.isdir(path):
-        return replay_columns(read_trace_columns(path), settings, workers)
+        return [path]
+    return [os.path.join(path, n) for n in sorted(os.listdir(path))
+            if n.lower().endswith(TRACE_SUFFIXES)]
+
+
+def read_path(path: str, read: Advance | None = None) -> dict[tuple[str, str], SeriesColumns]:
+    """The series of a trace file or of a directory's trace files (``trace_files``); a
+    series in two files is an error. ``read`` is told of each file read."""
     columns: dict[tuple[str, str], SeriesColumns] = {}
-    for name in sorted(n for n in os.listdir(path) if n.lower().endswith(TRACE_SUFFIXES)):
-        file = os.path.join(path, name)
+    for file in trace_files(path):
         for key, c in read_trace_columns(file).items():
             if key in columns:
                 raise TraceFormatError(file, None, f"host {key[0]!r} chip {key[1]!r} is also "
                                        "in an earlier file of the directory")
             columns[key] = c
-    return replay_columns(columns, settings, workers)
+        if read is not None:
+            read(1)
+    return columns
 
 
 #: What a trace file's name ends with, in a directory that ``analyze_path`` reads.
@@ -317,16 +335,18 @@ def analyze_file(path: str, settings: DetectorSettings | None = None) -> list[Se
 
 def replay_columns(columns: dict[tuple[str, str], SeriesColumns],
                    settings: DetectorSettings | None = None,
-                   workers: int = 1) -> list[SeriesResult]:
+                   workers: int = 1, replayed: Advance | None = None) -> list[SeriesResult]:
     """Replay every series, the chips of each job (slice, or host) together, in the
     columns' order. Jobs are independent, so with ``workers`` > 1 a large trace's jobs are
     replayed by that many forked processes (``tpumon analyze`` uses every usable core):
     the same results, as each job is replayed whole by one detector per chip wherever it
-    runs. Only a command-line process forks; the agent (threads) replays in itself."""
+    runs. Only a command-line process forks; the agent (threads) replays in itself.
+    ``replayed`` is told the samples of each job or chip as its replay ends."""
     jobs: dict[str, list[tuple[str, str, SeriesColumns]]] = {}
     for (host, chip), c in columns.items():
         jobs.setdefault(job_name(host), []).append((host, chip, c))
-    by_key = {(r.host, r.chip): r for r in _replay_jobs(list(jobs.items()), settings, workers)}
+    by_key = {(r.host, r.chip): r for r in _replay_jobs(list(jobs.items()), settings, workers,
+                                                         replayed or _ignore)}
     return [by_key[key] for key in columns]
 
 
@@ -350,18 +370,30 @@ def usable_cores() -> int:
     return len(affinity(0)) if affinity is not None else os.cpu_count() or 1
 
 
-def _replay_jobs(jobs: Jobs, settings: DetectorSettings | None,
-                 workers: int) -> list[SeriesResult]:
+def _ignore(_: int) -> None:
+    return None
+
+
+def _replay_jobs(jobs: Jobs, settings: DetectorSettings | None, workers: int,
+                 replayed: Advance) -> list[SeriesResult]:
     sizes = [sum(len(c.times) for _, _, c in series) for _, series in jobs]
     tasks = _tasks(jobs, sizes, workers)
     if workers < 2 or len(tasks) < 2 or sum(sizes) < PARALLEL_MIN_SAMPLES or \
             "fork" not in multiprocessing.get_all_start_methods():
-        return [r for job, series in jobs for r in replay_job(job, series, settings)]
+        results = []
+        for (job, series), size in zip(jobs, sizes, strict=True):
+            results += replay_job(job, series, settings)
+            replayed(size)
+        return results
     global _FORKED
     _FORKED = (jobs, settings)
     try:
         with multiprocessing.get_context("fork").Pool(min(workers, len(tasks))) as pool:
-            outputs = pool.map(_replay_forked, tasks, chunksize=1)
+            outputs: list[list[SeriesResult] | _ChipRun] = []  # in the tasks' order
+            for (j, i), done in zip(tasks, pool.imap(_replay_forked, tasks, chunksize=1),
+                                    strict=True):
+                outputs.append(done)
+                replayed(sizes[j] if i is None else len(jobs[j][1][i][2].times))
     finally:
         _FORKED = None
     whole: dict[int, list[SeriesResult]] = {}
