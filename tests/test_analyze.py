@@ -79,38 +79,3 @@ def test_alert_carries_the_forecast_made_then_with_its_interval(slice_dir):
         full = series["hbm_full_after_alert"]["step"]
         assert alert["step"] < alert["predicted_oom"]["interval"]["step"][0] <= full * 1.2
 
-
-def _run_on_a_terminal(args: list[str]) -> tuple[int, str]:
-    """`tpumon analyze ARGS` with stdout and stderr on a pseudo-terminal, as a user at a
-    shell runs it: its exit status and everything it drew."""
-    import os
-    import pty
-    import subprocess
-    import sys
-
-    main_fd, term = pty.openpty()
-    child = subprocess.Popen([sys.executable, "-m", "tpumon", "analyze", *args],
-                             stdin=subprocess.DEVNULL, stdout=term, stderr=term,
-                             env={**os.environ, "COLUMNS": "100", "TERM": "xterm"})
-    os.close(term)
-    drawn = b""
-    while True:
-        try:
-            chunk = os.read(main_fd, 65536)
-        except OSError:  # the child closed the terminal: EIO
-            break
-        if not chunk:
-            break
-        drawn += chunk
-    os.close(main_fd)
-    return child.wait(timeout=120), drawn.decode(errors="replace")
-
-
-def test_a_terminal_sees_the_reading_and_the_replay_progress_and_a_pipe_does_not(slice_dir):
-    status, drawn = _run_on_a_terminal([str(slice_dir)])
-    assert status == 0, drawn
-    assert "reading 2 trace files" in drawn and "replaying" in drawn, drawn
-    assert "tpumon analyze (times UTC)" in drawn  # the table after the bars
-    piped = CliRunner().invoke(main, ["analyze", str(slice_dir), "--format", "json"])
-    assert piped.exit_code == 0
-    assert "replaying" not in piped.output and json.loads(piped.output)["series"]

@@ -9,9 +9,10 @@ import time
 import click
 from rich import box
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
+from rich.progress import Progress
 from rich.table import Table
 
+from tpumon.cli.progress import bars
 from tpumon.cli.prometheus_source import (check_prometheus_options, prometheus_options,
                                           prometheus_rows)
 from tpumon.detect import describe_growth
@@ -117,13 +118,14 @@ def command(trace: str | None, fmt: str, prometheus: str | None, slice_name: str
 
         columns = series_from_rows(prometheus_rows(prometheus, slice_name, since, until,
                                                    resolution))
-        with _progress() as progress:  # as a directory of the slice's traces
-            _print(_replay(columns, progress), fmt)
+        with bars() as progress:  # as a directory of the slice's traces
+            results = _replay(columns, progress)
+        _print(results, fmt)
         return
     if trace is None:
         raise click.UsageError("give a TRACE file, or --prometheus URL --slice NAME")
     try:
-        with _progress() as progress:
+        with bars() as progress:
             results = _replay(_read(trace, progress), progress)
     except TraceFormatError as exc:
         raise click.ClickException(str(exc)) from None
@@ -132,15 +134,6 @@ def command(trace: str | None, fmt: str, prometheus: str | None, slice_name: str
     if not results:  # like `report` and `export`: nothing selected is an error
         raise click.ClickException(f"{trace}: no samples to analyze (only a header?)")
     _print(results, fmt)
-
-
-def _progress() -> Progress:
-    """Bars on stderr while a trace is read and replayed (an 8M-row trace takes seconds);
-    gone when done, and nothing at all when stderr is not a terminal."""
-    console = Console(stderr=True)
-    return Progress(TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
-                    TimeElapsedColumn(), console=console, transient=True,
-                    disable=not console.is_terminal)
 
 
 def _read(trace: str, progress: Progress) -> dict[tuple[str, str], SeriesColumns]:

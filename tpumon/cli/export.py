@@ -17,6 +17,7 @@ import click
 
 from tpumon.cli.history_store import history_path, reading_history
 from tpumon.cli.options import config_option, history_selection, state_dir_option
+from tpumon.cli.progress import bars, counted
 from tpumon.cli.prometheus_source import (check_prometheus_options, prometheus_options,
                                           prometheus_rows)
 from tpumon.store.database import HistoryDB
@@ -142,7 +143,9 @@ def command(config_path: str | None, state_dir: str | None, since: str | None,
             if first is None:
                 raise click.ClickException(f"{path}: no samples match the selection "
                                            f"({describe_selection(db, since, until)})")
-            rows = write_whole(itertools.chain([first], selected), output, fmt)
+            with bars() as progress:
+                rows = write_whole(counted(itertools.chain([first], selected), progress,
+                                           "exporting rows"), output, fmt)
     except BrokenPipeError:  # `tpumon export | head`: the reader has what it wanted
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(1)
@@ -153,8 +156,9 @@ def command(config_path: str | None, state_dir: str | None, since: str | None,
 
 
 def _write(rows: list[TraceRow], output: str, fmt: str) -> None:
-    try:
-        count = write_whole(rows, output, fmt)  # never a truncated file over an older one
+    try:  # never a truncated file over an older one
+        with bars() as progress:
+            count = write_whole(counted(rows, progress, "writing rows"), output, fmt)
     except OSError as exc:
         raise click.ClickException(f"{output}: {exc.strerror or exc}") from None
     if output != "-":

@@ -7,9 +7,8 @@ import time
 from typing import Callable
 
 import click
-from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn
 
+from tpumon.cli.progress import bars
 from tpumon.trace import TraceRow
 
 DEFAULT_SINCE = "24h"
@@ -55,12 +54,9 @@ def prometheus_rows(url: str, slice_name: str, since: str | None, until: str | N
     now = time.time()
     start = parse_when(since or DEFAULT_SINCE, "--since", now)
     end = parse_when(until, "--until", now) if until else now
-    console = Console(stderr=True)
     queries = 4 * max(1, sum(1 for _ in chunks(start, end, resolution))) if end > start else 1
-    with Progress(TextColumn("Prometheus"), BarColumn(), TextColumn("{task.completed}/"
-                  "{task.total} queries"), console=console, transient=True,
-                  disable=not console.is_terminal) as progress:
-        task = progress.add_task("ask", total=queries)
+    with bars() as progress:
+        task = progress.add_task(f"asking Prometheus ({queries:,} queries)", total=queries)
         try:
             return slice_rows(url, slice_name, start, end, resolution,
                               progress=lambda: progress.advance(task))

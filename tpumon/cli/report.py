@@ -13,6 +13,7 @@ from tpumon import __version__
 from tpumon.cli.export import parse_when
 from tpumon.cli.history_store import history_path, reading_history
 from tpumon.cli.options import config_option, history_selection, state_dir_option
+from tpumon.cli.progress import bars
 from tpumon.cli.prometheus_source import (check_prometheus_options, prometheus_options,
                                           prometheus_rows)
 from tpumon.trace import TraceFormatError
@@ -64,18 +65,27 @@ def command(trace: str | None, config_path: str | None, state_dir: str | None,
         raise click.ClickException(f"{source}: no samples" + (
             " for the given --host/--chip/--since/--until" if hosts or chips or since or until
             else ""))
-    reports = build_reports(series, source, __version__, time.time(), ends=ends)
-    try:
-        Path(outdir).mkdir(parents=True, exist_ok=True)
-        if prometheus is not None and slice_name is not None:
-            from tpumon.report.slice_heatmap import write_slice_png
+    written: list[Path] = []
+    with bars() as progress:
+        samples = sum(len(c.times) for c in series.values())
+        task = progress.add_task(f"replaying {samples:,} samples", total=samples)
+        reports = build_reports(series, source, __version__, time.time(), ends=ends,
+                                replayed=lambda n: progress.advance(task, n))
+        task = progress.add_task(f"drawing {len(reports):,} host report"
+                                 f"{'s' * (len(reports) != 1)}", total=len(reports))
+        try:
+            Path(outdir).mkdir(parents=True, exist_ok=True)
+            if prometheus is not None and slice_name is not None:
+                from tpumon.report.slice_heatmap import write_slice_png
 
-            click.echo(str(write_slice_png(series, reports, slice_name, outdir)))
-        for report in reports:
-            for path in write_report(report, outdir):
-                click.echo(str(path))
-    except OSError as exc:
-        raise click.ClickException(f"{outdir}: {exc.strerror or exc}") from None
+                written.append(write_slice_png(series, reports, slice_name, outdir))
+            for report in reports:
+                written += write_report(report, outdir)
+                progress.advance(task)
+        except OSError as exc:
+            raise click.ClickException(f"{outdir}: {exc.strerror or exc}") from None
+    for path in written:
+        click.echo(str(path))
 
 
 def _read_trace(trace: str) -> dict:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -181,9 +181,11 @@ def _chip_sort_key(chip: str) -> tuple:
 
 def build_reports(series: Mapping[tuple[str, str], SeriesColumns], source: str, version: str,
                   generated_at: float, settings: DetectorSettings | None = None,
-                  ends: Sequence[StoredEnd] = ()) -> list[HostReport]:
+                  ends: Sequence[StoredEnd] = (),
+                  replayed: Callable[[int], None] | None = None) -> list[HostReport]:
     """One report per host, chips in numeric order; series without samples are left out.
-    ``ends``: job ends the agent kept (docs/job-ends.md), marked on their host's chips."""
+    ``ends``: job ends the agent kept (docs/job-ends.md), marked on their host's chips.
+    ``replayed`` is told each chip's samples once its replay is done (a progress bar)."""
     by_host: dict[str, list[ChipReport]] = {}
     by_job: dict[str, list[tuple[ChipReport, SeriesColumns]]] = {}
     for (host, chip), columns in series.items():
@@ -193,6 +195,8 @@ def build_reports(series: Mapping[tuple[str, str], SeriesColumns], source: str, 
                            and report.start <= e.time <= report.end + END_MARGIN_SECONDS]
             by_host.setdefault(host, []).append(report)
             by_job.setdefault(job_name(host), []).append((report, columns))
+            if replayed is not None:
+                replayed(len(columns.times))
     for job, chips in by_job.items():
         if len(chips) > 1:
             pool_reports(job, chips)
