@@ -438,6 +438,11 @@ class ChipDetector:
         cfg = self.settings
         return max(cfg.jump_sigmas * job.sigma, cfg.jump_min_fraction * (self.total or 0.0))
 
+    def _step_change_size(self) -> float:
+        """The smallest permanent jump reported as a step change (bytes); also the smallest
+        stair of a burst (``jumps.scan``)."""
+        return self.settings.step_change_min_fraction * (self.total or 0.0)
+
     def _update_jumps(self, job: _Job) -> None:
         """Refresh the noise scale and scan the boundaries that arrived since the last fit."""
         k, e = self._confirm, self._envelope
@@ -452,7 +457,8 @@ class ChipDetector:
         last = int(rows[0].searchsorted(job.jumps[-1].time)) if job.jumps else -1
         found, next_local = level_shifts.scan(rows[0], rows[1], self._detrended(job, rows),
                                               job.scanned - offset - begin, k, e,
-                                              self._jump_threshold(job), last)
+                                              self._jump_threshold(job), last,
+                                              self._step_change_size())
         job.scanned = next_local + begin + offset
         job.add_jumps(found)
 
@@ -717,7 +723,7 @@ class ChipDetector:
         return f"slow growth: OOM would take {tto / 3600:.0f} h"
 
     def _no_leak(self, job: _Job, common: dict, decelerating: bool) -> _Said:
-        least = self.settings.step_change_min_fraction * (self.total or 0)
+        least = self._step_change_size()
         big = [j for j in job.jumps if j.size >= least]
         if big:
             size = sum(j.size for j in big)
