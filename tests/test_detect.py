@@ -204,6 +204,38 @@ def test_a_stair_soon_after_another_is_a_jump_of_its_own():
     assert [j.time for j in first + rest] == [10.0, 14.0]
 
 
+def test_a_burst_of_stairs_is_two_jumps_each_tested_on_its_own_size():
+    """Two stairs 4 buckets apart, 8 confirming a level: the first's right side rises on in
+    the second, and the second's left side is not level, so neither was a jump and the
+    burst was lost for good. Each is a jump on its own terms, the plateau between them
+    being the side they share; a ramp is not chopped into stairs, and stairs smaller than
+    the burst threshold (a step change's size) are left to the trend."""
+    from tpumon.detect.jumps import scan
+
+    floors = [0.0] * 10 + [1.0] * 4 + [2.0] * 10
+    times = [float(i) for i in range(len(floors))]
+    nan = [math.nan] * len(floors)
+    found, _ = scan(times, nan, floors, 0, k=8, e=2, threshold=0.5, burst_threshold=0.5)
+    assert [(j.time, j.size) for j in found] == [(10.0, 1.0), (14.0, 1.0)]
+    assert scan(times, nan, floors, 0, k=8, e=2, threshold=0.5, burst_threshold=1.5)[0] == []
+    ramp = [0.0] * 10 + [0.25 * i for i in range(1, 9)] + [2.0] * 10
+    found, _ = scan(list(map(float, range(len(ramp)))), [math.nan] * len(ramp), ramp, 0,
+                    k=8, e=2, threshold=0.5, burst_threshold=0.5)
+    assert found == []
+
+
+def test_an_irregular_staircase_whose_stairs_come_in_bursts_is_called_early():
+    """Stairs of 1.2 GB at random steps, 16 s polls, no step numbers (bench/detect.py seed
+    3's irregular-stair-0-04): the stairs at 1.9 h and 2.2 h came closer together than a
+    confirmation window and were lost, so the third jump came at 4.9 h and the alert
+    1.4 h before the OOM. Counted as a burst, it comes over 4 h before."""
+    d, oom, _ = irregular_stair_chip(1176987803, 6084, False, duration_s=25506.0,
+                                     poll_interval_s=15.8, host="irregular-stair-0-04",
+                                     seed=307004, drop_probability=0.05, poll_jitter_s=0.383)
+    assert len([j for j in d.job.jumps if j.time < T0 + 3 * 3600]) == 3
+    assert oom - d.alert["time"] > 4 * 3600, (oom - d.alert["time"]) / 3600
+
+
 def test_an_irregular_staircase_with_stairs_close_together_is_called():
     """Stairs of 1.8 GB at random steps, 28 s polls: of the stairs at 38 %, 41 % and 50 %
     of the way to the OOM, only the first was counted (the next ones came before its
