@@ -186,6 +186,28 @@ def test_jumps_that_keep_coming_are_a_jump_process_and_stop_when_they_stop():
     assert find_staircase(mixed, T0 + 5 * hour, min_jumps=3) is None
 
 
+def test_a_staircase_on_few_jumps_has_the_exact_poisson_interval():
+    """Called on its third jump, a staircase has counted 2 jumps after the first: the
+    normal approximation (2 +- 2.8, so 0 to 4.8) put the earliest OOM far too late; the
+    exact (Garwood) interval is 0.242-7.225 jumps, tabulated values."""
+    from tpumon.detect.jumps import Jump
+    from tpumon.detect.staircase import find_staircase
+
+    hour = 3600.0
+    jumps = [Jump(T0 + h * hour, math.nan, 1e9) for h in (1.0, 2.0, 3.0)]
+    stairs = find_staircase(jumps, T0 + 3.5 * hour, min_jumps=3)
+    assert stairs is not None
+    low, high = stairs.growth_interval
+    per_jump = 1e9 / (2.5 * hour)
+    assert low / per_jump == pytest.approx(0.2422, abs=1e-3)
+    assert high / per_jump == pytest.approx(7.2247, abs=1e-3)
+    from tpumon.detect.staircase import poisson_interval
+
+    for count, expected in ((0, (0.0, 3.689)), (1, (0.0253, 5.5716)), (8, (3.4538, 15.7632)),
+                            (50, (37.111, 65.919))):
+        assert poisson_interval(count) == pytest.approx(expected, abs=1e-3)
+
+
 def test_a_stair_soon_after_another_is_a_jump_of_its_own():
     """Two stairs 4 buckets apart, 5 confirming each: the second came before the first's
     confirmation window ended, and jumps had to be a full window apart, so it was skipped
