@@ -87,9 +87,9 @@ def scan(times: Sequence[float], steps: Sequence[float], floors: Sequence[float]
             if burst is None:
                 c += 1
                 continue
-            c1, first, second = burst
-            found += [Jump(float(times[c1]), float(steps[c1]), first),
-                      Jump(float(times[c]), float(steps[c]), second)]
+            c1, size1, size2 = burst
+            found += [Jump(float(times[c1]), float(steps[c1]), size1),
+                      Jump(float(times[c]), float(steps[c]), size2)]
             last = c
             c += e
     return found, max(end + 1, last + e)
