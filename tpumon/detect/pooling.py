@@ -7,8 +7,9 @@ on weaker evidence of its own than a chip alone would need: its growth must be s
 at 95 % (the lower bound of its slope interval above zero, where a chip alone needs a
 Mann-Kendall z of 4) and of the same size (its own estimate at least half the leaking
 chips' median rate, its interval's lower end at most twice it: a healthy chip whose cache
-still fills, at a quarter of a one-rank leak's rate, does not join it at that rate). It then gets the job's rate and its own forecast (its floor,
-its largest transient, its capacity). So the chips of a job that grow alike get one verdict,
+still fills, at a quarter of a one-rank leak's rate, does not join it at that rate). It
+then gets the job's rate and its own forecast (its floor, its largest transient, its
+capacity). So the chips of a job that grow alike get one verdict,
 and the reason says so ("all 16 chips of job 4242 grow 39.1 KiB/step"); chips that do not
 keep their own.
 
