@@ -527,6 +527,22 @@ def test_a_leak_from_mid_run_under_slow_polls_is_called_without_waiting_for_hour
     assert lead > 0.5, lead
 
 
+def test_a_steep_leak_under_slow_polls_is_called_once_its_recent_half_does_not_slow():
+    """bench/detect.py seed 1's slow-poll-leak-01: 1.2 MB/step from step 9,066 on a 95 GiB
+    chip, 33.5 s polls, no step numbers (floors of ~5 polls each scatter widely). The whole
+    window's growth was significant well before the call, but its recent half, a dozen
+    floors, had to be significant at 95 % on its own: the alert waited, lead 0.73. A
+    recent half that grows, with an interval reaching the whole's rate, says nothing
+    slowed: lead 0.79."""
+    d, oom, lead = corpus_chip("linear-leak", dict(leak_onset_step=9066,
+                                                   leak_bytes_per_step=1180327, stair_bytes=0,
+                                                   hbm_total_bytes=102005473280),
+                               False, duration_s=24288.0, poll_interval_s=33.5,
+                               host="slow-poll-leak-01", seed=110001,
+                               drop_probability=0.0183, poll_jitter_s=0.086)
+    assert d.alert["time"] < oom and lead > 0.77, lead
+
+
 def test_a_leak_from_mid_run_is_measured_over_all_of_its_evidence():
     """A leak from step 29,412 of a run whose cache filled early: halving the window from
     the trend start until growth stopped accelerating left a window of half the leak's

@@ -594,7 +594,7 @@ class ChipDetector:
                                      fit.slope_high + stair_high, steps_per_second))
         rate = (fit.slope if continuous else 0.0) + stair
         if rate > 0 and continuous and not decelerating:
-            rate = min(rate, self._recent_rate(recent, job.leaking) + stair)
+            rate = min(rate, self._recent_rate(recent, job.leaking, fit.slope) + stair)
         if decelerating and stair > 0 and not job.leaking:
             # what slows is the growth between the stairs (a cache filling early in the
             # job); the staircase itself goes on, so it alone is the leak's rate
@@ -668,14 +668,21 @@ class ChipDetector:
         return raw is not None and raw.z >= self.settings.z_threshold and raw.slope_low > 0
 
     @staticmethod
-    def _recent_rate(sen: tuple[float, float, float] | None, leaking: bool) -> float:
-        """The slope over the recent half of the window (Sen's, with its interval): growth
-        must still be going on, significantly at 95 % to call a leak; once called, while
-        the recent half still grows (hysteresis: a half-window of a dozen floors is often
-        short of 95 %)."""
-        if sen is None or (sen[0] if leaking else sen[1]) <= 0:
+    def _recent_rate(sen: tuple[float, float, float] | None, leaking: bool,
+                     whole: float) -> float:
+        """The slope over the recent half of the window (Sen's, with its interval), where
+        growth must still be going on. To call a leak, the recent half grows significantly
+        at 95 %, or it grows and its interval reaches the whole window's rate ``whole``:
+        nothing says the growth slowed. (A half window of a dozen floors scattered by slow
+        polls is rarely significant on its own, so a steep leak's call waited for more
+        floors; a cache that did stop is told apart by the window's shape, and its recent
+        slope, the one forecast, is small.) Once called, while the recent half still grows
+        (hysteresis)."""
+        if sen is None:
             return 0.0
-        return sen[0]
+        slope, low, high = sen
+        going_on = slope > 0 if leaking else low > 0 or (slope > 0 and high >= whole)
+        return slope if going_on else 0.0
 
     def _forecast(self, common: dict, rate: float, steps_per_second: float | None,
                   level: float, job: _Job, window: float, b: _Bucket,
