@@ -276,3 +276,16 @@ def test_a_small_benchmark_runs_end_to_end(monkeypatch, tmp_path):
     assert "| precision | >= 0.98 | 1.000 ✓" in report and "median lead (detected leaks)" in report
     assert not bd.targets_met(run)  # lead about 0.5 < 0.8
     assert "not there yet" in bd.render(bd.run_benchmark(0, True, None, None), all_failures=False)
+
+
+@pytest.mark.e2e
+def test_seeds_scores_tpumon_on_each_corpus_seed(capsys):
+    """``--seeds`` is the held-out check: one row per seed, each on its own corpus (a
+    replay of two quick corpora: seconds)."""
+    assert bd.seed_range("0-2") == [0, 1, 2] and bd.seed_range("3,7") == [3, 7]
+    assert bd.main(["--quick", "--seeds", "1,2"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
+    assert [r.split(" | ")[0] for r in rows[1:]] == ["| 1", "| 2"]
+    for row in rows[1:]:
+        f1, false_alarms = row.split(" | ")[1:3]
+        assert 0.0 <= float(f1) <= 1.0 and int(false_alarms) >= 0

@@ -186,6 +186,28 @@ def test_jumps_that_keep_coming_are_a_jump_process_and_stop_when_they_stop():
     assert find_staircase(mixed, T0 + 5 * hour, min_jumps=3) is None
 
 
+def test_a_staircase_on_few_jumps_has_the_exact_poisson_interval():
+    """Called on its third jump, a staircase has counted 2 jumps after the first: the
+    normal approximation (2 +- 2.8, so 0 to 4.8) put the earliest OOM far too late; the
+    exact (Garwood) interval is 0.242-7.225 jumps, tabulated values."""
+    from tpumon.detect.jumps import Jump
+    from tpumon.detect.staircase import find_staircase
+
+    hour = 3600.0
+    jumps = [Jump(T0 + h * hour, math.nan, 1e9) for h in (1.0, 2.0, 3.0)]
+    stairs = find_staircase(jumps, T0 + 3.5 * hour, min_jumps=3)
+    assert stairs is not None
+    low, high = stairs.growth_interval
+    per_jump = 1e9 / (2.5 * hour)
+    assert low / per_jump == pytest.approx(0.2422, abs=1e-3)
+    assert high / per_jump == pytest.approx(7.2247, abs=1e-3)
+    from tpumon.detect.staircase import poisson_interval
+
+    for count, expected in ((0, (0.0, 3.689)), (1, (0.0253, 5.5716)), (8, (3.4538, 15.7632)),
+                            (50, (37.111, 65.919))):
+        assert poisson_interval(count) == pytest.approx(expected, abs=1e-3)
+
+
 def test_a_stair_soon_after_another_is_a_jump_of_its_own():
     """Two stairs 4 buckets apart, 5 confirming each: the second came before the first's
     confirmation window ended, and jumps had to be a full window apart, so it was skipped
@@ -202,6 +224,38 @@ def test_a_stair_soon_after_another_is_a_jump_of_its_own():
     rest, _ = scan(times, [math.nan] * len(floors), floors, after, k=5, e=2, threshold=0.5,
                    last=10)
     assert [j.time for j in first + rest] == [10.0, 14.0]
+
+
+def test_a_burst_of_stairs_is_two_jumps_each_tested_on_its_own_size():
+    """Two stairs 4 buckets apart, 8 confirming a level: the first's right side rises on in
+    the second, and the second's left side is not level, so neither was a jump and the
+    burst was lost for good. Each is a jump on its own terms, the plateau between them
+    being the side they share; a ramp is not chopped into stairs, and stairs smaller than
+    the burst threshold (a step change's size) are left to the trend."""
+    from tpumon.detect.jumps import scan
+
+    floors = [0.0] * 10 + [1.0] * 4 + [2.0] * 10
+    times = [float(i) for i in range(len(floors))]
+    nan = [math.nan] * len(floors)
+    found, _ = scan(times, nan, floors, 0, k=8, e=2, threshold=0.5, burst_threshold=0.5)
+    assert [(j.time, j.size) for j in found] == [(10.0, 1.0), (14.0, 1.0)]
+    assert scan(times, nan, floors, 0, k=8, e=2, threshold=0.5, burst_threshold=1.5)[0] == []
+    ramp = [0.0] * 10 + [0.25 * i for i in range(1, 9)] + [2.0] * 10
+    found, _ = scan(list(map(float, range(len(ramp)))), [math.nan] * len(ramp), ramp, 0,
+                    k=8, e=2, threshold=0.5, burst_threshold=0.5)
+    assert found == []
+
+
+def test_an_irregular_staircase_whose_stairs_come_in_bursts_is_called_early():
+    """Stairs of 1.2 GB at random steps, 16 s polls, no step numbers (bench/detect.py seed
+    3's irregular-stair-0-04): the stairs at 1.9 h and 2.2 h came closer together than a
+    confirmation window and were lost, so the third jump came at 4.9 h and the alert
+    1.4 h before the OOM. Counted as a burst, it comes over 4 h before."""
+    d, oom, _ = irregular_stair_chip(1176987803, 6084, False, duration_s=25506.0,
+                                     poll_interval_s=15.8, host="irregular-stair-0-04",
+                                     seed=307004, drop_probability=0.05, poll_jitter_s=0.383)
+    assert len([j for j in d.job.jumps if j.time < T0 + 3 * 3600]) == 3
+    assert oom - d.alert["time"] > 4 * 3600, (oom - d.alert["time"]) / 3600
 
 
 def test_an_irregular_staircase_with_stairs_close_together_is_called():
@@ -471,6 +525,22 @@ def test_a_leak_from_mid_run_under_slow_polls_is_called_without_waiting_for_hour
                             poll_interval_s=30.5, host="slow-poll-leak-03", seed=10003,
                             drop_probability=0.0444, poll_jitter_s=0.447)
     assert lead > 0.5, lead
+
+
+def test_a_steep_leak_under_slow_polls_is_called_once_its_recent_half_does_not_slow():
+    """bench/detect.py seed 1's slow-poll-leak-01: 1.2 MB/step from step 9,066 on a 95 GiB
+    chip, 33.5 s polls, no step numbers (floors of ~5 polls each scatter widely). The whole
+    window's growth was significant well before the call, but its recent half, a dozen
+    floors, had to be significant at 95 % on its own: the alert waited, lead 0.73. A
+    recent half that grows, with an interval reaching the whole's rate, says nothing
+    slowed: lead 0.79."""
+    d, oom, lead = corpus_chip("linear-leak", dict(leak_onset_step=9066,
+                                                   leak_bytes_per_step=1180327, stair_bytes=0,
+                                                   hbm_total_bytes=102005473280),
+                               False, duration_s=24288.0, poll_interval_s=33.5,
+                               host="slow-poll-leak-01", seed=110001,
+                               drop_probability=0.0183, poll_jitter_s=0.086)
+    assert d.alert["time"] < oom and lead > 0.77, lead
 
 
 def test_a_leak_from_mid_run_is_measured_over_all_of_its_evidence():

@@ -174,3 +174,27 @@ def test_a_job_that_is_most_of_the_trace_is_replayed_chip_by_chip_in_parallel(mo
     assert sorted(tasks) == [(0, 0), (0, 1), (0, 2), (0, 3), (1, None)]
     assert tasks[-1] == (1, None)  # largest first: the small job last
     assert_forked_replay_is_the_same(cols, monkeypatch)
+
+
+def test_a_healthy_chip_whose_cache_still_fills_does_not_join_a_one_rank_leak():
+    """bench/detect.py seed 3, chip0-leak-0-02: chip 0 leaks ~650 MiB/h from the job's
+    start; chips 1-3, an hour in, still fill a cache at ~170 MiB/h, significant at 95 %,
+    with an interval reaching up to half the leak's rate. They joined the leak at its rate
+    (three false alarms): a chip joins only when its own estimate is of the job's size."""
+    from tpumon.detect import Assessment
+
+    hour, gib = 3600.0, 2.0**30
+
+    def chip(verdict: Verdict, low: float, own: float, high: float) -> Assessment:
+        return Assessment(verdict, "", floor_bytes=8 * gib, transient_bytes=2 * gib,
+                          total_bytes=16 * gib, slope_bytes_per_second=own * gib / hour,
+                          slope_bytes_per_second_low=low * gib / hour,
+                          slope_bytes_per_second_high=high * gib / hour,
+                          window_start=0.0, window_seconds=2700.0)
+
+    leak = chip(Verdict.LEAK, 0.58, 0.64, 0.71)
+    filling = chip(Verdict.OK, 0.14, 0.17, 0.40)
+    pooled = pool_jobs({"0": leak, "1": filling}, {"0": "h", "1": "h"})
+    assert pooled["1"].verdict is Verdict.OK
+    alike = chip(Verdict.OK, 0.25, 0.45, 0.80)  # a chip that does grow like the leak joins
+    assert pool_jobs({"0": leak, "1": alike}, {"0": "h", "1": "h"})["1"].verdict is Verdict.LEAK

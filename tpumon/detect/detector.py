@@ -438,6 +438,11 @@ class ChipDetector:
         cfg = self.settings
         return max(cfg.jump_sigmas * job.sigma, cfg.jump_min_fraction * (self.total or 0.0))
 
+    def _step_change_size(self) -> float:
+        """The smallest permanent jump reported as a step change (bytes); also the smallest
+        stair of a burst (``jumps.scan``)."""
+        return self.settings.step_change_min_fraction * (self.total or 0.0)
+
     def _update_jumps(self, job: _Job) -> None:
         """Refresh the noise scale and scan the boundaries that arrived since the last fit."""
         k, e = self._confirm, self._envelope
@@ -452,7 +457,8 @@ class ChipDetector:
         last = int(rows[0].searchsorted(job.jumps[-1].time)) if job.jumps else -1
         found, next_local = level_shifts.scan(rows[0], rows[1], self._detrended(job, rows),
                                               job.scanned - offset - begin, k, e,
-                                              self._jump_threshold(job), last)
+                                              self._jump_threshold(job), last,
+                                              self._step_change_size())
         job.scanned = next_local + begin + offset
         job.add_jumps(found)
 
@@ -588,7 +594,7 @@ class ChipDetector:
                                      fit.slope_high + stair_high, steps_per_second))
         rate = (fit.slope if continuous else 0.0) + stair
         if rate > 0 and continuous and not decelerating:
-            rate = min(rate, self._recent_rate(recent, job.leaking) + stair)
+            rate = min(rate, self._recent_rate(recent, job.leaking, fit.slope) + stair)
         if decelerating and stair > 0 and not job.leaking:
             # what slows is the growth between the stairs (a cache filling early in the
             # job); the staircase itself goes on, so it alone is the leak's rate
@@ -662,14 +668,21 @@ class ChipDetector:
         return raw is not None and raw.z >= self.settings.z_threshold and raw.slope_low > 0
 
     @staticmethod
-    def _recent_rate(sen: tuple[float, float, float] | None, leaking: bool) -> float:
-        """The slope over the recent half of the window (Sen's, with its interval): growth
-        must still be going on, significantly at 95 % to call a leak; once called, while
-        the recent half still grows (hysteresis: a half-window of a dozen floors is often
-        short of 95 %)."""
-        if sen is None or (sen[0] if leaking else sen[1]) <= 0:
+    def _recent_rate(sen: tuple[float, float, float] | None, leaking: bool,
+                     whole: float) -> float:
+        """The slope over the recent half of the window (Sen's, with its interval), where
+        growth must still be going on. To call a leak, the recent half grows significantly
+        at 95 %, or it grows and its interval reaches the whole window's rate ``whole``:
+        nothing says the growth slowed. (A half window of a dozen floors scattered by slow
+        polls is rarely significant on its own, so a steep leak's call waited for more
+        floors; a cache that did stop is told apart by the window's shape, and its recent
+        slope, the one forecast, is small.) Once called, while the recent half still grows
+        (hysteresis)."""
+        if sen is None:
             return 0.0
-        return sen[0]
+        slope, low, high = sen
+        going_on = slope > 0 if leaking else low > 0 or (slope > 0 and high >= whole)
+        return slope if going_on else 0.0
 
     def _forecast(self, common: dict, rate: float, steps_per_second: float | None,
                   level: float, job: _Job, window: float, b: _Bucket,
@@ -717,7 +730,7 @@ class ChipDetector:
         return f"slow growth: OOM would take {tto / 3600:.0f} h"
 
     def _no_leak(self, job: _Job, common: dict, decelerating: bool) -> _Said:
-        least = self.settings.step_change_min_fraction * (self.total or 0)
+        least = self._step_change_size()
         big = [j for j in job.jumps if j.size >= least]
         if big:
             size = sum(j.size for j in big)

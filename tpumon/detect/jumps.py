@@ -50,7 +50,8 @@ def _tolist(values: Sequence[float] | np.ndarray) -> list[float]:
 
 
 def scan(times: Sequence[float], steps: Sequence[float], floors: Sequence[float] | np.ndarray,
-         first: int, k: int, e: int, threshold: float, last: int = -1) -> tuple[list[Jump], int]:
+         first: int, k: int, e: int, threshold: float, last: int = -1,
+         burst_threshold: float = math.inf) -> tuple[list[Jump], int]:
     """Jumps at boundaries ``first``.. ``len - k``: ``k`` buckets confirm the new level on
     the right; on the left, up to ``k`` (fewer early in a job, or soon after the last jump,
     but at least ``e``).
@@ -59,6 +60,8 @@ def scan(times: Sequence[float], steps: Sequence[float], floors: Sequence[float]
     one: the level before a boundary is taken from there on, so a stair that comes less
     than ``k`` buckets after the one before is a jump of its own, measured from the level
     that one left (it was skipped, and lost for good, while jumps had to be ``k`` apart).
+    Two stairs closer together than ``k`` buckets (a burst) are two jumps when each is
+    larger than ``burst_threshold`` as well (see ``_burst``).
     Returns the jumps found and the next boundary to scan; jumps are at least ``e`` apart.
     """
     f = _tolist(floors)
@@ -73,13 +76,65 @@ def scan(times: Sequence[float], steps: Sequence[float], floors: Sequence[float]
         # level after minus level before (levels: second-lowest floors, inline as this is
         # the loop that runs once per bucket)
         shift = sorted(f[c:c + k])[1] - sorted(f[lo:c])[1]
-        if abs(shift) > threshold and _is_jump(f, c, k, e, shift, lo):
+        if abs(shift) <= threshold:
+            c += 1
+        elif _is_jump(f, c, k, e, shift, lo):
             found.append(Jump(float(times[c]), float(steps[c]), shift))
             last = c
             c += e
         else:
-            c += 1
+            burst = _burst(f, c, k, e, max(threshold, burst_threshold), last)
+            if burst is None:
+                c += 1
+                continue
+            c1, size1, size2 = burst
+            found += [Jump(float(times[c1]), float(steps[c1]), size1),
+                      Jump(float(times[c]), float(steps[c]), size2)]
+            last = c
+            c += e
     return found, max(end + 1, last + e)
+
+
+def _burst(f: list[float], c2: int, k: int, e: int, threshold: float,
+           last: int) -> tuple[int, float, float] | None:
+    """Two stairs closer together than a confirmation window, the second at ``c2`` (the
+    level after it confirmed over ``k`` buckets) and the first at some ``c`` ``2 e`` to
+    ``k`` buckets before it: (c, the first stair's size, the second's), or None.
+
+    Stairs that come at random times (recompilations, a cache that never stops growing)
+    often come closer together than a confirmation window; each was then refused as a jump
+    (the level after the first rises on, the level before the second is not level) and
+    the whole burst was lost. Each stair must pass the test of a single jump on its own
+    size: a sharp step, level on both sides, the side between the two being the plateau
+    (at least two envelopes long, so that its start and end are different envelopes). So
+    a ramp, however steep or noisy, is not a burst (its plateau and sides rise as much as
+    its steps), nor is a buffer held for a while (the level after it falls back).
+    ``threshold`` is the size both stairs exceed: the caller's is a step change's, not a
+    jump's, as a burst of small stairs (early in a saturating cache, or a staircase of
+    hundreds) is growth that the trend measures, and only large stairs, few to the OOM,
+    need counting one by one."""
+    step2 = min(f[c2:c2 + e]) - min(f[c2 - e:c2])
+    if abs(step2) <= threshold:
+        return None
+    sign = 1.0 if step2 > 0 else -1.0
+    right = _second_lowest(f[c2:c2 + k])
+    right_rise = min(f[c2 + k - e:c2 + k]) - min(f[c2:c2 + e])
+    for c in range(max(c2 - k, last + e, e), c2 - 2 * e + 1):
+        lo = max(c - k, last, 0)
+        middle = _second_lowest(f[c:c2])
+        first, second = middle - _second_lowest(f[lo:c]), right - middle
+        if sign * first <= threshold or sign * second <= threshold:
+            continue
+        before = min(f[c - e:c])
+        step = min(f[c:c + e]) - before
+        left_rise = before - min(f[lo:lo + e])
+        plateau_rise = min(f[c2 - e:c2]) - min(f[c:c + e])
+        if sign * step >= 0.6 * abs(first) and sign * step2 >= 0.6 * abs(second) \
+                and abs(left_rise) <= 0.3 * abs(first) \
+                and abs(plateau_rise) <= 0.3 * min(abs(first), abs(second)) \
+                and abs(right_rise) <= 0.3 * abs(second):
+            return c, first, second
+    return None
 
 
 def _is_jump(f: list[float], c: int, k: int, e: int, shift: float, lo: int) -> bool:

@@ -5,9 +5,11 @@ keeping logs, say) is still caught alone. But when some chips of a job are calle
 ``leak``, a chip of the same job whose own floor grows alike is taken to be leaking too,
 on weaker evidence of its own than a chip alone would need: its growth must be significant
 at 95 % (the lower bound of its slope interval above zero, where a chip alone needs a
-Mann-Kendall z of 4) and of the same size (its interval overlapping half to twice the
-leaking chips' median rate). It then gets the job's rate and its own forecast (its floor,
-its largest transient, its capacity). So the chips of a job that grow alike get one verdict,
+Mann-Kendall z of 4) and of the same size (its own estimate at least half the leaking
+chips' median rate, its interval's lower end at most twice it: a healthy chip whose cache
+still fills, at a quarter of a one-rank leak's rate, does not join it at that rate). It
+then gets the job's rate and its own forecast (its floor, its largest transient, its
+capacity). So the chips of a job that grow alike get one verdict,
 and the reason says so ("all 16 chips of job 4242 grow 39.1 KiB/step"); chips that do not
 keep their own.
 
@@ -66,10 +68,13 @@ def pool_job(job: str, chips: Mapping[str, Assessment]) -> dict[str, Assessment]
 
 
 def _grows_alike(a: Assessment, rate: float) -> bool:
-    """A fitted chip whose growth is significant at 95 % and the size of the job's."""
-    low, high = a.slope_bytes_per_second_low, a.slope_bytes_per_second_high
+    """A fitted chip whose growth is significant at 95 % and the size of the job's: its
+    interval within twice the job's rate, its own estimate at least half of it."""
+    low, high, own = (a.slope_bytes_per_second_low, a.slope_bytes_per_second_high,
+                      a.slope_bytes_per_second)
     return (a.verdict in (Verdict.OK, Verdict.STEP_CHANGE) and low is not None
-            and high is not None and low > 0 and low <= 2 * rate and high >= rate / 2
+            and high is not None and own is not None and low > 0 and low <= 2 * rate
+            and own >= rate / 2
             and a.floor_bytes is not None and a.total_bytes is not None
             and a.window_start is not None and a.window_seconds is not None)
 

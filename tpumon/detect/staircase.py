@@ -7,15 +7,19 @@ grows on average by the jump rate times the mean jump size, and that growth reac
 capacity like any other: the detector forecasts the OOM from it.
 
 The jumps are counted as a Poisson process, the model that assumes least about their
-timing: the rate is jumps per second of evidence, its 95 % interval the count's
-(n +- 1.96 sqrt(n)), and the process is still going on while the quiet time since the last
-jump is not improbably long for that rate (P < 5 % under the model).
+timing: the rate is jumps per second of evidence, its 95 % interval the count's exact
+(Garwood) Poisson interval, and the process is still going on while the quiet time since
+the last jump is not improbably long for that rate (P < 5 % under the model). A staircase
+is called on few jumps (from 2 after the first), where the normal approximation
+n +- 1.96 sqrt(n) is far off: for 2 jumps it gave 0-4.8 where the exact interval is
+0.24-7.2, so forecasts made on few jumps claimed an earliest OOM far too late.
 """
 
 from __future__ import annotations
 
 import math
-from typing import NamedTuple, Sequence
+from functools import lru_cache
+from typing import Callable, NamedTuple, Sequence
 
 from tpumon.detect.jumps import Jump
 from tpumon.units import format_bytes
@@ -44,16 +48,54 @@ class Staircase(NamedTuple):
 
     @property
     def growth_interval(self) -> tuple[float, float]:
-        """95 % interval of the growth, from the count's Poisson interval."""
-        spread = 1.96 * math.sqrt(self.jumps)
+        """95 % interval of the growth, from the count's exact Poisson interval."""
+        low, high = poisson_interval(self.jumps)
         per_jump = self.mean_size / self.span_seconds
-        return max(self.jumps - spread, 0.0) * per_jump, (self.jumps + spread) * per_jump
+        return low * per_jump, high * per_jump
 
     def describe(self) -> str:
         """As people read it: "9 jumps in 14 h, 295.6 MiB each, every ~1.6 h"."""
         every = 1.0 / self.jumps_per_second
         return (f"{self.jumps + 1} jumps in {_duration(self.span_seconds)}, "
                 f"{_size(self.mean_size)} each, every ~{_duration(every)}")
+
+
+@lru_cache(maxsize=2048)
+def poisson_interval(count: int) -> tuple[float, float]:
+    """Exact (Garwood) 95 % interval of a Poisson mean, having counted ``count``: the means
+    under which so few (so many) counts or fewer (more) have probability 2.5 %. Found by
+    bisection on the Poisson tail (plain sums: counts are at most a few thousand), cached."""
+    if count == 0:
+        return 0.0, math.log(1 / 0.025)
+    return (_bisect(lambda mean: 1.0 - _cdf(count - 1, mean), count),
+            _bisect(lambda mean: _cdf(count, mean), count, upper=True))
+
+
+def _cdf(k: int, mean: float) -> float:
+    """P(X <= k) for X ~ Poisson(mean): the terms summed; where exp(-mean) underflows
+    (means above ~700, so counts of hundreds) the normal approximation, exact enough there."""
+    term = math.exp(-mean)
+    if term == 0.0:
+        return 0.5 * math.erfc(-(k + 0.5 - mean) / math.sqrt(2 * mean))
+    total = term
+    for i in range(1, k + 1):
+        term *= mean / i
+        total += term
+    return min(total, 1.0)
+
+
+def _bisect(tail: Callable[[float], float], count: int, upper: bool = False) -> float:
+    """The mean at which ``tail(mean)`` (increasing for the lower bound, decreasing for the
+    upper) crosses 2.5 %."""
+    lo, hi = (count, 4.0 * count + 10.0) if upper else (0.0, float(count))
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        above = tail(mid) > 0.025
+        if upper:
+            lo, hi = (mid, hi) if above else (lo, mid)
+        else:
+            lo, hi = (lo, mid) if above else (mid, hi)
+    return (lo + hi) / 2
 
 
 def find_staircase(jumps: Sequence[Jump], now: float, min_jumps: int) -> Staircase | None:
