@@ -33,3 +33,22 @@ def test_a_page_and_a_web_config_still_load_them(tmp_path):
     path = tmp_path / "web.yml"
     path.write_text("http_server_config:\n  http2: true\n")
     assert load_web_config(path).http2 is True
+
+
+DETECTOR_PROBE = """
+import sys
+from tpumon.detect import ChipDetector
+from tpumon.detect.detector import DetectorSettings
+detector = ChipDetector(DetectorSettings())
+for i in range(30):
+    detector.update((1000.0 + i,), (float(i),), (2.0**30 + i * 4096,), (2.0**34,))
+print(detector.width, "numpy.ma" in sys.modules)
+"""
+
+
+def test_a_detector_settling_its_bucket_width_leaves_numpy_ma_unloaded():
+    """np.median imports numpy.ma (~0.65 MiB): the detector's one median is robust.median."""
+    width, masked = subprocess.run([sys.executable, "-c", DETECTOR_PROBE], capture_output=True,
+                                   text=True, check=True).stdout.split()
+    assert float(width) > 0
+    assert masked == "False"

@@ -71,3 +71,33 @@ def test_a_burst_moves_the_mean_and_not_the_median(overhead):
 def test_a_window_under_a_minute_falls_back_to_the_mean(overhead):
     cpu = overhead.Cpu(0.003, overhead.minute_shares(samples([0.003] * 6)))
     assert cpu.minutes == [] and cpu.median == 0.003
+
+
+def test_the_thread_breakdown_names_the_main_thread_poll_and_counts_a_busy_thread():
+    """bench/overhead_threads.py: the agent's main thread (its poll loop) is "poll", and a
+    thread that burns CPU shows under its own name."""
+    import os
+    import threading
+    import time
+
+    spec = importlib.util.spec_from_file_location("bench_overhead_threads",
+                                                  ROOT / "bench" / "overhead_threads.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    before = module.thread_cpu(os.getpid())
+    stop = threading.Event()
+
+    def spin() -> None:
+        end = time.thread_time() + 0.05
+        while time.thread_time() < end:
+            pass
+        stop.wait()
+
+    worker = threading.Thread(target=spin)
+    worker.start()
+    time.sleep(0.3)
+    during = module.thread_cpu(os.getpid())
+    stop.set()
+    worker.join()
+    assert "poll" in before and during["poll"] >= before["poll"]
+    assert during["python"] - before.get("python", 0) >= 40_000_000  # >= 40 ms of the 50

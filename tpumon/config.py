@@ -152,10 +152,11 @@ SCHEMA: tuple[Key, ...] = (
     Key("runtime", "timeout", float, 1.0,
         "Deadline in seconds for every gRPC call; a hung runtime costs at most this per poll.",
         _within(0.01, 300, " s")),
-    Key("runtime", "slow_metrics_interval", float, 5.0,
+    Key("runtime", "slow_metrics_interval", float, 15.0,
         "Seconds between asking for everything but HBM usage (asked every poll): total "
         "memory, duty cycle and the runtime's other metrics (bandwidth, idle time, HLO "
-        "queue and timings, megascale/DCN distributions); 0 asks for all every poll.",
+        "queue and timings, megascale/DCN distributions); 0 asks for all every poll. "
+        "The default matches a 15 s Prometheus scrape.",
         _within(0, 86400, " s")),
     Key("runtime", "owners_interval", float, 30.0,
         "Seconds between scans of /proc for the processes that own each chip.",

@@ -1,0 +1,97 @@
+"""The agent's CPU by thread and its RSS, this tree beside another (issue 25).
+
+bench/overhead.py gives the headline (the agent beside node_exporter); this one says which
+threads a change moved, which a loaded host blurs less than a whole-process share: two
+agents (``tpumon agent --simulate``, 1 s polls, history store and reporter socket on, the
+simulator's 4 reports a second) start together, one from this tree and one from
+``--baseline`` (a checkout of another commit, e.g. ``git worktree add --detach
+/tmp/base main``), and after ``--warmup`` each thread's CPU time is read from
+``/proc/PID/task/*/schedstat`` over ``--seconds``: the poll loop (the main thread), gRPC's
+``event_engine``, timer and lifeguard threads, and tpumon's other Python threads
+(reporter, store writer, HTTP server). RSS and its anonymous part at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MIB = 2**20
+
+
+def thread_cpu(pid: int) -> collections.Counter:
+    """Nanoseconds of CPU by thread name; the main thread is "poll"."""
+    out: collections.Counter = collections.Counter()
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            name = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
+            ns = int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0])
+        except OSError:  # the thread ended meanwhile
+            continue
+        out["poll" if tid == str(pid) else "python" if name.startswith("python") else name] += ns
+    return out
+
+
+def rollup(pid: int, field: str) -> int:
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def start(tree: Path, tmp: Path, name: str) -> subprocess.Popen:
+    """An agent importing tpumon from ``tree`` (PYTHONPATH, and a cwd outside any tree)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TPUMON_")}
+    env.update(PYTHONPATH=str(tree), TPUMON_SIMULATOR_ACCELERATION="1")
+    state = tmp / name
+    state.mkdir()
+    return subprocess.Popen(
+        [sys.executable, "-m", "tpumon", "agent", "--simulate", "--listen-address",
+         "127.0.0.1:0", "--state-dir", str(state / "state"), "--poll-interval", "1",
+         "--reporter-socket", str(state / "r.sock")],
+        cwd=tmp, env=env, stderr=open(state / "agent.log", "w"))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--baseline", type=Path, required=True,
+                        help="a checkout of the tree to compare with")
+    parser.add_argument("--warmup", type=float, default=60.0)
+    parser.add_argument("--seconds", type=float, default=150.0)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="tpumon-threads-") as tmp:
+        agents = {"baseline": start(args.baseline.resolve(), Path(tmp), "baseline"),
+                  "this tree": start(ROOT, Path(tmp), "this")}
+        try:
+            time.sleep(args.warmup)
+            print(f"# load average at start: {os.getloadavg()[0]:.2f}", flush=True)
+            before = {k: thread_cpu(p.pid) for k, p in agents.items()}
+            t0 = time.monotonic()
+            time.sleep(args.seconds)
+            after = {k: thread_cpu(p.pid) for k, p in agents.items()}
+            wall = time.monotonic() - t0
+            print(f"# load average at end: {os.getloadavg()[0]:.2f} ({os.cpu_count()} CPUs)")
+            print("| tree | agent CPU | by thread (% of one core) | RSS | anonymous |")
+            print("|---|---|---|---|---|")
+            for name, proc in agents.items():
+                used = after[name] - before[name]
+                share = {k: v / wall / 1e7 for k, v in sorted(used.items())}
+                print(f"| {name} | {sum(share.values()):.3f} % | "
+                      + ", ".join(f"{k} {v:.3f}" for k, v in share.items())
+                      + f" | {rollup(proc.pid, 'Rss') / MIB:.1f} MiB"
+                      f" | {rollup(proc.pid, 'Anonymous') / MIB:.1f} MiB |")
+        finally:
+            for proc in agents.values():
+                proc.terminate()
+                proc.wait(timeout=30)
+
+
+if __name__ == "__main__":
+    main()
