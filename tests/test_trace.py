@@ -706,3 +706,31 @@ def test_small_pages_turns_numpys_huge_page_advice_off_and_back():
         assert switch(True) is True  # back on after
     finally:
         switch(original)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_pyarrows_reads_end_at_the_first_line_too_long_and_only_there(seed):
+    """ShortLines, between pyarrow's CSV reader and the file: whatever the reads' sizes
+    and wherever lines fall against them, it ends the file exactly when some line has
+    `longest` bytes or more (the strict parser then names it), and otherwise passes every
+    byte through."""
+    import io
+    import random
+
+    from tpumon.trace_columns import ShortLines
+
+    rng = random.Random(seed)
+    longest = rng.choice([8, 50, 64, 1000])
+    lengths = [rng.choice([0, 1, longest // 2, longest - 1, longest, longest + 1,
+                           rng.randrange(3 * longest)]) for _ in range(rng.randrange(1, 30))]
+    data = b"\n".join(b"x" * n for n in lengths) + rng.choice([b"", b"\n"])
+    bounded = ShortLines(io.BytesIO(data), longest)
+    out = b""
+    while True:
+        chunk = bounded.read(rng.choice([1, 7, longest, 3 * longest, 1 << 20]))
+        if not chunk:
+            break
+        out += chunk
+    assert bounded.refused == (max(lengths) >= longest), (lengths, longest)
+    if not bounded.refused:
+        assert out == data

@@ -89,6 +89,55 @@ def read_table(path: str, fmt: str) -> pa.Table:
                                     type(exc).__name__) from None
 
 
+class ShortLines:
+    """A binary file read as pyarrow's CSV reader reads it (``read(size)``, from its I/O
+    thread, blocks ahead of its parsers) that ends at the first line of ``longest`` bytes
+    or more, and says so in ``refused``. pyarrow refuses a row longer than a block only
+    once it parses that block, and by then its read-ahead has taken several more (a trace
+    whose second line ran on for 1 GiB took 150-300 MiB); an end of file here stops the
+    reading at once (an exception raised in pyarrow's I/O thread could abort the process
+    at exit), and the caller hands the file to the strict parser, which names the line.
+    Cheap: one ``find`` per half-``longest`` of data, each stopping at the first newline."""
+
+    def __init__(self, raw: BinaryIO, longest: int) -> None:
+        self._raw, self._longest, self._window = raw, longest, max(longest // 2, 1)
+        self._run = 0  # bytes since the last newline, at the end of the last read
+        self.refused = False
+        self.closed = False
+
+    def read(self, size: int = -1) -> bytes:
+        if self.refused:
+            return b""
+        data = self._raw.read(size)
+        self.refused = self._has_long_line(data)
+        return b"" if self.refused else data
+
+    def _has_long_line(self, data: bytes) -> bool:
+        first = data.find(b"\n")
+        if first < 0:
+            self._run += len(data)
+            return self._run >= self._longest
+        if self._run + first >= self._longest:
+            return True
+        last = data.rfind(b"\n")
+        for start in range(first + 1, last, self._window):
+            if data.find(b"\n", start, min(start + self._window, last)) < 0:
+                gap = data.find(b"\n", start) - data.rfind(b"\n", 0, start) - 1
+                if gap >= self._longest:
+                    return True
+        self._run = len(data) - 1 - last
+        return False
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        self.closed = True
+
+
 def _read_csv(file: BinaryIO) -> pa.Table:
     import pyarrow as pa
     import pyarrow.csv as pcsv
@@ -104,8 +153,15 @@ def _read_csv(file: BinaryIO) -> pa.Table:
     # the C library's allocator, not pyarrow's default (mimalloc): on this project's VM,
     # mimalloc's handling of the parse's short-lived blocks cost 0.5-0.8 s more of kernel
     # time on an 8M-row file (bench/analyze_speed.py)
-    table = pcsv.read_csv(file, read_options=pcsv.ReadOptions(block_size=_BLOCK_BYTES),
-                          convert_options=convert, memory_pool=pa.system_memory_pool())
+    from tpumon.trace import MAX_LINE_CHARS
+
+    bounded = ShortLines(file, MAX_LINE_CHARS)
+    try:
+        table = pcsv.read_csv(bounded, read_options=pcsv.ReadOptions(block_size=_BLOCK_BYTES),
+                              convert_options=convert, memory_pool=pa.system_memory_pool())
+    finally:
+        if bounded.refused:  # what pyarrow made of the rest (a cut row) does not count
+            raise NeedsStrictParser(f"a line of {MAX_LINE_CHARS:,} bytes or more")
     names = table.column_names
     if any(names.count(c) > 1 for c in types):
         raise NeedsStrictParser("a column appears twice in the header")
