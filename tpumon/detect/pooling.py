@@ -54,23 +54,46 @@ def pool_job(job: str, chips: Mapping[str, Assessment]) -> dict[str, Assessment]
         return dict(chips)
     rate = statistics.median(a.slope_bytes_per_second or 0.0 for a in leaks)
     leaking = {c for c, a in chips.items() if _pooled_leak(a, rate)}
-    return {c: pooled_assessment(job, a, leaks, rate, len(leaking), len(chips))
-            if c in leaking else a for c, a in chips.items()}
+    shared = JobLeak(job, leaks, rate, len(leaking), len(chips))
+    return {c: shared.assessment(a) if c in leaking else a for c, a in chips.items()}
 
 
-def pooled_assessment(job: str, a: Assessment, leaks: Sequence[Assessment], rate: float,
-                      leaking: int, chips: int) -> Assessment:
-    """A chip's pooled assessment, its pooled verdict being ``leak``: ``leaks`` (the job's
-    chips whose own verdict is leak, with a rate: their median ``rate``) lend it their
-    rate if its own verdict is not; the reason says how many of the job's ``chips`` leak."""
-    if a.verdict is not Verdict.LEAK:
-        interval = (min(b.slope_bytes_per_second_low or rate for b in leaks),
-                    max(b.slope_bytes_per_second_high or rate for b in leaks))
-        a = _joined(a, rate, interval)
-    if leaking == chips:
-        return dataclasses.replace(a, reason=f"all {chips} chips of {job} grow "
-                                   f"{_growth(list(leaks), rate)}; {_oom_in(a)}")
-    return dataclasses.replace(a, reason=f"{a.reason} ({leaking} of {chips} chips of {job})")
+class JobLeak:
+    """What a job's leaking chips say, lent to each chip whose pooled verdict is leak:
+    ``leaks`` (its chips whose own verdict is leak, at a rate), their median ``rate``, and
+    how many of the job's ``chips`` are ``leaking`` (pooled). What several chips share
+    (the span of the leaks' intervals, their growth) is worked out once, when first used."""
+
+    def __init__(self, job: str, leaks: Sequence[Assessment], rate: float, leaking: int,
+                 chips: int) -> None:
+        self.job, self.leaks, self.rate = job, leaks, rate
+        self.leaking, self.chips = leaking, chips
+        self._interval: tuple[float, float] | None = None
+        self._growth: str | None = None
+
+    def interval(self) -> tuple[float, float]:
+        """The slowest and the fastest of the leaks' intervals: a joined chip's."""
+        if self._interval is None:  # (functools.cached_property locks: slower, per poll)
+            self._interval = (min(b.slope_bytes_per_second_low or self.rate for b in self.leaks),
+                              max(b.slope_bytes_per_second_high or self.rate for b in self.leaks))
+        return self._interval
+
+    def growth(self) -> str:
+        """The leaks' growth as people read it (per step and per hour)."""
+        if self._growth is None:
+            self._growth = _growth(list(self.leaks), self.rate)
+        return self._growth
+
+    def assessment(self, a: Assessment) -> Assessment:
+        """A chip's pooled assessment, its pooled verdict being leak: the job's rate if its
+        own verdict is not leak; the reason says how many of the job's chips leak."""
+        if a.verdict is not Verdict.LEAK:
+            a = _joined(a, self.rate, self.interval())
+        if self.leaking == self.chips:
+            return dataclasses.replace(a, reason=f"all {self.chips} chips of {self.job} grow "
+                                       f"{self.growth()}; {_oom_in(a)}")
+        return dataclasses.replace(
+            a, reason=f"{a.reason} ({self.leaking} of {self.chips} chips of {self.job})")
 
 
 def _evidence(a: Assessment) -> bool:
@@ -212,11 +235,11 @@ class JobPool:
         self._leaked.update(new)
         return new
 
-    def assessment(self, chip: int, leaking: int) -> Assessment:
-        """A chip's pooled assessment, ``pool_job``'s, its pooled verdict being leak and
-        ``leaking`` of the job's chips'."""
+    def shared(self, leaking: int) -> JobLeak | None:
+        """What the job's leaks lend its chips, ``leaking`` of them (pooled) now; None
+        where no chip leaks at a rate (``pool_job`` then leaves every chip as it is)."""
         rate = self.rate()
         if rate is None:
-            return self.chips[chip]
-        return pooled_assessment(self.job, self.chips[chip], list(self._evidence.values()),
-                                 rate, leaking, len(self.chips))
+            return None
+        return JobLeak(self.job, list(self._evidence.values()), rate, leaking,
+                       len(self.chips))

@@ -306,11 +306,13 @@ def replay_pooling(job: str, logs: Sequence[Said], columns: Sequence[SeriesColum
 def _alert(alerts: dict[int, dict], moment: float, chips: list[int], pool: JobPool,
            columns: Sequence[SeriesColumns]) -> None:
     """The alerts of ``chips``, whose pooled verdict turned leak at ``moment``."""
-    leaking = len(pool.leaking())
+    shared = pool.shared(len(pool.leaking()))
     for i in chips:
         c = columns[i]
         at = max(int(np.searchsorted(c.times, moment, side="right")) - 1, 0)
-        alerts[i] = leak_alert(moment, float(c.steps[at]), pool.assessment(i, leaking))
+        a = pool.chips[i]
+        alerts[i] = leak_alert(moment, float(c.steps[at]),
+                               a if shared is None else shared.assessment(a))
 
 
 #: A slice's hosts are named ``PREFIX-w-N``: the chips of a slice run one job.
