@@ -21,8 +21,8 @@ on its own; then written by pyarrow as CSV.
     python bench/analyze_speed.py [--rows 8000000] [--runs 3] [--baseline-ref main]
                                   [--slice-rows 2000000] [--only-slice]
 
-``--slice-rows`` sizes the slice (about 21,000 rows a chip: 5.5M rows are a 256-chip
-slice; ``--rows`` must be at least as many); ``--only-slice`` measures the slice alone.
+``--slice-rows`` sizes the slice (about 17,600 rows a chip: 5.5M rows are 312 chips,
+18M about 1,024; ``--rows`` must be as many); ``--only-slice`` measures the slice alone.
 """
 
 from __future__ import annotations
