@@ -10,14 +10,19 @@ is analyzed by this tree's ``analyze_path`` and by the baseline's (``git archive
 subprocess, alternating, median CPU seconds of ``--runs`` runs. CPU time, not wall time:
 the machine is shared, and CPU time is what one core's throughput means (pyarrow's reader
 threads and the forked workers that replay jobs in parallel are counted too; wall time is
-shown beside it). The table says whether both gave the same verdicts, alerts and
-forecasts (they differ where the detector itself changed, not where the reader did).
+shown beside it). The table says whether both gave the same verdicts, alerts,
+forecasts and reasons (they differ where the detector itself changed, not where the
+reader did).
 
 The corpus is built once from the simulator (about 1M rows) and multiplied: each copy is
 another host of the slice, its times shifted by a few seconds, so every series is replayed
 on its own; then written by pyarrow as CSV.
 
     python bench/analyze_speed.py [--rows 8000000] [--runs 3] [--baseline-ref main]
+                                  [--slice-rows 2000000] [--only-slice]
+
+``--slice-rows`` sizes the slice (about 17,600 rows a chip: 5.5M rows are 312 chips,
+18M about 1,024; ``--rows`` must be as many); ``--only-slice`` measures the slice alone.
 """
 
 from __future__ import annotations
@@ -72,7 +77,8 @@ import tpumon
 print(json.dumps({"tree": tpumon.__file__, "cpu": cpu, "wall": wall,
                   "samples": sum(r.samples for r in results),
                   "digest": [[r.host, r.chip, r.verdict,
-                              r.alert and [r.alert["time"], r.alert["step"]],
+                              r.alert and [r.alert["time"], r.alert["step"],
+                                           r.alert["reason"]], r.assessment.reason,
                               r.predicted_oom and [r.predicted_oom["time"],
                                                    r.predicted_oom["step"]]]
                              for r in results]}))
@@ -175,6 +181,8 @@ def main() -> int:
     parser.add_argument("--rows", type=int, default=8_000_000)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--baseline-ref", default="main")
+    parser.add_argument("--slice-rows", type=int, default=SLICE_ROWS)
+    parser.add_argument("--only-slice", action="store_true")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         start = time.perf_counter()
@@ -182,20 +190,25 @@ def main() -> int:
         big_path = os.path.join(tmp, "slice.csv")
         pcsv.write_csv(big, big_path)
         slice_path = os.path.join(tmp, "one-slice.csv")
-        pcsv.write_csv(one_slice(big.slice(0, min(args.rows, SLICE_ROWS))), slice_path)
-        small = write_small(big.slice(0, min(args.rows, 4_000_000)),
-                            os.path.join(tmp, "small"))
+        one = one_slice(big.slice(0, min(args.rows, args.slice_rows)))
+        pcsv.write_csv(one, slice_path)
+        chips = len(set(zip(one.column("host").to_pylist(), one.column("chip").to_pylist(),
+                            strict=True)))
+        small = [] if args.only_slice else write_small(
+            big.slice(0, min(args.rows, 4_000_000)), os.path.join(tmp, "small"))
         print(f"corpus written in {time.perf_counter() - start:.0f} s: {len(big):,} rows in "
-              f"one file; {len(small)} files of one host and {SMALL_HOURS:.0f} h",
-              file=sys.stderr)
+              f"one file; {len(small)} files of one host and {SMALL_HOURS:.0f} h; a slice of "
+              f"{chips} chips", file=sys.stderr)
         trees = {"baseline": baseline_tree(args.baseline_ref, tempfile.mkdtemp(dir=tmp)),
                  "this tree": ROOT}
         lines = ["| trace | samples | baseline samples/s, CPU (wall) | this tree samples/s, "
                  "CPU (wall) | ratio, CPU (wall) | results | load after |",
                  "|---|---|---|---|---|---|---|"]
-        lines += compare("one large CSV", [big_path], trees, args.runs)
-        lines += compare(f"{len(small)} small CSVs", sorted(small), trees, args.runs)
-        lines += compare("one slice, one job (CSV)", [slice_path], trees, args.runs)
+        if not args.only_slice:
+            lines += compare("one large CSV", [big_path], trees, args.runs)
+            lines += compare(f"{len(small)} small CSVs", sorted(small), trees, args.runs)
+        lines += compare(f"one slice of {chips} chips, one job (CSV)", [slice_path], trees,
+                         args.runs)
     print(f"`analyze` end to end, CPU time, median of {args.runs} runs each, baseline = "
           f"`{args.baseline_ref}`:\n")
     print("\n".join(lines))

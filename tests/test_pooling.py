@@ -176,25 +176,139 @@ def test_a_job_that_is_most_of_the_trace_is_replayed_chip_by_chip_in_parallel(mo
     assert_forked_replay_is_the_same(cols, monkeypatch)
 
 
+def fitted(verdict: Verdict, low: float, own: float, high: float, start: float = 0.0):
+    """A fitted chip's assessment growing ``own`` GiB/h (``low``-``high``)."""
+    from tpumon.detect import Assessment
+
+    hour, gib = 3600.0, 2.0**30
+    return Assessment(verdict, "", floor_bytes=8 * gib, transient_bytes=2 * gib,
+                      total_bytes=16 * gib, slope_bytes_per_second=own * gib / hour,
+                      slope_bytes_per_second_low=low * gib / hour,
+                      slope_bytes_per_second_high=high * gib / hour,
+                      window_start=start, window_seconds=2700.0)
+
+
+def test_a_chip_joins_when_the_jobs_rate_comes_to_its_size_though_its_own_is_unchanged():
+    """Chip 1 grows 0.45 GiB/h, too slow to join chip 0's leak at 1 GiB/h; chip 0's rate
+    falls to 0.8 GiB/h at t=300, chip 1 saying nothing new: it joins then. (The pooled
+    replay decides verdicts incrementally; a chip unchanged must still be looked at when
+    the job's rate moves.)"""
+    from tpumon.detect.replay import replay_pooling
+
+    logs = [[(100.0, 0.0, fitted(Verdict.LEAK, 0.9, 1.0, 1.1)),
+             (300.0, 0.0, fitted(Verdict.LEAK, 0.7, 0.8, 0.9, 200.0))],
+            [(100.0, 0.0, fitted(Verdict.OK, 0.3, 0.45, 0.6))],
+            [(200.0, 0.0, fitted(Verdict.OK, -0.1, 0.0, 0.1))]]
+    times = np.arange(0.0, 400.0, 10.0)
+    cols = [SeriesColumns(times, times, times, times + 1.0) for _ in logs]
+    verdicts, alerts = pool_at_every_moment("job", logs, cols)
+    pooled = replay_pooling("job", logs, cols)
+    assert pooled.verdicts == verdicts and pooled.alerts == alerts
+    assert replay_pooling("job", logs, cols, timelines=False).alerts == alerts
+    assert sorted((i, a["time"]) for i, a in alerts.items()) == [(0, 100.0), (1, 300.0)]
+    assert alerts[1]["reason"].endswith("(2 of 3 chips of job)")
+
+
 def test_a_healthy_chip_whose_cache_still_fills_does_not_join_a_one_rank_leak():
     """bench/detect.py seed 3, chip0-leak-0-02: chip 0 leaks ~650 MiB/h from the job's
     start; chips 1-3, an hour in, still fill a cache at ~170 MiB/h, significant at 95 %,
     with an interval reaching up to half the leak's rate. They joined the leak at its rate
     (three false alarms): a chip joins only when its own estimate is of the job's size."""
-    from tpumon.detect import Assessment
-
-    hour, gib = 3600.0, 2.0**30
-
-    def chip(verdict: Verdict, low: float, own: float, high: float) -> Assessment:
-        return Assessment(verdict, "", floor_bytes=8 * gib, transient_bytes=2 * gib,
-                          total_bytes=16 * gib, slope_bytes_per_second=own * gib / hour,
-                          slope_bytes_per_second_low=low * gib / hour,
-                          slope_bytes_per_second_high=high * gib / hour,
-                          window_start=0.0, window_seconds=2700.0)
-
+    chip = fitted
     leak = chip(Verdict.LEAK, 0.58, 0.64, 0.71)
     filling = chip(Verdict.OK, 0.14, 0.17, 0.40)
     pooled = pool_jobs({"0": leak, "1": filling}, {"0": "h", "1": "h"})
     assert pooled["1"].verdict is Verdict.OK
     alike = chip(Verdict.OK, 0.25, 0.45, 0.80)  # a chip that does grow like the leak joins
     assert pool_jobs({"0": leak, "1": alike}, {"0": "h", "1": "h"})["1"].verdict is Verdict.LEAK
+
+
+def slice_columns() -> dict:
+    """One slice of three hosts (12 chips, one job): a leak on one rank of one host from
+    the start, a leak at spread rates on all chips of another that starts hours later, a
+    cache that fills on the third. Some chips join others' leaks, some never do, and the
+    job's rate moves as chips turn."""
+    out = {}
+    for k, (scenario, seed, onset) in enumerate([("chip0-leak", 3, 0), ("linear-leak", 11, 16000),
+                                                 ("saturating-cache", 5, 0)]):
+        host = f"t1v-n-5f0c-w-{k}"
+        for (_, chip), c in columns(scenario, 10, seed, leak_chip_spread=0.5,
+                                    leak_onset_step=onset).items():
+            out[(host, chip)] = SeriesColumns(c.times + 0.5 * k, *c[1:])
+    return out
+
+
+def pool_at_every_moment(job: str, logs: list, cols: list):
+    """The pooled replay as it was first written: ``pool_job`` of every chip at every
+    moment one chip's assessment changed; the verdicts and the first leak's alert."""
+    from itertools import groupby
+
+    from tpumon.detect.detector import leak_alert
+    from tpumon.detect.pooling import pool_job
+
+    events = sorted(((t, i, a) for i, log in enumerate(logs) for t, _, a in log),
+                    key=lambda e: (e[0], e[1]))
+    current: dict[str, object] = {}
+    verdicts: list[list] = [[] for _ in logs]
+    alerts: dict[int, dict] = {}
+    for moment, group in groupby(events, key=lambda e: e[0]):
+        for _, i, a in group:
+            current[str(i)] = a
+        for name, a in pool_job(job, current).items():
+            i = int(name)
+            verdicts[i].append((moment, a.verdict.value))
+            if a.verdict is Verdict.LEAK and i not in alerts:
+                c = cols[i]
+                at = max(int(np.searchsorted(c.times, moment, side="right")) - 1, 0)
+                alerts[i] = leak_alert(moment, float(c.steps[at]), a)
+    return verdicts, alerts
+
+
+def test_the_pooled_replay_of_a_slice_is_pool_job_at_every_moment():
+    """The replay decides pooled verdicts incrementally and builds a chip's pooled
+    assessment only when its alert fires: on a slice whose chips leak at different rates,
+    some alone, some joined, it gives what ``pool_job`` at every moment gave (every
+    verdict at every moment, every alert with its reason and forecast)."""
+    from tpumon.detect.replay import _run_chip, replay_pooling
+
+    cols = slice_columns()
+    runs = [_run_chip(c, None, log=True) for c in cols.values()]
+    logs = [run.log for run in runs]
+    verdicts, alerts = pool_at_every_moment("slice t1v-n-5f0c", logs, list(cols.values()))
+    pooled = replay_pooling("slice t1v-n-5f0c", logs, list(cols.values()))
+    assert pooled.verdicts == verdicts and pooled.alerts == alerts
+    assert replay_pooling("slice t1v-n-5f0c", logs, list(cols.values()),
+                          timelines=False).alerts == alerts
+    assert set(alerts) < set(range(len(cols)))  # some chips never leak
+    assert any(a["time"] < runs[i].alert["time"] for i, a in alerts.items())  # some join
+    assert any("(1 of 12 chips of slice t1v-n-5f0c)" in a["reason"] for a in alerts.values())
+    assert len({a["time"] for a in alerts.values()}) > 2  # as the job's rate moves
+    assert len({a["slope_bytes_per_second"] for a in alerts.values()}) > 2
+
+
+def test_the_agent_and_analyze_agree_on_a_many_chip_slice():
+    """The agent pools a job's chips at every poll (``pool_jobs``), analyze incrementally:
+    the same alerts, at the same moments, with the same reasons and forecasts."""
+    cols = slice_columns()
+    replayed = {(r.host, r.chip): r for r in replay_columns(cols)}
+    detectors = {key: ChipDetector() for key in cols}
+    first: dict = {}
+    moments = sorted({t for c in cols.values() for t in c.times.tolist()})
+    index = {key: {t: i for i, t in enumerate(c.times.tolist())} for key, c in cols.items()}
+    names = {key: f"{key[0]}/{key[1]}" for key in cols}
+    for t in moments:
+        for key, c in cols.items():
+            i = index[key].get(t)
+            if i is not None:
+                detectors[key].update((t,), (c.steps[i],), (c.used[i],), (c.total[i],))
+        pooled = pool_jobs({names[k]: d.assessment for k, d in detectors.items()},
+                           {name: "slice t1v-n-5f0c" for name in names.values()})
+        for key, name in names.items():
+            a = pooled[name]
+            if a.verdict is Verdict.LEAK and key not in first:
+                first[key] = (t, a.reason, a.predicted_oom_time, a.slope_bytes_per_second)
+    assert set(first) == {key for key, r in replayed.items() if r.alert}
+    for key, (t, reason, forecast, rate) in first.items():
+        alert = replayed[key].alert
+        assert (alert["time"], alert["reason"], alert["predicted_oom_time"],
+                alert["slope_bytes_per_second"]) == (t, reason, forecast, rate)

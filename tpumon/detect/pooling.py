@@ -21,10 +21,12 @@ so the agent (every poll) and ``analyze`` (at every moment an assessment changed
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
+import itertools
 import statistics
 from collections import defaultdict
-from typing import Mapping
+from typing import Iterable, Mapping, Sequence
 
 from tpumon.detect.detector import Assessment, Verdict, describe_growth, slope_fields
 
@@ -47,36 +49,86 @@ def pool_jobs(assessments: Mapping[str, Assessment],
 
 def pool_job(job: str, chips: Mapping[str, Assessment]) -> dict[str, Assessment]:
     """One job's chips with evidence shared (see the module docstring)."""
-    leaks = [a for a in chips.values()
-             if a.verdict is Verdict.LEAK and a.slope_bytes_per_second]
+    leaks = [a for a in chips.values() if _evidence(a)]
     if not leaks:
         return dict(chips)
     rate = statistics.median(a.slope_bytes_per_second or 0.0 for a in leaks)
-    interval = (min(a.slope_bytes_per_second_low or rate for a in leaks),
-                max(a.slope_bytes_per_second_high or rate for a in leaks))
-    out = {chip: a if a.verdict is Verdict.LEAK
-           else _joined(a, rate, interval) if _grows_alike(a, rate) else a
-           for chip, a in chips.items()}
-    leaking = [c for c, a in out.items() if a.verdict is Verdict.LEAK]
-    if len(leaking) == len(out):
-        growth = _growth(leaks, rate)
-        return {c: dataclasses.replace(a, reason=f"all {len(out)} chips of {job} grow "
-                                       f"{growth}; {_oom_in(a)}") for c, a in out.items()}
-    return {c: dataclasses.replace(a, reason=f"{a.reason} ({len(leaking)} of {len(out)} chips "
-                                   f"of {job})") if c in leaking else a
-            for c, a in out.items()}
+    leaking = {c for c, a in chips.items() if _pooled_leak(a, rate)}
+    shared = JobLeak(job, leaks, rate, len(leaking), len(chips))
+    return {c: shared.assessment(a) if c in leaking else a for c, a in chips.items()}
+
+
+class JobLeak:
+    """What a job's leaking chips say, lent to each chip whose pooled verdict is leak:
+    ``leaks`` (its chips whose own verdict is leak, at a rate), their median ``rate``, and
+    how many of the job's ``chips`` are ``leaking`` (pooled). What several chips share
+    (the span of the leaks' intervals, their growth) is worked out once, when first used."""
+
+    def __init__(self, job: str, leaks: Sequence[Assessment], rate: float, leaking: int,
+                 chips: int) -> None:
+        self.job, self.leaks, self.rate = job, leaks, rate
+        self.leaking, self.chips = leaking, chips
+        self._interval: tuple[float, float] | None = None
+        self._growth: str | None = None
+
+    def interval(self) -> tuple[float, float]:
+        """The slowest and the fastest of the leaks' intervals: a joined chip's."""
+        if self._interval is None:  # (functools.cached_property locks: slower, per poll)
+            self._interval = (min(b.slope_bytes_per_second_low or self.rate for b in self.leaks),
+                              max(b.slope_bytes_per_second_high or self.rate for b in self.leaks))
+        return self._interval
+
+    def growth(self) -> str:
+        """The leaks' growth as people read it (per step and per hour)."""
+        if self._growth is None:
+            self._growth = _growth(list(self.leaks), self.rate)
+        return self._growth
+
+    def assessment(self, a: Assessment) -> Assessment:
+        """A chip's pooled assessment, its pooled verdict being leak: the job's rate if its
+        own verdict is not leak; the reason says how many of the job's chips leak."""
+        if a.verdict is not Verdict.LEAK:
+            a = _joined(a, self.rate, self.interval())
+        if self.leaking == self.chips:
+            return dataclasses.replace(a, reason=f"all {self.chips} chips of {self.job} grow "
+                                       f"{self.growth()}; {_oom_in(a)}")
+        return dataclasses.replace(
+            a, reason=f"{a.reason} ({self.leaking} of {self.chips} chips of {self.job})")
+
+
+def _evidence(a: Assessment) -> bool:
+    """Whether a chip lends its rate to its job: its own verdict is leak, at a rate."""
+    return a.verdict is Verdict.LEAK and bool(a.slope_bytes_per_second)
+
+
+def _pooled_leak(a: Assessment, rate: float) -> bool:
+    """Whether a chip's pooled verdict is leak, its job's leaking chips growing at ``rate``."""
+    return a.verdict is Verdict.LEAK or _grows_alike(a, rate)
 
 
 def _grows_alike(a: Assessment, rate: float) -> bool:
     """A fitted chip whose growth is significant at 95 % and the size of the job's: its
     interval within twice the job's rate, its own estimate at least half of it."""
+    return _may_join(a) and _joins_at(a, rate)
+
+
+def _may_join(a: Assessment) -> bool:
+    """A fitted chip (not itself a leak) whose growth is significant at 95 %: it joins a
+    leak of its job whose rate is of its size (``_joins_at``)."""
     low, high, own = (a.slope_bytes_per_second_low, a.slope_bytes_per_second_high,
                       a.slope_bytes_per_second)
     return (a.verdict in (Verdict.OK, Verdict.STEP_CHANGE) and low is not None
-            and high is not None and own is not None and low > 0 and low <= 2 * rate
-            and own >= rate / 2
+            and high is not None and own is not None and low > 0
             and a.floor_bytes is not None and a.total_bytes is not None
             and a.window_start is not None and a.window_seconds is not None)
+
+
+def _joins_at(a: Assessment, rate: float) -> bool:
+    """Whether a chip that may join (``_may_join``) grows at the size of ``rate``: its
+    interval's lower end within twice it, its own estimate at least half of it."""
+    low, own = a.slope_bytes_per_second_low, a.slope_bytes_per_second
+    assert low is not None and own is not None
+    return low <= 2 * rate and own >= rate / 2
 
 
 def _joined(a: Assessment, rate: float, interval: tuple[float, float]) -> Assessment:
@@ -112,3 +164,82 @@ def _oom_in(a: Assessment) -> str:
         return "no OOM forecast"
     hours = (a.predicted_oom_time - a.window_start - a.window_seconds) / 3600
     return f"OOM in {hours:.1f} h"
+
+
+class JobPool:
+    """A job's pooled verdicts, kept as its chips' own assessments change one at a time:
+    what :func:`pool_job` says of them at each moment, decided without building the pooled
+    assessments, which only an alert (its reason and forecast) needs. A replay of a slice
+    of hundreds of chips has tens of thousands of moments; ``pool_job`` at each rebuilt
+    every leaking chip's assessment, chips x moments dataclass copies (most of the replay's
+    time on one slice). Chips are named by their index; the job's chips are those said so
+    far, as ``pool_job`` of the assessments said so far."""
+
+    def __init__(self, job: str) -> None:
+        self.job = job
+        self.chips: dict[int, Assessment] = {}  # each chip's own assessment, first said first
+        self._evidence: dict[int, Assessment] = {}  # own leaks with a rate (``_evidence``)
+        self._rates: list[float] = []  # their rates, sorted: the median is the job's rate
+        self._own_leaks: set[int] = set()
+        self._may_join: dict[int, Assessment] = {}  # ``_may_join``: join at a rate their size
+        self._leaked: set[int] = set()  # chips whose pooled verdict has been leak
+        self._last_rate: float | None = None
+
+    def update(self, chip: int, a: Assessment) -> None:
+        """A chip's own assessment changed."""
+        was = self.chips.get(chip)
+        if was is not None and chip in self._evidence:
+            del self._evidence[chip]
+            self._rates.remove(was.slope_bytes_per_second)  # type: ignore[arg-type]
+        self.chips[chip] = a
+        if _evidence(a):
+            self._evidence[chip] = a
+            bisect.insort(self._rates, a.slope_bytes_per_second or 0.0)
+        if a.verdict is Verdict.LEAK:
+            self._own_leaks.add(chip)
+        else:
+            self._own_leaks.discard(chip)
+        if _may_join(a):
+            self._may_join[chip] = a
+        else:
+            self._may_join.pop(chip, None)
+
+    def rate(self) -> float | None:
+        """The job's rate: the median of its leaking chips' (``pool_job``'s), None if none."""
+        rates, n = self._rates, len(self._rates)
+        if not n:
+            return None
+        return rates[n // 2] if n % 2 else (rates[n // 2 - 1] + rates[n // 2]) / 2
+
+    def leaking(self) -> set[int]:
+        """The chips whose pooled verdict is leak now."""
+        rate = self.rate()
+        if rate is None:
+            return set(self._own_leaks)
+        return self._own_leaks | {c for c, a in self._may_join.items() if _joins_at(a, rate)}
+
+    def first_leaks(self, changed: Sequence[int]) -> list[int]:
+        """The chips whose pooled verdict is leak now and never was before, called after
+        each moment's changes (``changed``: the chips set since the last call). A chip's
+        pooled verdict is a function of its own assessment and the job's rate, so only the
+        changed chips can have turned, unless the rate changed."""
+        rate = self.rate()
+        if rate != self._last_rate:
+            self._last_rate = rate
+            candidates: Iterable[int] = itertools.chain(self._own_leaks, self._may_join)
+        else:
+            candidates = changed
+        new = [c for c in dict.fromkeys(candidates) if c not in self._leaked and (
+            c in self._own_leaks or rate is not None and c in self._may_join
+            and _joins_at(self._may_join[c], rate))]
+        self._leaked.update(new)
+        return new
+
+    def shared(self, leaking: int) -> JobLeak | None:
+        """What the job's leaks lend its chips, ``leaking`` of them (pooled) now; None
+        where no chip leaks at a rate (``pool_job`` then leaves every chip as it is)."""
+        rate = self.rate()
+        if rate is None:
+            return None
+        return JobLeak(self.job, list(self._evidence.values()), rate, leaking,
+                       len(self.chips))

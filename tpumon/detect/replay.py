@@ -14,13 +14,13 @@ import os
 import re
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 
 from tpumon.detect.detector import (Assessment, ChipDetector, DetectorSettings, Verdict,
                                     leak_alert)
-from tpumon.detect.pooling import pool_job
+from tpumon.detect.pooling import JobPool, pool_job
 from tpumon.trace import SeriesColumns, TraceFormatError, read_trace_columns
 
 
@@ -274,44 +274,45 @@ class Pooling:
 def replay_pooling(job: str, logs: Sequence[Said], columns: Sequence[SeriesColumns],
                    timelines: bool = True) -> Pooling:
     """The pooled verdicts and alerts of a job's chips, from their detectors' logs; the
-    verdicts only with ``timelines`` (``tpumon report`` draws them, ``analyze`` does not)."""
+    verdicts only with ``timelines`` (``tpumon report`` draws them, ``analyze`` does not).
+
+    The pooled verdicts change only at the moments one chip's own assessment changed, so
+    the job's pool (:class:`JobPool`) is told each change in time order: what the agent's
+    pooling at each poll would have said. Verdicts are decided at every moment; a chip's
+    pooled assessment is built once, when its alert fires (on a slice of hundreds of
+    chips, building them all at every moment cost more than replaying the chips)."""
     out = Pooling([[] for _ in logs], {})
-    for moment, pooled in pooled_moments(job, logs, leaking_only=not timelines):
-        if not timelines and len(out.alerts) == len(logs):
-            break  # every chip has its alert: nothing later changes what is returned
-        for name, a in pooled.items():
-            i = int(name)
-            if timelines:
-                out.verdicts[i].append((moment, a.verdict.value))
-            if a.verdict is Verdict.LEAK and i not in out.alerts:
-                c = columns[i]
-                at = max(int(np.searchsorted(c.times, moment, side="right")) - 1, 0)
-                out.alerts[i] = leak_alert(moment, float(c.steps[at]), a)
+    pool = JobPool(job)
+    events = sorted(((t, i, a) for i, log in enumerate(logs) for t, _, a in log),
+                    key=lambda e: (e[0], e[1]))
+    for moment, group in itertools.groupby(events, key=lambda e: e[0]):
+        changed = []
+        for _, i, a in group:
+            pool.update(i, a)
+            changed.append(i)
+        if timelines:
+            leaking = pool.leaking()
+            for i, a in pool.chips.items():
+                out.verdicts[i].append(
+                    (moment, Verdict.LEAK.value if i in leaking else a.verdict.value))
+        first = pool.first_leaks(changed)
+        if first:
+            _alert(out.alerts, moment, first, pool, columns)
+            if not timelines and len(out.alerts) == len(logs):
+                break  # every chip has its alert: nothing later changes what is returned
     return out
 
 
-def pooled_moments(job: str, logs: Sequence[Said], leaking_only: bool = False) -> Iterator[
-        tuple[float, dict[str, Assessment]]]:
-    """Every chip's pooled assessment (chips named by their index in ``logs``, each a
-    detector's log) at every moment one chip's own assessment changed: the pooled verdicts
-    change only then, so this is what the agent's pooling at each poll would have said.
-    With ``leaking_only``, only the moments when some chip's own verdict is ``leak`` (no
-    other moment has a pooled leak): a slice of hundreds of chips has tens of thousands of
-    moments, and copying its assessments at each cost more than replaying them."""
-    events = sorted(((t, i, a) for i, log in enumerate(logs) for t, _, a in log),
-                    key=lambda e: (e[0], e[1]))
-    current: dict[str, Assessment] = {}
-    leaking = 0  # chips whose own verdict in ``current`` is leak, counted as they change
-    for moment, group in itertools.groupby(events, key=lambda e: e[0]):
-        for _, i, a in group:
-            was = current.get(str(i))
-            leaking += (a.verdict is Verdict.LEAK) - (was is not None and
-                                                      was.verdict is Verdict.LEAK)
-            current[str(i)] = a
-        if leaking:
-            yield moment, pool_job(job, current)
-        elif not leaking_only:
-            yield moment, dict(current)
+def _alert(alerts: dict[int, dict], moment: float, chips: list[int], pool: JobPool,
+           columns: Sequence[SeriesColumns]) -> None:
+    """The alerts of ``chips``, whose pooled verdict turned leak at ``moment``."""
+    shared = pool.shared(len(pool.leaking()))
+    for i in chips:
+        c = columns[i]
+        at = max(int(np.searchsorted(c.times, moment, side="right")) - 1, 0)
+        a = pool.chips[i]
+        alerts[i] = leak_alert(moment, float(c.steps[at]),
+                               a if shared is None else shared.assessment(a))
 
 
 #: A slice's hosts are named ``PREFIX-w-N``: the chips of a slice run one job.
