@@ -11,23 +11,13 @@ import sys
 
 import pytest
 
+from test_analyze import SLICE, slice_dir  # noqa: F401 - the fixture: a two-host slice
 from test_store import record_all
 from tools import clean_env
 from tpumon.sim.tracegen import generate_trace
-from tpumon.trace import write_trace
+from tpumon.trace import read_trace_columns
 
 TPUMON = [sys.executable, "-m", "tpumon"]
-
-
-@pytest.fixture(scope="module")
-def slice_dir(tmp_path_factory):
-    """A two-host slice recorded one file per host."""
-    directory = tmp_path_factory.mktemp("slice")
-    for worker, scenario in ((0, "linear-leak"), (1, "healthy")):
-        rows = generate_trace(scenario, duration_s=6 * 3600, poll_interval_s=10, chips=2,
-                              seed=3 + worker, host=f"t1v-n-progress-w-{worker}")
-        write_trace(rows, directory / f"w{worker}.csv")
-    return directory
 
 
 def on_a_terminal(*args: str, stdout=None) -> tuple[int, str]:
@@ -56,10 +46,15 @@ def piped(*args: str) -> subprocess.CompletedProcess:
                           env=clean_env())
 
 
+def samples(*traces) -> int:
+    return sum(len(c.times) for t in traces for c in read_trace_columns(str(t)).values())
+
+
 def test_analyze_shows_reading_and_replaying(slice_dir):
     status, drawn = on_a_terminal("analyze", str(slice_dir))
     assert status == 0, drawn
-    assert "reading 2 trace files" in drawn and "replaying 8,640 samples" in drawn, drawn
+    replaying = f"replaying {samples(*sorted(slice_dir.glob('*.csv'))):,} samples"
+    assert "reading 2 trace files" in drawn and replaying in drawn, drawn
     assert "tpumon analyze (times UTC)" in drawn  # the table, after the bars
     quiet = piped("analyze", str(slice_dir))
     assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr
@@ -70,12 +65,13 @@ def test_report_shows_replaying_and_drawing(slice_dir, tmp_path):
     trace = next(slice_dir.glob("w0.csv"))
     status, drawn = on_a_terminal("report", str(trace), "-o", str(tmp_path / "t"))
     assert status == 0, drawn
-    assert "replaying 4,320 samples" in drawn and "drawing 1 host report" in drawn, drawn
-    assert str(tmp_path / "t" / "tpumon-report-t1v-n-progress-w-0.html") in drawn
+    assert f"replaying {samples(trace):,} samples" in drawn, drawn
+    assert "drawing 1 host report" in drawn, drawn
+    assert str(tmp_path / "t" / f"tpumon-report-{SLICE}-w-0.html") in drawn
     quiet = piped("report", str(trace), "-o", str(tmp_path / "p"))
     assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr
     assert sorted(os.path.basename(p) for p in quiet.stdout.split()) == [
-        "tpumon-report-t1v-n-progress-w-0.html", "tpumon-report-t1v-n-progress-w-0.png"]
+        f"tpumon-report-{SLICE}-w-0.html", f"tpumon-report-{SLICE}-w-0.png"]
 
 
 def test_export_counts_its_rows_and_leaves_stdout_to_the_trace(tmp_path):
