@@ -78,7 +78,7 @@ def scan(times: Sequence[float], steps: Sequence[float], floors: Sequence[float]
         shift = sorted(f[c:c + k])[1] - sorted(f[lo:c])[1]
         if abs(shift) <= threshold:
             c += 1
-        elif _is_jump(f, c, k, e, shift, lo):
+        elif _is_jump(f, c, e, shift, lo, c + k):
             found.append(Jump(float(times[c]), float(steps[c]), shift))
             last = c
             c += e
@@ -118,34 +118,28 @@ def _burst(f: list[float], c2: int, k: int, e: int, threshold: float,
         return None
     sign = 1.0 if step2 > 0 else -1.0
     right = _second_lowest(f[c2:c2 + k])
-    right_rise = min(f[c2 + k - e:c2 + k]) - min(f[c2:c2 + e])
     for c in range(max(c2 - k, last + e, e), c2 - 2 * e + 1):
         lo = max(c - k, last, 0)
         middle = _second_lowest(f[c:c2])
         first, second = middle - _second_lowest(f[lo:c]), right - middle
         if sign * first <= threshold or sign * second <= threshold:
             continue
-        before = min(f[c - e:c])
-        step = min(f[c:c + e]) - before
-        left_rise = before - min(f[lo:lo + e])
-        plateau_rise = min(f[c2 - e:c2]) - min(f[c:c + e])
-        if sign * step >= 0.6 * abs(first) and sign * step2 >= 0.6 * abs(second) \
-                and abs(left_rise) <= 0.3 * abs(first) \
-                and abs(plateau_rise) <= 0.3 * min(abs(first), abs(second)) \
-                and abs(right_rise) <= 0.3 * abs(second):
+        # each stair a single jump, the plateau between them the right side of the first
+        # and the left side of the second
+        if _is_jump(f, c, e, first, lo, c2) and _is_jump(f, c2, e, second, c, c2 + k):
             return c, first, second
     return None
 
 
-def _is_jump(f: list[float], c: int, k: int, e: int, shift: float, lo: int) -> bool:
+def _is_jump(f: list[float], c: int, e: int, shift: float, lo: int, hi: int) -> bool:
     """The level, moving by ``shift`` at boundary ``c``, does so in one step and is level
-    on both sides (the left one from ``lo``); the size test, which rules out most
-    boundaries, is the caller's."""
+    on both sides: from ``lo`` to ``c`` and from ``c`` to ``hi``; the size test, which
+    rules out most boundaries, is the caller's."""
     size = abs(shift)
     before = min(f[c - e:c])
     step_up = min(f[c:c + e]) - before
     left_rise = before - min(f[lo:lo + e])
-    right_rise = min(f[c + k - e:c + k]) - min(f[c:c + e])
+    right_rise = min(f[hi - e:hi]) - min(f[c:c + e])
     return (abs(step_up) >= 0.6 * size and step_up * shift > 0
             and abs(left_rise) <= 0.3 * size and abs(right_rise) <= 0.3 * size)
 
