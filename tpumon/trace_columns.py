@@ -142,21 +142,21 @@ def _read_csv(file: BinaryIO) -> pa.Table:
     import pyarrow as pa
     import pyarrow.csv as pcsv
 
+    from tpumon.trace import MAX_LINE_CHARS
+
     schema = arrow_schema()
     types = {field.name: field.type for field in schema}
     types.update(host=pa.dictionary(pa.int32(), pa.string()),
                  chip=pa.dictionary(pa.int32(), pa.string()))  # a few names, many rows
-    # blocks of 16 MiB, not pyarrow's 1 MiB: a few chunks per column, so the per-chunk
-    # dictionaries of names unify and the columns join in a fraction of the time
     convert = pcsv.ConvertOptions(column_types=types, null_values=[""],
                                   strings_can_be_null=False, quoted_strings_can_be_null=False)
-    # the C library's allocator, not pyarrow's default (mimalloc): on this project's VM,
-    # mimalloc's handling of the parse's short-lived blocks cost 0.5-0.8 s more of kernel
-    # time on an 8M-row file (bench/analyze_speed.py)
-    from tpumon.trace import MAX_LINE_CHARS
-
     bounded = ShortLines(file, MAX_LINE_CHARS)
     try:
+        # blocks of 16 MiB, not pyarrow's 1 MiB: a few chunks per column, so the per-chunk
+        # dictionaries of names unify and the columns join in a fraction of the time; the C
+        # library's allocator, not pyarrow's default (mimalloc): on this project's VM,
+        # mimalloc's handling of the parse's short-lived blocks cost 0.5-0.8 s more of
+        # kernel time on an 8M-row file (bench/analyze_speed.py)
         table = pcsv.read_csv(bounded, read_options=pcsv.ReadOptions(block_size=_BLOCK_BYTES),
                               convert_options=convert, memory_pool=pa.system_memory_pool())
     finally:
