@@ -70,13 +70,17 @@ class FakeRuntime(pb_grpc.RuntimeMetricServiceServicer):
 
 
 class RuntimeServer:
-    """Owns a grpc.Server for a FakeRuntime; ``port=0`` picks a free port."""
+    """Owns a grpc.Server for a FakeRuntime; ``port=0`` picks a free port. ``local``: with
+    gRPC's local credentials, as tpu-info's client dials libtpu."""
 
-    def __init__(self, runtime: FakeRuntime, port: int = 0) -> None:
+    def __init__(self, runtime: FakeRuntime, port: int = 0, local: bool = False) -> None:
         self.runtime = runtime
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
         pb_grpc.add_RuntimeMetricServiceServicer_to_server(runtime, self.server)
-        self.port = self.server.add_insecure_port(f"127.0.0.1:{port}")
+        address = f"127.0.0.1:{port}"
+        self.port = self.server.add_secure_port(
+            address, grpc.local_server_credentials(grpc.LocalConnectionType.LOCAL_TCP)) \
+            if local else self.server.add_insecure_port(address)
         assert self.port, f"could not bind 127.0.0.1:{port}"
         self.server.start()
 

@@ -27,12 +27,12 @@ import re
 from dataclasses import dataclass
 from typing import Callable, Mapping, TypeVar
 
-import grpc
 from google.protobuf.message import Message
 
 from tpumon.config import Config
 from tpumon.podresources import api_pb2 as pb
 from tpumon.sources.chips import ChipInventory, _vfio_chip_index
+from tpumon.sources.grpc_unary import CallFailed, Endpoint, UnaryClient
 from tpumon.sources.health import SourceTracker, SourceUnavailable
 
 log = logging.getLogger("tpumon.sources.pod_resources")
@@ -108,7 +108,7 @@ class PodResourcesSource:
         self._timeout = timeout
         self._resource = resource_name
         self._vfio_index = vfio_index
-        self._channel: grpc.Channel | None = None
+        self._client: UnaryClient | None = None
         self._allocatable_unimplemented = False
         self._unmapped: tuple[str, ...] = ()
 
@@ -131,28 +131,22 @@ class PodResourcesSource:
         return answer
 
     def close(self) -> None:
-        if self._channel is not None:
-            self._channel.close()
-            self._channel = None
+        if self._client is not None:
+            self._client.close()
+            self._client = None
 
     def _call(self, method: str, request: Message, reply: type[Reply]) -> Reply | None:
         """The kubelet's reply; None when it does not implement the method."""
-        if self._channel is None:
-            self._channel = grpc.insecure_channel(
-                f"unix://{self.socket_path}",
-                options=[("grpc.max_receive_message_length", MAX_REPLY_BYTES)])
-        call = self._channel.unary_unary(method, request_serializer=_serialize,
-                                         response_deserializer=reply.FromString)
+        if self._client is None:
+            self._client = UnaryClient(max_reply_bytes=MAX_REPLY_BYTES)
         try:
-            answer = call(request, timeout=self._timeout)
-        except grpc.RpcError as exc:
-            code = exc.code() if isinstance(exc, grpc.Call) else None
-            if code is grpc.StatusCode.UNIMPLEMENTED:
+            return self._client.call(Endpoint(path=self.socket_path), method, request, reply,
+                                     self._timeout)
+        except CallFailed as exc:
+            if exc.status == "UNIMPLEMENTED":
                 return None
             raise SourceUnavailable(f"kubelet pod-resources at {self.socket_path}: "
-                                    f"{getattr(code, 'name', 'error')}") from exc
-        assert isinstance(answer, reply)
-        return answer
+                                    f"{exc.status}") from exc
 
     def _allocatable_ids(self) -> list[str]:
         """Every TPU device id of the node (GetAllocatableResources, kubelet >= 1.23), so
@@ -189,10 +183,6 @@ class PodResourcesSource:
                         for device_id in d.device_ids:
                             place(device_id, p.name, p.namespace, c.name)
         return PodAssignment(chips, tuple(unmapped))
-
-
-def _serialize(message: Message) -> bytes:
-    return message.SerializeToString()
 
 
 def open_pod_resources(config: Config, simulate: bool,

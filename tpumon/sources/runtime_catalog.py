@@ -19,7 +19,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from tpu_info.metrics import MetricName
+from tpumon.sources.runtime_names import MetricName
 from tpu_info.proto import tpu_metric_service_pb2 as pb
 
 from tpumon.samples import Histogram

@@ -7,8 +7,10 @@ sturdier than ``tpu_info.metrics.get_chip_usage``, which an agent cannot afford:
 * every call has a deadline, so a hung runtime costs one ``timeout`` per poll, never a hang;
 * every port in TPU_RUNTIME_METRICS_PORTS is asked (PyTorch/XLA multiprocess runs serve
   8431-8434, one process each), all calls in flight at once;
-* one channel per port lives as long as the source; gRPC reconnects it by itself (with a
-  short back-off) when the next job starts, so "no runtime between jobs" heals unaided;
+* one connection per port lives as long as the source and is dialled again at the next
+  poll after it failed, so "no runtime between jobs" heals unaided when the next job starts;
+* the calls go through :mod:`tpumon.sources.grpc_unary` (grpclib, no threads) rather than
+  grpcio: the same wire protocol at ~11 MiB less RSS and less CPU (docs/benchmarks.md);
 * answers are matched by device id, not list position, and a partial answer (fewer devices
   than chips, or a metric missing for one chip) is handled chip by chip;
 * each port is asked which metrics it serves (``ListSupportedMetrics``) when it first
@@ -19,23 +21,22 @@ sturdier than ``tpu_info.metrics.get_chip_usage``, which an agent cannot afford:
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import re
 import time
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-import grpc
-from tpu_info.metrics import MetricName
 from tpu_info.proto import tpu_metric_service_pb2 as pb
-from tpu_info.proto import tpu_metric_service_pb2_grpc as pb_grpc
 
 from tpumon.samples import ChipSample, Histogram, RuntimeReading, RuntimeSeries, chip_sort_key
 from tpumon.sources.runtime_catalog import BY_RUNTIME_NAME, MetricSpec, entry_key, \
     gauge_value, histogram_of
 from tpumon.sources.chips import ChipInventory
+from tpumon.sources.grpc_unary import Call, CallFailed, Endpoint, UnaryClient
 from tpumon.sources.health import SourceUnavailable
+from tpumon.sources.runtime_names import GET_RUNTIME_METRIC, LIST_SUPPORTED_METRICS, \
+    MetricName
 
 log = logging.getLogger("tpumon.sources.tpu_runtime")
 
@@ -43,19 +44,6 @@ USAGE = MetricName.MEMORY_USAGE.value
 TOTAL = MetricName.TOTAL_MEMORY.value
 DUTY_CYCLE = MetricName.DUTY_CYCLE_PCT.value
 METRICS = (USAGE, TOTAL, DUTY_CYCLE)
-
-# gRPC's default reconnect back-off grows to 120 s: a new job would go unseen for minutes.
-CHANNEL_OPTIONS = (
-    ("grpc.initial_reconnect_backoff_ms", 250),
-    ("grpc.min_reconnect_backoff_ms", 250),
-    ("grpc.max_reconnect_backoff_ms", 2000),
-    ("grpc.enable_retries", 0),
-    # Bandwidth probing pings the peer to size HTTP/2 windows for bulk transfers; for a
-    # few hundred bytes a second on loopback it is pure cost (~0.8 ms of CPU a second at
-    # one call a second, bench/overhead.py).
-    ("grpc.http2.bdp_probe", 0),
-)
-
 
 # one readable entry of a catalogue metric: its spec, label values, gauge value or histogram
 _Entry = tuple[MetricSpec, tuple[str, ...], "float | Histogram"]
@@ -111,23 +99,12 @@ def _device_value(metric: pb.Metric) -> DeviceValue | None:
     return DeviceValue(device_id, value) if 0 <= value < 2.0**63 else None
 
 
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
-def _describe(error: grpc.RpcError, target: str, timeout: float) -> str:
-    code = error.code() if hasattr(error, "code") else None
-    if code == grpc.StatusCode.UNAVAILABLE:
+def _describe(failure: CallFailed, target: str, timeout: float) -> str:
+    if failure.status == "UNAVAILABLE":
         return f"no runtime answering on {target}"
-    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+    if failure.status == "DEADLINE_EXCEEDED":
         return f"runtime on {target} did not answer within {timeout:g} s"
-    details = error.details() if hasattr(error, "details") else str(error)
-    return f"runtime on {target}: {code.name if code else 'error'}: {details}"
+    return f"runtime on {target}: {failure.status}: {failure.detail}"
 
 
 @dataclass
@@ -175,24 +152,25 @@ class TpuRuntimeSource:
         self._supported: dict[int, frozenset[str] | None] = {p: None for p in self.ports}
         self._extras: dict[int, dict[str, list[_Entry]]] = {}  # port -> metric -> entries
         self._series: tuple[RuntimeSeries, ...] = ()
-        self._channels = {port: self._channel(port) for port in self.ports}
-        self._stubs = {port: pb_grpc.RuntimeMetricServiceStub(ch)
-                       for port, ch in self._channels.items()}
+        # tpu-info dials libtpu with gRPC's local credentials, which send nothing on the
+        # wire (the connection is checked to be local and is plain HTTP/2): plain HTTP/2
+        # is the same conversation (tested against a server with local credentials).
+        self._client = UnaryClient()
+        self._endpoints = {port: Endpoint(self.address.strip("[]"), port)
+                           for port in self.ports}
 
     def target(self, port: int) -> str:
         host = f"[{self.address}]" if ":" in self.address else self.address
         return f"{host}:{port}"
 
-    def _channel(self, port: int) -> grpc.Channel:
-        # tpu-info talks to libtpu with local credentials; they only work on loopback.
-        if _is_loopback(self.address):
-            creds = grpc.local_channel_credentials(grpc.LocalConnectionType.LOCAL_TCP)
-            return grpc.secure_channel(self.target(port), creds, options=CHANNEL_OPTIONS)
-        return grpc.insecure_channel(self.target(port), options=CHANNEL_OPTIONS)
-
     def close(self) -> None:
-        for channel in self._channels.values():
-            channel.close()
+        self._client.close()
+
+    def _get(self, port: int, name: str, timeout: float) -> pb.MetricResponse:
+        """One metric from one port, or :class:`CallFailed`."""
+        return self._client.call(self._endpoints[port], GET_RUNTIME_METRIC,
+                                 pb.MetricRequest(metric_name=name), pb.MetricResponse,
+                                 timeout)
 
     def poll(self) -> RuntimeReading:
         """One reading of every chip; raises SourceUnavailable when no port answers."""
@@ -236,10 +214,12 @@ class TpuRuntimeSource:
             if not up or self._supported[port] is not None:
                 continue
             try:
-                answer = self._stubs[port].ListSupportedMetrics(
-                    pb.ListSupportedMetricsRequest(), timeout=self.timeout)
-            except grpc.RpcError as exc:
-                if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                answer = self._client.call(
+                    self._endpoints[port], LIST_SUPPORTED_METRICS,
+                    pb.ListSupportedMetricsRequest(), pb.ListSupportedMetricsResponse,
+                    self.timeout)
+            except CallFailed as exc:
+                if exc.status == "UNIMPLEMENTED":
                     self._supported[port] = frozenset(METRICS)
                 else:
                     log.info("ListSupportedMetrics: %s", _describe(exc, self.target(port),
@@ -266,11 +246,9 @@ class TpuRuntimeSource:
             entries = self._extras.setdefault(port, {})
             for name in names:
                 try:
-                    response = self._stubs[port].GetRuntimeMetric(
-                        pb.MetricRequest(metric_name=name),
-                        timeout=max(deadline - time.monotonic(), 0.001))
-                except grpc.RpcError as exc:
-                    if exc.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNIMPLEMENTED):
+                    response = self._get(port, name, max(deadline - time.monotonic(), 0.001))
+                except CallFailed as exc:
+                    if exc.status in ("NOT_FOUND", "UNIMPLEMENTED"):
                         self._supported[port] = (self._supported[port] or frozenset()) - {name}
                         entries.pop(name, None)
                         continue
@@ -351,16 +329,16 @@ class TpuRuntimeSource:
 
     def _call_all(self, calls: list[tuple[int, str]]) -> list[pb.MetricResponse | str]:
         """Each call's response, or the error text for its port. Calls on one port are made
-        one after the other, blocking, within one deadline (after a failure the rest of the
-        port's calls are not made); several ports are asked at once with futures, which
-        start gRPC's channel-spin thread (a thread start per poll, ~0.3 ms)."""
+        one after the other within one deadline (after a failure the rest of the port's
+        calls are not made); several ports are asked all at once."""
         if len({port for port, _ in calls}) == 1:
             return self._call_in_turn(calls)
-        futures = [self._stubs[port].GetRuntimeMetric.future(
-                       pb.MetricRequest(metric_name=name), timeout=self.timeout)
-                   for port, name in calls]
-        return [self._collect(port, future)
-                for (port, _), future in zip(calls, futures, strict=True)]
+        outcomes = self._client.call_all(
+            [Call(self._endpoints[port], GET_RUNTIME_METRIC, pb.MetricRequest(metric_name=name),
+                  pb.MetricResponse) for port, name in calls], self.timeout)
+        return [_describe(o, self.target(port), self.timeout) if isinstance(o, CallFailed)
+                else o
+                for (port, _), o in zip(calls, outcomes, strict=True)]
 
     def _call_in_turn(self, calls: list[tuple[int, str]]) -> list[pb.MetricResponse | str]:
         deadline = time.monotonic() + self.timeout
@@ -370,21 +348,10 @@ class TpuRuntimeSource:
                 out.append(out[-1])  # the port failed: the same error, no second wait
                 continue
             try:
-                out.append(self._stubs[port].GetRuntimeMetric(
-                    pb.MetricRequest(metric_name=name),
-                    timeout=max(deadline - time.monotonic(), 0.001)))
-            except grpc.RpcError as exc:
+                out.append(self._get(port, name, max(deadline - time.monotonic(), 0.001)))
+            except CallFailed as exc:
                 out.append(_describe(exc, self.target(port), self.timeout))
         return out
-
-    def _collect(self, port: int, future: grpc.Future) -> pb.MetricResponse | str:
-        try:
-            return future.result(timeout=self.timeout + 1.0)
-        except grpc.RpcError as exc:
-            return _describe(exc, self.target(port), self.timeout)
-        except grpc.FutureTimeoutError:
-            future.cancel()
-            return f"runtime on {self.target(port)} did not answer within {self.timeout:g} s"
 
     def _merge(self, answers: list[_PortAnswer]) -> dict[str, ChipSample]:
         """Chip name -> sample, across ports.

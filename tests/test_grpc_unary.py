@@ -1,0 +1,224 @@
+"""tpumon's gRPC client (grpclib on a private loop) against real grpcio servers and against
+peers that are not gRPC at all: every outcome is a reply or a CallFailed with a status."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import pytest
+from tpu_info.proto import tpu_metric_service_pb2 as pb
+
+from fake_runtime import FakeRuntime, RuntimeServer, chips_metrics
+from tpumon.sources.grpc_unary import Call, CallFailed, Endpoint, UnaryClient
+from tpumon.sources.runtime_names import GET_RUNTIME_METRIC, LIST_SUPPORTED_METRICS
+from tpumon.sources.tpu_runtime import USAGE
+
+GiB = 2**30
+
+
+def ask(client: UnaryClient, port: int, name: str = USAGE, timeout: float = 2.0):
+    return client.call(Endpoint("127.0.0.1", port), GET_RUNTIME_METRIC,
+                       pb.MetricRequest(metric_name=name), pb.MetricResponse, timeout)
+
+
+@pytest.fixture
+def client():
+    c = UnaryClient()
+    yield c
+    c.close()
+
+
+@pytest.mark.parametrize("local", [False, True], ids=["insecure", "local-credentials"])
+def test_a_grpcio_server_answers_whatever_its_credentials(client, local):
+    """tpu-info dials libtpu with local credentials; they put nothing on the wire."""
+    server = RuntimeServer(FakeRuntime(chips_metrics({0: GiB, 1: 2 * GiB})), local=local)
+    try:
+        reply = ask(client, server.port)
+        assert sorted(m.gauge.as_int for m in reply.metric.metrics) == [GiB, 2 * GiB]
+        server.runtime.supported = [USAGE]
+        listed = client.call(Endpoint("127.0.0.1", server.port), LIST_SUPPORTED_METRICS,
+                             pb.ListSupportedMetricsRequest(),
+                             pb.ListSupportedMetricsResponse, 2.0)
+        assert [m.metric_name for m in listed.supported_metric] == [USAGE]
+    finally:
+        server.stop()
+
+
+def test_a_status_from_the_server_is_its_name_and_message(client):
+    server = RuntimeServer(FakeRuntime({}))
+    try:
+        with pytest.raises(CallFailed) as failed:
+            ask(client, server.port, "no.such.metric")
+        assert failed.value.status == "NOT_FOUND" and "no.such.metric" in failed.value.detail
+        assert len({*server.runtime.peers}) == 1
+    finally:
+        server.stop()
+
+
+def test_nothing_listening_is_unavailable_at_once_and_the_next_call_dials_again(client):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    started = time.monotonic()
+    with pytest.raises(CallFailed) as failed:
+        ask(client, port)
+    assert failed.value.status == "UNAVAILABLE" and time.monotonic() - started < 1.0
+    server = RuntimeServer(FakeRuntime(chips_metrics({0: GiB})), port=port)
+    try:
+        assert ask(client, port).metric.metrics[0].gauge.as_int == GiB
+    finally:
+        server.stop()
+
+
+def test_a_server_restart_is_one_failed_call_at_most(client):
+    server = RuntimeServer(FakeRuntime(chips_metrics({0: GiB})))
+    port = server.port
+    ask(client, port)
+    server.stop()
+    server = RuntimeServer(FakeRuntime(chips_metrics({0: 3 * GiB})), port=port)
+    try:
+        outcomes = []
+        for _ in range(2):
+            try:
+                outcomes.append(ask(client, port).metric.metrics[0].gauge.as_int)
+            except CallFailed as exc:
+                outcomes.append(exc.status)
+        assert outcomes[-1] == 3 * GiB and outcomes[0] in (3 * GiB, "UNAVAILABLE")
+    finally:
+        server.stop()
+
+
+class Padded(FakeRuntime):
+    """Answers with ``pad`` bytes of description around the usual reply."""
+
+    pad = 0
+
+    def GetRuntimeMetric(self, request, context):
+        reply = super().GetRuntimeMetric(request, context)
+        reply.metric.description = "x" * self.pad
+        return reply
+
+
+def test_a_reply_over_the_limit_is_refused_before_it_is_read():
+    runtime = Padded(chips_metrics({0: GiB}))
+    server = RuntimeServer(runtime)
+    small = UnaryClient(max_reply_bytes=1 << 20)
+    try:
+        runtime.pad = (1 << 20) - 100
+        assert ask(small, server.port).metric.metrics[0].gauge.as_int == GiB  # within
+        runtime.pad = 5 << 20
+        with pytest.raises(CallFailed) as failed:
+            ask(small, server.port)
+        assert failed.value.status == "RESOURCE_EXHAUSTED"
+        assert "5.0 MiB" in failed.value.detail  # the announced length, never read
+        runtime.pad = 0
+        assert ask(small, server.port).metric.metrics[0].gauge.as_int == GiB  # afresh
+    finally:
+        small.close()
+        server.stop()
+
+
+class Peer:
+    """A TCP listener on loopback that does ``behave(conn)`` with each connection."""
+
+    def __init__(self, behave) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen()
+        self.port = self.sock.getsockname()[1]
+        self.conns: list[socket.socket] = []
+        self._behave = behave
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.conns.append(conn)
+            try:
+                self._behave(conn)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        self.sock.close()
+        for conn in self.conns:
+            conn.close()
+
+
+# grpclib closes a connection that breaks HTTP/2 without waking the call waiting on it:
+# such a call ends at its deadline, and its connection is dialled afresh next time.
+BROKEN = {"UNKNOWN", "UNAVAILABLE", "DEADLINE_EXCEEDED"}
+
+
+@pytest.mark.parametrize("behave, statuses", [
+    (lambda conn: None, {"DEADLINE_EXCEEDED"}),  # accepts, never answers
+    (lambda conn: conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n" * 100), BROKEN),
+    (lambda conn: conn.sendall(bytes(range(256)) * 64), BROKEN),
+    (lambda conn: conn.close(), {"UNAVAILABLE", "UNKNOWN"}),
+], ids=["silent", "http1", "garbage", "hang-up"])
+def test_a_peer_that_is_not_grpc_is_a_status_within_the_deadline(client, behave, statuses):
+    peer = Peer(behave)
+    try:
+        for _ in range(2):  # and again, on whatever connection is left
+            started = time.monotonic()
+            with pytest.raises(CallFailed) as failed:
+                ask(client, peer.port, timeout=0.5)
+            assert failed.value.status in statuses
+            assert time.monotonic() - started < 1.5
+    finally:
+        peer.close()
+
+
+def test_calls_to_several_endpoints_run_at_once_and_fail_alone(client):
+    slow = FakeRuntime(chips_metrics({0: GiB}))
+    slow.delay = 0.4
+    servers = [RuntimeServer(slow), RuntimeServer(FakeRuntime(chips_metrics({1: 2 * GiB})))]
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        dead = probe.getsockname()[1]
+    try:
+        calls = [Call(Endpoint("127.0.0.1", port), GET_RUNTIME_METRIC,
+                      pb.MetricRequest(metric_name=USAGE), pb.MetricResponse)
+                 for port in (servers[0].port, servers[0].port, servers[1].port, dead)]
+        started = time.monotonic()
+        outcomes = client.call_all(calls, timeout=2.0)
+        assert time.monotonic() - started < 0.8  # the two slow calls overlapped
+        assert [o.metric.metrics[0].gauge.as_int for o in outcomes[:3]] == [GiB, GiB, 2 * GiB]
+        assert isinstance(outcomes[3], CallFailed) and outcomes[3].status == "UNAVAILABLE"
+    finally:
+        for server in servers:
+            server.stop()
+
+
+def test_a_unix_socket_endpoint(tmp_path):
+    import grpc
+    from concurrent import futures
+    from tpu_info.proto import tpu_metric_service_pb2_grpc as pb_grpc
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    pb_grpc.add_RuntimeMetricServiceServicer_to_server(
+        FakeRuntime(chips_metrics({0: GiB})), server)
+    path = tmp_path / "kubelet.sock"
+    server.add_insecure_port(f"unix://{path}")
+    server.start()
+    client = UnaryClient()
+    try:
+        reply = client.call(Endpoint(path=str(path)), GET_RUNTIME_METRIC,
+                            pb.MetricRequest(metric_name=USAGE), pb.MetricResponse, 2.0)
+        assert reply.metric.metrics[0].gauge.as_int == GiB
+    finally:
+        client.close()
+        server.stop(None).wait(5)
+
+
+def test_a_closed_client_fails_its_calls_instead_of_raising_another_error():
+    client = UnaryClient()
+    client.close()
+    client.close()  # twice is harmless
+    with pytest.raises(CallFailed) as failed:
+        ask(client, 1)
+    assert failed.value.status == "CANCELLED"
