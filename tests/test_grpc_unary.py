@@ -150,6 +150,21 @@ class Peer:
             conn.close()
 
 
+def continuation_flood(conn: socket.socket) -> None:
+    """Answers the call with a header block that never ends (HTTP/2 CONTINUATION frames)."""
+    from hyperframe.frame import ContinuationFrame, HeadersFrame, SettingsFrame
+    conn.recv(65536)
+    conn.sendall(SettingsFrame(0).serialize())
+    headers = HeadersFrame(1)
+    headers.data = b"\x88"  # ":status: 200", without END_HEADERS
+    conn.sendall(headers.serialize())
+    more = ContinuationFrame(1)
+    more.data = b"\x00" * 16000
+    frame = more.serialize()
+    for _ in range(100_000):  # 1.6 GB unless the client hangs up first
+        conn.sendall(frame)
+
+
 # grpclib closes a connection that breaks HTTP/2 without waking the call waiting on it:
 # such a call ends at its deadline, and its connection is dialled afresh next time.
 BROKEN = {"UNKNOWN", "UNAVAILABLE", "DEADLINE_EXCEEDED"}
@@ -160,7 +175,8 @@ BROKEN = {"UNKNOWN", "UNAVAILABLE", "DEADLINE_EXCEEDED"}
     (lambda conn: conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n" * 100), BROKEN),
     (lambda conn: conn.sendall(bytes(range(256)) * 64), BROKEN),
     (lambda conn: conn.close(), {"UNAVAILABLE", "UNKNOWN"}),
-], ids=["silent", "http1", "garbage", "hang-up"])
+    (continuation_flood, {"UNAVAILABLE", "UNKNOWN"}),
+], ids=["silent", "http1", "garbage", "hang-up", "endless-headers"])
 def test_a_peer_that_is_not_grpc_is_a_status_within_the_deadline(client, behave, statuses):
     peer = Peer(behave)
     try:
