@@ -79,6 +79,24 @@ def test_dropped_samples_and_a_poll_gap_are_not_restarts():
     assert d.restarts == 0 and no_alert(d)
 
 
+def test_a_gap_after_a_bucket_that_reads_high_is_not_a_restart():
+    """The bucket that a poll gap cuts short holds a poll or two; when they all fall at the
+    step's peak its floor reads high by the whole in-step transient. The floor after the
+    gap, back where memory always was, is no drop against the job's level: the job goes on
+    (it was restarted, losing its warm-up and evidence)."""
+    width, poll, floor, peak = 180.0, 30.0, 20 * GB, 4 * GB
+    t = np.arange(T0, T0 + 6 * 3600, poll)
+    u = np.where(np.arange(len(t)) % 2 == 0, floor, floor + peak)  # every other poll at the floor
+    cut = math.floor((T0 + 3 * 3600) / width) * width  # a bucket three hours in
+    short = (t >= cut) & (t < cut + 60)  # its first minute's polls, all at the peak
+    u[short] = floor + peak
+    keep = ~((t >= cut + 60) & (t < cut + width + 120))  # then nothing for four minutes
+    t, u = t[keep], u[keep]
+    d = run((t, np.full(len(t), math.nan), u, np.full(len(t), 32 * GB)))
+    assert d.restarts == 0 and no_alert(d)
+    assert d.assessment.job_start == d.job.start < T0 + 3600
+
+
 def test_job_restart_is_a_new_job_not_a_leak_or_a_cure():
     arrays, workload = scenario_series("job-restart", 20, seed=0)
     assert len(workload.jobs) == 2

@@ -146,7 +146,8 @@ class _Job:
     growing: bool = False
     slope: float = 0.0  # continuous trend (bytes/s) at the last fit: jumps are found around it
     leaking: bool = False
-    last_floor: float | None = None
+    # the last few floors (one envelope): a restart is a floor far below all of them
+    last_floors: list[float] = field(default_factory=list)
     last_step: float = math.nan
     jump_times: np.ndarray = field(default_factory=lambda: np.empty(0))  # of ``jumps``
     jump_levels: np.ndarray = field(  # 0, then the cumulative sizes of ``jumps``
@@ -399,7 +400,8 @@ class ChipDetector:
                 self.restarts += 1
             job = self._job = _Job(start=b.start)
         self._after_break = False
-        job.last_floor = b.floor
+        job.last_floors.append(b.floor)
+        del job.last_floors[:-self._envelope]
         if not math.isnan(b.last_step):
             job.last_step = b.last_step
         if job.trend_start is None:
@@ -410,11 +412,16 @@ class ChipDetector:
             self._assess(job, b)  # else, between fits, the last assessment stands
 
     def _is_restart(self, job: _Job, b: _Bucket) -> bool:
-        """A new job: the step went back, or the floor is far below where it was."""
+        """A new job: the step went back, or the floor is far below where it was: below
+        the lower envelope of the last floors, not the last floor alone. The bucket that a
+        poll gap cuts short holds few polls, and its floor reads high (no poll between two
+        steps) by up to the in-step transient, several GiB: against it, the next floor at
+        the level where memory always was looked like a drop, and a gap of a few dropped
+        polls restarted the job (warm-up again, its jumps and evidence lost)."""
         if b.first_step < job.last_step:  # False when either is unknown (NaN)
             return True
         drop = self.settings.restart_drop_fraction * (self.total or 0.0)
-        return job.last_floor is not None and b.floor < job.last_floor - drop
+        return bool(job.last_floors) and b.floor < min(job.last_floors) - drop
 
     def _warm_up(self, job: _Job, b: _Bucket) -> None:
         """Warm-up ends once it lasted ``warmup_seconds`` and the last two floors agree."""
