@@ -356,6 +356,8 @@ def test_one_sample_at_a_time_leaves_the_same_state_as_a_batch(scenario):
     (t, s, u, total), _ = scenario_series(scenario, 8, poll=5, seed=5, drop=0.05)
     s[::7] = math.nan
     t[len(t) // 2:] -= 30.0  # the clock steps back once
+    back = len(s) // 28 * 21 + 2  # three quarters in, a known step after a known one
+    s[back:] -= s[back] - 1.0  # and the step counter goes back: a restart
     whole = run((t, s, u, total))
     one_by_one = ChipDetector()
     for i in range(len(t)):
