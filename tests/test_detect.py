@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tpumon.detect import ChipDetector, DetectorSettings, Verdict
+from tpumon.detect import jumps as level_shifts
 from tpumon.detect.replay import analyze_file, replay_series
 from tpumon.sim.tracegen import generate_trace
 from tpumon.sim.workload import V4_HBM_TOTAL_BYTES, Workload
@@ -286,6 +287,62 @@ def test_an_irregular_staircase_with_stairs_close_together_is_called():
                                         seed=10007005, drop_probability=0.0455,
                                         poll_jitter_s=0.232)
     assert d.assessment.verdict is Verdict.LEAK and lead > 0.3, (lead, d.assessment.reason)
+
+
+def _stairs_and_holds(stairs, holds, hours: float, seed: int):
+    """A flat training series (30 s polls) with permanent stairs (hour, bytes) and buffers
+    held a while (from hour, to hour, bytes)."""
+    t, s, u, total = _synthetic(hours, 30.0, 18 * GB, 0.0, 3 * GB, 0.5, 5e6, 0.0, seed)
+    h = (t - T0) / 3600
+    for at, size in stairs:
+        u = u + size * (h >= at)
+    for start, end, size in holds:
+        u = u + size * ((h >= start) & (h < end))
+    return t, s, u, total
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_staircase_on_a_chip_without_transients_is_called_sooner(seed):
+    """Three stairs of 1.2 GB, 30 s polls: the staircase is called at its third confirmed
+    stair, and a stair was confirmed 96 polls (48 min) after it. On a chip whose floor has
+    never risen and come back, once two stairs have come, the next is confirmed by two
+    envelopes after it (30 min): the call comes before 6.2 h (it came at 6.3-6.4 h)."""
+    d = run(_stairs_and_holds([(1.5, 1.2 * GB), (3.5, 1.2 * GB), (5.5, 1.2 * GB)], [], 7.0,
+                              seed))
+    assert d.alert is not None and "3 jumps" in d.alert["reason"], d.assessment.reason
+    assert d.alert["time"] < T0 + 6.2 * 3600, (d.alert["time"] - T0) / 3600
+
+
+@pytest.mark.parametrize("seed", [1, 4])
+def test_buffers_held_for_40_minutes_after_two_step_changes_are_not_stairs(seed):
+    """Two step changes, and a buffer of 1.5 GB held for 40 minutes every 1.5-2 h (an eval's,
+    a checkpoint's): the chip has shown rises that come back after 13 buckets, so a third
+    rise is confirmed by the full window, which the held buffers do not outlast. (Confirmed
+    by two envelopes whatever the chip showed, they were stairs and paged at 4.8 h.)"""
+    holds = [(start, start + 0.67, 1.5 * GB) for start in (0.8, 2.3, 4.3, 5.8, 7.3)]
+    d = run(_stairs_and_holds([(1.6, 1.2 * GB), (3.4, 1.2 * GB)], holds, 9.0, seed))
+    assert no_alert(d), d.assessment.reason
+    assert all(j.size > 0 for j in d.job.jumps) and len(d.job.jumps) == 2
+
+
+def test_a_cache_filling_after_two_step_changes_is_not_chopped_into_stairs():
+    """Two step changes, then a cache that fills 3 GB with a 15-minute time constant: its
+    steep start, confirmed by two envelopes, passed for a third stair (it stands level
+    over them while the rest of its rise is small against the shift measured from the
+    whole left side) and paged. A rise over the envelope before or after the step as large
+    as a third of the step is a ramp's, and is left to the full confirmation window."""
+    t, s, u, total = _stairs_and_holds([(1.5, 1.2 * GB), (3.0, 1.2 * GB)], [], 10.0, 1)
+    h = (t - T0) / 3600
+    u = u + 3 * GB * np.where(h > 4.5, 1 - np.exp(-(h - 4.5) / 0.25), 0.0)
+    assert no_alert(run((t, s, u, total)))
+
+
+def test_longest_transient_is_a_rise_that_comes_back():
+    """A floor read high once (1), a buffer held for 5 buckets (5), a permanent shift (passed
+    over), and a rise still open at the end (looked at again from its start)."""
+    f = [0.0] * 6 + [9.0] + [0.0] * 4 + [9.0] * 5 + [0.0] * 4 + [20.0] * 30 + [0.0] * 4 + [9.0] * 3
+    longest, resume = level_shifts.longest_transient(f, 0, 2, 5.0, 20)
+    assert longest == 5 and resume == len(f) - 3
 
 
 def test_leak_starting_mid_run_is_found_with_its_own_rate():

@@ -135,6 +135,8 @@ class _Job:
     warm_floors: list[float] = field(default_factory=list)
     jumps: list[Jump] = field(default_factory=list)
     scanned: int = 0  # next boundary (index over all buckets appended) to scan for jumps
+    longest_transient: int = 0  # buckets: the longest rise-and-return of the floor so far
+    transients_scanned: int = 0  # next bucket (index as ``scanned``) to look for one at
     appended: int = 0
     transient: float = 0.0
     sigma: float = 0.0
@@ -462,15 +464,40 @@ class ChipDetector:
             job.scatter = max(job.sigma, floor_noise(recent))
             job.sigma_due = job.appended + 16 * e
         offset = job.appended - len(job.history)  # global index of the oldest kept bucket
+        big = max(self._jump_threshold(job), self._step_change_size())
+        begin = max(job.transients_scanned - e - offset, 0)
+        rows = job.history.recent(len(job.history) - begin)
+        longest, next_local = level_shifts.longest_transient(
+            self._detrended(job, rows), job.transients_scanned - offset - begin, e, big / 2,
+            4 * k)
+        job.transients_scanned = next_local + begin + offset
+        job.longest_transient = max(job.longest_transient, longest)
         begin = max(job.scanned - k - offset, 0)
         rows = job.history.recent(len(job.history) - begin)
         last = int(rows[0].searchsorted(job.jumps[-1].time)) if job.jumps else -1
         found, next_local = level_shifts.scan(rows[0], rows[1], self._detrended(job, rows),
                                               job.scanned - offset - begin, k, e,
                                               self._jump_threshold(job), last,
-                                              self._step_change_size())
+                                              self._step_change_size(), self._early(job))
         job.scanned = next_local + begin + offset
         job.add_jumps(found)
+
+    def _early(self, job: _Job) -> int:
+        """Buckets that confirm a rise of a step change's size on this chip, once a
+        staircase may have begun (at least two such jumps: the next one calls it): twice
+        the chip's longest rise-and-return so far and two more (the level after a shift is
+        the second-lowest floor: two floors back at the old level unmask a transient), at
+        least two envelopes (the step and the level after it are envelopes of their own),
+        at most the full confirmation. A chip whose floor has never risen and come back
+        confirms sooner; one where an eval's buffers stay for twenty minutes waits for
+        forty and more. Before two stairs, the full window: a shorter one finds jumps in a
+        steady leak's scattered floors and takes them out of its trend (tried: linear leaks
+        were called later on every seed of the benchmark)."""
+        k, e = self._confirm, self._envelope
+        least = self._step_change_size()
+        if sum(j.size >= least for j in job.jumps) < self.settings.staircase_min_jumps - 1:
+            return k
+        return min(max(2 * job.longest_transient + 2, 2 * e), k)
 
     @staticmethod
     def _detrended(job: _Job, rows: np.ndarray) -> np.ndarray:
