@@ -464,14 +464,6 @@ class ChipDetector:
             job.scatter = max(job.sigma, floor_noise(recent))
             job.sigma_due = job.appended + 16 * e
         offset = job.appended - len(job.history)  # global index of the oldest kept bucket
-        big = max(self._jump_threshold(job), self._step_change_size())
-        begin = max(job.transients_scanned - e - offset, 0)
-        rows = job.history.recent(len(job.history) - begin)
-        longest, next_local = level_shifts.longest_transient(
-            self._detrended(job, rows), job.transients_scanned - offset - begin, e, big / 2,
-            4 * k)
-        job.transients_scanned = next_local + begin + offset
-        job.longest_transient = max(job.longest_transient, longest)
         begin = max(job.scanned - k - offset, 0)
         rows = job.history.recent(len(job.history) - begin)
         last = int(rows[0].searchsorted(job.jumps[-1].time)) if job.jumps else -1
@@ -481,6 +473,21 @@ class ChipDetector:
                                               self._step_change_size(), self._early(job))
         job.scanned = next_local + begin + offset
         job.add_jumps(found)
+
+    def _update_transients(self, job: _Job) -> None:
+        """Look for rises-and-returns in the floors since the last look: only on a chip
+        where a staircase may have begun (``_early``), the first time over the whole
+        history kept, so a chip without stairs costs nothing."""
+        k, e = self._confirm, self._envelope
+        offset = job.appended - len(job.history)
+        big = max(self._jump_threshold(job), self._step_change_size())
+        begin = max(job.transients_scanned - e - offset, 0)
+        rows = job.history.recent(len(job.history) - begin)
+        longest, next_local = level_shifts.longest_transient(
+            self._detrended(job, rows), job.transients_scanned - offset - begin, e, big / 2,
+            4 * k)
+        job.transients_scanned = next_local + begin + offset
+        job.longest_transient = max(job.longest_transient, longest)
 
     def _early(self, job: _Job) -> int:
         """Buckets that confirm a rise of a step change's size on this chip, once a
@@ -492,11 +499,13 @@ class ChipDetector:
         confirms sooner; one where an eval's buffers stay for twenty minutes waits for
         forty and more. Before two stairs, the full window: a shorter one finds jumps in a
         steady leak's scattered floors and takes them out of its trend (tried: linear leaks
-        were called later on every seed of the benchmark)."""
+        were called later on every seed of the benchmark). Brings the chip's longest
+        rise-and-return up to date when it is needed."""
         k, e = self._confirm, self._envelope
         least = self._step_change_size()
         if sum(j.size >= least for j in job.jumps) < self.settings.staircase_min_jumps - 1:
             return k
+        self._update_transients(job)
         return min(max(2 * job.longest_transient + 2, 2 * e), k)
 
     @staticmethod
