@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tpumon.detect import ChipDetector, DetectorSettings, Verdict
+from tpumon.detect import jumps as level_shifts
 from tpumon.detect.replay import analyze_file, replay_series
 from tpumon.sim.tracegen import generate_trace
 from tpumon.sim.workload import V4_HBM_TOTAL_BYTES, Workload
@@ -77,6 +78,24 @@ def test_dropped_samples_and_a_poll_gap_are_not_restarts():
     gap = (t > T0 + 5 * 3600) & (t < T0 + 5 * 3600 + 600)  # agent down for 10 minutes
     d = run((t[~gap], s[~gap], u[~gap], total[~gap]))
     assert d.restarts == 0 and no_alert(d)
+
+
+def test_a_gap_after_a_bucket_that_reads_high_is_not_a_restart():
+    """The bucket that a poll gap cuts short holds a poll or two; when they all fall at the
+    step's peak its floor reads high by the whole in-step transient. The floor after the
+    gap, back where memory always was, is no drop against the job's level: the job goes on
+    (it was restarted, losing its warm-up and evidence)."""
+    width, poll, floor, peak = 180.0, 30.0, 20 * GB, 4 * GB
+    t = np.arange(T0, T0 + 6 * 3600, poll)
+    u = np.where(np.arange(len(t)) % 2 == 0, floor, floor + peak)  # every other poll at the floor
+    cut = math.floor((T0 + 3 * 3600) / width) * width  # a bucket three hours in
+    short = (t >= cut) & (t < cut + 60)  # its first minute's polls, all at the peak
+    u[short] = floor + peak
+    keep = ~((t >= cut + 60) & (t < cut + width + 120))  # then nothing for four minutes
+    t, u = t[keep], u[keep]
+    d = run((t, np.full(len(t), math.nan), u, np.full(len(t), 32 * GB)))
+    assert d.restarts == 0 and no_alert(d)
+    assert d.assessment.job_start == d.job.start < T0 + 3600
 
 
 def test_job_restart_is_a_new_job_not_a_leak_or_a_cure():
@@ -270,6 +289,62 @@ def test_an_irregular_staircase_with_stairs_close_together_is_called():
     assert d.assessment.verdict is Verdict.LEAK and lead > 0.3, (lead, d.assessment.reason)
 
 
+def _stairs_and_holds(stairs, holds, hours: float, seed: int):
+    """A flat training series (30 s polls) with permanent stairs (hour, bytes) and buffers
+    held a while (from hour, to hour, bytes)."""
+    t, s, u, total = _synthetic(hours, 30.0, 18 * GB, 0.0, 3 * GB, 0.5, 5e6, 0.0, seed)
+    h = (t - T0) / 3600
+    for at, size in stairs:
+        u = u + size * (h >= at)
+    for start, end, size in holds:
+        u = u + size * ((h >= start) & (h < end))
+    return t, s, u, total
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_staircase_on_a_chip_without_transients_is_called_sooner(seed):
+    """Three stairs of 1.2 GB, 30 s polls: the staircase is called at its third confirmed
+    stair, and a stair was confirmed 96 polls (48 min) after it. On a chip whose floor has
+    never risen and come back, once two stairs have come, the next is confirmed by two
+    envelopes after it (30 min): the call comes before 6.2 h (it came at 6.3-6.4 h)."""
+    d = run(_stairs_and_holds([(1.5, 1.2 * GB), (3.5, 1.2 * GB), (5.5, 1.2 * GB)], [], 7.0,
+                              seed))
+    assert d.alert is not None and "3 jumps" in d.alert["reason"], d.assessment.reason
+    assert d.alert["time"] < T0 + 6.2 * 3600, (d.alert["time"] - T0) / 3600
+
+
+@pytest.mark.parametrize("seed", [1, 4])
+def test_buffers_held_for_40_minutes_after_two_step_changes_are_not_stairs(seed):
+    """Two step changes, and a buffer of 1.5 GB held for 40 minutes every 1.5-2 h (an eval's,
+    a checkpoint's): the chip has shown rises that come back after 13 buckets, so a third
+    rise is confirmed by the full window, which the held buffers do not outlast. (Confirmed
+    by two envelopes whatever the chip showed, they were stairs and paged at 4.8 h.)"""
+    holds = [(start, start + 0.67, 1.5 * GB) for start in (0.8, 2.3, 4.3, 5.8, 7.3)]
+    d = run(_stairs_and_holds([(1.6, 1.2 * GB), (3.4, 1.2 * GB)], holds, 9.0, seed))
+    assert no_alert(d), d.assessment.reason
+    assert all(j.size > 0 for j in d.job.jumps) and len(d.job.jumps) == 2
+
+
+def test_a_cache_filling_after_two_step_changes_is_not_chopped_into_stairs():
+    """Two step changes, then a cache that fills 3 GB with a 15-minute time constant: its
+    steep start, confirmed by two envelopes, passed for a third stair (it stands level
+    over them while the rest of its rise is small against the shift measured from the
+    whole left side) and paged. A rise over the envelope before or after the step as large
+    as a third of the step is a ramp's, and is left to the full confirmation window."""
+    t, s, u, total = _stairs_and_holds([(1.5, 1.2 * GB), (3.0, 1.2 * GB)], [], 10.0, 1)
+    h = (t - T0) / 3600
+    u = u + 3 * GB * np.where(h > 4.5, 1 - np.exp(-(h - 4.5) / 0.25), 0.0)
+    assert no_alert(run((t, s, u, total)))
+
+
+def test_longest_transient_is_a_rise_that_comes_back():
+    """A floor read high once (1), a buffer held for 5 buckets (5), a permanent shift (passed
+    over), and a rise still open at the end (looked at again from its start)."""
+    f = [0.0] * 6 + [9.0] + [0.0] * 4 + [9.0] * 5 + [0.0] * 4 + [20.0] * 30 + [0.0] * 4 + [9.0] * 3
+    longest, resume = level_shifts.longest_transient(f, 0, 2, 5.0, 20)
+    assert longest == 5 and resume == len(f) - 3
+
+
 def test_leak_starting_mid_run_is_found_with_its_own_rate():
     arrays, workload = scenario_series("linear-leak", 40, seed=3, leak_bytes_per_step=120_000,
                                        leak_chip_spread=0.0, leak_onset_step=20_000)
@@ -338,6 +413,8 @@ def test_one_sample_at_a_time_leaves_the_same_state_as_a_batch(scenario):
     (t, s, u, total), _ = scenario_series(scenario, 8, poll=5, seed=5, drop=0.05)
     s[::7] = math.nan
     t[len(t) // 2:] -= 30.0  # the clock steps back once
+    back = len(s) // 28 * 21 + 2  # three quarters in, a known step after a known one
+    s[back:] -= s[back] - 1.0  # and the step counter goes back: a restart
     whole = run((t, s, u, total))
     one_by_one = ChipDetector()
     for i in range(len(t)):

@@ -135,6 +135,8 @@ class _Job:
     warm_floors: list[float] = field(default_factory=list)
     jumps: list[Jump] = field(default_factory=list)
     scanned: int = 0  # next boundary (index over all buckets appended) to scan for jumps
+    longest_transient: int = 0  # buckets: the longest rise-and-return of the floor so far
+    transients_scanned: int = 0  # next bucket (index as ``scanned``) to look for one at
     appended: int = 0
     transient: float = 0.0
     sigma: float = 0.0
@@ -146,7 +148,8 @@ class _Job:
     growing: bool = False
     slope: float = 0.0  # continuous trend (bytes/s) at the last fit: jumps are found around it
     leaking: bool = False
-    last_floor: float | None = None
+    # the last few floors (one envelope): a restart is a floor far below all of them
+    last_floors: list[float] = field(default_factory=list)
     last_step: float = math.nan
     jump_times: np.ndarray = field(default_factory=lambda: np.empty(0))  # of ``jumps``
     jump_levels: np.ndarray = field(  # 0, then the cumulative sizes of ``jumps``
@@ -399,7 +402,8 @@ class ChipDetector:
                 self.restarts += 1
             job = self._job = _Job(start=b.start)
         self._after_break = False
-        job.last_floor = b.floor
+        job.last_floors.append(b.floor)
+        del job.last_floors[:-self._envelope]
         if not math.isnan(b.last_step):
             job.last_step = b.last_step
         if job.trend_start is None:
@@ -410,11 +414,16 @@ class ChipDetector:
             self._assess(job, b)  # else, between fits, the last assessment stands
 
     def _is_restart(self, job: _Job, b: _Bucket) -> bool:
-        """A new job: the step went back, or the floor is far below where it was."""
+        """A new job: the step went back, or the floor is far below where it was: below
+        the lower envelope of the last floors, not the last floor alone. The bucket that a
+        poll gap cuts short holds few polls, and its floor reads high (no poll between two
+        steps) by up to the in-step transient, several GiB: against it, the next floor at
+        the level where memory always was looked like a drop, and a gap of a few dropped
+        polls restarted the job (warm-up again, its jumps and evidence lost)."""
         if b.first_step < job.last_step:  # False when either is unknown (NaN)
             return True
         drop = self.settings.restart_drop_fraction * (self.total or 0.0)
-        return job.last_floor is not None and b.floor < job.last_floor - drop
+        return bool(job.last_floors) and b.floor < min(job.last_floors) - drop
 
     def _warm_up(self, job: _Job, b: _Bucket) -> None:
         """Warm-up ends once it lasted ``warmup_seconds`` and the last two floors agree."""
@@ -461,9 +470,43 @@ class ChipDetector:
         found, next_local = level_shifts.scan(rows[0], rows[1], self._detrended(job, rows),
                                               job.scanned - offset - begin, k, e,
                                               self._jump_threshold(job), last,
-                                              self._step_change_size())
+                                              self._step_change_size(), self._early(job))
         job.scanned = next_local + begin + offset
         job.add_jumps(found)
+
+    def _update_transients(self, job: _Job) -> None:
+        """Look for rises-and-returns in the floors since the last look: only on a chip
+        where a staircase may have begun (``_early``), the first time over the whole
+        history kept, so a chip without stairs costs nothing."""
+        k, e = self._confirm, self._envelope
+        offset = job.appended - len(job.history)
+        big = max(self._jump_threshold(job), self._step_change_size())
+        begin = max(job.transients_scanned - e - offset, 0)
+        rows = job.history.recent(len(job.history) - begin)
+        longest, next_local = level_shifts.longest_transient(
+            self._detrended(job, rows), job.transients_scanned - offset - begin, e, big / 2,
+            4 * k)
+        job.transients_scanned = next_local + begin + offset
+        job.longest_transient = max(job.longest_transient, longest)
+
+    def _early(self, job: _Job) -> int:
+        """Buckets that confirm a rise of a step change's size on this chip, once a
+        staircase may have begun (at least two such jumps: the next one calls it): twice
+        the chip's longest rise-and-return so far and two more (the level after a shift is
+        the second-lowest floor: two floors back at the old level unmask a transient), at
+        least two envelopes (the step and the level after it are envelopes of their own),
+        at most the full confirmation. A chip whose floor has never risen and come back
+        confirms sooner; one where an eval's buffers stay for twenty minutes waits for
+        forty and more. Before two stairs, the full window: a shorter one finds jumps in a
+        steady leak's scattered floors and takes them out of its trend (tried: linear leaks
+        were called later on every seed of the benchmark). Brings the chip's longest
+        rise-and-return up to date when it is needed."""
+        k, e = self._confirm, self._envelope
+        least = self._step_change_size()
+        if sum(j.size >= least for j in job.jumps) < self.settings.staircase_min_jumps - 1:
+            return k
+        self._update_transients(job)
+        return min(max(2 * job.longest_transient + 2, 2 * e), k)
 
     @staticmethod
     def _detrended(job: _Job, rows: np.ndarray) -> np.ndarray:

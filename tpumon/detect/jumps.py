@@ -51,7 +51,7 @@ def _tolist(values: Sequence[float] | np.ndarray) -> list[float]:
 
 def scan(times: Sequence[float], steps: Sequence[float], floors: Sequence[float] | np.ndarray,
          first: int, k: int, e: int, threshold: float, last: int = -1,
-         burst_threshold: float = math.inf) -> tuple[list[Jump], int]:
+         burst_threshold: float = math.inf, early: int = 0) -> tuple[list[Jump], int]:
     """Jumps at boundaries ``first``.. ``len - k``: ``k`` buckets confirm the new level on
     the right; on the left, up to ``k`` (fewer early in a job, or soon after the last jump,
     but at least ``e``).
@@ -62,6 +62,8 @@ def scan(times: Sequence[float], steps: Sequence[float], floors: Sequence[float]
     that one left (it was skipped, and lost for good, while jumps had to be ``k`` apart).
     Two stairs closer together than ``k`` buckets (a burst) are two jumps when each is
     larger than ``burst_threshold`` as well (see ``_burst``).
+    With ``early`` (fewer than ``k`` buckets), a rise larger than ``burst_threshold`` too is
+    confirmed once ``early`` buckets stand level after it (see ``_early``).
     Returns the jumps found and the next boundary to scan; jumps are at least ``e`` apart.
     """
     f = _tolist(floors)
@@ -92,7 +94,69 @@ def scan(times: Sequence[float], steps: Sequence[float], floors: Sequence[float]
                       Jump(float(times[c]), float(steps[c]), size2)]
             last = c
             c += e
+    if early and early < k:
+        c = max(c, first)
+        while c <= len(f) - early:
+            jump = _early(f, c, k, e, early, max(threshold, burst_threshold), last)
+            if jump is None:
+                c += 1
+                continue
+            found.append(Jump(float(times[c]), float(steps[c]), jump))
+            last = c
+            c += e
     return found, max(end + 1, last + e)
+
+
+def _early(f: list[float], c: int, k: int, e: int, early: int, threshold: float,
+           last: int) -> float | None:
+    """The size of a rise at ``c`` that ``early`` buckets after it confirm, or None: larger
+    than ``threshold``, in one step, level before it and over those buckets.
+
+    A confirmation window is as long as it is so that a shift outlasts the transients
+    (buffers held for some minutes) that would otherwise pass for one; the caller gives a
+    shorter one only where the chip's own floors showed no transient that long
+    (``longest_transient``). A staircase is called at its third confirmed stair, so each
+    stair confirmed sooner calls it sooner. Only rises: a drop is no leak's evidence."""
+    lo = max(c - k, last, 0)
+    shift = _second_lowest(f[c:c + early]) - _second_lowest(f[lo:c])
+    if shift <= threshold or not _is_jump(f, c, e, shift, lo, c + early):
+        return None
+    # a short right side cannot tell a level from a steep ramp by its rise against the
+    # shift (a ramp's shift spans the whole left side): the rise over the envelope before
+    # the step and over the one after must each be small against the step itself
+    step_up = min(f[c:c + e]) - min(f[c - e:c])
+    before = min(f[c - e:c]) - min(f[max(c - 2 * e, lo):max(c - e, lo + 1)])
+    after = min(f[c + e:c + 2 * e]) - min(f[c:c + e])
+    if max(abs(before), abs(after)) > 0.3 * step_up:
+        return None
+    return shift
+
+
+def longest_transient(floors: Sequence[float] | np.ndarray, start: int, e: int,
+                      threshold: float, limit: int) -> tuple[int, int]:
+    """The longest rise-and-return among the floors from ``start`` on, in buckets, and
+    where to look next time: a run of floors above the lower envelope of the ``e`` before
+    it by more than ``threshold``, which comes back within it. A run still open at the end
+    is looked at again (the next start is its own); one that outlasts ``limit`` buckets is
+    a permanent shift, not a transient, and is passed over. One bucket that reads high (no
+    poll between two steps) is a transient of 1: a shift must outlast those as well."""
+    f = _tolist(floors)
+    n, i, longest = len(f), max(start, e), 0
+    while i < n:
+        base = min(f[i - e:i]) + threshold
+        if f[i] <= base:
+            i += 1
+            continue
+        j = i + 1
+        while j < n and j - i <= limit and f[j] > base:
+            j += 1
+        if j - i > limit:
+            i = j
+        elif j == n:
+            return longest, i
+        else:
+            longest, i = max(longest, j - i), j
+    return longest, i
 
 
 def _burst(f: list[float], c2: int, k: int, e: int, threshold: float,
