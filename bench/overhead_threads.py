@@ -8,7 +8,10 @@ simulator's 4 reports a second) start together, one from this tree and one from
 /tmp/base main``), and after ``--warmup`` each thread's CPU time is read from
 ``/proc/PID/task/*/schedstat`` over ``--seconds``: the poll loop (the main thread), gRPC's
 ``event_engine``, timer and lifeguard threads, and tpumon's other Python threads
-(reporter, store writer, HTTP server). RSS and its anonymous part at the end.
+(reporter, store writer, HTTP server). RSS and its anonymous part at the end. With
+``--load``, each agent also gets bench/overhead.py's load: reports up to 10 a second in all
+(a FakeReporter beside the simulated job) and a gzip scrape every 15 s. Each thread
+group's voluntary wake-ups a second are printed too (``/proc/PID/task/*/status``).
 """
 
 from __future__ import annotations
@@ -19,24 +22,34 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
+
+from overhead import SIM_REPORTS, scrape_loop  # bench/ is on sys.path when run as a script
+from soak import report_loop
+from tools import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 MIB = 2**20
 
 
-def thread_cpu(pid: int) -> collections.Counter:
-    """Nanoseconds of CPU by thread name; the main thread is "poll"."""
+def thread_cpu(pid: int) -> tuple[collections.Counter, collections.Counter]:
+    """Nanoseconds of CPU, and voluntary context switches (wake-ups), by thread name; the
+    main thread is "poll"."""
     out: collections.Counter = collections.Counter()
+    wakes: collections.Counter = collections.Counter()
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
             name = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
             ns = int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0])
+            status = Path(f"/proc/{pid}/task/{tid}/status").read_text()
         except OSError:  # the thread ended meanwhile
             continue
-        out["poll" if tid == str(pid) else "python" if name.startswith("python") else name] += ns
-    return out
+        key = "poll" if tid == str(pid) else "python" if name.startswith("python") else name
+        out[key] += ns
+        wakes[key] += int(status.split("voluntary_ctxt_switches:")[1].split()[0])
+    return out, wakes
 
 
 def rollup(pid: int, field: str) -> int:
@@ -46,7 +59,7 @@ def rollup(pid: int, field: str) -> int:
     return 0
 
 
-def start(tree: Path, tmp: Path, name: str) -> subprocess.Popen:
+def start(tree: Path, tmp: Path, name: str, address: str) -> subprocess.Popen:
     """An agent importing tpumon from ``tree`` (PYTHONPATH, and a cwd outside any tree)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TPUMON_")}
     env.update(PYTHONPATH=str(tree), TPUMON_SIMULATOR_ACCELERATION="1")
@@ -54,7 +67,7 @@ def start(tree: Path, tmp: Path, name: str) -> subprocess.Popen:
     state.mkdir()
     return subprocess.Popen(
         [sys.executable, "-m", "tpumon", "agent", "--simulate", "--listen-address",
-         "127.0.0.1:0", "--state-dir", str(state / "state"), "--poll-interval", "1",
+         address, "--state-dir", str(state / "state"), "--poll-interval", "1",
          "--reporter-socket", str(state / "r.sock")],
         cwd=tmp, env=env, stderr=open(state / "agent.log", "w"))
 
@@ -65,11 +78,26 @@ def main() -> None:
                         help="a checkout of the tree to compare with")
     parser.add_argument("--warmup", type=float, default=60.0)
     parser.add_argument("--seconds", type=float, default=150.0)
+    parser.add_argument("--load", action="store_true",
+                        help="bench/overhead.py's reports (10 a second in all) and scrapes")
     args = parser.parse_args()
+    stop = threading.Event()
     with tempfile.TemporaryDirectory(prefix="tpumon-threads-") as tmp:
-        agents = {"baseline": start(args.baseline.resolve(), Path(tmp), "baseline"),
-                  "this tree": start(ROOT, Path(tmp), "this")}
+        addresses = {k: f"127.0.0.1:{free_port()}" for k in ("baseline", "this tree")}
+        agents = {"baseline": start(args.baseline.resolve(), Path(tmp), "baseline",
+                                    addresses["baseline"]),
+                  "this tree": start(ROOT, Path(tmp), "this", addresses["this tree"])}
         try:
+            if args.load:
+                time.sleep(5)  # the agents' sockets bound
+                latencies: dict[str, list[float]] = {a: [] for a in addresses.values()}
+                loops = [threading.Thread(target=scrape_loop, daemon=True, args=(
+                    list(addresses.values()), stop, 15.0, latencies))]
+                loops += [threading.Thread(target=report_loop, daemon=True, args=(
+                    str(Path(tmp) / d / "r.sock"), stop, 10.0 - SIM_REPORTS))
+                    for d in ("baseline", "this")]
+                for loop in loops:
+                    loop.start()
             time.sleep(args.warmup)
             print(f"# load average at start: {os.getloadavg()[0]:.2f}", flush=True)
             before = {k: thread_cpu(p.pid) for k, p in agents.items()}
@@ -78,16 +106,20 @@ def main() -> None:
             after = {k: thread_cpu(p.pid) for k, p in agents.items()}
             wall = time.monotonic() - t0
             print(f"# load average at end: {os.getloadavg()[0]:.2f} ({os.cpu_count()} CPUs)")
-            print("| tree | agent CPU | by thread (% of one core) | RSS | anonymous |")
-            print("|---|---|---|---|---|")
+            print("| tree | agent CPU | by thread (% of one core) | wake-ups a second | RSS | "
+                  "anonymous |")
+            print("|---|---|---|---|---|---|")
             for name, proc in agents.items():
-                used = after[name] - before[name]
+                used = after[name][0] - before[name][0]
+                woke = after[name][1] - before[name][1]
                 share = {k: v / wall / 1e7 for k, v in sorted(used.items())}
                 print(f"| {name} | {sum(share.values()):.3f} % | "
                       + ", ".join(f"{k} {v:.3f}" for k, v in share.items())
+                      + " | " + ", ".join(f"{k} {v / wall:.1f}" for k, v in sorted(woke.items()))
                       + f" | {rollup(proc.pid, 'Rss') / MIB:.1f} MiB"
                       f" | {rollup(proc.pid, 'Anonymous') / MIB:.1f} MiB |")
         finally:
+            stop.set()
             for proc in agents.values():
                 proc.terminate()
                 proc.wait(timeout=30)

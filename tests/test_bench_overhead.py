@@ -84,7 +84,7 @@ def test_the_thread_breakdown_names_the_main_thread_poll_and_counts_a_busy_threa
                                                   ROOT / "bench" / "overhead_threads.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    before = module.thread_cpu(os.getpid())
+    before, woken_before = module.thread_cpu(os.getpid())
     stop = threading.Event()
 
     def spin() -> None:
@@ -96,8 +96,10 @@ def test_the_thread_breakdown_names_the_main_thread_poll_and_counts_a_busy_threa
     worker = threading.Thread(target=spin)
     worker.start()
     time.sleep(0.3)
-    during = module.thread_cpu(os.getpid())
+    during, woken = module.thread_cpu(os.getpid())
     stop.set()
     worker.join()
     assert "poll" in before and during["poll"] >= before["poll"]
     assert during["python"] - before.get("python", 0) >= 40_000_000  # >= 40 ms of the 50
+    # the worker blocked twice at least (its start, then stop.wait()): voluntary switches
+    assert woken["python"] - woken_before.get("python", 0) >= 1 and woken["poll"] >= 1

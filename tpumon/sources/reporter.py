@@ -95,14 +95,19 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return doc
 
 
+# one decoder for every report: json.loads builds a new one for each call given a hook
+_DECODER = json.JSONDecoder(object_pairs_hook=_unique_keys)
+
+
 def parse_report(payload: bytes, pid: int, uid: int, received: float) -> ProcessReport:
     """Validate one datagram; InvalidReport('malformed' | 'version') when it is not one.
 
     Any local user can send one, so nothing in it may raise anything else: nesting deep
     enough to exhaust the parser's recursion (8 KiB of ``[``), numbers too long for int(),
     duplicate keys and non-ASCII digits are all just "malformed"."""
-    try:
-        doc = json.loads(payload, object_pairs_hook=_unique_keys)
+    try:  # json.loads(payload, object_pairs_hook=_unique_keys) without its new decoder
+        doc = _DECODER.decode(payload.decode(json.detect_encoding(payload), "surrogatepass")
+                              if isinstance(payload, bytes) else payload)
     except (ValueError, UnicodeDecodeError, RecursionError):
         raise InvalidReport("malformed") from None
     if not isinstance(doc, dict):
@@ -226,6 +231,8 @@ class ReporterSocket:
     def poll(self) -> ReporterReading:
         """Each process heard from in the last STALE_SECONDS, or still alive (a training
         step stuck in a collective is the stall the alerts look for), with its step rate."""
+        if self._inlet is not None:
+            self._inlet.take_waiting()  # what was sent before this poll is in this poll
         with self._lock:
             inbox, self._inbox, self._inbox_bytes = self._inbox, [], 0
             self._inbox_by_user = {}

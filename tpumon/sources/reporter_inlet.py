@@ -23,7 +23,10 @@ The datagram socket at the documented address stays for reporters of earlier ver
 connections came. It is read at most its queue length per turn.
 
 The thread does not wake for every message either: it takes whatever is waiting, then
-sleeps while more gather (:class:`Pacer`).
+sleeps while more gather (:class:`Pacer`). The poll takes what waits too, just before it
+reads the inbox (:meth:`ReporterInlet.take_waiting`), so a report sent before a poll is
+in it however long the thread sleeps: the thread's sleeps only keep the kernel's queues
+from filling between polls.
 """
 
 from __future__ import annotations
@@ -112,11 +115,15 @@ def kernel_queue_length(path: Path = QUEUE_LENGTH_FILE) -> int:
 class Pacer:
     """When the receiving thread sleeps, and for how long, between looks at the sockets.
 
-    Each wake-up costs the agent ~0.1-0.2 ms of CPU on a VM (cold caches, the GIL), so at
+    Each wake-up costs the agent ~0.1-0.3 ms of CPU on a VM (cold caches, the GIL), so at
     10 reports a second waking for each was half the agent's budget. While messages come
     faster than the thread's sleep, it sleeps between looks and takes what gathered, as
-    long as that stays under half the datagram socket's kernel queue (the smallest queue
-    it reads): a look that found more than half shortens the next sleep in proportion,
+    long as that stays under half of the fullest queue it reads: the datagram socket's
+    kernel queue (shared by every datagram sender), and for a connection two looks'
+    reads (2 * READS_PER_TURN; its kernel queue, the sender's socket buffer, holds far
+    more), a look that took a full turn from one counting as full since it may have left
+    more. A connection's messages do not fill the datagram queue, so they are not counted
+    against it. A look that found more than half shortens the next sleep in proportion,
     one that found under a quarter lengthens it by half (between MIN_HOLD and MAX_HOLD).
     A look that finds nothing, or a slow sender, puts the thread back to blocking until
     the next message (no wake-ups while idle, one per message when they come further apart
@@ -125,21 +132,26 @@ class Pacer:
     """
 
     MIN_HOLD = 0.002
-    MAX_HOLD = 0.5  # reports are read at the next poll anyway; this only delays them
+    # The poll takes what waits itself (take_waiting), so a longer sleep delays no report
+    # past its poll; a 1 s poll then sees about one wake-up of this thread a second.
+    MAX_HOLD = 1.0
 
     def __init__(self, queue_length: int) -> None:
         self.queue_length = queue_length
         self.hold = self.MIN_HOLD
 
-    def after_look(self, taken: int) -> bool:
-        """After a look that found ``taken`` messages waiting: whether to sleep and look
-        again (else block), with ``hold`` adjusted."""
-        high, low = self.queue_length / 2, self.queue_length / 4
-        if taken > high:
-            self.hold = max(self.hold * low / taken, self.MIN_HOLD)
-        elif taken < low:
+    def after_look(self, datagrams: int, most_from_one_connection: int = 0) -> bool:
+        """After a look that found ``datagrams`` waiting on the datagram socket and at most
+        ``most_from_one_connection`` on any one connection: whether to sleep and look again
+        (else block), with ``hold`` adjusted."""
+        connection = 1.0 if most_from_one_connection >= READS_PER_TURN else \
+            most_from_one_connection / (2 * READS_PER_TURN)  # a full turn may have left more
+        fill = max(datagrams / self.queue_length, connection)
+        if fill > 0.5:
+            self.hold = max(self.hold * 0.25 / fill, self.MIN_HOLD)
+        elif fill < 0.25:
             self.hold = min(self.hold * 1.5, self.MAX_HOLD)
-        return taken > 0
+        return datagrams + most_from_one_connection > 0
 
     def after_block(self, waited: float) -> bool:
         """After blocking ``waited`` seconds for a message: whether to sleep and look (the
@@ -172,6 +184,9 @@ class ReporterInlet:
         self._queue_length = kernel_queue_length()
         self._dropped: Counter[str] = Counter()  # by reason, under _lock
         self._lock = threading.Lock()
+        # the thread's looks and the poll's (take_waiting) one at a time: the selector's
+        # registrations, the paused set and the connections are theirs under it
+        self._io = threading.Lock()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -214,6 +229,14 @@ class ReporterInlet:
         self._wake()
         if self._thread is not None:
             self._thread.join(2.0)
+        with self._io:
+            self._close_all()
+        if self._thread is None or not self._thread.is_alive():
+            self._selector.close()
+            self._wake_in.close()
+            self._wake_out.close()
+
+    def _close_all(self) -> None:
         for sock, path in ((self._datagrams, self.path), (self._listener, self.connection_path)):
             if sock is not None:
                 sock.close()
@@ -225,10 +248,16 @@ class ReporterInlet:
         for connection in [c for mine in self._connections.values() for c in mine]:
             connection.sock.close()
         self._connections.clear()
-        if self._thread is None or not self._thread.is_alive():
-            self._selector.close()
-            self._wake_in.close()
-            self._wake_out.close()
+
+    def take_waiting(self) -> None:
+        """Take every message waiting now for ``keep``, on the caller's thread (the poll,
+        just before it reads the inbox): one turn, as a look of the thread takes."""
+        with self._io:
+            if self._stopping.is_set() or self._thread is None:
+                return
+            batch, _, _ = self._read(self._selector.select(0), READS_PER_TURN)
+            if batch:
+                self._pause(self._keep(batch))
 
     def resume(self) -> None:
         """The inbox was emptied (any thread): read the users paused for their share again."""
@@ -267,61 +296,76 @@ class ReporterInlet:
             # Woken from a block: one message per ready socket (most wake-ups bring one,
             # and a read that finds none waiting costs as much again, cold); a socket
             # that has more stays ready, and the look that follows takes full turns.
-            batch = self._read(ready, READS_PER_TURN if looking else 1)
-            looking = pacer.after_look(len(batch)) if looking else \
+            with self._io:
+                if self._stopping.is_set():  # stop() closed the sockets meanwhile
+                    return
+                batch, datagrams, most = self._read(ready, READS_PER_TURN if looking else 1)
+                if batch:
+                    self._pause(self._keep(batch))
+            looking = pacer.after_look(datagrams, most) if looking else \
                 pacer.after_block(time.monotonic() - started)
-            if batch:
-                self._pause(self._keep(batch))
             if looking:
                 self._stopping.wait(pacer.hold)
 
-    def _read(self, ready: list, reads: int) -> list[Arrival]:
+    def _read(self, ready: list, reads: int) -> tuple[list[Arrival], int, int]:
         """One turn: every ready socket, each at most ``reads`` messages (the datagram
-        socket, shared by every sender of earlier versions, its queue length)."""
+        socket, shared by every sender of earlier versions, its queue length). The
+        messages, how many came from the datagram socket and the most from one connection
+        (what the :class:`Pacer` weighs). ``ready`` may be stale (the other thread's look
+        came between): a socket found empty, paused or closed meanwhile is passed over."""
         batch: list[Arrival] = []
+        datagrams = most = 0
         for key, _ in ready:
             if key.data == "datagrams":
-                self._read_datagrams(batch, max(self._queue_length, reads) if reads > 1 else 1)
+                datagrams = self._read_datagrams(
+                    batch, max(self._queue_length, reads) if reads > 1 else 1)
             elif key.data == "listener":
                 self._accept()
             elif key.data == "wake":
                 self._on_wake()
             else:
-                self._read_connection(key.data, batch, reads)
-        return batch
+                most = max(most, self._read_connection(key.data, batch, reads))
+        return batch, datagrams, most
 
-    def _read_datagrams(self, batch: list[Arrival], reads: int) -> None:
-        assert self._datagrams is not None
+    def _read_datagrams(self, batch: list[Arrival], reads: int) -> int:
+        """Up to ``reads`` datagrams; how many."""
+        if self._datagrams is None:  # stopped
+            return 0
         space = socket.CMSG_SPACE(CREDS.size)
-        for _ in range(reads):
+        for taken in range(reads):
             try:
                 data, ancillary, flags, address = self._datagrams.recvmsg(
                     MAX_SNAPSHOT_DATAGRAM, space, socket.MSG_DONTWAIT)
             except OSError:  # none waiting (EAGAIN), or a transient error
-                return
+                return taken
             batch.append(Arrival(data, ancillary, flags, self.datagram_reply(address)))
+        return reads
 
     def _read_connection(self, connection: Connection, batch: list[Arrival],
-                         reads: int) -> None:
-        """Up to ``reads`` messages; a bad one, or the end, closes the connection."""
+                         reads: int) -> int:
+        """Up to ``reads`` messages, how many; a bad one, or the end, closes the
+        connection."""
+        if connection in self._paused or connection.sock.fileno() < 0:
+            return 0  # paused or closed since the select that found it ready
         space = socket.CMSG_SPACE(CREDS.size)
-        for _ in range(reads):
+        for taken in range(reads):
             try:
                 data, ancillary, flags, _ = connection.sock.recvmsg(
                     MAX_SNAPSHOT_DATAGRAM, space, socket.MSG_DONTWAIT)
             except BlockingIOError:
-                return
+                return taken
             except OSError:
                 data, flags = b"", 0
             if not data:  # the reporter closed it (or the kernel did)
                 self._close(connection, None)
-                return
+                return taken
             bad = "oversized" if flags & _MSG_TRUNC else None if data[:1] == b"{" or \
                 data.startswith(PART) else "malformed"
             if bad:
                 self._close(connection, bad)
-                return
+                return taken
             batch.append(Arrival(data, ancillary, flags, connection))
+        return reads
 
     def _accept(self) -> None:
         assert self._listener is not None
