@@ -82,6 +82,7 @@ test-frameworks:
 bench: system-deps-bench venv
 	$(BIN)/python bench/run.py
 	$(BIN)/python bench/detect.py
+	$(BIN)/python bench/false_alarms.py
 	$(BIN)/python bench/analyze_speed.py
 	$(BIN)/python bench/store.py
 	$(BIN)/python bench/reporters.py
