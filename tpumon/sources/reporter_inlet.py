@@ -255,9 +255,7 @@ class ReporterInlet:
         with self._io:
             if self._stopping.is_set() or self._thread is None:
                 return
-            batch, _, _ = self._read(self._selector.select(0), READS_PER_TURN)
-            if batch:
-                self._pause(self._keep(batch))
+            self._take(self._selector.select(0), READS_PER_TURN)
 
     def resume(self) -> None:
         """The inbox was emptied (any thread): read the users paused for their share again."""
@@ -299,13 +297,19 @@ class ReporterInlet:
             with self._io:
                 if self._stopping.is_set():  # stop() closed the sockets meanwhile
                     return
-                batch, datagrams, most = self._read(ready, READS_PER_TURN if looking else 1)
-                if batch:
-                    self._pause(self._keep(batch))
+                datagrams, most = self._take(ready, READS_PER_TURN if looking else 1)
             looking = pacer.after_look(datagrams, most) if looking else \
                 pacer.after_block(time.monotonic() - started)
             if looking:
                 self._stopping.wait(pacer.hold)
+
+    def _take(self, ready: list, reads: int) -> tuple[int, int]:
+        """One turn read and handed to ``keep`` (under ``_io``): how many came from the
+        datagram socket and the most from one connection."""
+        batch, datagrams, most = self._read(ready, reads)
+        if batch:
+            self._pause(self._keep(batch))
+        return datagrams, most
 
     def _read(self, ready: list, reads: int) -> tuple[list[Arrival], int, int]:
         """One turn: every ready socket, each at most ``reads`` messages (the datagram
