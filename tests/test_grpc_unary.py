@@ -11,6 +11,7 @@ import pytest
 from tpu_info.proto import tpu_metric_service_pb2 as pb
 
 from fake_runtime import FakeRuntime, RuntimeServer, chips_metrics
+from tools import free_port
 from tpumon.sources.grpc_unary import Call, CallFailed, Endpoint, UnaryClient
 from tpumon.sources.runtime_names import GET_RUNTIME_METRIC, LIST_SUPPORTED_METRICS
 from tpumon.sources.tpu_runtime import USAGE
@@ -58,9 +59,7 @@ def test_a_status_from_the_server_is_its_name_and_message(client):
 
 
 def test_nothing_listening_is_unavailable_at_once_and_the_next_call_dials_again(client):
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     started = time.monotonic()
     with pytest.raises(CallFailed) as failed:
         ask(client, port)
@@ -194,9 +193,7 @@ def test_calls_to_several_endpoints_run_at_once_and_fail_alone(client):
     slow = FakeRuntime(chips_metrics({0: GiB}))
     slow.delay = 0.4
     servers = [RuntimeServer(slow), RuntimeServer(FakeRuntime(chips_metrics({1: 2 * GiB})))]
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        dead = probe.getsockname()[1]
+    dead = free_port()
     try:
         calls = [Call(Endpoint("127.0.0.1", port), GET_RUNTIME_METRIC,
                       pb.MetricRequest(metric_name=USAGE), pb.MetricResponse)
