@@ -67,6 +67,14 @@ def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
                           timeout=timeout)
 
 
+def scraped_after(prom: str, when: float) -> int:
+    """How many agents Prometheus holds a scrape of taken after ``when``."""
+    url = f"{prom}/api/v1/query?" + urllib.parse.urlencode(
+        {"query": f'count(timestamp(up{{job="tpumon"}}) > {when!r})'})
+    result = json.loads(get(url))["data"]["result"]
+    return int(result[0]["value"][1]) if result else 0
+
+
 def scrape_faster(path: Path) -> None:
     config = yaml.safe_load(path.read_text())
     config["global"].update(scrape_interval=f"{int(SCRAPE * 1000)}ms",
@@ -190,10 +198,15 @@ def test_a_slice_wide_leak_seen_as_one_slice(tmp_path, processes):
             f"tpumon-report-{SLICE}-w-{w}.{ext}" for w in range(HOSTS) for ext in ("png",
                                                                                    "html")])
         # One span for every replay compared: the pooled replay of a slice's chips shares
-        # evidence across the whole series it is given, so the same end matters too. It ends
-        # a while ago: Prometheus is still scraping, and a scrape of a moment inside the
-        # span ingested between two of the queries below would give them different series.
-        span = ["--since", repr(began - 5), "--until", repr(time.time() - 2.0),
+        # evidence across the whole series it is given, so the same end matters too.
+        # Prometheus is still scraping, and a scrape of a moment inside the span ingested
+        # between two of the queries below would give them different series: the queries
+        # wait until every agent has a scrape after the span's end in Prometheus (a target's
+        # scrapes are appended one after another, so the span's are all in).
+        until = time.time() - 1.0
+        bounded("Prometheus to hold every agent's scrapes up to the span's end",
+                lambda: scraped_after(prom, until) == HOSTS, 30, processes, interval=0.5)
+        span = ["--since", repr(began - 5), "--until", repr(until),
                 "--resolution", repr(SCRAPE)]
         result = run("export", "--prometheus", prom, "--slice", SLICE, *span, "-o", "-")
         assert result.returncode == 0, result.stderr
@@ -214,10 +227,20 @@ def test_a_slice_wide_leak_seen_as_one_slice(tmp_path, processes):
         for worker in range(HOSTS):
             path = traces / f"w{worker}.csv"
             host = f"{SLICE}-w-{worker}"
-            result = run("export", "--state-dir", str(tmp_path / f"state-w{worker}"),
-                         "--since", repr(first[host]), "--until", repr(last[host] + 0.001),
-                         "-o", str(path))
-            assert result.returncode == 0, result.stderr
+
+            def exported_all_scraped() -> bool:
+                """The agent writes its polls a few seconds late (several to a
+                transaction): its store holds every poll Prometheus scraped of it? (The
+                span is widened by the CSV's rounding of times, a millisecond, each side.)"""
+                result = run("export", "--state-dir", str(tmp_path / f"state-w{worker}"),
+                             "--since", repr(first[host] - 0.001), "--until",
+                             repr(last[host] + 0.001), "-o", str(path))
+                assert result.returncode == 0, result.stderr
+                with open(path) as full:
+                    held = {(r["host"], r["chip"], r["time"]) for r in csv.DictReader(full)}
+                return {k for k in scraped if k[0] == host} <= held
+            bounded(f"{host}'s store to hold the polls Prometheus scraped",
+                    exported_all_scraped, 30, processes, interval=1)
             with open(path) as full, open(seen / path.name, "w") as kept:
                 rows = csv.DictReader(full)
                 out = csv.DictWriter(kept, rows.fieldnames or [])
@@ -232,14 +255,11 @@ def test_a_slice_wide_leak_seen_as_one_slice(tmp_path, processes):
     assert set(from_prom) == set(from_traces) == set(from_scraped_polls)
     assert len(from_prom) == 16
     # The replay from Prometheus is the replay of the agents' own record of the polls
-    # Prometheus scraped, exactly: dates, values and steps came through whole.
+    # Prometheus scraped, exactly: dates, values and steps came through whole. Both
+    # queries read a span Prometheus had wholly ingested, so they got the same series.
+    assert {k: s["samples"] for k, s in from_prom.items()} == \
+        {k: s["samples"] for k, s in from_scraped_polls.items()}
     for key, prom in from_prom.items():
-        if prom["samples"] != from_scraped_polls[key]["samples"]:
-            # two queries of a Prometheus that is still ingesting answered with series of
-            # different lengths: not the same input, so not held to the exact check
-            print(f"pod e2e: {key}: {prom['samples']} samples from the replay's query, "
-                  f"{from_scraped_polls[key]['samples']} from the export's")
-            continue
         assert (prom["alert"]["time"], prom["alert"]["step"]) == pytest.approx(
             (from_scraped_polls[key]["alert"]["time"], from_scraped_polls[key]["alert"]["step"]),
             abs=0.01), (key, prom["alert"], from_scraped_polls[key]["alert"], prom["samples"],
