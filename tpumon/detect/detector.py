@@ -464,13 +464,15 @@ class ChipDetector:
             job.scatter = max(job.sigma, floor_noise(recent))
             job.sigma_due = job.appended + 16 * e
         offset = job.appended - len(job.history)  # global index of the oldest kept bucket
-        begin = max(job.scanned - k - offset, 0)
+        origin = max(job.scanned - k - offset, 0)  # the tests look back to here
+        begin = max(origin - k, 0)  # and a rise of several stairs a window further
         rows = job.history.recent(len(job.history) - begin)
         last = int(rows[0].searchsorted(job.jumps[-1].time)) if job.jumps else -1
         found, next_local = level_shifts.scan(rows[0], rows[1], self._detrended(job, rows),
                                               job.scanned - offset - begin, k, e,
                                               self._jump_threshold(job), last,
-                                              self._step_change_size(), self._early(job))
+                                              self._step_change_size(), self._early(job),
+                                              origin - begin)
         job.scanned = next_local + begin + offset
         job.add_jumps(found)
 

@@ -51,7 +51,8 @@ def _tolist(values: Sequence[float] | np.ndarray) -> list[float]:
 
 def scan(times: Sequence[float], steps: Sequence[float], floors: Sequence[float] | np.ndarray,
          first: int, k: int, e: int, threshold: float, last: int = -1,
-         burst_threshold: float = math.inf, early: int = 0) -> tuple[list[Jump], int]:
+         burst_threshold: float = math.inf, early: int = 0,
+         origin: int = 0) -> tuple[list[Jump], int]:
     """Jumps at boundaries ``first``.. ``len - k``: ``k`` buckets confirm the new level on
     the right; on the left, up to ``k`` (fewer early in a job, or soon after the last jump,
     but at least ``e``).
@@ -64,17 +65,20 @@ def scan(times: Sequence[float], steps: Sequence[float], floors: Sequence[float]
     larger than ``burst_threshold`` as well (see ``_burst``).
     With ``early`` (fewer than ``k`` buckets), a rise larger than ``burst_threshold`` too is
     confirmed once ``early`` buckets stand level after it (see ``_early``).
+    A rise of several stairs too close together for either test (``_compound``) is one
+    jump; it needs a whole window level before it, so floors from ``origin - k`` on are
+    given; the other tests look no further back than ``origin``.
     Returns the jumps found and the next boundary to scan; jumps are at least ``e`` apart.
     """
     f = _tolist(floors)
-    first = max(first, e, last + e)
+    first = max(first, origin + e, last + e)
     end = len(f) - k
     if end < first:
         return [], first
     found: list[Jump] = []
     c = first
     while c <= end:
-        lo = max(c - k, last, 0)
+        lo = max(c - k, last, origin)
         # level after minus level before (levels: second-lowest floors, inline as this is
         # the loop that runs once per bucket)
         shift = sorted(f[c:c + k])[1] - sorted(f[lo:c])[1]
@@ -85,9 +89,17 @@ def scan(times: Sequence[float], steps: Sequence[float], floors: Sequence[float]
             last = c
             c += e
         else:
-            burst = _burst(f, c, k, e, max(threshold, burst_threshold), last)
+            burst = _burst(f, c, k, e, max(threshold, burst_threshold), last, origin)
             if burst is None:
-                c += 1
+                rise = _compound(f, c, k, e, threshold, burst_threshold, last)
+                if rise is None:
+                    c += 1
+                    continue
+                c1, size1, size2 = rise
+                found += [Jump(float(times[c1]), float(steps[c1]), size1),
+                          Jump(float(times[c]), float(steps[c]), size2)]
+                last = c
+                c += e
                 continue
             c1, size1, size2 = burst
             found += [Jump(float(times[c1]), float(steps[c1]), size1),
@@ -97,7 +109,7 @@ def scan(times: Sequence[float], steps: Sequence[float], floors: Sequence[float]
     if early and early < k:
         c = max(c, first)
         while c <= len(f) - early:
-            jump = _early(f, c, k, e, early, max(threshold, burst_threshold), last)
+            jump = _early(f, c, k, e, early, max(threshold, burst_threshold), last, origin)
             if jump is None:
                 c += 1
                 continue
@@ -108,7 +120,7 @@ def scan(times: Sequence[float], steps: Sequence[float], floors: Sequence[float]
 
 
 def _early(f: list[float], c: int, k: int, e: int, early: int, threshold: float,
-           last: int) -> float | None:
+           last: int, origin: int = 0) -> float | None:
     """The size of a rise at ``c`` that ``early`` buckets after it confirm, or None: larger
     than ``threshold``, in one step, level before it and over those buckets.
 
@@ -117,7 +129,7 @@ def _early(f: list[float], c: int, k: int, e: int, early: int, threshold: float,
     shorter one only where the chip's own floors showed no transient that long
     (``longest_transient``). A staircase is called at its third confirmed stair, so each
     stair confirmed sooner calls it sooner. Only rises: a drop is no leak's evidence."""
-    lo = max(c - k, last, 0)
+    lo = max(c - k, last, origin)
     shift = _second_lowest(f[c:c + early]) - _second_lowest(f[lo:c])
     if shift <= threshold or not _is_jump(f, c, e, shift, lo, c + early):
         return None
@@ -160,7 +172,7 @@ def longest_transient(floors: Sequence[float] | np.ndarray, start: int, e: int,
 
 
 def _burst(f: list[float], c2: int, k: int, e: int, threshold: float,
-           last: int) -> tuple[int, float, float] | None:
+           last: int, origin: int = 0) -> tuple[int, float, float] | None:
     """Two stairs closer together than a confirmation window, the second at ``c2`` (the
     level after it confirmed over ``k`` buckets) and the first at some ``c`` ``2 e`` to
     ``k`` buckets before it: (c, the first stair's size, the second's), or None.
@@ -182,8 +194,8 @@ def _burst(f: list[float], c2: int, k: int, e: int, threshold: float,
         return None
     sign = 1.0 if step2 > 0 else -1.0
     right = _second_lowest(f[c2:c2 + k])
-    for c in range(max(c2 - k, last + e, e), c2 - 2 * e + 1):
-        lo = max(c - k, last, 0)
+    for c in range(max(c2 - k, last + e, origin + e), c2 - 2 * e + 1):
+        lo = max(c - k, last, origin)
         middle = _second_lowest(f[c:c2])
         first, second = middle - _second_lowest(f[lo:c]), right - middle
         if sign * first <= threshold or sign * second <= threshold:
@@ -192,6 +204,68 @@ def _burst(f: list[float], c2: int, k: int, e: int, threshold: float,
         # and the left side of the second
         if _is_jump(f, c, e, first, lo, c2) and _is_jump(f, c2, e, second, c, c2 + k):
             return c, first, second
+    return None
+
+
+def _compound(f: list[float], c2: int, k: int, e: int, threshold: float,
+              burst_threshold: float, last: int) -> tuple[int, float, float] | None:
+    """A rise that ends at ``c2`` (the level after it confirmed over ``k`` buckets) and
+    began at some ``c`` ``e`` to ``k`` buckets before it, in stairs too close together for
+    ``_burst`` to tell apart: (c, the first stair's size, the rest), or None.
+
+    Three or more stairs within one confirmation window (a burst of recompilations) fail
+    every other test: no boundary has a level on both sides, and the plateaus between them
+    are shorter than two envelopes. The rise they made was lost for good (no jump, and a
+    "saturating" trend: a rise, then flat), though the floor is level for a whole window
+    before it and after it. What the floors show is a stair of a step change's size
+    (``burst_threshold``) where the rise begins, held, and one where it ends, level at
+    once after it: two jumps, the first the level held after the first stair, the second
+    the rest (at least two stairs made it; how many more, so few noisy floors do not
+    tell). The tests, each against what else rises that far that fast:
+
+    - a whole window level before ``c`` (after the last jump) and after ``c2``, each side
+      moving by less than a jump's ``threshold`` and, per bucket, by under a third of the
+      rise's own rate: a steady leak's ramp, however its floors scatter, rises on its
+      sides at its own rate;
+    - a stair at each end, each larger than a step change: a small rise is trend;
+    - level at once after the last stair, and no level above the one after it: a cache
+      that fills and saturates ends by slowing down, and a buffer held over a step change
+      falls back to it;
+    - the first stair holds until the last (no floor falls back below it): a buffer
+      held and released before a step change is no part of a rise.
+
+    Only rises: a drop is no leak's evidence."""
+    right = _second_lowest(f[c2:c2 + k])
+    right_floor = min(f[c2:c2 + e])
+    last_step = right_floor - min(f[c2 - e:c2])
+    if last_step <= max(threshold, burst_threshold) or \
+            abs(min(f[c2 + e:c2 + 2 * e]) - right_floor) > 0.3 * last_step or \
+            _second_lowest(f[c2:c2 + e]) - right > 0.3 * last_step:
+        # the rise must end in a stair of a step change's size, level at once after it: a
+        # cache that fills and saturates is one rise too, but it ends by slowing down; and
+        # a level above the one after (a buffer held over a step change) is no stair
+        return None
+    for c in range(max(c2 - k, last + k, k), c2 - e + 1):
+        lo = c - k
+        size = right - _second_lowest(f[lo:c])
+        if size <= max(threshold, burst_threshold):
+            continue
+        before = min(f[c - e:c])
+        step_up = min(f[c:c + e]) - before
+        left_rise = before - min(f[lo:lo + e])
+        right_rise = min(f[c2 + k - e:c2 + k]) - right_floor
+        held = min(f[c:c2])
+        # level sides: less than a jump (a fraction of the rise, as a single jump's sides
+        # are allowed, let a steady leak's scattered ramp pass) and, per bucket, under a
+        # third of the rise's own rate (as _early's ramp test)
+        side = 0.3 * size / (c2 - c + e) * (k - e)
+        if step_up > max(threshold, burst_threshold) and \
+                abs(left_rise) <= min(threshold, side) and \
+                abs(right_rise) <= min(threshold, side) and \
+                held >= before + step_up - threshold:
+            # at least two stairs: the one it begins with, held, and the one it ends with
+            first = held - (right - size)
+            return c, first, size - first
     return None
 
 
