@@ -265,6 +265,51 @@ def test_a_burst_of_stairs_is_two_jumps_each_tested_on_its_own_size():
     assert found == []
 
 
+def test_a_rise_of_several_stairs_within_a_confirmation_window_is_two_jumps():
+    """Three stairs in 5 buckets, 8 confirming a level, plateaus of 3 and 2 (under two
+    envelopes): no boundary is level on both sides and no plateau is long enough for a
+    burst, so the whole rise was lost for good. Level for a window before and after, a
+    stair of a step change's size at each end, the first held: two jumps, the first stair
+    and the rest. A ramp rising less than a step change per envelope, a rise that ends by
+    slowing down (a cache), and a buffer held over a step change are not."""
+    from tpumon.detect.jumps import scan
+
+    def jumps(floors, **kw):
+        times = [float(i) for i in range(len(floors))]
+        found, _ = scan(times, [math.nan] * len(floors), floors, 0, k=8, e=2, threshold=0.3,
+                        burst_threshold=0.5, **kw)
+        return [(j.time, j.size) for j in found]
+
+    assert jumps([0.0] * 12 + [1.0] * 3 + [2.0] * 2 + [3.0] * 12) == [(12.0, 1.0), (17.0, 2.0)]
+    # found the same when the scan starts at a later boundary with floors from a window
+    # further back (``origin``): the detector's incremental scans
+    floors = [0.0] * 12 + [1.0] * 3 + [2.0] * 2 + [3.0] * 12
+    times = [float(i) for i in range(len(floors))]
+    found, _ = scan(times, [math.nan] * len(floors), floors, 16, k=8, e=2, threshold=0.3,
+                    burst_threshold=0.5, origin=8)
+    assert [(j.time, j.size) for j in found] == [(12.0, 1.0), (17.0, 2.0)]
+    # a ramp rising by less than a step change per envelope, however far
+    assert jumps([0.0] * 12 + [0.2 * i for i in range(1, 9)] + [1.6] * 12) == []
+    cache = [0.0] * 12 + [3.0 * (1 - math.exp(-i / 2.0)) for i in range(1, 20)]
+    assert jumps(cache) == []
+    # a buffer held over a step change: up 2, back to 1 (its level above the one after)
+    assert jumps([0.0] * 12 + [0.5] + [2.0] * 4 + [1.0] * 12) == []
+
+
+def test_an_irregular_staircase_whose_first_stairs_come_three_in_half_an_hour_is_called():
+    """bench/detect.py seed 0's irregular-stair-0-00 (21 s polls, no step numbers, stairs of
+    1.2 GB, OOM at 7.0 h): stairs at 2.03, 2.35, 2.36 and 2.48 h were lost (a rise, then
+    flat: "saturating"), and the staircase was called at 5.5 h, with 22 % of the time
+    to the OOM left. Counted as a rise of several stairs, it is called before 4.1 h."""
+    d, oom, lead = irregular_stair_chip(1285423712, 6214, False, duration_s=25872.0,
+                                        poll_interval_s=21.0, host="irregular-stair-0-00",
+                                        seed=7000, drop_probability=0.0233,
+                                        poll_jitter_s=0.09)
+    assert len([j for j in d.job.jumps if j.time < T0 + 3 * 3600]) >= 2
+    assert d.alert is not None and d.alert["time"] < T0 + 4.1 * 3600, lead
+    assert lead > 0.4, lead
+
+
 def test_an_irregular_staircase_whose_stairs_come_in_bursts_is_called_early():
     """Stairs of 1.2 GB at random steps, 16 s polls, no step numbers (bench/detect.py seed
     3's irregular-stair-0-04): the stairs at 1.9 h and 2.2 h came closer together than a
