@@ -89,19 +89,13 @@ def scan(times: Sequence[float], steps: Sequence[float], floors: Sequence[float]
             last = c
             c += e
         else:
-            burst = _burst(f, c, k, e, max(threshold, burst_threshold), last, origin)
-            if burst is None:
-                rise = _compound(f, c, k, e, threshold, burst_threshold, last)
-                if rise is None:
-                    c += 1
-                    continue
-                c1, size1, size2 = rise
-                found += [Jump(float(times[c1]), float(steps[c1]), size1),
-                          Jump(float(times[c]), float(steps[c]), size2)]
-                last = c
-                c += e
+            # two stairs with a plateau between them, else a rise of several stairs
+            pair = _burst(f, c, k, e, max(threshold, burst_threshold), last, origin) or \
+                _compound(f, c, k, e, threshold, burst_threshold, last)
+            if pair is None:
+                c += 1
                 continue
-            c1, size1, size2 = burst
+            c1, size1, size2 = pair
             found += [Jump(float(times[c1]), float(steps[c1]), size1),
                       Jump(float(times[c]), float(steps[c]), size2)]
             last = c
