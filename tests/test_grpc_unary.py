@@ -242,8 +242,7 @@ def test_a_closed_client_fails_its_calls_instead_of_raising_another_error():
 @pytest.mark.skipif(sys.version_info < (3, 11), reason="asyncio.timeout is 3.11's")
 def test_a_call_is_one_task_on_the_loop_with_its_deadline_kept(client):
     """The deadline is kept on the calling task (asyncio.timeout), not by running the
-    exchange as a second task (wait_for), and a lone call in call_all is not gathered:
-    five event-loop turns fewer on every poll's call.
+    exchange as a second task (wait_for): two event-loop turns fewer on every poll's call.
     The deadline itself still holds: test_a_peer_that_is_not_grpc_is_a_status_within_the_deadline."""
     server = RuntimeServer(FakeRuntime(chips_metrics({0: GiB})))
     tasks = []
@@ -258,10 +257,5 @@ def test_a_call_is_one_task_on_the_loop_with_its_deadline_kept(client):
         tasks.clear()
         assert ask(client, server.port).metric.metrics[0].gauge.as_int == GiB
         assert len(tasks) == 1
-        tasks.clear()  # one call through call_all (a poll's usage from one port): no gather
-        call = Call(Endpoint("127.0.0.1", server.port), GET_RUNTIME_METRIC,
-                    pb.MetricRequest(metric_name=USAGE), pb.MetricResponse)
-        reply, = client.call_all([call], 2.0)
-        assert isinstance(reply, pb.MetricResponse) and len(tasks) == 1
     finally:
         server.stop()

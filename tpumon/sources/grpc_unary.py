@@ -85,12 +85,7 @@ class UnaryClient:
         return self._run(self._call(Call(endpoint, method, request, reply_type), timeout))
 
     def call_all(self, calls: Sequence[Call], timeout: float) -> list[Message | CallFailed]:
-        """Every call at once, each within ``timeout``: its reply or its failure, in order.
-        One call (the poll's usage from one runtime port, every second) runs as it is, not
-        under ``gather``: its task and future would be three event-loop turns more."""
-        if len(calls) == 1:
-            return [self._run(self._outcome(calls[0], timeout))]
-
+        """Every call at once, each within ``timeout``: its reply or its failure, in order."""
         async def every() -> list[Message | CallFailed]:
             return list(await asyncio.gather(*(self._outcome(c, timeout) for c in calls)))
         return self._run(every())
