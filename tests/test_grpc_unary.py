@@ -3,9 +3,7 @@ peers that are not gRPC at all: every outcome is a reply or a CallFailed with a 
 
 from __future__ import annotations
 
-import asyncio
 import socket
-import sys
 import threading
 import time
 
@@ -237,25 +235,3 @@ def test_a_closed_client_fails_its_calls_instead_of_raising_another_error():
     with pytest.raises(CallFailed) as failed:
         ask(client, 1)
     assert failed.value.status == "CANCELLED"
-
-
-@pytest.mark.skipif(sys.version_info < (3, 11), reason="asyncio.timeout is 3.11's")
-def test_a_call_is_one_task_on_the_loop_with_its_deadline_kept(client):
-    """The deadline is kept on the calling task (asyncio.timeout), not by running the
-    exchange as a second task (wait_for): two event-loop turns fewer on every poll's call.
-    The deadline itself still holds: test_a_peer_that_is_not_grpc_is_a_status_within_the_deadline."""
-    server = RuntimeServer(FakeRuntime(chips_metrics({0: GiB})))
-    tasks = []
-
-    def factory(loop, coro, **kwargs):
-        task = asyncio.Task(coro, loop=loop, **kwargs)
-        tasks.append(task)
-        return task
-    client._loop.set_task_factory(factory)
-    try:
-        ask(client, server.port)  # dials: grpclib's connection may start tasks of its own
-        tasks.clear()
-        assert ask(client, server.port).metric.metrics[0].gauge.as_int == GiB
-        assert len(tasks) == 1
-    finally:
-        server.stop()

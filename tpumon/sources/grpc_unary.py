@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import struct
-import sys
 from dataclasses import dataclass
 from typing import Any, Coroutine, Sequence, TypeVar
 
@@ -113,7 +112,7 @@ class UnaryClient:
 
     async def _call(self, call: Call, timeout: float) -> Any:
         try:
-            return await _within(self._exchange(call, timeout), timeout)
+            return await asyncio.wait_for(self._exchange(call, timeout), timeout)
         except CallFailed:
             raise
         except asyncio.TimeoutError:
@@ -177,18 +176,3 @@ class UnaryClient:
         channel = self._channels.pop(endpoint, None)
         if channel is not None:
             channel.close()
-
-
-async def _within(work: Coroutine[Any, Any, Reply], timeout: float) -> Reply:
-    """``work``'s result, or asyncio.TimeoutError after ``timeout`` seconds.
-
-    grpclib enforces the deadline it sends only around its own awaits, not around the
-    reply's body read above, so the whole exchange needs a timeout of its own. Python 3.11's
-    ``asyncio.timeout`` cancels the calling task itself at the deadline; ``wait_for`` runs
-    the exchange as a second task and hands its result back through a future, which is two
-    event-loop turns more a call (a call a second on the poll thread: docs/benchmarks.md,
-    issue 25, session 14). On 3.10 ``wait_for`` is all there is."""
-    if sys.version_info >= (3, 11):
-        async with asyncio.timeout(timeout):
-            return await work
-    return await asyncio.wait_for(work, timeout)
