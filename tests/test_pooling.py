@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -312,3 +313,68 @@ def test_the_agent_and_analyze_agree_on_a_many_chip_slice():
         alert = replayed[key].alert
         assert (alert["time"], alert["reason"], alert["predicted_oom_time"],
                 alert["slope_bytes_per_second"]) == (t, reason, forecast, rate)
+
+
+def stepped(verdict: Verdict, jumps: list[tuple[float, float]], own: float = 0.0,
+            envelope: float = 480.0):
+    """A chip whose floor rose in jumps ((hour, GiB) each): a staircase leak growing ``own``
+    GiB/h, or a step change flat between its jumps (its trend's interval around zero)."""
+    from tpumon.detect import Assessment
+    from tpumon.detect.jumps import Jump
+
+    hour, gib = 3600.0, 2.0**30
+    low, high = (own * 0.5, own * 1.5) if own else (-0.01, 0.01)
+    return Assessment(verdict, "", floor_bytes=8 * gib, transient_bytes=2 * gib,
+                      total_bytes=32 * gib, slope_bytes_per_second=own * gib / hour,
+                      slope_bytes_per_second_low=low * gib / hour,
+                      slope_bytes_per_second_high=high * gib / hour,
+                      slope_bytes_per_step=own * gib / hour / 2,
+                      slope_bytes_per_step_low=low * gib / hour / 2,
+                      slope_bytes_per_step_high=high * gib / hour / 2,
+                      window_start=0.0, window_seconds=3.2 * hour, step=6400.0,
+                      level_jumps=tuple(Jump(h * hour, math.nan, s * gib) for h, s in jumps),
+                      envelope_seconds=envelope)
+
+
+def test_a_step_change_whose_jumps_are_the_jobs_staircase_joins_it():
+    """bench/detect.py seed 0, irregular-stair-0-03: chip 3 is called a staircase at 3.19 h
+    (three jumps of ~1.4 GiB); chips 0-2 jumped at the same moments, flat between, so their
+    own verdict is step_change (2 permanent jumps) until their own third jump. They climb
+    the same stairs: they join chip 3's leak at its rate, with their own forecast. A chip
+    whose jumps came at other moments, or at another size, or only one of them, does not."""
+    stairs = stepped(Verdict.LEAK, [(1.0, 1.4), (2.1, 1.5), (3.1, 1.4)], own=1.4)
+    same = stepped(Verdict.STEP_CHANGE, [(1.0 + 300 / 3600, 1.6), (2.1 - 200 / 3600, 1.5)])
+    elsewhere = stepped(Verdict.STEP_CHANGE, [(1.0, 1.6), (1.6, 1.5)])
+    smaller = stepped(Verdict.STEP_CHANGE, [(1.0, 0.5), (2.1, 0.5)])
+    once = stepped(Verdict.STEP_CHANGE, [(1.0, 1.5)])
+    chips = {"3": stairs, "0": same, "1": elsewhere, "2": smaller, "4": once}
+    pooled = pool_jobs(chips, {c: "job" for c in chips})
+    assert {c for c, a in pooled.items() if a.verdict is Verdict.LEAK} == {"3", "0"}
+    joined = pooled["0"]
+    assert joined.slope_bytes_per_second == stairs.slope_bytes_per_second
+    headroom = 32 - 2 - 8  # GiB: its own floor and transient, at the job's 1.4 GiB/h
+    assert joined.predicted_oom_time == pytest.approx(3.2 * 3600 + headroom / 1.4 * 3600)
+    assert joined.predicted_oom_step == pytest.approx(6400 + headroom / 1.4 * 3600 * 2)
+    # a trend leak (no staircase) lends no stairs: a step change does not join it
+    trend = dataclasses.replace(stairs, level_jumps=())
+    pooled = pool_jobs({"3": trend, "0": same}, {"3": "job", "0": "job"})
+    assert pooled["0"].verdict is Verdict.STEP_CHANGE
+
+
+def test_a_step_change_joins_when_a_staircase_comes_though_its_own_is_unchanged():
+    """The replay decides pooled verdicts incrementally: chip 1 (two jumps) says nothing
+    new when chip 0's leak, first a trend, becomes a staircase of the same jumps at t=300
+    (the job's rate unchanged): chip 1 must still be looked at then, as ``pool_job`` does."""
+    from tpumon.detect.replay import replay_pooling
+
+    stairs = stepped(Verdict.LEAK, [(0.01, 1.4), (0.03, 1.5), (0.05, 1.4)], own=1.4)
+    logs = [[(100.0, 0.0, dataclasses.replace(stairs, level_jumps=())), (300.0, 0.0, stairs)],
+            [(100.0, 0.0, stepped(Verdict.STEP_CHANGE, [(0.01, 1.5), (0.03, 1.4)]))],
+            [(200.0, 0.0, fitted(Verdict.OK, -0.1, 0.0, 0.1))]]
+    times = np.arange(0.0, 400.0, 10.0)
+    cols = [SeriesColumns(times, times, times, times + 1.0) for _ in logs]
+    verdicts, alerts = pool_at_every_moment("job", logs, cols)
+    pooled = replay_pooling("job", logs, cols)
+    assert pooled.verdicts == verdicts and pooled.alerts == alerts
+    assert replay_pooling("job", logs, cols, timelines=False).alerts == alerts
+    assert sorted((i, a["time"]) for i, a in alerts.items()) == [(0, 100.0), (1, 300.0)]
