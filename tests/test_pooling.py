@@ -378,3 +378,35 @@ def test_a_step_change_joins_when_a_staircase_comes_though_its_own_is_unchanged(
     assert pooled.verdicts == verdicts and pooled.alerts == alerts
     assert replay_pooling("job", logs, cols, timelines=False).alerts == alerts
     assert sorted((i, a["time"]) for i, a in alerts.items()) == [(0, 100.0), (1, 300.0)]
+
+
+def test_chips_climbing_one_staircase_are_called_with_the_first_of_them():
+    """bench/detect.py seed 0, irregular-stair-0-03 (stairs of 1.04 GiB every ~3600 steps
+    at irregular times, on all 4 chips, 17 s polls): chip 3 confirms its third stair first
+    and is called a staircase; chips 0-2 then say step_change (their two jumps, the same
+    stairs) and alone are called only on their own third stair. Pooled, all four are called
+    at chip 3's moment, the agent (every poll) and analyze (replay) alike."""
+    from tpumon.detect.replay import _run_chip
+
+    rows = list(generate_trace(
+        "irregular-staircase", duration_s=24954.0, poll_interval_s=16.7, chips=4,
+        host="irregular-stair-0-03", seed=10007003, drop_probability=0.0208,
+        poll_jitter_s=0.373, hbm_total_bytes=34088157184, leak_onset_step=0,
+        leak_bytes_per_step=0, stair_bytes=1117334529, stair_every_steps=3597))
+    cols = {}
+    for chip in sorted({r.chip for r in rows}):
+        mine = [r for r in rows if r.chip == chip]
+        cols[(HOST, chip)] = SeriesColumns(
+            np.array([r.time for r in mine]),
+            np.array([math.nan if r.step is None else r.step for r in mine], float),
+            np.array([r.hbm_used_bytes for r in mine]), np.array([r.hbm_total_bytes for r in mine]))
+    alone = [_run_chip(c, None, log=False).alert["time"] for c in cols.values()]
+    first = min(alone)
+    assert sum(t == first for t in alone) < len(alone)  # some chips are called later alone
+    replayed = {r.chip: r for r in replay_columns(cols)}
+    assert {chip: r.alert["time"] for chip, r in replayed.items()} == \
+        {chip: first for chip in replayed}
+    agent = agent_alerts(cols)
+    assert {chip: t for chip, (t, _) in agent.items()} == {chip: first for chip in replayed}
+    for chip, (_, forecast) in agent.items():
+        assert replayed[chip].alert["predicted_oom_time"] == forecast
