@@ -352,6 +352,7 @@ def test_a_step_change_whose_jumps_are_the_jobs_staircase_joins_it():
     assert {c for c, a in pooled.items() if a.verdict is Verdict.LEAK} == {"3", "0"}
     joined = pooled["0"]
     assert joined.slope_bytes_per_second == stairs.slope_bytes_per_second
+    assert joined.reason.startswith("floor rose in the same jumps as the job's leaking chips")
     headroom = 32 - 2 - 8  # GiB: its own floor and transient, at the job's 1.4 GiB/h
     assert joined.predicted_oom_time == pytest.approx(3.2 * 3600 + headroom / 1.4 * 3600)
     assert joined.predicted_oom_step == pytest.approx(6400 + headroom / 1.4 * 3600 * 2)

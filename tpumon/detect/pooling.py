@@ -120,19 +120,27 @@ def _pooled_leak(a: Assessment, rate: float, stairs: Stairs) -> bool:
 
 class Stairs:
     """The jumps of a job's staircase leaks (``Assessment.level_jumps`` of its chips whose
-    own verdict is leak at a rate), sorted by time, each with its chip's envelope span."""
+    own verdict is leak at a rate), sorted by time, each with its chip's envelope span;
+    sorted when first asked (most polls of a job no step change may join)."""
 
     def __init__(self, leaks: Iterable[Assessment]) -> None:
-        pairs = sorted((j.time, j.size, a.envelope_seconds or 0.0)
-                       for a in leaks for j in a.level_jumps)
-        self.times = [t for t, _, _ in pairs]
-        self.sizes = [s for _, s, _ in pairs]
-        self.spans = [e for _, _, e in pairs]
-        self.widest = max(self.spans, default=0.0)
+        self._leaks: Iterable[Assessment] | None = leaks
+        self.times: list[float] = []
+        self.sizes: list[float] = []
+        self.spans: list[float] = []
+        self.widest = 0.0
 
     def has_all(self, a: Assessment) -> bool:
         """Whether each of a chip's own jumps is one of these: within the wider of the two
         chips' envelopes in time, half to twice its size."""
+        if self._leaks is not None:
+            pairs = sorted((j.time, j.size, b.envelope_seconds or 0.0)
+                           for b in self._leaks for j in b.level_jumps)
+            self._leaks = None
+            self.times = [t for t, _, _ in pairs]
+            self.sizes = [s for _, s, _ in pairs]
+            self.spans = [e for _, _, e in pairs]
+            self.widest = max(self.spans, default=0.0)
         return bool(self.times) and all(self._has(j, a.envelope_seconds or 0.0)
                                         for j in a.level_jumps)
 
@@ -196,8 +204,10 @@ def _joined(a: Assessment, rate: float, interval: tuple[float, float]) -> Assess
         a, verdict=Verdict.LEAK, predicted_oom_time=times[0], predicted_oom_time_low=times[1],
         predicted_oom_time_high=times[2], predicted_oom_step=steps[0],
         predicted_oom_step_low=steps[1], predicted_oom_step_high=steps[2], **fields)
-    return dataclasses.replace(joined, reason=f"floor grows {_growth([joined], rate)} like "
-                               f"the job's leaking chips; {_oom_in(joined)}")
+    growth = _growth([joined], rate)
+    how = f"grows {growth} like the job's leaking chips" if _may_join(a) else \
+        f"rose in the same jumps as the job's leaking chips ({growth})"
+    return dataclasses.replace(joined, reason=f"floor {how}; {_oom_in(joined)}")
 
 
 def _steps_per_second(a: Assessment) -> float | None:
@@ -291,7 +301,7 @@ class JobPool:
     def stairs(self) -> Stairs:
         """The jumps of the job's staircase leaks (``pool_job``'s ``Stairs``)."""
         if self._stairs is None:
-            self._stairs = Stairs(self._evidence.values())
+            self._stairs = Stairs(list(self._evidence.values()))
         return self._stairs
 
     def first_leaks(self, changed: Sequence[int]) -> list[int]:
