@@ -19,8 +19,14 @@ HOST = "t1v-n-77aa"
 
 
 def columns(scenario: str, hours: float, seed: int, **overrides) -> dict:
-    rows = list(generate_trace(scenario, duration_s=hours * 3600, poll_interval_s=10, chips=4,
-                               seed=seed, host=HOST, drop_probability=0.02, **overrides))
+    return by_chip(generate_trace(scenario, duration_s=hours * 3600, poll_interval_s=10,
+                                  chips=4, seed=seed, host=HOST, drop_probability=0.02,
+                                  **overrides))
+
+
+def by_chip(trace) -> dict:
+    """A generated trace's rows as each chip's columns."""
+    rows = list(trace)
     out = {}
     for chip in sorted({r.chip for r in rows}):
         mine = [r for r in rows if r.chip == chip]
@@ -189,23 +195,30 @@ def fitted(verdict: Verdict, low: float, own: float, high: float, start: float =
                       window_start=start, window_seconds=2700.0)
 
 
-def test_a_chip_joins_when_the_jobs_rate_comes_to_its_size_though_its_own_is_unchanged():
-    """Chip 1 grows 0.45 GiB/h, too slow to join chip 0's leak at 1 GiB/h; chip 0's rate
-    falls to 0.8 GiB/h at t=300, chip 1 saying nothing new: it joins then. (The pooled
-    replay decides verdicts incrementally; a chip unchanged must still be looked at when
-    the job's rate moves.)"""
+def replayed_as_pool_job(logs: list) -> dict[int, dict]:
+    """The alerts of the pooled replay of one job's logs (each chip's (time, step,
+    assessment) list), checked against ``pool_job`` at every moment (verdicts and alerts)."""
     from tpumon.detect.replay import replay_pooling
 
-    logs = [[(100.0, 0.0, fitted(Verdict.LEAK, 0.9, 1.0, 1.1)),
-             (300.0, 0.0, fitted(Verdict.LEAK, 0.7, 0.8, 0.9, 200.0))],
-            [(100.0, 0.0, fitted(Verdict.OK, 0.3, 0.45, 0.6))],
-            [(200.0, 0.0, fitted(Verdict.OK, -0.1, 0.0, 0.1))]]
     times = np.arange(0.0, 400.0, 10.0)
     cols = [SeriesColumns(times, times, times, times + 1.0) for _ in logs]
     verdicts, alerts = pool_at_every_moment("job", logs, cols)
     pooled = replay_pooling("job", logs, cols)
     assert pooled.verdicts == verdicts and pooled.alerts == alerts
     assert replay_pooling("job", logs, cols, timelines=False).alerts == alerts
+    return alerts
+
+
+def test_a_chip_joins_when_the_jobs_rate_comes_to_its_size_though_its_own_is_unchanged():
+    """Chip 1 grows 0.45 GiB/h, too slow to join chip 0's leak at 1 GiB/h; chip 0's rate
+    falls to 0.8 GiB/h at t=300, chip 1 saying nothing new: it joins then. (The pooled
+    replay decides verdicts incrementally; a chip unchanged must still be looked at when
+    the job's rate moves.)"""
+    logs = [[(100.0, 0.0, fitted(Verdict.LEAK, 0.9, 1.0, 1.1)),
+             (300.0, 0.0, fitted(Verdict.LEAK, 0.7, 0.8, 0.9, 200.0))],
+            [(100.0, 0.0, fitted(Verdict.OK, 0.3, 0.45, 0.6))],
+            [(200.0, 0.0, fitted(Verdict.OK, -0.1, 0.0, 0.1))]]
+    alerts = replayed_as_pool_job(logs)
     assert sorted((i, a["time"]) for i, a in alerts.items()) == [(0, 100.0), (1, 300.0)]
     assert alerts[1]["reason"].endswith("(2 of 3 chips of job)")
 
@@ -366,18 +379,11 @@ def test_a_step_change_joins_when_a_staircase_comes_though_its_own_is_unchanged(
     """The replay decides pooled verdicts incrementally: chip 1 (two jumps) says nothing
     new when chip 0's leak, first a trend, becomes a staircase of the same jumps at t=300
     (the job's rate unchanged): chip 1 must still be looked at then, as ``pool_job`` does."""
-    from tpumon.detect.replay import replay_pooling
-
     stairs = stepped(Verdict.LEAK, [(0.01, 1.4), (0.03, 1.5), (0.05, 1.4)], own=1.4)
     logs = [[(100.0, 0.0, dataclasses.replace(stairs, level_jumps=())), (300.0, 0.0, stairs)],
             [(100.0, 0.0, stepped(Verdict.STEP_CHANGE, [(0.01, 1.5), (0.03, 1.4)]))],
             [(200.0, 0.0, fitted(Verdict.OK, -0.1, 0.0, 0.1))]]
-    times = np.arange(0.0, 400.0, 10.0)
-    cols = [SeriesColumns(times, times, times, times + 1.0) for _ in logs]
-    verdicts, alerts = pool_at_every_moment("job", logs, cols)
-    pooled = replay_pooling("job", logs, cols)
-    assert pooled.verdicts == verdicts and pooled.alerts == alerts
-    assert replay_pooling("job", logs, cols, timelines=False).alerts == alerts
+    alerts = replayed_as_pool_job(logs)
     assert sorted((i, a["time"]) for i, a in alerts.items()) == [(0, 100.0), (1, 300.0)]
 
 
@@ -389,18 +395,11 @@ def test_chips_climbing_one_staircase_are_called_with_the_first_of_them():
     at chip 3's moment, the agent (every poll) and analyze (replay) alike."""
     from tpumon.detect.replay import _run_chip
 
-    rows = list(generate_trace(
+    cols = by_chip(generate_trace(
         "irregular-staircase", duration_s=24954.0, poll_interval_s=16.7, chips=4,
-        host="irregular-stair-0-03", seed=10007003, drop_probability=0.0208,
-        poll_jitter_s=0.373, hbm_total_bytes=34088157184, leak_onset_step=0,
-        leak_bytes_per_step=0, stair_bytes=1117334529, stair_every_steps=3597))
-    cols = {}
-    for chip in sorted({r.chip for r in rows}):
-        mine = [r for r in rows if r.chip == chip]
-        cols[(HOST, chip)] = SeriesColumns(
-            np.array([r.time for r in mine]),
-            np.array([math.nan if r.step is None else r.step for r in mine], float),
-            np.array([r.hbm_used_bytes for r in mine]), np.array([r.hbm_total_bytes for r in mine]))
+        host=HOST, seed=10007003, drop_probability=0.0208, poll_jitter_s=0.373,
+        hbm_total_bytes=34088157184, leak_onset_step=0, leak_bytes_per_step=0,
+        stair_bytes=1117334529, stair_every_steps=3597))
     alone = [_run_chip(c, None, log=False).alert["time"] for c in cols.values()]
     first = min(alone)
     assert sum(t == first for t in alone) < len(alone)  # some chips are called later alone
