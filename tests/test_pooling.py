@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -18,8 +19,14 @@ HOST = "t1v-n-77aa"
 
 
 def columns(scenario: str, hours: float, seed: int, **overrides) -> dict:
-    rows = list(generate_trace(scenario, duration_s=hours * 3600, poll_interval_s=10, chips=4,
-                               seed=seed, host=HOST, drop_probability=0.02, **overrides))
+    return by_chip(generate_trace(scenario, duration_s=hours * 3600, poll_interval_s=10,
+                                  chips=4, seed=seed, host=HOST, drop_probability=0.02,
+                                  **overrides))
+
+
+def by_chip(trace) -> dict:
+    """A generated trace's rows as each chip's columns."""
+    rows = list(trace)
     out = {}
     for chip in sorted({r.chip for r in rows}):
         mine = [r for r in rows if r.chip == chip]
@@ -188,23 +195,30 @@ def fitted(verdict: Verdict, low: float, own: float, high: float, start: float =
                       window_start=start, window_seconds=2700.0)
 
 
-def test_a_chip_joins_when_the_jobs_rate_comes_to_its_size_though_its_own_is_unchanged():
-    """Chip 1 grows 0.45 GiB/h, too slow to join chip 0's leak at 1 GiB/h; chip 0's rate
-    falls to 0.8 GiB/h at t=300, chip 1 saying nothing new: it joins then. (The pooled
-    replay decides verdicts incrementally; a chip unchanged must still be looked at when
-    the job's rate moves.)"""
+def replayed_as_pool_job(logs: list) -> dict[int, dict]:
+    """The alerts of the pooled replay of one job's logs (each chip's (time, step,
+    assessment) list), checked against ``pool_job`` at every moment (verdicts and alerts)."""
     from tpumon.detect.replay import replay_pooling
 
-    logs = [[(100.0, 0.0, fitted(Verdict.LEAK, 0.9, 1.0, 1.1)),
-             (300.0, 0.0, fitted(Verdict.LEAK, 0.7, 0.8, 0.9, 200.0))],
-            [(100.0, 0.0, fitted(Verdict.OK, 0.3, 0.45, 0.6))],
-            [(200.0, 0.0, fitted(Verdict.OK, -0.1, 0.0, 0.1))]]
     times = np.arange(0.0, 400.0, 10.0)
     cols = [SeriesColumns(times, times, times, times + 1.0) for _ in logs]
     verdicts, alerts = pool_at_every_moment("job", logs, cols)
     pooled = replay_pooling("job", logs, cols)
     assert pooled.verdicts == verdicts and pooled.alerts == alerts
     assert replay_pooling("job", logs, cols, timelines=False).alerts == alerts
+    return alerts
+
+
+def test_a_chip_joins_when_the_jobs_rate_comes_to_its_size_though_its_own_is_unchanged():
+    """Chip 1 grows 0.45 GiB/h, too slow to join chip 0's leak at 1 GiB/h; chip 0's rate
+    falls to 0.8 GiB/h at t=300, chip 1 saying nothing new: it joins then. (The pooled
+    replay decides verdicts incrementally; a chip unchanged must still be looked at when
+    the job's rate moves.)"""
+    logs = [[(100.0, 0.0, fitted(Verdict.LEAK, 0.9, 1.0, 1.1)),
+             (300.0, 0.0, fitted(Verdict.LEAK, 0.7, 0.8, 0.9, 200.0))],
+            [(100.0, 0.0, fitted(Verdict.OK, 0.3, 0.45, 0.6))],
+            [(200.0, 0.0, fitted(Verdict.OK, -0.1, 0.0, 0.1))]]
+    alerts = replayed_as_pool_job(logs)
     assert sorted((i, a["time"]) for i, a in alerts.items()) == [(0, 100.0), (1, 300.0)]
     assert alerts[1]["reason"].endswith("(2 of 3 chips of job)")
 
@@ -312,3 +326,87 @@ def test_the_agent_and_analyze_agree_on_a_many_chip_slice():
         alert = replayed[key].alert
         assert (alert["time"], alert["reason"], alert["predicted_oom_time"],
                 alert["slope_bytes_per_second"]) == (t, reason, forecast, rate)
+
+
+def stepped(verdict: Verdict, jumps: list[tuple[float, float]], own: float = 0.0,
+            envelope: float = 480.0):
+    """A chip whose floor rose in jumps ((hour, GiB) each): a staircase leak growing ``own``
+    GiB/h, or a step change flat between its jumps (its trend's interval around zero)."""
+    from tpumon.detect import Assessment
+    from tpumon.detect.jumps import Jump
+
+    hour, gib = 3600.0, 2.0**30
+    low, high = (own * 0.5, own * 1.5) if own else (-0.01, 0.01)
+    return Assessment(verdict, "", floor_bytes=8 * gib, transient_bytes=2 * gib,
+                      total_bytes=32 * gib, slope_bytes_per_second=own * gib / hour,
+                      slope_bytes_per_second_low=low * gib / hour,
+                      slope_bytes_per_second_high=high * gib / hour,
+                      slope_bytes_per_step=own * gib / hour / 2,
+                      slope_bytes_per_step_low=low * gib / hour / 2,
+                      slope_bytes_per_step_high=high * gib / hour / 2,
+                      window_start=0.0, window_seconds=3.2 * hour, step=6400.0,
+                      level_jumps=tuple(Jump(h * hour, math.nan, s * gib) for h, s in jumps),
+                      envelope_seconds=envelope)
+
+
+def test_a_step_change_whose_jumps_are_the_jobs_staircase_joins_it():
+    """bench/detect.py seed 0, irregular-stair-0-03: chip 3 is called a staircase at 3.19 h
+    (three jumps of ~1.4 GiB); chips 0-2 jumped at the same moments, flat between, so their
+    own verdict is step_change (2 permanent jumps) until their own third jump. They climb
+    the same stairs: they join chip 3's leak at its rate, with their own forecast. A chip
+    whose jumps came at other moments, or at another size, or only one of them, does not."""
+    stairs = stepped(Verdict.LEAK, [(1.0, 1.4), (2.1, 1.5), (3.1, 1.4)], own=1.4)
+    same = stepped(Verdict.STEP_CHANGE, [(1.0 + 300 / 3600, 1.6), (2.1 - 200 / 3600, 1.5)])
+    elsewhere = stepped(Verdict.STEP_CHANGE, [(1.0, 1.6), (1.6, 1.5)])
+    smaller = stepped(Verdict.STEP_CHANGE, [(1.0, 0.5), (2.1, 0.5)])
+    once = stepped(Verdict.STEP_CHANGE, [(1.0, 1.5)])
+    chips = {"3": stairs, "0": same, "1": elsewhere, "2": smaller, "4": once}
+    pooled = pool_jobs(chips, {c: "job" for c in chips})
+    assert {c for c, a in pooled.items() if a.verdict is Verdict.LEAK} == {"3", "0"}
+    joined = pooled["0"]
+    assert joined.slope_bytes_per_second == stairs.slope_bytes_per_second
+    assert joined.reason.startswith("floor rose in the same jumps as the job's leaking chips")
+    headroom = 32 - 2 - 8  # GiB: its own floor and transient, at the job's 1.4 GiB/h
+    assert joined.predicted_oom_time == pytest.approx(3.2 * 3600 + headroom / 1.4 * 3600)
+    assert joined.predicted_oom_step == pytest.approx(6400 + headroom / 1.4 * 3600 * 2)
+    # a trend leak (no staircase) lends no stairs: a step change does not join it
+    trend = dataclasses.replace(stairs, level_jumps=())
+    pooled = pool_jobs({"3": trend, "0": same}, {"3": "job", "0": "job"})
+    assert pooled["0"].verdict is Verdict.STEP_CHANGE
+
+
+def test_a_step_change_joins_when_a_staircase_comes_though_its_own_is_unchanged():
+    """The replay decides pooled verdicts incrementally: chip 1 (two jumps) says nothing
+    new when chip 0's leak, first a trend, becomes a staircase of the same jumps at t=300
+    (the job's rate unchanged): chip 1 must still be looked at then, as ``pool_job`` does."""
+    stairs = stepped(Verdict.LEAK, [(0.01, 1.4), (0.03, 1.5), (0.05, 1.4)], own=1.4)
+    logs = [[(100.0, 0.0, dataclasses.replace(stairs, level_jumps=())), (300.0, 0.0, stairs)],
+            [(100.0, 0.0, stepped(Verdict.STEP_CHANGE, [(0.01, 1.5), (0.03, 1.4)]))],
+            [(200.0, 0.0, fitted(Verdict.OK, -0.1, 0.0, 0.1))]]
+    alerts = replayed_as_pool_job(logs)
+    assert sorted((i, a["time"]) for i, a in alerts.items()) == [(0, 100.0), (1, 300.0)]
+
+
+def test_chips_climbing_one_staircase_are_called_with_the_first_of_them():
+    """bench/detect.py seed 0, irregular-stair-0-03 (stairs of 1.04 GiB every ~3600 steps
+    at irregular times, on all 4 chips, 17 s polls): chip 3 confirms its third stair first
+    and is called a staircase; chips 0-2 then say step_change (their two jumps, the same
+    stairs) and alone are called only on their own third stair. Pooled, all four are called
+    at chip 3's moment, the agent (every poll) and analyze (replay) alike."""
+    from tpumon.detect.replay import _run_chip
+
+    cols = by_chip(generate_trace(
+        "irregular-staircase", duration_s=24954.0, poll_interval_s=16.7, chips=4,
+        host=HOST, seed=10007003, drop_probability=0.0208, poll_jitter_s=0.373,
+        hbm_total_bytes=34088157184, leak_onset_step=0, leak_bytes_per_step=0,
+        stair_bytes=1117334529, stair_every_steps=3597))
+    alone = [_run_chip(c, None, log=False).alert["time"] for c in cols.values()]
+    first = min(alone)
+    assert sum(t == first for t in alone) < len(alone)  # some chips are called later alone
+    replayed = {r.chip: r for r in replay_columns(cols)}
+    assert {chip: r.alert["time"] for chip, r in replayed.items()} == \
+        {chip: first for chip in replayed}
+    agent = agent_alerts(cols)
+    assert {chip: t for chip, (t, _) in agent.items()} == {chip: first for chip in replayed}
+    for chip, (_, forecast) in agent.items():
+        assert replayed[chip].alert["predicted_oom_time"] == forecast

@@ -116,6 +116,11 @@ class Assessment:
     points: int = 0
     z: float | None = None
     jumps: int = 0
+    # the jumps behind the verdict (a leak's staircase, a step change's permanent jumps;
+    # empty otherwise) and the span of a floor envelope, within which two chips' jumps are
+    # one moment: chips of a job whose jumps are the same stairs share them (pooling)
+    level_jumps: tuple[Jump, ...] = ()
+    envelope_seconds: float | None = None
     step: float | None = None
     job_start: float | None = None
     restarts: int = 0
@@ -625,8 +630,8 @@ class ChipDetector:
         # that falls below z 4 must not resolve an alert and raise it again a bucket later
         continuous = fit.slope_low > 0 and (job.leaking or fit.z >= self.settings.z_threshold)
         start = job.trend_start if job.trend_start is not None else first
-        stairs = find_staircase([j for j in job.jumps if j.time >= start], now,
-                                self.settings.staircase_min_jumps)
+        since = [j for j in job.jumps if j.time >= start]
+        stairs = find_staircase(since, now, self.settings.staircase_min_jumps)
         if stairs and not continuous and not self._significant(
                 job.history.window(now - stairs.span_seconds, self.settings.fit_points), now):
             stairs = None
@@ -638,6 +643,8 @@ class ChipDetector:
         common = dict(base, floor_bytes=fit.level, transient_bytes=job.transient,
                       window_start=first, window_seconds=window, points=fit.n,
                       z=fit.z, jumps=len(in_window),
+                      level_jumps=tuple(j for j in since if j.size > 0) if stairs else (),
+                      envelope_seconds=self._envelope * (self.width or 0.0),
                       **slope_fields(fit.slope + stair, fit.slope_low + stair_low,
                                      fit.slope_high + stair_high, steps_per_second))
         rate = (fit.slope if continuous else 0.0) + stair
@@ -784,6 +791,6 @@ class ChipDetector:
             size = sum(j.size for j in big)
             return _Said(Verdict.STEP_CHANGE,
                          f"{len(big)} permanent jump(s), {format_bytes(size)} in all; "
-                         "flat otherwise", common)
+                         "flat otherwise", dict(common, level_jumps=tuple(big)))
         why = "growth is slowing down (saturating)" if decelerating else "no significant growth"
         return _Said(Verdict.OK, why, common)

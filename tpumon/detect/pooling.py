@@ -13,6 +13,14 @@ capacity). So the chips of a job that grow alike get one verdict,
 and the reason says so ("all 16 chips of job 4242 grow 39.1 KiB/step"); chips that do not
 keep their own.
 
+A job's leak may be a staircase (jumps that keep coming, ``Assessment.level_jumps`` of a
+leak): a chip of the job whose floor rose in the very same stairs, flat between them, has
+a trend of ~0 and its own verdict ``step_change``, and its growth is no evidence of joining
+at all. It joins when its own permanent jumps, at least two, are the staircase's: each
+within a floor envelope in time of a leaking chip's jump (both chips' detectors call that
+one moment) and of its size (half to twice, as rates join). One rank's staircase does not
+pull in chips whose jumps, if any, came at other moments or at other sizes.
+
 A job is what the caller knows: the agent groups chips by the process that holds them,
 ``tpumon analyze`` by slice (a host name less its ``-w-N`` worker suffix). Pure and
 deterministic: the pooled verdicts are a function of the chips' assessments at one moment,
@@ -29,6 +37,7 @@ from collections import defaultdict
 from typing import Iterable, Mapping, Sequence
 
 from tpumon.detect.detector import Assessment, Verdict, describe_growth, slope_fields
+from tpumon.detect.jumps import Jump
 
 
 def pool_jobs(assessments: Mapping[str, Assessment],
@@ -53,7 +62,8 @@ def pool_job(job: str, chips: Mapping[str, Assessment]) -> dict[str, Assessment]
     if not leaks:
         return dict(chips)
     rate = statistics.median(a.slope_bytes_per_second or 0.0 for a in leaks)
-    leaking = {c for c, a in chips.items() if _pooled_leak(a, rate)}
+    stairs = Stairs(leaks)
+    leaking = {c for c, a in chips.items() if _pooled_leak(a, rate, stairs)}
     shared = JobLeak(job, leaks, rate, len(leaking), len(chips))
     return {c: shared.assessment(a) if c in leaking else a for c, a in chips.items()}
 
@@ -101,9 +111,54 @@ def _evidence(a: Assessment) -> bool:
     return a.verdict is Verdict.LEAK and bool(a.slope_bytes_per_second)
 
 
-def _pooled_leak(a: Assessment, rate: float) -> bool:
-    """Whether a chip's pooled verdict is leak, its job's leaking chips growing at ``rate``."""
-    return a.verdict is Verdict.LEAK or _grows_alike(a, rate)
+def _pooled_leak(a: Assessment, rate: float, stairs: Stairs) -> bool:
+    """Whether a chip's pooled verdict is leak, its job's leaking chips growing at ``rate``
+    (``stairs``: their staircases' jumps)."""
+    return a.verdict is Verdict.LEAK or _grows_alike(a, rate) or (
+        _may_climb(a) and stairs.has_all(a))
+
+
+class Stairs:
+    """The jumps of a job's staircase leaks (``Assessment.level_jumps`` of its chips whose
+    own verdict is leak at a rate), sorted by time, each with its chip's envelope span;
+    sorted when first asked (most polls of a job no step change may join)."""
+
+    def __init__(self, leaks: Iterable[Assessment]) -> None:
+        self._leaks: Iterable[Assessment] | None = leaks
+        self.times: list[float] = []
+        self.sizes: list[float] = []
+        self.spans: list[float] = []
+        self.widest = 0.0
+
+    def has_all(self, a: Assessment) -> bool:
+        """Whether each of a chip's own jumps is one of these: within the wider of the two
+        chips' envelopes in time, half to twice its size."""
+        if self._leaks is not None:
+            pairs = sorted((j.time, j.size, b.envelope_seconds or 0.0)
+                           for b in self._leaks for j in b.level_jumps)
+            self._leaks = None
+            self.times = [t for t, _, _ in pairs]
+            self.sizes = [s for _, s, _ in pairs]
+            self.spans = [e for _, _, e in pairs]
+            self.widest = max(self.spans, default=0.0)
+        return bool(self.times) and all(self._has(j, a.envelope_seconds or 0.0)
+                                        for j in a.level_jumps)
+
+    def _has(self, jump: Jump, span: float) -> bool:
+        reach = max(span, self.widest)
+        lo = bisect.bisect_left(self.times, jump.time - reach)
+        hi = bisect.bisect_right(self.times, jump.time + reach)
+        return any(abs(self.times[i] - jump.time) <= max(span, self.spans[i])
+                   and self.sizes[i] / 2 <= jump.size <= 2 * self.sizes[i]
+                   for i in range(lo, hi))
+
+
+def _may_climb(a: Assessment) -> bool:
+    """A step change (flat between permanent jumps, at least two) that may join a job's
+    staircase leak whose jumps its own are (``Stairs.has_all``)."""
+    return (a.verdict is Verdict.STEP_CHANGE and len(a.level_jumps) >= 2
+            and a.floor_bytes is not None and a.total_bytes is not None
+            and a.window_start is not None and a.window_seconds is not None)
 
 
 def _grows_alike(a: Assessment, rate: float) -> bool:
@@ -137,8 +192,7 @@ def _joined(a: Assessment, rate: float, interval: tuple[float, float]) -> Assess
     assert a.window_start is not None and a.window_seconds is not None
     now = a.window_start + a.window_seconds
     headroom = max(a.total_bytes - (a.transient_bytes or 0.0) - a.floor_bytes, 0.0)
-    steps_per_second = a.slope_bytes_per_second / a.slope_bytes_per_step \
-        if a.slope_bytes_per_step and a.slope_bytes_per_second else None
+    steps_per_second = _steps_per_second(a)
     slowest, fastest = interval
     ttos = (headroom / rate, headroom / max(fastest, rate),
             headroom / slowest if 0 < slowest <= rate else None)
@@ -150,8 +204,21 @@ def _joined(a: Assessment, rate: float, interval: tuple[float, float]) -> Assess
         a, verdict=Verdict.LEAK, predicted_oom_time=times[0], predicted_oom_time_low=times[1],
         predicted_oom_time_high=times[2], predicted_oom_step=steps[0],
         predicted_oom_step_low=steps[1], predicted_oom_step_high=steps[2], **fields)
-    return dataclasses.replace(joined, reason=f"floor grows {_growth([joined], rate)} like "
-                               f"the job's leaking chips; {_oom_in(joined)}")
+    growth = _growth([joined], rate)
+    how = f"grows {growth} like the job's leaking chips" if _may_join(a) else \
+        f"rose in the same jumps as the job's leaking chips ({growth})"
+    return dataclasses.replace(joined, reason=f"floor {how}; {_oom_in(joined)}")
+
+
+def _steps_per_second(a: Assessment) -> float | None:
+    """The chip's training steps per second, from any of its slopes given per second and
+    per step (a step change's own trend may be exactly flat: its interval's ends are not)."""
+    for per_s, per_step in ((a.slope_bytes_per_second, a.slope_bytes_per_step),
+                            (a.slope_bytes_per_second_low, a.slope_bytes_per_step_low),
+                            (a.slope_bytes_per_second_high, a.slope_bytes_per_step_high)):
+        if per_s and per_step:
+            return per_s / per_step
+    return None
 
 
 def _growth(leaks: list[Assessment], rate: float) -> str:
@@ -182,8 +249,11 @@ class JobPool:
         self._rates: list[float] = []  # their rates, sorted: the median is the job's rate
         self._own_leaks: set[int] = set()
         self._may_join: dict[int, Assessment] = {}  # ``_may_join``: join at a rate their size
+        self._climbs: dict[int, Assessment] = {}  # ``_may_climb``: join a staircase theirs
         self._leaked: set[int] = set()  # chips whose pooled verdict has been leak
         self._last_rate: float | None = None
+        self._stairs: Stairs | None = None  # of the evidence; None: to be rebuilt
+        self._stairs_seen = True  # whether first_leaks has looked since they changed
 
     def update(self, chip: int, a: Assessment) -> None:
         """A chip's own assessment changed."""
@@ -191,10 +261,18 @@ class JobPool:
         if was is not None and chip in self._evidence:
             del self._evidence[chip]
             self._rates.remove(was.slope_bytes_per_second)  # type: ignore[arg-type]
+            if was.level_jumps:
+                self._stairs, self._stairs_seen = None, False
         self.chips[chip] = a
         if _evidence(a):
             self._evidence[chip] = a
             bisect.insort(self._rates, a.slope_bytes_per_second or 0.0)
+            if a.level_jumps:
+                self._stairs, self._stairs_seen = None, False
+        if _may_climb(a):
+            self._climbs[chip] = a
+        else:
+            self._climbs.pop(chip, None)
         if a.verdict is Verdict.LEAK:
             self._own_leaks.add(chip)
         else:
@@ -216,22 +294,33 @@ class JobPool:
         rate = self.rate()
         if rate is None:
             return set(self._own_leaks)
-        return self._own_leaks | {c for c, a in self._may_join.items() if _joins_at(a, rate)}
+        stairs = self.stairs()
+        return self._own_leaks | {c for c, a in self._may_join.items() if _joins_at(a, rate)} \
+            | {c for c, a in self._climbs.items() if stairs.has_all(a)}
+
+    def stairs(self) -> Stairs:
+        """The jumps of the job's staircase leaks (``pool_job``'s ``Stairs``)."""
+        if self._stairs is None:
+            self._stairs = Stairs(list(self._evidence.values()))
+        return self._stairs
 
     def first_leaks(self, changed: Sequence[int]) -> list[int]:
         """The chips whose pooled verdict is leak now and never was before, called after
         each moment's changes (``changed``: the chips set since the last call). A chip's
-        pooled verdict is a function of its own assessment and the job's rate, so only the
-        changed chips can have turned, unless the rate changed."""
+        pooled verdict is a function of its own assessment, the job's rate and its
+        staircases' jumps, so only the changed chips can have turned, unless either of
+        those changed."""
         rate = self.rate()
-        if rate != self._last_rate:
-            self._last_rate = rate
-            candidates: Iterable[int] = itertools.chain(self._own_leaks, self._may_join)
+        if rate != self._last_rate or not self._stairs_seen:
+            self._last_rate, self._stairs_seen = rate, True
+            candidates: Iterable[int] = itertools.chain(self._own_leaks, self._may_join,
+                                                        self._climbs)
         else:
             candidates = changed
         new = [c for c in dict.fromkeys(candidates) if c not in self._leaked and (
-            c in self._own_leaks or rate is not None and c in self._may_join
-            and _joins_at(self._may_join[c], rate))]
+            c in self._own_leaks or rate is not None and (
+                c in self._may_join and _joins_at(self._may_join[c], rate)
+                or c in self._climbs and self.stairs().has_all(self._climbs[c])))]
         self._leaked.update(new)
         return new
 
