@@ -10,6 +10,7 @@ import json
 import math
 import pickle
 import random
+import threading
 
 import numpy as np
 import pytest
@@ -621,6 +622,25 @@ def fuzz_jsonl(rng):
         lines.append(rng.choice(["", "", " "]) + "{" + ", ".join(pairs) + "}"
                      + rng.choice(["", "", " ", "\t"]))
     return "\n".join(lines) + rng.choice(["\n", "", "\r\n"])
+
+
+def test_large_tables_group_on_a_second_thread_with_the_same_results(tmp_path, monkeypatch):
+    """A large table's names and sort run beside the numbers' checks, on a helper thread
+    (every table here, by lowering the threshold): the same series, and the same error
+    where a file holds several, as the row parser's."""
+    from tpumon import trace_columns
+
+    threads = []
+    groups = trace_columns._series_groups
+
+    def recorded(table):
+        threads.append(threading.current_thread().name)
+        return groups(table)
+
+    monkeypatch.setattr(trace_columns, "_series_groups", recorded)
+    monkeypatch.setattr(trace_columns, "_THREADED_ROWS", 0)
+    check_fast_paths(tmp_path / "t.csv", 3, fuzz_csv, oracle_csv, streams=True)
+    assert threads and all(name.startswith("tpumon-trace") for name in threads)
 
 
 def test_jsonl_fast_paths_agree_with_the_general_checks(tmp_path):

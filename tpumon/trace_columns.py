@@ -14,9 +14,10 @@ parser does not read, gets the same checks here, and an error names the row.
 from __future__ import annotations
 
 import csv
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import Executor, Future
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, BinaryIO, NamedTuple
+from typing import TYPE_CHECKING, Any, BinaryIO, NamedTuple, TypeVar
 
 import numpy as np
 
@@ -34,6 +35,8 @@ _BLOCK_BYTES = 16 << 20
 _NAME_COLUMNS = ("host", "chip")
 _NUMBER_COLUMNS = ("time", "step", "hbm_used_bytes", "hbm_total_bytes")
 _REQUIRED = ("time", "host", "chip", "hbm_used_bytes", "hbm_total_bytes")
+
+T = TypeVar("T")
 
 
 @contextmanager
@@ -227,17 +230,54 @@ def series_columns(table: pa.Table) -> dict[tuple[str, str], SeriesColumns]:
     order; NeedsStrictParser (saying which row) for any value the contract refuses."""
     from tpumon.trace import SeriesColumns
 
-    times = _numbers(table, "time", np.float64)
-    used = _numbers(table, "hbm_used_bytes", np.int64)
-    total = _numbers(table, "hbm_total_bytes", np.int64)
-    steps = _numbers(table, "step", np.float64, nulls_allowed=True)  # null -> NaN
-    _check_values(times, steps, used, total)
-    groups = _series_groups(table)
-    if groups.order is not None:
-        times, steps, used, total = (a[groups.order] for a in (times, steps, used, total))
+    with _helper(len(table)) as helper:
+        # the grouping (names, sort) beside the numbers' conversion and checks: both are
+        # numpy and pyarrow work that lets go of the GIL, and a large trace's second core
+        # is otherwise idle between the parse and the replay
+        grouping = helper.submit(_series_groups, table)
+        times = _numbers(table, "time", np.float64)
+        used = _numbers(table, "hbm_used_bytes", np.int64)
+        total = _numbers(table, "hbm_total_bytes", np.int64)
+        steps = _numbers(table, "step", np.float64, nulls_allowed=True)  # null -> NaN
+        _check_values(times, steps, used, total)  # a bad value is named before a bad name
+        groups = grouping.result()
+        if groups.order is not None:
+            order = groups.order
+            ahead = [helper.submit(a.take, order) for a in (times, steps)]
+            used, total = used.take(order), total.take(order)
+            times, steps = (f.result() for f in ahead)
     _check_times(times, groups)
     return {key: SeriesColumns(times[a:b], steps[a:b], used[a:b], total[a:b])
             for key, a, b in zip(groups.names, groups.starts, groups.ends, strict=True)}
+
+
+#: Rows from which a trace is grouped on two threads: below, starting one costs more.
+_THREADED_ROWS = 1_000_000
+
+
+@contextmanager
+def _helper(rows: int) -> Iterator[Executor]:
+    """A second thread for a large table's grouping; for a small one, the calling thread
+    itself (the work runs at ``submit``, in the same order)."""
+    if rows < _THREADED_ROWS:
+        yield _Inline()
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1, thread_name_prefix="tpumon-trace") as pool:
+        yield pool
+
+
+class _Inline(Executor):
+    """Runs what it is given at once: the same code path as a thread, without one."""
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
+        done: Future[T] = Future()
+        try:
+            done.set_result(fn(*args, **kwargs))
+        except Exception as exc:  # noqa: BLE001 - raised again by result(), as a thread's
+            done.set_exception(exc)
+        return done
 
 
 class _Groups(NamedTuple):
