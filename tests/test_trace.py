@@ -666,6 +666,59 @@ def test_files_are_read_by_pyarrow_not_the_row_parser(tmp_path, monkeypatch):
     assert read_trace_columns(path).keys() == expected.keys()
 
 
+def test_jsonl_files_are_read_by_pyarrow_not_the_row_parser(tmp_path, monkeypatch):
+    rows = list(generate_trace("linear-leak", duration_s=600, poll_interval_s=5, chips=2,
+                               seed=4, drop_probability=0.1))
+    rows[3] = dataclasses.replace(rows[3], step=None)
+    path = tmp_path / "t.jsonl"
+    write_trace(rows, path, format="jsonl")
+    monkeypatch.setattr(trace, "_parsed_columns", lambda *a: pytest.fail("row parser used"))
+    assert columns_as_series(read_trace_columns(path)) == as_series(rows)
+
+
+def read_objects(data: bytes, size: int) -> tuple[bool, int, bytes]:
+    """What ObjectLines passes of ``data`` read ``size`` bytes at a time: (refused, lines
+    counted, bytes passed)."""
+    from tpumon.trace_columns import ObjectLines
+
+    lines = ObjectLines(io.BytesIO(data), 1 << 20)
+    passed = b"".join(iter(lambda: lines.read(size), b""))
+    lines.close()
+    return lines.refused, lines.lines, passed
+
+
+@pytest.mark.parametrize("end", [b"\n", b"\r\n"])
+def test_pyarrow_is_handed_only_lines_that_begin_an_object(end):
+    """pyarrow 26's JSON reader crashes the process on a ``null`` at the start of a block,
+    and reads a lone \\r as whitespace where Python's line reading breaks the line: the
+    reader's input ends before any block with a line that does not begin with ``{`` or a
+    lone \\r, wherever the blocks are cut; lines are counted (the last without its end)."""
+    good = b'{"a": 1}' + end
+    for size in range(1, 3 * len(good)):
+        assert read_objects(good * 7, size) == (False, 7, good * 7)
+        assert read_objects(good * 7 + b'{"a": 1}', size)[:2] == (False, 8)
+        # each bad line, and where it goes wrong: pyarrow must never get that byte
+        for bad, at in ((b"\n", 0), (b"  \n", 0), (b"null\n", 0), (b' {"a": 1}\n', 0),
+                        (b'{"a": 1}\r{"a": 1}\n', 9), (b'{"a": 1}\r', 9)):
+            refused, _, passed = read_objects(good * 3 + bad + good * 3, size)
+            assert refused and len(passed) <= 3 * len(good) + at, (size, bad)
+            assert read_objects(bad + good, size)[0], (size, bad)
+
+
+def test_a_null_at_the_start_of_a_block_is_the_strict_parsers_not_a_crash(tmp_path,
+                                                                        monkeypatch):
+    """Without the guard above this kills the test process (pyarrow 26)."""
+    from tpumon import trace_columns
+
+    line = '{"time": 1.5, "host": "h", "chip": "0", "hbm_used_bytes": 1, "hbm_total_bytes": 9}\n'
+    monkeypatch.setattr(trace_columns, "_BLOCK_BYTES", len(line))
+    path = tmp_path / "t.jsonl"
+    for text in ("null\n" + line, line * 3 + "null\n" + line):
+        path.write_text(text)
+        with pytest.raises(TraceFormatError, match="expected a JSON object, got NoneType"):
+            read_trace_columns(path)
+
+
 @pytest.mark.parametrize("fmt", ["csv", "jsonl"])
 def test_parquet_round_trip_reads_as_the_text_formats(tmp_path, fmt):
     rows = list(generate_trace("linear-leak", duration_s=900, poll_interval_s=7, chips=3,

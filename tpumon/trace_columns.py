@@ -36,6 +36,8 @@ _NAME_COLUMNS = ("host", "chip")
 _NUMBER_COLUMNS = ("time", "step", "hbm_used_bytes", "hbm_total_bytes")
 _REQUIRED = ("time", "host", "chip", "hbm_used_bytes", "hbm_total_bytes")
 
+_NEWLINE, _BRACE = ord("\n"), ord("{")
+
 T = TypeVar("T")
 
 
@@ -191,11 +193,97 @@ def _longest_text(table: pa.Table) -> int:
     return longest
 
 
+class ObjectLines(ShortLines):
+    """:class:`ShortLines` that also ends (``refused``) before the first block with a line
+    that does not begin with ``{`` (a blank one included) or with a ``\\r`` not before
+    ``\\n``, and counts the lines it passed. pyarrow's JSON reader crashes the process
+    on a ``null`` at the start of a block (pyarrow 26, apache/arrow#47409): it must never
+    be handed a line that is not an object, nor one that Python's line reading splits
+    elsewhere (a lone ``\\r`` is a line break to Python, JSON whitespace to pyarrow).
+    One numpy pass a block (~0.5 ns a byte)."""
+
+    def __init__(self, raw: BinaryIO, longest: int) -> None:
+        super().__init__(raw, longest)
+        self.lines = 0
+        self._after = b"\n"  # the byte before the next block: the file starts a line
+
+    def read(self, size: int = -1) -> bytes:
+        data = super().read(size)
+        if not data:
+            return data
+        if not self._all_objects(data) or (b"\r" in data or self._after == b"\r") and \
+                not self._returns_paired(data):
+            self.refused = True
+            return b""
+        self._after = data[-1:]
+        return data
+
+    def _all_objects(self, data: bytes) -> bool:
+        """Whether every line that begins in ``data`` begins with ``{``; counts them."""
+        text = np.frombuffer(data, np.uint8)
+        breaks = np.flatnonzero(text == _NEWLINE)
+        self.lines += len(breaks)
+        starts = text[breaks[:len(breaks) - (text[-1] == _NEWLINE)] + 1]  # within ``data``
+        return bool((starts == _BRACE).all()) and (self._after != b"\n" or text[0] == _BRACE)
+
+    def _returns_paired(self, data: bytes) -> bool:
+        """Whether every ``\\r`` is followed by ``\\n`` (one at the end, by the next block's)."""
+        returns = data.count(b"\r") + (self._after == b"\r")
+        paired = data.count(b"\r\n") + (self._after == b"\r" and data[:1] == b"\n")
+        return returns == paired + data.endswith(b"\r")
+
+    def close(self) -> None:
+        if self._after != b"\n":  # the last line, without its \\n
+            self.lines += 1
+            self._after = b"\n"
+        super().close()
+
+
 def _read_jsonl(file: BinaryIO) -> pa.Table:
-    """JSON Lines go to the strict parser: pyarrow's JSON reader takes lines that Python's
-    json module refuses (the fuzz tests found some), and the two must never disagree. CSV
-    and Parquet, the formats of large traces, keep the fast path."""
-    raise NeedsStrictParser("JSON Lines are read by the strict parser")
+    """JSON Lines through pyarrow, where pyarrow's reader and Python's ``json`` (the strict
+    parser) must take the same rows: only the contract's six keys (an unknown one could
+    hold what ``json`` refuses and pyarrow skips, nested thousands deep, say), exactly one
+    object on each line (pyarrow also reads two on one line; see :class:`ObjectLines` for
+    the rest), names that are UTF-8 (pyarrow keeps a string's bytes as they are).
+    Anything else (blank lines too) is read by the strict parser, which reads it the same
+    way or names the line."""
+    import pyarrow as pa
+    import pyarrow.json as pjson
+
+    from tpumon.trace import MAX_LINE_CHARS
+
+    lines = ObjectLines(file, MAX_LINE_CHARS)
+    try:
+        table = pjson.read_json(
+            lines, read_options=pjson.ReadOptions(block_size=_BLOCK_BYTES),
+            parse_options=pjson.ParseOptions(explicit_schema=arrow_schema(),
+                                             unexpected_field_behavior="error"),
+            memory_pool=pa.system_memory_pool())
+    finally:
+        if lines.refused:  # a line too long, or one that is not an object
+            raise NeedsStrictParser("a line that is not one JSON object of at most "
+                                    f"{MAX_LINE_CHARS:,} bytes")
+    lines.close()
+    if len(table) != lines.lines:
+        raise NeedsStrictParser("not one JSON object on each line")
+    for name in _NAME_COLUMNS:
+        table = table.set_column(table.schema.get_field_index(name), name,
+                                 _valid_names(table.column(name)))
+    return table
+
+
+def _valid_names(column: pa.ChunkedArray) -> pa.ChunkedArray:
+    """A name column dictionary-encoded (as the CSV reader gives it), its distinct names
+    checked for UTF-8."""
+    import pyarrow as pa
+
+    encoded = column.dictionary_encode()
+    try:
+        for chunk in encoded.chunks:
+            chunk.dictionary.validate(full=True)
+    except pa.ArrowInvalid:
+        raise NeedsStrictParser("not UTF-8 text") from None
+    return encoded
 
 
 def _read_parquet(file: BinaryIO) -> pa.Table:
