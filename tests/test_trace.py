@@ -647,6 +647,18 @@ def test_jsonl_fast_paths_agree_with_the_general_checks(tmp_path):
     check_fast_paths(tmp_path / "t.jsonl", 2, fuzz_jsonl, oracle_jsonl, streams=False)
 
 
+@pytest.mark.parametrize("block", [97, 256, 1000])
+def test_jsonl_read_in_small_blocks_agrees_too(tmp_path, monkeypatch, block):
+    """pyarrow infers and builds each block of JSON on its own (a null or a new type at a
+    block's start is where it has crashed): the fuzzed files again, with blocks a line or
+    a few long, so that every kind of line starts a block somewhere."""
+    from tpumon import trace_columns
+
+    monkeypatch.setattr(trace_columns, "_BLOCK_BYTES", block)
+    check_fast_paths(tmp_path / "t.jsonl", 20 + block, fuzz_jsonl, oracle_jsonl,
+                     streams=False)
+
+
 def test_a_binary_file_is_a_format_error_not_a_crash(tmp_path):
     path = tmp_path / "history.db"
     path.write_bytes(b"SQLite format 3\x00" + bytes(range(256)) * 4)
