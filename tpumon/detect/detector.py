@@ -468,17 +468,15 @@ class ChipDetector:
             job.sigma = level_shifts.level_noise(recent, e, 1e-4 * (self.total or 0.0))
             job.scatter = max(job.sigma, floor_noise(recent))
             job.sigma_due = job.appended + 16 * e
-        offset = job.appended - len(job.history)  # global index of the oldest kept bucket
-        origin = max(job.scanned - k - offset, 0)  # the tests look back to here
-        begin = max(origin - k, 0)  # and a rise of several stairs a window further
-        rows = job.history.recent(len(job.history) - begin)
+        # the tests look back k buckets from the first new boundary, and a rise of several
+        # stairs a window further
+        rows, first, start = self._kept_since(job, job.scanned, 2 * k)
         last = int(rows[0].searchsorted(job.jumps[-1].time)) if job.jumps else -1
         found, next_local = level_shifts.scan(rows[0], rows[1], self._detrended(job, rows),
-                                              job.scanned - offset - begin, k, e,
-                                              self._jump_threshold(job), last,
+                                              first, k, e, self._jump_threshold(job), last,
                                               self._step_change_size(), self._early(job),
-                                              origin - begin)
-        job.scanned = next_local + begin + offset
+                                              max(first - k, 0))
+        job.scanned = start + next_local
         job.add_jumps(found)
 
     def _update_transients(self, job: _Job) -> None:
@@ -486,15 +484,24 @@ class ChipDetector:
         where a staircase may have begun (``_early``), the first time over the whole
         history kept, so a chip without stairs costs nothing."""
         k, e = self._confirm, self._envelope
-        offset = job.appended - len(job.history)
         big = max(self._jump_threshold(job), self._step_change_size())
-        begin = max(job.transients_scanned - e - offset, 0)
-        rows = job.history.recent(len(job.history) - begin)
+        rows, first, start = self._kept_since(job, job.transients_scanned, e)
         longest, next_local = level_shifts.longest_transient(
-            self._detrended(job, rows), job.transients_scanned - offset - begin, e, big / 2,
-            4 * k)
-        job.transients_scanned = next_local + begin + offset
+            self._detrended(job, rows), first, e, big / 2, 4 * k)
+        job.transients_scanned = start + next_local
         job.longest_transient = max(job.longest_transient, longest)
+
+    @staticmethod
+    def _kept_since(job: _Job, scanned: int, look_back: int) -> tuple[np.ndarray, int, int]:
+        """For an incremental scan that goes on from bucket ``scanned`` (an index counted
+        from the job's first bucket, as the scans' bookmarks are), looking ``look_back``
+        buckets behind it: the kept floors from there on (rows time, step, floor, peak),
+        where ``scanned`` is in them, and the index of their first bucket (the scan's next
+        bookmark is that plus the position it returns)."""
+        oldest = job.appended - len(job.history)  # the oldest kept bucket
+        begin = max(scanned - look_back - oldest, 0)
+        return (job.history.recent(len(job.history) - begin), scanned - oldest - begin,
+                oldest + begin)
 
     def _early(self, job: _Job) -> int:
         """Buckets that confirm a rise of a step change's size on this chip, once a
