@@ -20,6 +20,7 @@ import csv
 import json
 import math
 import os
+import stat
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -154,7 +155,8 @@ def read_trace_columns(path: PathOrFile, *,
     """
     from tpumon import trace_columns
 
-    if isinstance(path, (str, os.PathLike)) and os.fspath(path) != "-":
+    if isinstance(path, (str, os.PathLike)) and os.fspath(path) != "-" and \
+            _rereadable(os.fspath(path)):
         name = os.fspath(path)
         fmt = _resolve_format(format, name)
         try:
@@ -166,6 +168,17 @@ def read_trace_columns(path: PathOrFile, *,
     if _resolve_format(format, _stream_name(path)) == "parquet":
         raise TraceFormatError(_stream_name(path), None, "Parquet is read from a file only")
     return _parsed_columns(path, format)
+
+
+def _rereadable(name: str) -> bool:
+    """Whether the file can be read twice (pyarrow first, then the strict parser where
+    pyarrow's reading does not decide): not a named pipe or a device, whose first reading
+    would leave the second nothing, or wait forever for a writer. A name that cannot be
+    looked up is left to ``open`` to word its error."""
+    try:
+        return stat.S_ISREG(os.stat(name).st_mode)
+    except OSError:
+        return True
 
 
 def _stream_name(path: PathOrFile) -> str:

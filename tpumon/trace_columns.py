@@ -248,6 +248,7 @@ def _read_jsonl(file: BinaryIO) -> pa.Table:
     Anything else (blank lines too) is read by the strict parser, which reads it the same
     way or names the line."""
     import pyarrow as pa
+    import pyarrow.compute as pc
     import pyarrow.json as pjson
 
     from tpumon.trace import MAX_LINE_CHARS
@@ -266,6 +267,10 @@ def _read_jsonl(file: BinaryIO) -> pa.Table:
     lines.close()
     if len(table) != lines.lines:
         raise NeedsStrictParser("not one JSON object on each line")
+    if pc.any(pc.equal(table.column("time"), 0)).as_py():
+        # pyarrow reads the integer -0 as -0.0, json as 0 (+0.0): a zero's sign is the
+        # strict parser's to give
+        raise NeedsStrictParser("a time of zero")
     for name in _NAME_COLUMNS:
         table = table.set_column(table.schema.get_field_index(name), name,
                                  _valid_names(table.column(name)))
