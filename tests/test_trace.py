@@ -20,7 +20,7 @@ import pytest
 
 from tpumon import trace
 from tpumon.sim.tracegen import generate_trace
-from tpumon.trace import (SeriesColumns, TraceFormatError, TraceRow, read_trace,
+from tpumon.trace import (MAX_LINE_CHARS, SeriesColumns, TraceFormatError, TraceRow, read_trace,
                           read_trace_columns, write_trace)
 
 TOTAL = 34088157184
@@ -681,6 +681,32 @@ def test_jsonl_shaped_for_pyarrow_agree_too(tmp_path, monkeypatch, block):
     check_fast_paths(tmp_path / "t.jsonl", 20 + (block or 0),
                      lambda rng: fuzz_jsonl(rng, plain=True), oracle_jsonl, streams=False)
     assert len(taken) > 300  # of 600 files: pyarrow's reading is what was tested
+
+
+@pytest.mark.parametrize("fmt", ["csv", "jsonl"])
+def test_lines_after_a_line_of_the_most_characters_keep_their_numbers(write_file, fmt):
+    """A line of exactly MAX_LINE_CHARS characters ending in \\r\\n is one line."""
+    if fmt == "csv":  # ten notes: a CSV field is at most 131,072 characters
+        head = "time,host,chip,hbm_used_bytes,hbm_total_bytes," + ",".join(
+            f"note{i}" for i in range(10))
+        row, bad = "1.5,h,0,1,9," + ",".join(["{}"] * 10), "x,h,0,1,9" + "," * 10
+        expected = "column 'time': 'x' is not a number"
+    else:
+        head, row = None, '{{"time": 1.5, "host": "h", "chip": "0", "hbm_used_bytes": 1, ' \
+            '"hbm_total_bytes": 9, "note": "{}"}}'
+        bad, expected = "null", "expected a JSON object, got NoneType"
+    empty = row.format(*[""] * row.count("{}"))
+    pad = MAX_LINE_CHARS - len(empty)
+    notes = ["x" * (pad // row.count("{}"))] * row.count("{}")
+    notes[0] += "x" * (pad - sum(map(len, notes)))
+    longest = row.format(*notes)
+    assert len(longest) == MAX_LINE_CHARS
+    lines = ([head] if head else []) + [longest, empty, bad]
+    path = write_file("\r\n".join(lines) + "\r\n", f"t.{fmt}")
+    for read in (lambda: list(read_trace(path)), lambda: read_trace_columns(path)):
+        with pytest.raises(TraceFormatError) as error:
+            read()
+        assert error.value.line == len(lines) and expected in error.value.message
 
 
 def test_a_jsonl_time_of_minus_zero_is_read_as_json_reads_it(write_file):

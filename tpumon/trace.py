@@ -252,7 +252,10 @@ def _bounded_lines(stream: Iterable[str], name: str) -> Iterator[str]:
     is refused (TraceFormatError with its number) as soon as that much has been read (a
     file); an iterable of lines without ``readline`` (a generator) hands them over whole."""
     readline = getattr(stream, "readline", None)
-    lines = iter(stream) if readline is None else iter(lambda: readline(MAX_LINE_CHARS + 1), "")
+    # a line of the most characters and its end, \r\n included: the end read apart from
+    # it would be a blank line of its own and every later line's number one too many
+    most = MAX_LINE_CHARS + 2
+    lines = iter(stream) if readline is None else iter(lambda: readline(most), "")
     for number, text in enumerate(lines, start=1):
         if len(text) > MAX_LINE_CHARS and len(text.rstrip("\r\n")) > MAX_LINE_CHARS:
             raise TraceFormatError(name, number, f"a line longer than {MAX_LINE_CHARS:,} "
