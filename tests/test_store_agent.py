@@ -60,16 +60,16 @@ def test_restart_mid_run_resumes_verdict_slope_and_forecast(tmp_path):
             for chip, sample in snap.runtime.chips.items():
                 seen[chip].append((snap.runtime.time, sample.hbm_used_bytes,
                                    sample.hbm_total_bytes))
-            clock.t += 30.0
+            clock.t += 60.0
         source.close()
         writer.stop()  # what was polled is written; no last checkpoint: as after a crash
         return agent
 
     try:
-        first = life(250, checkpoint_interval=0.0)  # a checkpoint at every poll
+        first = life(125, checkpoint_interval=0.0)  # a checkpoint at every poll
         # the first life ended with a fitted trend: the checkpoint has something to carry
         assert first.state.snapshot.assessments["0"].window_seconds > 1800
-        second = life(250, checkpoint_interval=3600.0)  # none in this life
+        second = life(125, checkpoint_interval=3600.0)  # none in this life
     finally:
         sim.stop()
     for chip, samples in seen.items():
