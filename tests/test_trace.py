@@ -773,7 +773,6 @@ def read_objects(data: bytes, size: int) -> tuple[bool, int, bytes]:
 
     lines = ObjectLines(io.BytesIO(data), 1 << 20)
     passed = b"".join(iter(lambda: lines.read(size), b""))
-    lines.close()
     return lines.refused, lines.lines, passed
 
 

@@ -204,8 +204,13 @@ class ObjectLines(ShortLines):
 
     def __init__(self, raw: BinaryIO, longest: int) -> None:
         super().__init__(raw, longest)
-        self.lines = 0
+        self._breaks = 0  # line ends passed
         self._after = b"\n"  # the byte before the next block: the file starts a line
+
+    @property
+    def lines(self) -> int:
+        """Lines passed so far, a last one without its ``\\n`` included."""
+        return self._breaks + (self._after != b"\n")
 
     def read(self, size: int = -1) -> bytes:
         data = super().read(size)
@@ -222,7 +227,7 @@ class ObjectLines(ShortLines):
         """Whether every line that begins in ``data`` begins with ``{``; counts them."""
         text = np.frombuffer(data, np.uint8)
         breaks = np.flatnonzero(text == _NEWLINE)
-        self.lines += len(breaks)
+        self._breaks += len(breaks)
         starts = text[breaks[:len(breaks) - (text[-1] == _NEWLINE)] + 1]  # within ``data``
         return bool((starts == _BRACE).all()) and (self._after != b"\n" or text[0] == _BRACE)
 
@@ -231,12 +236,6 @@ class ObjectLines(ShortLines):
         returns = data.count(b"\r") + (self._after == b"\r")
         paired = data.count(b"\r\n") + (self._after == b"\r" and data[:1] == b"\n")
         return returns == paired + data.endswith(b"\r")
-
-    def close(self) -> None:
-        if self._after != b"\n":  # the last line, without its \\n
-            self.lines += 1
-            self._after = b"\n"
-        super().close()
 
 
 def _read_jsonl(file: BinaryIO) -> pa.Table:
@@ -264,7 +263,6 @@ def _read_jsonl(file: BinaryIO) -> pa.Table:
         if lines.refused:  # a line too long, or one that is not an object
             raise NeedsStrictParser("a line that is not one JSON object of at most "
                                     f"{MAX_LINE_CHARS:,} bytes")
-    lines.close()
     if len(table) != lines.lines:
         raise NeedsStrictParser("not one JSON object on each line")
     if pc.any(pc.equal(table.column("time"), 0)).as_py():
