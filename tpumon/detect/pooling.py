@@ -248,8 +248,8 @@ class JobPool:
         self._evidence: dict[int, Assessment] = {}  # own leaks with a rate (``_evidence``)
         self._rates: list[float] = []  # their rates, sorted: the median is the job's rate
         self._own_leaks: set[int] = set()
-        self._may_join: dict[int, Assessment] = {}  # ``_may_join``: join at a rate their size
-        self._climbs: dict[int, Assessment] = {}  # ``_may_climb``: join a staircase theirs
+        self._may_join: set[int] = set()  # ``_may_join``: join at a rate their size
+        self._climbs: set[int] = set()  # ``_may_climb``: join a staircase theirs
         self._leaked: set[int] = set()  # chips whose pooled verdict has been leak
         self._last_rate: float | None = None
         self._stairs: Stairs | None = None  # of the evidence; None: to be rebuilt
@@ -269,18 +269,12 @@ class JobPool:
             bisect.insort(self._rates, a.slope_bytes_per_second or 0.0)
             if a.level_jumps:
                 self._stairs, self._stairs_seen = None, False
-        if _may_climb(a):
-            self._climbs[chip] = a
-        else:
-            self._climbs.pop(chip, None)
-        if a.verdict is Verdict.LEAK:
-            self._own_leaks.add(chip)
-        else:
-            self._own_leaks.discard(chip)
-        if _may_join(a):
-            self._may_join[chip] = a
-        else:
-            self._may_join.pop(chip, None)
+        for group, member in ((self._own_leaks, a.verdict is Verdict.LEAK),
+                              (self._may_join, _may_join(a)), (self._climbs, _may_climb(a))):
+            if member:
+                group.add(chip)
+            else:
+                group.discard(chip)
 
     def rate(self) -> float | None:
         """The job's rate: the median of its leaking chips' (``pool_job``'s), None if none."""
@@ -292,11 +286,18 @@ class JobPool:
     def leaking(self) -> set[int]:
         """The chips whose pooled verdict is leak now."""
         rate = self.rate()
+        return {c for c in self._candidates() if self._pooled(c, rate)}
+
+    def _candidates(self) -> Iterable[int]:
+        """The chips whose pooled verdict may be leak: their own is, or they may join."""
+        return itertools.chain(self._own_leaks, self._may_join, self._climbs)
+
+    def _pooled(self, chip: int, rate: float | None) -> bool:
+        """Whether a chip's pooled verdict is leak, the job's rate ``rate``: ``pool_job``'s
+        test (``_pooled_leak``)."""
         if rate is None:
-            return set(self._own_leaks)
-        stairs = self.stairs()
-        return self._own_leaks | {c for c, a in self._may_join.items() if _joins_at(a, rate)} \
-            | {c for c, a in self._climbs.items() if stairs.has_all(a)}
+            return chip in self._own_leaks
+        return _pooled_leak(self.chips[chip], rate, self.stairs())
 
     def stairs(self) -> Stairs:
         """The jumps of the job's staircase leaks (``pool_job``'s ``Stairs``)."""
@@ -313,14 +314,11 @@ class JobPool:
         rate = self.rate()
         if rate != self._last_rate or not self._stairs_seen:
             self._last_rate, self._stairs_seen = rate, True
-            candidates: Iterable[int] = itertools.chain(self._own_leaks, self._may_join,
-                                                        self._climbs)
+            candidates = self._candidates()
         else:
             candidates = changed
-        new = [c for c in dict.fromkeys(candidates) if c not in self._leaked and (
-            c in self._own_leaks or rate is not None and (
-                c in self._may_join and _joins_at(self._may_join[c], rate)
-                or c in self._climbs and self.stairs().has_all(self._climbs[c])))]
+        new = [c for c in dict.fromkeys(candidates)
+               if c not in self._leaked and self._pooled(c, rate)]
         self._leaked.update(new)
         return new
 
