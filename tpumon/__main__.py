@@ -1,5 +1,5 @@
 """Allows ``python -m tpumon``."""
 
-from tpumon.cli import main
+from tpumon.program import run
 
-main()
+run()
