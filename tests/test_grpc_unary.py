@@ -47,6 +47,29 @@ def test_a_grpcio_server_answers_whatever_its_credentials(client, local):
         server.stop()
 
 
+def test_a_connection_is_replaced_after_its_streams_and_no_call_notices():
+    """h2 keeps every closed stream of a connection (up to 65,536, ~115 bytes each): the
+    agent's connection is renewed between rounds after ``streams_per_connection`` calls,
+    never under a round in flight."""
+    server = RuntimeServer(FakeRuntime(chips_metrics({0: GiB})))
+    client = UnaryClient(streams_per_connection=3)
+    try:
+        for _ in range(4):
+            assert ask(client, server.port).metric.metrics[0].gauge.as_int == GiB
+        endpoint = Endpoint("127.0.0.1", server.port)
+        calls = [Call(endpoint, GET_RUNTIME_METRIC, pb.MetricRequest(metric_name=USAGE),
+                      pb.MetricResponse)] * 5
+        assert all(isinstance(r, pb.MetricResponse) for r in client.call_all(calls, 2.0))
+        # 3 calls on the first connection, 1 + 5 on the second (a round is never split),
+        # then a third for the next call
+        ask(client, server.port)
+        connections = list(dict.fromkeys(server.runtime.peers))
+        assert [server.runtime.peers.count(p) for p in connections] == [3, 6, 1]
+    finally:
+        client.close()
+        server.stop()
+
+
 def test_a_status_from_the_server_is_its_name_and_message(client):
     server = RuntimeServer(FakeRuntime({}))
     try:

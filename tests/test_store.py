@@ -17,8 +17,8 @@ from tpumon.detect.replay import analyze_file
 from tpumon.sim.tracegen import generate_trace
 from tpumon.store import checkpoint
 from tpumon.store.checkpoint import CheckpointError, dump_detector, load_detector
-from tpumon.store.database import (DB_NAME, HistoryDB, Retention, Sample, database_path,
-                                   open_database)
+from tpumon.store.database import (CACHE_KIB, DB_NAME, HistoryDB, Retention, Sample,
+                                   database_path, open_database)
 from tpumon.store.export import export_rows
 from tpumon.store.resume import feed, restore_detectors
 from tpumon.store.writer import PollRecord, StoreWriter
@@ -145,6 +145,15 @@ def test_old_samples_roll_up_into_minute_floors_and_peaks(tmp_path):
                                                       max(r.hbm_used_bytes for r in source)]
         assert (group[0].time, group[0].step) == (source[0].time, source[0].step)
         assert (group[-1].time, group[-1].step) == (source[-1].time, source[-1].step)
+    db.close()
+
+
+def test_the_writers_page_cache_is_bounded_below_sqlites_default(tmp_path):
+    """SQLite's default cache (2,000 KiB a connection) grew with the file for days and was
+    most of the agent's RSS growth in the week-long soak (docs/benchmarks.md)."""
+    db = open_database(tmp_path, Retention())
+    assert db.conn.execute("PRAGMA cache_size").fetchone()[0] == -CACHE_KIB
+    assert CACHE_KIB < 2000
     db.close()
 
 

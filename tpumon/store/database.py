@@ -37,6 +37,11 @@ log = logging.getLogger("tpumon.store")
 DB_NAME = "history.db"
 SCHEMA_VERSION = 1
 PAGE_SIZE = 4096
+# SQLite's page cache per connection (its default is 2,000 KiB). The agent appends at the
+# right edge of a few B-trees and rewrites a checkpoint (~75 KiB a chip) each minute: 128
+# pages hold a transaction's dirty pages and the paths to them. The default filled as the
+# file grew over days and was ~1.5 MiB of the agent's RSS growth in the week-long soak.
+CACHE_KIB = 512
 MINUTE = 60.0
 
 _SCHEMA = """
@@ -213,6 +218,7 @@ class HistoryDB:
             c.execute("PRAGMA auto_vacuum = INCREMENTAL")
         c.execute("PRAGMA journal_mode = WAL")
         c.execute("PRAGMA synchronous = NORMAL")
+        c.execute(f"PRAGMA cache_size = -{CACHE_KIB}")
         r = self.retention
         c.execute(f"PRAGMA journal_size_limit = {r.wal_bytes}")
         c.execute(f"PRAGMA wal_autocheckpoint = {max(r.wal_bytes // PAGE_SIZE // 2, 8)}")
