@@ -4,13 +4,13 @@ transparent huge pages.
 Why: the agent sleeps for most of each second and then runs a poll that touches ~2,300
 distinct 4 KiB pages (~1,700 of them Python objects: code, dicts, the poll's own data).
 On a virtual machine the first touch of a page after an idle second is a TLB miss walked
-through two levels of page tables with cold caches; on the development VM each costs
-7-14 us, several times the poll's own instructions (docs/benchmarks.md, issue 25:
-touching 2,000 pages takes 0.08 ms back to back and 13-15 ms a second apart). Objects
-allocated by glibc's malloc (``PYTHONMALLOC=malloc``) instead of pymalloc's scattered
-256 KiB arenas live in one heap, and ``glibc.malloc.hugetlb=1`` (glibc 2.35 and later)
+through two levels of page tables with cold caches; on the development VM that cost
+0.3-7 us a page, hour by hour, often more than the poll's own instructions
+(``bench/page_touch.py``; docs/benchmarks.md, issue 25). Objects allocated by glibc's
+malloc (``PYTHONMALLOC=malloc``) instead of in pymalloc's 1 MiB arenas, which can never
+be huge pages, live in one heap, and ``glibc.malloc.hugetlb=1`` (glibc 2.35 and later)
 advises that heap for transparent huge pages: the same objects in a handful of 2 MiB
-pages. The agent's CPU falls 2.5-3x for ~3 MiB more RSS.
+pages. The agent's CPU falls 1.8-2.5x (side by side) for ~3 MiB more RSS.
 
 Both settings are read once, when the interpreter starts, so ``tpumon agent`` executes
 itself again with them (the same process: same PID, arguments and file descriptors; no
