@@ -176,7 +176,7 @@ def paced(pacer: Pacer, arrivals: list[float]) -> tuple[int, int, int]:
         else:
             waited, t = arrivals[i] - t, arrivals[i]
             i += 1
-            looking = pacer.after_block(waited)
+            looking = pacer.after_block(waited, 1)
     return wakes, most, dropped
 
 
@@ -207,20 +207,38 @@ def test_the_pacer_follows_a_sender_that_speeds_up_within_a_look_or_two():
 
 def test_a_connection_is_paced_by_one_look_not_by_the_datagram_queue():
     """A connection's messages fill its own kernel queue, not the datagram socket's: at 10
-    reports a second on connections, against the kernel's default datagram queue of 10,
-    the thread sleeps its longest (about one wake-up a second), and still shortens its
-    sleep before a look would leave a connection more than one turn's reads."""
+    reports a second on connections (each poll taking what came since the last, as the
+    agent's does), against the kernel's default datagram queue of 10, the thread sleeps
+    its longest for connections (a wake-up every 4 s), and still shortens its sleep before
+    a look would leave a connection more than one turn's reads."""
     pacer = Pacer(10)
-    for _ in range(20):  # 10 a second over two connections, a look each sleep
-        most = round(6 * pacer.hold)
+    for _ in range(20):  # 6 a second on the busier connection, 1 s polls, a look each sleep
+        most = round(6 * min(pacer.hold, 1.0))  # what came since the last poll's take
         assert pacer.after_look(0, max(most, 1))
-    assert pacer.hold == Pacer.MAX_HOLD
+    assert pacer.hold == Pacer.MAX_CONNECTION_HOLD > Pacer.MAX_HOLD
     pacer.after_look(0, READS_PER_TURN)  # a connection one turn behind
-    assert pacer.hold < Pacer.MAX_HOLD / 2
+    assert pacer.hold < Pacer.MAX_CONNECTION_HOLD / 2
     datagrams = Pacer(10)
     datagrams.hold = Pacer.MAX_HOLD
     datagrams.after_look(6)  # the same 6 as datagrams: past half the shared queue
     assert datagrams.hold < Pacer.MAX_HOLD
+
+
+@pytest.mark.parametrize("woken_by_a_datagram", [False, True])
+def test_a_datagram_brings_the_longest_sleep_back_to_the_shared_queues(woken_by_a_datagram):
+    """The datagram queue is every old sender's at once and ten long: once a datagram is
+    seen, by a look or as what ended a block, the thread looks again within MAX_HOLD."""
+    pacer = Pacer(10)
+    pacer.hold = Pacer.MAX_CONNECTION_HOLD
+    if woken_by_a_datagram:
+        assert pacer.after_block(0.5, 1)
+    else:
+        assert pacer.after_look(1, 1)
+    assert pacer.hold == Pacer.MAX_HOLD
+    assert not pacer.after_block(Pacer.MAX_HOLD, 1)  # a slow datagram sender: block again
+    assert pacer.hold == Pacer.MAX_HOLD
+    assert not pacer.after_block(Pacer.MAX_HOLD, 0)  # a slow connection may grow it again
+    assert Pacer.MAX_HOLD < pacer.hold <= Pacer.MAX_CONNECTION_HOLD
 
 
 def test_a_report_sent_before_a_poll_is_in_it_however_long_the_thread_sleeps(

@@ -18,9 +18,9 @@ pytestmark = pytest.mark.e2e  # starts agents or external servers: seconds each
 
 CHILD = textwrap.dedent("""
     import signal, sys, threading, time
-    from tpumon.signals import signals_to_events
+    from tpumon.signals import Stop, signals_to_events
 
-    stop, reload = threading.Event(), threading.Event()
+    stop, reload = Stop(), threading.Event()   # as tpumon.cli.agent makes them
     reloads = 0
     with signals_to_events({signal.SIGTERM: stop, signal.SIGHUP: reload}):
         print("ready", flush=True)

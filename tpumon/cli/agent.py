@@ -18,7 +18,7 @@ from tpumon.exporters.http import MetricsServer
 from tpumon.exporters.report_page import ReportPage
 from tpumon.logs import setup_logging
 from tpumon.reload import reload_config
-from tpumon.signals import signals_to_events
+from tpumon.signals import Stop, signals_to_events
 from tpumon.state import PollState
 from tpumon.systemd import SystemdNotify
 
@@ -77,7 +77,7 @@ def command(config_path: str | None, listen_address: str | None, web_config_file
         "simulator.host": sim_host}
     config = load_config(config_path, flags)
     setup_logging(config["agent.log_level"])
-    stop, reload = threading.Event(), threading.Event()
+    stop, reload = Stop(), threading.Event()
     with signals_to_events({signal.SIGTERM: stop, signal.SIGINT: stop, signal.SIGHUP: reload}):
         run_agent(config, simulate, stop, reload, lambda: load_config(config_path, flags))
 

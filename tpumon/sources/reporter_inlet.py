@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Callable, Collection, NamedTuple, Protocol
 
 from tpumon.instrument.protocol import MAX_SNAPSHOT_DATAGRAM, PART
+from tpumon.signals import Stop
 
 log = logging.getLogger("tpumon.sources")
 
@@ -124,17 +125,23 @@ class Pacer:
     more), a look that took a full turn from one counting as full since it may have left
     more. A connection's messages do not fill the datagram queue, so they are not counted
     against it. A look that found more than half shortens the next sleep in proportion,
-    one that found under a quarter lengthens it by half (between MIN_HOLD and MAX_HOLD).
-    A look that finds nothing, or a slow sender, puts the thread back to blocking until
-    the next message (no wake-ups while idle, one per message when they come further apart
-    than the sleep). No rate is assumed, so a sender that speeds up is followed within a
-    look or two.
+    one that found under a quarter lengthens it by half (between MIN_HOLD and MAX_HOLD,
+    or MAX_CONNECTION_HOLD while only connections send). A look that finds nothing, or a
+    slow sender, puts the thread back to blocking until the next message (no wake-ups
+    while idle, one per message when they come further apart than the sleep). No rate is
+    assumed, so a sender that speeds up is followed within a look or two.
     """
 
     MIN_HOLD = 0.002
     # The poll takes what waits itself (take_waiting), so a longer sleep delays no report
-    # past its poll; a 1 s poll then sees about one wake-up of this thread a second.
+    # past its poll. The datagram queue is shared and short: a look at least every second.
     MAX_HOLD = 1.0
+    # A connection's queue is its sender's socket buffer (a hundred reports and more), and
+    # each poll takes a turn (READS_PER_TURN) from it: at a reporter's fastest (20 reports
+    # a second, its min_interval) and 1 s polls, a 4 s sleep leaves one turn waiting. The
+    # thread's looks cost ~0.3 ms of CPU each, cold: at 10 reports a second over
+    # connections, ~1 wake-up a second with MAX_HOLD, ~0.25 with this.
+    MAX_CONNECTION_HOLD = 4.0
 
     def __init__(self, queue_length: int) -> None:
         self.queue_length = queue_length
@@ -147,19 +154,27 @@ class Pacer:
         connection = 1.0 if most_from_one_connection >= READS_PER_TURN else \
             most_from_one_connection / (2 * READS_PER_TURN)  # a full turn may have left more
         fill = max(datagrams / self.queue_length, connection)
+        longest = self._longest(datagrams)
         if fill > 0.5:
             self.hold = max(self.hold * 0.25 / fill, self.MIN_HOLD)
         elif fill < 0.25:
-            self.hold = min(self.hold * 1.5, self.MAX_HOLD)
+            self.hold = self.hold * 1.5
+        self.hold = min(self.hold, longest)
         return datagrams + most_from_one_connection > 0
 
-    def after_block(self, waited: float) -> bool:
-        """After blocking ``waited`` seconds for a message: whether to sleep and look (the
-        next one is likely to come within the sleep), else block again."""
+    def after_block(self, waited: float, datagrams: int) -> bool:
+        """After blocking ``waited`` seconds for a message (``datagrams`` of what it took
+        came from the datagram socket): whether to sleep and look (the next one is likely
+        to come within the sleep), else block again."""
+        longest = self._longest(datagrams)
         if waited < self.hold:
+            self.hold = min(self.hold, longest)
             return True
-        self.hold = min(self.hold * 1.5, self.MAX_HOLD)
+        self.hold = min(self.hold * 1.5, longest)
         return False
+
+    def _longest(self, datagrams: int) -> float:
+        return self.MAX_HOLD if datagrams else self.MAX_CONNECTION_HOLD
 
 
 Keep = Callable[[list[Arrival]], Collection[int]]
@@ -187,7 +202,7 @@ class ReporterInlet:
         # the thread's looks and the poll's (take_waiting) one at a time: the selector's
         # registrations, the paused set and the connections are theirs under it
         self._io = threading.Lock()
-        self._stopping = threading.Event()
+        self._stopping = Stop()  # its wait is cheaper than an Event's (tpumon.signals)
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
@@ -299,7 +314,7 @@ class ReporterInlet:
                     return
                 datagrams, most = self._take(ready, READS_PER_TURN if looking else 1)
             looking = pacer.after_look(datagrams, most) if looking else \
-                pacer.after_block(time.monotonic() - started)
+                pacer.after_block(time.monotonic() - started, datagrams)
             if looking:
                 self._stopping.wait(pacer.hold)
 
