@@ -1,5 +1,5 @@
 """tpumon's gRPC defaults (tpumon/grpc_env.py): set before grpc is imported, operator's
-values kept; and the agent itself never imports grpcio (its client is grpclib)."""
+values kept; and the agent itself never imports grpcio (its client is libcurl's HTTP/2)."""
 
 import os
 import subprocess

@@ -1,5 +1,6 @@
-"""tpumon's gRPC client (grpclib on a private loop) against real grpcio servers and against
-peers that are not gRPC at all: every outcome is a reply or a CallFailed with a status."""
+"""tpumon's gRPC client (libcurl's HTTP/2 through pycurl) against real grpcio servers and
+against peers that are not gRPC at all: every outcome is a reply or a CallFailed with a
+status."""
 
 from __future__ import annotations
 
@@ -47,26 +48,43 @@ def test_a_grpcio_server_answers_whatever_its_credentials(client, local):
         server.stop()
 
 
-def test_a_connection_is_replaced_after_its_streams_and_no_call_notices():
-    """h2 keeps every closed stream of a connection (up to 65,536, ~115 bytes each): the
-    agent's connection is renewed between rounds after ``streams_per_connection`` calls,
-    never under a round in flight."""
-    server = RuntimeServer(FakeRuntime(chips_metrics({0: GiB})))
-    client = UnaryClient(streams_per_connection=3)
+def test_calls_and_rounds_share_one_connection_per_endpoint(client):
+    """One HTTP/2 connection carries every call to an endpoint: a round's calls as streams
+    side by side, and round after round (no new connection, no new dial per poll)."""
+    slow = FakeRuntime(chips_metrics({0: GiB}))
+    slow.delay = 0.3
+    server = RuntimeServer(slow)
     try:
-        for _ in range(4):
-            assert ask(client, server.port).metric.metrics[0].gauge.as_int == GiB
         endpoint = Endpoint("127.0.0.1", server.port)
         calls = [Call(endpoint, GET_RUNTIME_METRIC, pb.MetricRequest(metric_name=USAGE),
                       pb.MetricResponse)] * 5
-        assert all(isinstance(r, pb.MetricResponse) for r in client.call_all(calls, 2.0))
-        # 3 calls on the first connection, 1 + 5 on the second (a round is never split),
-        # then a third for the next call
+        for _ in range(3):
+            started = time.monotonic()
+            assert all(isinstance(r, pb.MetricResponse) for r in client.call_all(calls, 2.0))
+            assert time.monotonic() - started < 1.0  # five 0.3 s calls at once
         ask(client, server.port)
-        connections = list(dict.fromkeys(server.runtime.peers))
-        assert [server.runtime.peers.count(p) for p in connections] == [3, 6, 1]
+        assert len(server.runtime.peers) == 16 and len(set(server.runtime.peers)) == 1
     finally:
-        client.close()
+        server.stop()
+
+
+def test_a_connection_that_failed_a_call_is_not_used_again(client):
+    """A reply refused mid-way leaves the rest of it on the wire: the next call dials a new
+    connection instead of reading it."""
+    runtime = Padded(chips_metrics({0: GiB}))
+    server = RuntimeServer(runtime)
+    small = UnaryClient(max_reply_bytes=1 << 20)
+    try:
+        assert ask(small, server.port).metric.metrics[0].gauge.as_int == GiB
+        runtime.pad = 2 << 20
+        with pytest.raises(CallFailed):
+            ask(small, server.port)
+        runtime.pad = 0
+        assert ask(small, server.port).metric.metrics[0].gauge.as_int == GiB
+        first, second, third = server.runtime.peers
+        assert first == second != third
+    finally:
+        small.close()
         server.stop()
 
 
@@ -187,8 +205,8 @@ def continuation_flood(conn: socket.socket) -> None:
         conn.sendall(frame)
 
 
-# grpclib closes a connection that breaks HTTP/2 without waking the call waiting on it:
-# such a call ends at its deadline, and its connection is dialled afresh next time.
+# libcurl ends a call on a peer that breaks HTTP/2 as a failed receive (UNAVAILABLE) or an
+# HTTP/2 error (UNKNOWN); the deadline is the backstop
 BROKEN = {"UNKNOWN", "UNAVAILABLE", "DEADLINE_EXCEEDED"}
 
 

@@ -4,7 +4,7 @@ CLI, before it loads a command). Training processes that import ``tpumon.instrum
 never touched.
 
 Only the simulator imports grpcio (its server stands in for libtpu's); the agent's own
-calls go through grpclib (:mod:`tpumon.sources.grpc_unary`), which reads none of this.
+calls go through libcurl (:mod:`tpumon.sources.grpc_unary`), which reads none of this.
 Each setting is a default: a value the operator put in the environment wins.
 """
 

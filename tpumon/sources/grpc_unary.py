@@ -1,47 +1,74 @@
-"""Unary gRPC calls from synchronous code: grpclib (HTTP/2 in pure Python) driven on one
-private asyncio loop per client, only while a call is made.
+"""Unary gRPC calls from synchronous code: HTTP/2 in libcurl (through pycurl), the gRPC
+framing of a unary call on top of it.
 
 Why not grpcio, which the simulator serves with and tpu-info's own client uses: the agent
 makes one small call a second, and for that grpcio's C core is the heavier half of the
 agent. Importing it costs ~16 MiB of RSS, its channels keep 6-7 threads that wake 12-18
 times a second with nothing to do, and a call is handed from the calling thread to those
-threads and back. grpclib has no threads and nothing runs between calls: ~11 MiB less RSS
-and about a fifth less CPU at one call a second (docs/benchmarks.md, issue 25).
+threads and back. Why not grpclib (the agent's client until session 17): its HTTP/2 is h2,
+in Python, and one call ran ~1,250 Python function calls, cold, every second: 54-64 % of
+the agent's poll thread. libcurl's HTTP/2 (nghttp2) is C, runs on the calling thread, and
+has no threads of its own for an address given as an IP literal or a unix socket; a call
+here is a few dozen Python calls (docs/benchmarks.md, issue 25).
+
+A unary call on the wire (gRPC over HTTP/2, PROTOCOL-HTTP2.md): a POST to
+``/package.Service/Method`` with ``content-type: application/grpc`` and ``te: trailers``,
+its body one length-prefixed message (a flag byte, four bytes of length); the reply one
+such message, then trailers with ``grpc-status`` and ``grpc-message`` (or those alone in
+the headers, "Trailers-Only"). That framing is all this module adds to libcurl.
 
 What the agent needs from a client, and this one gives:
 
 * every call has a deadline, sent to the server (``grpc-timeout``) and enforced here;
 * every failure is a :class:`CallFailed` with a gRPC status name, never another exception:
-  nothing listening is UNAVAILABLE, a reply that does not decode INTERNAL, anything the
-  transport raises on a peer's nonsense UNKNOWN (a source turns it into a reported state);
+  nothing listening is UNAVAILABLE, a reply that does not decode INTERNAL, a peer that
+  breaks HTTP/2 UNKNOWN or UNAVAILABLE (a source turns it into a reported state);
 * a reply is at most ``max_reply_bytes`` (RESOURCE_EXHAUSTED beyond, as grpcio's default
-  4 MiB limit): a port any local user can bind between jobs must not make the agent buffer
-  gigabytes. grpclib has no such limit of its own, so the length prefix is read here;
-* a connection that failed or was refused is dialled again at the next call, so a runtime
-  that comes back (the next job) heals unaided;
-* a connection is replaced after ``streams_per_connection`` calls: h2 remembers every
-  stream it closed, up to 65,536 a connection (~115 bytes each), which at the agent's one
-  to two calls a second was ~7 MiB of RSS grown over its first ten hours.
+  4 MiB limit), refused on its announced length before it is read: a port any local user
+  can bind between jobs must not make the agent buffer gigabytes;
+* the calls of one round run at once, as HTTP/2 streams of one connection per endpoint;
+* a connection is kept between calls and one that failed or timed out is not used again:
+  the next call dials afresh, so a runtime that comes back (the next job) heals unaided.
 """
 
 from __future__ import annotations
 
-import asyncio
+import math
+import select
 import struct
+import time
 from dataclasses import dataclass
-from typing import Any, Coroutine, Sequence, TypeVar
+from typing import Sequence, TypeVar
+from urllib.parse import unquote
 
+import pycurl
 from google.protobuf.message import DecodeError, Message
-from grpclib.client import Channel, Stream
-from grpclib.const import Cardinality
-from grpclib.exceptions import GRPCError, StreamTerminatedError
 
 from tpumon.units import format_bytes
 
 Reply = TypeVar("Reply", bound=Message)
 
 DEFAULT_MAX_REPLY_BYTES = 4 << 20  # grpcio's default receive limit
-STREAMS_PER_CONNECTION = 4096  # ~0.5 MiB of h2's closed streams; a new connection ~35 min
+
+# gRPC's status codes by number (grpc/doc/statuscodes.md)
+STATUS_NAMES = (
+    "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
+    "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
+    "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
+    "UNAUTHENTICATED")
+# An HTTP status with no grpc-status: what gRPC's own clients make of it
+# (grpc/doc/http-grpc-status-mapping.md); any other is UNKNOWN.
+HTTP_STATUS = {400: "INTERNAL", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED",
+               404: "UNIMPLEMENTED", 429: "UNAVAILABLE", 502: "UNAVAILABLE",
+               503: "UNAVAILABLE", 504: "UNAVAILABLE"}
+# libcurl's errors that mean the connection is gone or never was
+# (CURLE_HTTP2_STREAM, 92, which pycurl does not name: a stream libcurl reset itself, on a
+# connection it found closed under the call, as when the runtime restarted)
+_GONE = {pycurl.E_COULDNT_CONNECT, pycurl.E_COULDNT_RESOLVE_HOST, pycurl.E_GOT_NOTHING,
+         pycurl.E_SEND_ERROR, pycurl.E_RECV_ERROR, 92}
+_POLL_FLAGS = {pycurl.POLL_IN: select.POLLIN, pycurl.POLL_OUT: select.POLLOUT,
+               pycurl.POLL_INOUT: select.POLLIN | select.POLLOUT}
+_PREFIX = struct.Struct(">BI")  # a message's flag byte and length
 
 
 class CallFailed(Exception):
@@ -62,6 +89,12 @@ class Endpoint:
     port: int | None = None
     path: str | None = None
 
+    def url(self, method: str) -> str:
+        if self.path is not None:
+            return f"http://localhost{method}"
+        host = f"[{self.host}]" if self.host and ":" in self.host else self.host
+        return f"http://{host}:{self.port}{method}"
+
 
 @dataclass(frozen=True, slots=True)
 class Call:
@@ -73,124 +106,263 @@ class Call:
     reply_type: type[Message]
 
 
-class UnaryClient:
-    """Channels to any number of endpoints, kept open between calls; not thread-safe (one
-    poll thread owns it)."""
+class _Exchange:
+    """One call in flight: what libcurl hands back (the reply's bytes, its headers and
+    trailers), checked as it comes, then made into a reply or a CallFailed."""
 
-    def __init__(self, max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
-                 streams_per_connection: int = STREAMS_PER_CONNECTION) -> None:
+    def __init__(self, call: Call, max_reply_bytes: int) -> None:
+        self.call = call
         self.max_reply_bytes = max_reply_bytes
-        self.streams_per_connection = streams_per_connection
-        self._loop = asyncio.new_event_loop()
-        self._channels: dict[Endpoint, Channel] = {}
-        self._streams: dict[Endpoint, int] = {}  # calls made on each channel's connection
+        self.body = bytearray()
+        self.size = -1  # the announced length, once its prefix is in
+        self.refused: CallFailed | None = None
+        self.grpc_status: str | None = None
+        self.grpc_message = ""
+
+    def write(self, data: bytes) -> int | None:
+        """libcurl's write callback: None takes the data, 0 aborts the transfer."""
+        self.body += data
+        if self.size < 0 and len(self.body) >= 5:
+            flag, self.size = _PREFIX.unpack_from(self.body)
+            if flag != 0:
+                self.refused = CallFailed("INTERNAL", "compressed reply (not asked for)")
+            elif self.size > self.max_reply_bytes:
+                self.refused = CallFailed(
+                    "RESOURCE_EXHAUSTED", f"a reply of {format_bytes(self.size)} is over "
+                    f"the {format_bytes(self.max_reply_bytes)} limit")
+        if self.size >= 0 and len(self.body) > 5 + self.size:
+            self.refused = CallFailed("INTERNAL", "more than one message in a unary reply")
+        return 0 if self.refused is not None else None
+
+    def header(self, line: bytes) -> None:
+        """libcurl's header callback, which the trailers reach too."""
+        name, colon, value = line.partition(b":")
+        if not colon:
+            return
+        name = name.strip().lower()
+        if name == b"grpc-status":
+            code = value.strip()
+            self.grpc_status = STATUS_NAMES[int(code)] if code.isdigit() and \
+                int(code) < len(STATUS_NAMES) else "UNKNOWN"
+        elif name == b"grpc-message":
+            self.grpc_message = unquote(value.strip().decode("ascii", "replace"),
+                                        errors="replace")
+
+    def outcome(self, error: int, text: str, http_status: int) -> Message | CallFailed:
+        if self.refused is not None:
+            return self.refused
+        if error:
+            return _transport_failure(error, text)
+        if self.grpc_status is None:
+            return CallFailed(HTTP_STATUS.get(http_status, "UNKNOWN"),
+                              f"HTTP status {http_status} and no grpc-status")
+        if self.grpc_status != "OK":
+            return CallFailed(self.grpc_status, self.grpc_message)
+        if self.size < 0:
+            return CallFailed("INTERNAL", "the server sent no reply")
+        if len(self.body) != 5 + self.size:
+            return CallFailed("INTERNAL", "truncated reply")
+        try:
+            return self.call.reply_type.FromString(bytes(self.body[5:]))
+        except DecodeError as exc:
+            return CallFailed("INTERNAL", f"reply does not decode: {exc}")
+
+
+def _transport_failure(error: int, text: str) -> CallFailed:
+    if error == pycurl.E_OPERATION_TIMEDOUT:
+        return CallFailed("DEADLINE_EXCEEDED")
+    if error in _GONE:
+        return CallFailed("UNAVAILABLE", text)
+    return CallFailed("UNKNOWN", text)  # a peer's nonsense libcurl rejected (HTTP/2, ...)
+
+
+class _Connection:
+    """One endpoint's connection. libcurl keeps connections per multi handle, so each
+    endpoint has a multi handle of its own: closing it closes exactly that connection.
+    Its easy handles are kept between calls (set up once: a call changes three options)."""
+
+    def __init__(self, endpoint: Endpoint, client: UnaryClient) -> None:
+        self.endpoint = endpoint
+        self.multi = multi = pycurl.CurlMulti()
+        multi.setopt(pycurl.M_PIPELINING, pycurl.PIPE_MULTIPLEX)
+        multi.setopt(pycurl.M_SOCKETFUNCTION,
+                     lambda what, fd, _multi, _data: client.watch(self, what, fd))
+        multi.setopt(pycurl.M_TIMERFUNCTION, self._on_timer)
+        self.timer_due = math.inf  # monotonic time libcurl next wants its timers run
+        self.running = 0  # transfers in flight
+        self.transfers: dict[pycurl.Curl, _Exchange] = {}  # this round's
+        self._idle: list[pycurl.Curl] = []
+
+    def start(self, call: Call, exchange: _Exchange, timeout_ms: int,
+              headers: list[str]) -> None:
+        handle = self._idle.pop() if self._idle else self._new_handle()
+        handle.setopt(pycurl.URL, self.endpoint.url(call.method))
+        handle.setopt(pycurl.HTTPHEADER, headers)
+        handle.setopt(pycurl.TIMEOUT_MS, timeout_ms)
+        body = call.request.SerializeToString()
+        handle.setopt(pycurl.POSTFIELDS, _PREFIX.pack(0, len(body)) + body)
+        handle.setopt(pycurl.WRITEFUNCTION, exchange.write)
+        handle.setopt(pycurl.HEADERFUNCTION, exchange.header)
+        self.transfers[handle] = exchange
+        self.multi.add_handle(handle)
+        self.running += 1
+
+    def act(self, fd: int, flags: int) -> None:
+        self.running = self.multi.socket_action(fd, flags)[1]
+
+    def run_timers(self, now: float) -> None:
+        if now >= self.timer_due:
+            self.timer_due = math.inf
+            self.act(pycurl.SOCKET_TIMEOUT, 0)
+
+    def collect(self) -> tuple[list[Message | CallFailed], bool]:
+        """This round's outcomes in the order started, and whether the connection is to be
+        dropped (a call failed in transport or its reply was refused: whatever is left of
+        it on the wire is not to be read as the next reply)."""
+        ended: dict[pycurl.Curl, tuple[int, str]] = {}
+        while True:
+            queued, done, failed = self.multi.info_read()
+            ended.update((handle, (0, "")) for handle in done)
+            ended.update((handle, (code, text)) for handle, code, text in failed)
+            if not queued:
+                break
+        outcomes: list[Message | CallFailed] = []
+        broken = False
+        for handle, exchange in self.transfers.items():
+            error, text = ended.get(handle, (pycurl.E_OPERATION_TIMEDOUT, "no end"))
+            outcomes.append(exchange.outcome(error, text, handle.getinfo(pycurl.RESPONSE_CODE)))
+            broken |= bool(error) or exchange.refused is not None
+            self.multi.remove_handle(handle)
+            self._idle.append(handle)
+        self.transfers = {}
+        self.running = 0
+        return outcomes, broken
+
+    def close(self) -> None:
+        self.multi.close()
+        for handle in self._idle:
+            handle.close()
+        self._idle.clear()
+
+    def _on_timer(self, timeout_ms: int) -> None:
+        self.timer_due = math.inf if timeout_ms < 0 else \
+            time.monotonic() + timeout_ms / 1000
+
+    def _new_handle(self) -> pycurl.Curl:
+        handle = pycurl.Curl()
+        handle.setopt(pycurl.NOSIGNAL, 1)  # a threaded agent: no SIGALRM for timeouts
+        handle.setopt(pycurl.HTTP_VERSION, pycurl.CURL_HTTP_VERSION_2_PRIOR_KNOWLEDGE)
+        handle.setopt(pycurl.PROTOCOLS, pycurl.PROTO_HTTP)
+        handle.setopt(pycurl.NOPROXY, "*")  # an http_proxy in the environment is not ours
+        handle.setopt(pycurl.PIPEWAIT, 1)  # a round's calls share one new connection
+        handle.setopt(pycurl.POST, 1)
+        if self.endpoint.path is not None:
+            handle.setopt(pycurl.UNIX_SOCKET_PATH, self.endpoint.path)
+        return handle
+
+
+class UnaryClient:
+    """Connections to any number of endpoints, kept open between calls; not thread-safe
+    (one poll thread owns it). Everything runs on the calling thread, inside ``call`` and
+    ``call_all``: nothing runs between calls."""
+
+    def __init__(self, max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES) -> None:
+        self.max_reply_bytes = max_reply_bytes
+        self._connections: dict[Endpoint, _Connection] = {}
+        self._by_fd: dict[int, _Connection] = {}
+        self._poller = select.poll()
+        self._headers: dict[int, list[str]] = {}  # a call's headers by grpc-timeout (ms)
+        self._closed = False
+        self._unable = None if pycurl.version_info()[4] & pycurl.VERSION_HTTP2 else \
+            CallFailed("UNIMPLEMENTED", f"libcurl {pycurl.version_info()[1]} has no HTTP/2 "
+                       "(install pycurl's own wheel: pip install --force-reinstall pycurl)")
 
     def call(self, endpoint: Endpoint, method: str, request: Message,
              reply_type: type[Reply], timeout: float) -> Reply:
         """The reply, or :class:`CallFailed`."""
-        return self._run(self._call(Call(endpoint, method, request, reply_type), timeout))
+        outcome = self.call_all([Call(endpoint, method, request, reply_type)], timeout)[0]
+        if isinstance(outcome, CallFailed):
+            raise outcome
+        return outcome  # type: ignore[return-value]
 
     def call_all(self, calls: Sequence[Call], timeout: float) -> list[Message | CallFailed]:
         """Every call at once, each within ``timeout``: its reply or its failure, in order."""
-        async def every() -> list[Message | CallFailed]:
-            return list(await asyncio.gather(*(self._outcome(c, timeout) for c in calls)))
-        return self._run(every())
+        if self._closed or self._unable is not None:
+            return [self._unable or CallFailed("CANCELLED", "the client is closed")
+                    for _ in calls]
+        timeout_ms = max(1, math.ceil(timeout * 1000))
+        headers = self._call_headers(timeout_ms)
+        order: list[tuple[_Connection, int]] = []  # each call's connection and place there
+        for call in calls:
+            connection = self._connection(call.endpoint)
+            order.append((connection, len(connection.transfers)))
+            connection.start(call, _Exchange(call, self.max_reply_bytes), timeout_ms, headers)
+        round_ = list(dict.fromkeys(connection for connection, _ in order))
+        self._drive(round_, time.monotonic() + timeout)
+        outcomes = {}
+        for connection in round_:
+            outcomes[connection], broken = connection.collect()
+            if broken:
+                self._drop(connection)
+        return [outcomes[connection][place] for connection, place in order]
 
     def close(self) -> None:
-        for channel in self._channels.values():
-            channel.close()
-        self._channels.clear()
-        if not self._loop.is_closed():
-            # Let the transports' close callbacks run before the loop goes.
-            self._loop.run_until_complete(asyncio.sleep(0))
-            self._loop.close()
+        for connection in list(self._connections.values()):
+            self._drop(connection)
+        self._closed = True
 
-    def _run(self, work: Coroutine[Any, Any, Any]) -> Any:
-        if self._loop.is_closed():
-            work.close()
-            raise CallFailed("CANCELLED", "the client is closed")
-        self._retire_worn()
-        return self._loop.run_until_complete(work)
+    def watch(self, connection: _Connection, what: int, fd: int) -> None:
+        """libcurl's socket callback: which of a connection's sockets to poll, for what."""
+        if what == pycurl.POLL_REMOVE:
+            if self._by_fd.pop(fd, None) is not None:
+                self._poller.unregister(fd)
+        else:
+            self._by_fd[fd] = connection
+            self._poller.register(fd, _POLL_FLAGS[what])
 
-    def _retire_worn(self) -> None:
-        """Close each connection that carried its ``streams_per_connection`` calls, between
-        rounds (never under a call in flight); the next call dials afresh."""
-        for endpoint, used in list(self._streams.items()):
-            if used >= self.streams_per_connection:
-                self._drop(endpoint)
+    def _drive(self, round_: list[_Connection], deadline: float) -> None:
+        """Run libcurl until every call of the round ended (its own timeout ends one at the
+        deadline at the latest; a second more is the backstop that never hangs a poll)."""
+        while any(connection.running for connection in round_):
+            now = time.monotonic()
+            if now > deadline + 1.0:
+                return
+            due = min(deadline + 1.0, *(connection.timer_due for connection in round_))
+            for fd, event in self._poller.poll(max(0.0, due - now) * 1000):
+                connection = self._by_fd.get(fd)
+                if connection is not None:
+                    connection.act(fd, _curl_flags(event))
+            now = time.monotonic()
+            for connection in round_:
+                connection.run_timers(now)
 
-    async def _outcome(self, call: Call, timeout: float) -> Message | CallFailed:
-        try:
-            return await self._call(call, timeout)
-        except CallFailed as failure:
-            return failure
+    def _connection(self, endpoint: Endpoint) -> _Connection:
+        connection = self._connections.get(endpoint)
+        if connection is None:
+            connection = self._connections[endpoint] = _Connection(endpoint, self)
+        return connection
 
-    async def _call(self, call: Call, timeout: float) -> Any:
-        try:
-            return await asyncio.wait_for(self._exchange(call, timeout), timeout)
-        except CallFailed:
-            raise
-        except asyncio.TimeoutError:
-            # The peer is hung, or broke HTTP/2 in a way grpclib closes the connection on
-            # without waking the call: either way a fresh connection next time.
-            self._drop(call.endpoint)
-            raise CallFailed("DEADLINE_EXCEEDED") from None
-        except GRPCError as exc:
-            raise CallFailed(exc.status.name, exc.message or "") from None
-        except (OSError, StreamTerminatedError) as exc:
-            self._drop(call.endpoint)
-            raise CallFailed("UNAVAILABLE", str(exc)) from None
-        except DecodeError as exc:
-            raise CallFailed("INTERNAL", f"reply does not decode: {exc}") from None
-        except Exception as exc:  # a peer's nonsense the transport rejected (h2, grpclib)
-            self._drop(call.endpoint)
-            raise CallFailed("UNKNOWN", f"{type(exc).__name__}: {exc}") from None
-
-    async def _exchange(self, call: Call, timeout: float) -> Message:
-        channel = self._channel(call.endpoint)
-        self._streams[call.endpoint] += 1
-        stream: Stream[Message, Message] = channel.request(
-            call.method, Cardinality.UNARY_UNARY, type(call.request), call.reply_type,
-            timeout=timeout)
-        async with stream:
-            await stream.send_message(call.request, end=True)
-            await stream.recv_initial_metadata()
-            try:
-                body = await self._reply_body(stream)
-            except CallFailed:
-                self._drop(call.endpoint)  # the rest of its reply is never read
-                raise
-            if body is None:
-                raise CallFailed("INTERNAL", "the server sent no reply")
-            return call.reply_type.FromString(body)
-
-    async def _reply_body(self, stream: Stream[Message, Message]) -> bytes | None:
-        """The reply's bytes after its length prefix is checked. grpclib's own
-        ``recv_message`` reads whatever length the peer announces; this is the same read
-        (grpclib 0.4's ``stream.recv_message``) with a limit, through its stream's buffer."""
-        raw = stream._stream  # grpclib.protocol.Stream: the HTTP/2 stream's data
-        head = await raw.recv_data(5)
-        if not head:
-            return None
-        if len(head) != 5 or head[0] != 0:
-            raise CallFailed("INTERNAL", "compressed or truncated reply")
-        size = struct.unpack(">I", head[1:])[0]
-        if size > self.max_reply_bytes:
-            raise CallFailed("RESOURCE_EXHAUSTED", f"a reply of {format_bytes(size)} is over "
-                             f"the {format_bytes(self.max_reply_bytes)} limit")
-        return await raw.recv_data(size) if size else b""
-
-    def _channel(self, endpoint: Endpoint) -> Channel:
-        channel = self._channels.get(endpoint)
-        if channel is None:  # made on the running loop: grpclib binds it to that loop
-            channel = Channel(endpoint.host, endpoint.port, path=endpoint.path)
-            self._channels[endpoint] = channel
-            self._streams[endpoint] = 0
-        return channel
-
-    def _drop(self, endpoint: Endpoint) -> None:
+    def _drop(self, connection: _Connection) -> None:
         """Close the endpoint's connection; the next call dials afresh."""
-        channel = self._channels.pop(endpoint, None)
-        self._streams.pop(endpoint, None)
-        if channel is not None:
-            channel.close()
+        if self._connections.get(connection.endpoint) is connection:
+            del self._connections[connection.endpoint]
+        connection.close()  # libcurl says POLL_REMOVE for its sockets
+
+    def _call_headers(self, timeout_ms: int) -> list[str]:
+        headers = self._headers.get(timeout_ms)
+        if headers is None:
+            headers = self._headers[timeout_ms] = [
+                "content-type: application/grpc", "te: trailers",
+                f"grpc-timeout: {timeout_ms}m", "user-agent: tpumon", "accept:"]
+        return headers
+
+
+def _curl_flags(event: int) -> int:
+    flags = 0
+    if event & select.POLLIN:
+        flags |= pycurl.CSELECT_IN
+    if event & select.POLLOUT:
+        flags |= pycurl.CSELECT_OUT
+    if event & (select.POLLERR | select.POLLHUP | select.POLLNVAL):
+        flags |= pycurl.CSELECT_ERR
+    return flags

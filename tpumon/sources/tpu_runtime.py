@@ -9,8 +9,9 @@ sturdier than ``tpu_info.metrics.get_chip_usage``, which an agent cannot afford:
   8431-8434, one process each), all calls in flight at once;
 * one connection per port lives as long as the source and is dialled again at the next
   poll after it failed, so "no runtime between jobs" heals unaided when the next job starts;
-* the calls go through :mod:`tpumon.sources.grpc_unary` (grpclib, no threads) rather than
-  grpcio: the same wire protocol at ~11 MiB less RSS and less CPU (docs/benchmarks.md);
+* the calls go through :mod:`tpumon.sources.grpc_unary` (libcurl's HTTP/2 on the poll
+  thread) rather than grpcio: the same wire protocol at ~11 MiB less RSS and a fraction of
+  the CPU (docs/benchmarks.md);
 * answers are matched by device id, not list position, and a partial answer (fewer devices
   than chips, or a metric missing for one chip) is handled chip by chip;
 * each port is asked which metrics it serves (``ListSupportedMetrics``) when it first
