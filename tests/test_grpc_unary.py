@@ -9,11 +9,13 @@ import threading
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tpu_info.proto import tpu_metric_service_pb2 as pb
 
 from fake_runtime import FakeRuntime, RuntimeServer, chips_metrics
 from tools import free_port
-from tpumon.sources.grpc_unary import Call, CallFailed, Endpoint, UnaryClient
+from tpumon.sources.grpc_unary import Call, CallFailed, Endpoint, UnaryClient, _Exchange
 from tpumon.sources.runtime_names import GET_RUNTIME_METRIC, LIST_SUPPORTED_METRICS
 from tpumon.sources.tpu_runtime import USAGE
 
@@ -276,3 +278,43 @@ def test_a_closed_client_fails_its_calls_instead_of_raising_another_error():
     with pytest.raises(CallFailed) as failed:
         ask(client, 1)
     assert failed.value.status == "CANCELLED"
+
+
+def test_statuses_and_messages_as_a_grpc_peer_sends_them():
+    """Trailers (or Trailers-Only headers) as libcurl hands them over, one line each."""
+    call = Call(Endpoint("127.0.0.1", 1), GET_RUNTIME_METRIC, pb.MetricRequest(),
+                pb.MetricResponse)
+
+    def outcome(*lines: bytes, http: int = 200):
+        exchange = _Exchange(call, 1 << 20)
+        for line in lines:
+            exchange.header(line)
+        return exchange.outcome(0, "", http)
+
+    failed = outcome(b"HTTP/2 200\r\n", b"grpc-status: 5\r\n",
+                     b"grpc-message: no metric caf%C3%A9 %25\r\n")
+    assert (failed.status, failed.detail) == ("NOT_FOUND", "no metric café %")
+    assert outcome(b"grpc-status: 17\r\n").status == "UNKNOWN"  # beyond the table
+    assert outcome(b"grpc-status: " + b"9" * 5000 + b"\r\n").status == "UNKNOWN"
+    assert outcome(b"Grpc-Status: 0\r\n").status == "INTERNAL"  # OK, but no message
+    assert outcome(http=404).status == "UNIMPLEMENTED"  # no grpc-status: the HTTP status
+    assert outcome(http=503).status == "UNAVAILABLE"
+
+
+@settings(max_examples=300, deadline=None)
+@given(chunks=st.lists(st.binary(max_size=64), max_size=6),
+       headers=st.lists(st.binary(max_size=80), max_size=6))
+def test_any_reply_bytes_and_headers_are_a_reply_or_a_status(chunks, headers):
+    """What a peer sends reaches the write and header callbacks, which must never raise:
+    pycurl would print the traceback and the poll would lose the call's reason."""
+    exchange = _Exchange(Call(Endpoint("127.0.0.1", 1), GET_RUNTIME_METRIC,
+                              pb.MetricRequest(), pb.MetricResponse), 32)
+    for line in headers:
+        exchange.header(line)
+    for chunk in chunks:
+        if exchange.write(chunk) == 0:
+            break
+    result = exchange.outcome(0, "", 200)
+    assert isinstance(result, (pb.MetricResponse, CallFailed))
+    if exchange.size > 32 and exchange.body[0] == 0:  # refused on its announced length
+        assert result.status == "RESOURCE_EXHAUSTED"

@@ -135,7 +135,9 @@ class _Exchange:
         return 0 if self.refused is not None else None
 
     def header(self, line: bytes) -> None:
-        """libcurl's header callback, which the trailers reach too."""
+        """libcurl's header callback, which the trailers reach too. Nothing in it may raise
+        (pycurl would print the traceback): a peer's header is anything up to libcurl's
+        limit on a header's size."""
         name, colon, value = line.partition(b":")
         if not colon:
             return
@@ -143,7 +145,7 @@ class _Exchange:
         if name == b"grpc-status":
             code = value.strip()
             self.grpc_status = STATUS_NAMES[int(code)] if code.isdigit() and \
-                int(code) < len(STATUS_NAMES) else "UNKNOWN"
+                len(code) <= 2 and int(code) < len(STATUS_NAMES) else "UNKNOWN"
         elif name == b"grpc-message":
             self.grpc_message = unquote(value.strip().decode("ascii", "replace"),
                                         errors="replace")
