@@ -1,7 +1,8 @@
 """The agent imports only what it runs: page templates (jinja2), web configuration parsing
 (PyYAML), basic auth (bcrypt) and the simulator's server and workloads (run in the
 simulator's own process) are loaded when first needed, each worth 0.4-1.9 MiB of the
-agent's RSS (docs/benchmarks.md, issue 25)."""
+agent's RSS (docs/benchmarks.md, issue 25); so are importlib.metadata (tpu-info's version
+is read from its own METADATA), statistics, tomli_w and difflib."""
 
 from __future__ import annotations
 
@@ -9,13 +10,15 @@ import subprocess
 import sys
 
 ON_DEMAND = ("jinja2", "yaml", "bcrypt", "tpumon.sim.server", "tpumon.sim.workload",
-             "tpumon.sim.pod")
+             "tpumon.sim.pod", "importlib.metadata", "statistics", "tomli_w", "difflib")
 
 PROBE = f"""
 import sys
 import tpumon.cli, tpumon.cli.agent, tpumon.bootstrap, tpumon.exporters.http
 from tpumon.config import load_config
+from tpumon.exporters.prometheus import BuildInfoCollector
 load_config(None, env={{}})
+BuildInfoCollector(lambda: None)  # tpu-info's version, for tpumon_build_info
 print(sorted(m for m in {ON_DEMAND!r} if m in sys.modules))
 """
 
@@ -52,3 +55,12 @@ def test_a_detector_settling_its_bucket_width_leaves_numpy_ma_unloaded():
                                    text=True, check=True).stdout.split()
     assert float(width) > 0
     assert masked == "False"
+
+
+def test_a_version_read_beside_its_package_is_what_importlib_metadata_says():
+    from importlib import metadata
+
+    from tpumon import _installed_beside, package_version
+    assert _installed_beside("tpu-info") == metadata.version("tpu-info")
+    assert package_version("grpcio") == metadata.version("grpcio")
+    assert package_version("no-such-distribution") == "unknown"

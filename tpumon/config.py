@@ -8,7 +8,6 @@ so a key cannot exist in one place and be missing in another.
 
 from __future__ import annotations
 
-import difflib
 import math
 import os
 import re
@@ -24,7 +23,6 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised only on 3.10
     import tomli as tomllib
 
-import tomli_w
 
 DEFAULT_CONFIG_PATH = Path("/etc/tpumon/config.toml")
 ENV_PREFIX = "TPUMON_"
@@ -381,6 +379,8 @@ def reachable_host(host: str) -> str:
 
 
 def _unknown_key(name: str, known: list[str], where: str) -> ConfigError:
+    import difflib  # on a bad key only
+
     hint = difflib.get_close_matches(name, known, n=1)
     suffix = f" (did you mean '{hint[0]}'?)" if hint else ""
     return ConfigError(f"{where}: unknown key '{name}'{suffix}")
@@ -474,6 +474,8 @@ def _toml_value(value: Any) -> str:
     """One value as TOML, on one line (a list inline, as in docs/configuration.md)."""
     if isinstance(value, list):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    import tomli_w  # `tpumon config show` only: the agent never writes TOML
+
     return tomli_w.dumps({"v": value})[len("v = "):].rstrip("\n")
 
 

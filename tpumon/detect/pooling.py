@@ -32,12 +32,14 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import itertools
-import statistics
 from collections import defaultdict
 from typing import Iterable, Mapping, Sequence
 
+import numpy as np
+
 from tpumon.detect.detector import Assessment, Verdict, describe_growth, slope_fields
 from tpumon.detect.jumps import Jump
+from tpumon.detect.robust import median
 
 
 def pool_jobs(assessments: Mapping[str, Assessment],
@@ -61,7 +63,7 @@ def pool_job(job: str, chips: Mapping[str, Assessment]) -> dict[str, Assessment]
     leaks = [a for a in chips.values() if _evidence(a)]
     if not leaks:
         return dict(chips)
-    rate = statistics.median(a.slope_bytes_per_second or 0.0 for a in leaks)
+    rate = median(np.array([a.slope_bytes_per_second or 0.0 for a in leaks]))
     stairs = Stairs(leaks)
     leaking = {c for c, a in chips.items() if _pooled_leak(a, rate, stairs)}
     shared = JobLeak(job, leaks, rate, len(leaking), len(chips))
@@ -223,7 +225,7 @@ def _steps_per_second(a: Assessment) -> float | None:
 
 def _growth(leaks: list[Assessment], rate: float) -> str:
     per_step = [a.slope_bytes_per_step for a in leaks if a.slope_bytes_per_step]
-    return describe_growth(statistics.median(per_step) if per_step else None, rate * 3600)
+    return describe_growth(median(np.array(per_step)) if per_step else None, rate * 3600)
 
 
 def _oom_in(a: Assessment) -> str:
