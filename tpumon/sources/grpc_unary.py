@@ -179,12 +179,16 @@ def _transport_failure(error: int, text: str) -> CallFailed:
 
 
 class _Connection:
-    """One endpoint's connection. libcurl keeps connections per multi handle, so each
-    endpoint has a multi handle of its own: closing it closes exactly that connection.
-    Its easy handles are kept between calls (set up once: a call changes three options)."""
+    """One endpoint's connection, kept in a share handle of its own (libcurl's connection
+    pool), which every easy handle of the endpoint uses: a lone call runs in libcurl's own
+    loop (``perform``: no Python between its system calls), a round of several in the
+    endpoint's multi handle, both on the same connection; closing the share closes exactly
+    that connection. Easy handles are kept between calls (a call sets six options)."""
 
     def __init__(self, endpoint: Endpoint, client: UnaryClient) -> None:
         self.endpoint = endpoint
+        self.share = pycurl.CurlShare()
+        self.share.setopt(pycurl.SH_SHARE, pycurl.LOCK_DATA_CONNECT)
         self.multi = multi = pycurl.CurlMulti()
         multi.setopt(pycurl.M_PIPELINING, pycurl.PIPE_MULTIPLEX)
         multi.setopt(pycurl.M_SOCKETFUNCTION,
@@ -197,6 +201,28 @@ class _Connection:
 
     def start(self, call: Call, exchange: _Exchange, timeout_ms: int,
               headers: list[str]) -> None:
+        """Add the call to this round's transfers (run by the client's ``_drive``)."""
+        handle = self._handle(call, exchange, timeout_ms, headers)
+        self.transfers[handle] = exchange
+        self.multi.add_handle(handle)
+        self.running += 1
+
+    def perform(self, call: Call, exchange: _Exchange, timeout_ms: int,
+                headers: list[str]) -> tuple[Message | CallFailed, bool]:
+        """A lone call, start to end in libcurl's loop; its outcome and whether the
+        connection is to be dropped (as :meth:`collect`)."""
+        handle = self._handle(call, exchange, timeout_ms, headers)
+        try:
+            handle.perform()
+            error, text = 0, ""
+        except pycurl.error as exc:
+            error, text = exc.args[0], str(exc.args[1])
+        outcome = exchange.outcome(error, text, handle.getinfo(pycurl.RESPONSE_CODE))
+        self._idle.append(handle)
+        return outcome, bool(error) or exchange.refused is not None
+
+    def _handle(self, call: Call, exchange: _Exchange, timeout_ms: int,
+                headers: list[str]) -> pycurl.Curl:
         handle = self._idle.pop() if self._idle else self._new_handle()
         handle.setopt(pycurl.URL, self.endpoint.url(call.method))
         handle.setopt(pycurl.HTTPHEADER, headers)
@@ -205,9 +231,7 @@ class _Connection:
         handle.setopt(pycurl.POSTFIELDS, _PREFIX.pack(0, len(body)) + body)
         handle.setopt(pycurl.WRITEFUNCTION, exchange.write)
         handle.setopt(pycurl.HEADERFUNCTION, exchange.header)
-        self.transfers[handle] = exchange
-        self.multi.add_handle(handle)
-        self.running += 1
+        return handle
 
     def act(self, fd: int, flags: int) -> None:
         self.running = self.multi.socket_action(fd, flags)[1]
@@ -245,6 +269,7 @@ class _Connection:
         for handle in self._idle:
             handle.close()
         self._idle.clear()
+        self.share.close()  # its connection with it
 
     def _on_timer(self, timeout_ms: int) -> None:
         self.timer_due = math.inf if timeout_ms < 0 else \
@@ -258,6 +283,7 @@ class _Connection:
         handle.setopt(pycurl.NOPROXY, "*")  # an http_proxy in the environment is not ours
         handle.setopt(pycurl.PIPEWAIT, 1)  # a round's calls share one new connection
         handle.setopt(pycurl.POST, 1)
+        handle.setopt(pycurl.SHARE, self.share)
         if self.endpoint.path is not None:
             handle.setopt(pycurl.UNIX_SOCKET_PATH, self.endpoint.path)
         return handle
@@ -294,6 +320,8 @@ class UnaryClient:
                     for _ in calls]
         timeout_ms = max(1, math.ceil(timeout * 1000))
         headers = self._call_headers(timeout_ms)
+        if len(calls) == 1:  # the agent's usage call, every poll: libcurl's loop alone
+            return [self._perform(calls[0], timeout_ms, headers)]
         order: list[tuple[_Connection, int]] = []  # each call's connection and place there
         for call in calls:
             connection = self._connection(call.endpoint)
@@ -312,6 +340,14 @@ class UnaryClient:
         for connection in list(self._connections.values()):
             self._drop(connection)
         self._closed = True
+
+    def _perform(self, call: Call, timeout_ms: int, headers: list[str]) -> Message | CallFailed:
+        connection = self._connection(call.endpoint)
+        outcome, broken = connection.perform(call, _Exchange(call, self.max_reply_bytes),
+                                             timeout_ms, headers)
+        if broken:
+            self._drop(connection)
+        return outcome
 
     def watch(self, connection: _Connection, what: int, fd: int) -> None:
         """libcurl's socket callback: which of a connection's sockets to poll, for what."""
