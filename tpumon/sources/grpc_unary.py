@@ -38,7 +38,7 @@ import select
 import struct
 import time
 from dataclasses import dataclass
-from typing import Sequence, TypeVar
+from typing import Any, Sequence, TypeVar
 from urllib.parse import unquote
 
 import pycurl
@@ -212,11 +212,12 @@ class _Connection:
         """A lone call, start to end in libcurl's loop; its outcome and whether the
         connection is to be dropped (as :meth:`collect`)."""
         handle = self._handle(call, exchange, timeout_ms, headers)
+        error, text = 0, ""
         try:
             handle.perform()
-            error, text = 0, ""
-        except pycurl.error as exc:
-            error, text = exc.args[0], str(exc.args[1])
+        except pycurl.error as exc:  # (libcurl's error code, its message)
+            failure: tuple[Any, ...] = exc.args
+            error, text = int(failure[0]), str(failure[1])
         outcome = exchange.outcome(error, text, handle.getinfo(pycurl.RESPONSE_CODE))
         self._idle.append(handle)
         return outcome, bool(error) or exchange.refused is not None
