@@ -7,7 +7,8 @@ through the guest's and the host's page tables, with caches gone cold). This mea
 directly: one byte in each of ``--pages`` pages of an anonymous buffer, read back to back
 and then after sleeping ``--gap`` seconds before each pass (thread CPU time, median of
 ``--passes``), with the buffer on 4 KiB pages and advised for transparent huge pages
-(what ``tpumon/allocator.py`` gives the agent's heap). With ``--pid``, also the pages a
+(what ``PYTHONMALLOC=malloc GLIBC_TUNABLES=glibc.malloc.hugetlb=1`` give the agent's heap:
+docs/configuration.md). With ``--pid``, also the pages a
 running process touches a second, by mapping (its referenced bits cleared, then read back
 after one second; needs the right to write /proc/PID/clear_refs, i.e. root or the owner).
 """

@@ -699,9 +699,8 @@ def test_the_build_step_makes_a_wheel_without_test_dependencies(tmp_path: Path):
         entry_points = zf.read(f"{dist_info}/entry_points.txt").decode()
         metadata = zf.read(f"{dist_info}/METADATA").decode()
     assert "tpumon/cli/agent.py" in names and "tpumon/exporters/http.py" in names
-    assert "tpumon/program.py" in names and "tpumon/allocator.py" in names  # the entry
     assert not any("__pycache__" in n or n.startswith("tests/") for n in names)
-    assert re.search(r"^tpumon = tpumon\.program:run$", entry_points, re.M)
+    assert re.search(r"^tpumon = tpumon\.cli:main$", entry_points, re.M)
     runtime = [line for line in metadata.splitlines()
                if line.startswith("Requires-Dist:") and "extra ==" not in line]
     assert runtime and not any(re.search(r"pytest|hypothesis|scipy|kubernetes-validate|promql",

@@ -1,5 +1,5 @@
 """Allows ``python -m tpumon``."""
 
-from tpumon.program import run
+from tpumon.cli import main
 
-run()
+main()
