@@ -4,6 +4,7 @@ status."""
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
@@ -318,3 +319,23 @@ def test_any_reply_bytes_and_headers_are_a_reply_or_a_status(chunks, headers):
     assert isinstance(result, (pb.MetricResponse, CallFailed))
     if exchange.size > 32 and exchange.body[0] == 0:  # refused on its announced length
         assert result.status == "RESOURCE_EXHAUSTED"
+
+
+def test_lone_calls_and_rounds_in_turn_hold_the_same_descriptors(client):
+    """A lone call runs in an easy handle's perform, whose private multi handle libcurl
+    closes when that handle joins a multi handle: the two paths keep handles apart, so the
+    agent's descriptors stay put poll after poll (bench/soak.py checks them flat)."""
+    server = RuntimeServer(FakeRuntime(chips_metrics({0: GiB})))
+    try:
+        endpoint = Endpoint("127.0.0.1", server.port)
+        calls = [Call(endpoint, GET_RUNTIME_METRIC, pb.MetricRequest(metric_name=USAGE),
+                      pb.MetricResponse)] * 3
+        descriptors = []
+        for _ in range(3):
+            ask(client, server.port)
+            descriptors.append(len(os.listdir("/proc/self/fd")))
+            assert all(isinstance(r, pb.MetricResponse) for r in client.call_all(calls, 2.0))
+            descriptors.append(len(os.listdir("/proc/self/fd")))
+        assert len(set(descriptors)) == 1, descriptors
+    finally:
+        server.stop()

@@ -197,12 +197,17 @@ class _Connection:
         self.timer_due = math.inf  # monotonic time libcurl next wants its timers run
         self.running = 0  # transfers in flight
         self.transfers: dict[pycurl.Curl, _Exchange] = {}  # this round's
-        self._idle: list[pycurl.Curl] = []
+        self._idle: list[pycurl.Curl] = []  # for rounds on the multi handle
+        # for lone calls, never added to the multi handle: that would close the private
+        # multi handle (and its two descriptors) that libcurl keeps for an easy handle's
+        # perform, to be made again at the next one
+        self._lone: pycurl.Curl | None = None
 
     def start(self, call: Call, exchange: _Exchange, timeout_ms: int,
               headers: list[str]) -> None:
         """Add the call to this round's transfers (run by the client's ``_drive``)."""
-        handle = self._handle(call, exchange, timeout_ms, headers)
+        handle = self._idle.pop() if self._idle else self._new_handle()
+        self._prepare(handle, call, exchange, timeout_ms, headers)
         self.transfers[handle] = exchange
         self.multi.add_handle(handle)
         self.running += 1
@@ -211,7 +216,8 @@ class _Connection:
                 headers: list[str]) -> tuple[Message | CallFailed, bool]:
         """A lone call, start to end in libcurl's loop; its outcome and whether the
         connection is to be dropped (as :meth:`collect`)."""
-        handle = self._handle(call, exchange, timeout_ms, headers)
+        handle = self._lone = self._lone or self._new_handle()
+        self._prepare(handle, call, exchange, timeout_ms, headers)
         error, text = 0, ""
         try:
             handle.perform()
@@ -219,12 +225,10 @@ class _Connection:
             failure: tuple[Any, ...] = exc.args
             error, text = int(failure[0]), str(failure[1])
         outcome = exchange.outcome(error, text, handle.getinfo(pycurl.RESPONSE_CODE))
-        self._idle.append(handle)
         return outcome, bool(error) or exchange.refused is not None
 
-    def _handle(self, call: Call, exchange: _Exchange, timeout_ms: int,
-                headers: list[str]) -> pycurl.Curl:
-        handle = self._idle.pop() if self._idle else self._new_handle()
+    def _prepare(self, handle: pycurl.Curl, call: Call, exchange: _Exchange, timeout_ms: int,
+                 headers: list[str]) -> None:
         handle.setopt(pycurl.URL, self.endpoint.url(call.method))
         handle.setopt(pycurl.HTTPHEADER, headers)
         handle.setopt(pycurl.TIMEOUT_MS, timeout_ms)
@@ -232,7 +236,6 @@ class _Connection:
         handle.setopt(pycurl.POSTFIELDS, _PREFIX.pack(0, len(body)) + body)
         handle.setopt(pycurl.WRITEFUNCTION, exchange.write)
         handle.setopt(pycurl.HEADERFUNCTION, exchange.header)
-        return handle
 
     def act(self, fd: int, flags: int) -> None:
         self.running = self.multi.socket_action(fd, flags)[1]
@@ -267,9 +270,10 @@ class _Connection:
 
     def close(self) -> None:
         self.multi.close()
-        for handle in self._idle:
+        for handle in self._idle + ([self._lone] if self._lone is not None else []):
             handle.close()
         self._idle.clear()
+        self._lone = None
         self.share.close()  # its connection with it
 
     def _on_timer(self, timeout_ms: int) -> None:
