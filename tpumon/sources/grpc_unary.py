@@ -150,6 +150,15 @@ class _Exchange:
             self.grpc_message = unquote(value.strip().decode("ascii", "replace"),
                                         errors="replace")
 
+    def finish(self, handle: pycurl.Curl, error: int,
+               text: str) -> tuple[Message | CallFailed, bool]:
+        """The call's outcome once libcurl ended it (``error`` 0: a whole HTTP exchange),
+        and whether its connection is to be dropped: a call that failed in transport or
+        whose reply was refused leaves whatever is left of it on the wire, not to be read
+        as the next reply."""
+        outcome = self.outcome(error, text, handle.getinfo(pycurl.RESPONSE_CODE))
+        return outcome, bool(error) or self.refused is not None
+
     def outcome(self, error: int, text: str, http_status: int) -> Message | CallFailed:
         if self.refused is not None:
             return self.refused
@@ -215,7 +224,7 @@ class _Connection:
     def perform(self, call: Call, exchange: _Exchange, timeout_ms: int,
                 headers: list[str]) -> tuple[Message | CallFailed, bool]:
         """A lone call, start to end in libcurl's loop; its outcome and whether the
-        connection is to be dropped (as :meth:`collect`)."""
+        connection is to be dropped (as :meth:`_Exchange.finish`)."""
         handle = self._lone = self._lone or self._new_handle()
         self._prepare(handle, call, exchange, timeout_ms, headers)
         error, text = 0, ""
@@ -224,8 +233,7 @@ class _Connection:
         except pycurl.error as exc:  # (libcurl's error code, its message)
             failure: tuple[Any, ...] = exc.args
             error, text = int(failure[0]), str(failure[1])
-        outcome = exchange.outcome(error, text, handle.getinfo(pycurl.RESPONSE_CODE))
-        return outcome, bool(error) or exchange.refused is not None
+        return exchange.finish(handle, error, text)
 
     def _prepare(self, handle: pycurl.Curl, call: Call, exchange: _Exchange, timeout_ms: int,
                  headers: list[str]) -> None:
@@ -247,8 +255,7 @@ class _Connection:
 
     def collect(self) -> tuple[list[Message | CallFailed], bool]:
         """This round's outcomes in the order started, and whether the connection is to be
-        dropped (a call failed in transport or its reply was refused: whatever is left of
-        it on the wire is not to be read as the next reply)."""
+        dropped (as :meth:`_Exchange.finish`)."""
         ended: dict[pycurl.Curl, tuple[int, str]] = {}
         while True:
             queued, done, failed = self.multi.info_read()
@@ -259,9 +266,10 @@ class _Connection:
         outcomes: list[Message | CallFailed] = []
         broken = False
         for handle, exchange in self.transfers.items():
-            error, text = ended.get(handle, (pycurl.E_OPERATION_TIMEDOUT, "no end"))
-            outcomes.append(exchange.outcome(error, text, handle.getinfo(pycurl.RESPONSE_CODE)))
-            broken |= bool(error) or exchange.refused is not None
+            outcome, breaks = exchange.finish(
+                handle, *ended.get(handle, (pycurl.E_OPERATION_TIMEDOUT, "no end")))
+            outcomes.append(outcome)
+            broken |= breaks
             self.multi.remove_handle(handle)
             self._idle.append(handle)
         self.transfers = {}
