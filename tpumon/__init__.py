@@ -18,14 +18,15 @@ def _installed_beside(name: str) -> str | None:
     import importlib.util
     from pathlib import Path
 
+    module = name.replace("-", "_")  # a distribution's package and dist-info spell it so
     try:
-        spec = importlib.util.find_spec(name.replace("-", "_"))
+        spec = importlib.util.find_spec(module)
     except (ImportError, ValueError):
         return None
     if spec is None or not spec.submodule_search_locations:
         return None
     site = Path(next(iter(spec.submodule_search_locations))).parent
-    for info in site.glob(f"{name.replace('-', '_')}-*.dist-info"):
+    for info in site.glob(f"{module}-*.dist-info"):
         try:
             with open(info / "METADATA", encoding="utf-8") as f:
                 headers = email.parser.HeaderParser().parse(f)
