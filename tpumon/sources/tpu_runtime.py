@@ -133,7 +133,7 @@ class TpuRuntimeSource:
         ``slow_interval``: ask for total memory and duty cycle at most this often (seconds;
         0: every poll), and for usage alone in between. Usage is what the detector samples
         every poll; the total never changes and duty cycle is read at scrape resolution,
-        while each call costs about a millisecond of CPU in gRPC."""
+        while a slow round of 15 calls costs 4-5 ms of CPU against ~0.8 ms for usage alone."""
         self.address = address
         self.slow_interval = slow_interval
         self._slow_due = 0.0  # monotonic time the slow metrics are next asked for
