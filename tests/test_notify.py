@@ -390,7 +390,7 @@ def _snapshot_pair(pid: int, steps: int, kept: int):
 def with_reporter(s: PollState, pid: int, result) -> PollState:
     from tpumon.sources.reporter import ReporterReading
     state = process(pid, s.time)
-    state = ProcessState(replace(state.report, snapshots=True), state.live, state.compiles)
+    state = ProcessState(state.report._replace(snapshots=True), state.live, state.compiles)
     reading = ReporterReading({pid: state.report}, {}, 1, {},
                               {} if result is None else {pid: result})
     return replace(s, processes={pid: state}, chip_processes={"0": pid}, reporter=reading)

@@ -175,9 +175,9 @@ class JobEndTracker:
             del self._views[pid]  # alive, holding nothing any more: not an end we can see
         driven = _chips_by_pid(attributed or {})
         for pid, chips in holders.items():
-            view = self._view(now, pid, sorted({*chips, *driven.get(pid, ())}), runtime,
-                              processes, assessments, alerts, host)
-            self._views[pid] = replace(view, owned=bool(chips))
+            self._views[pid] = self._view(now, pid, sorted({*chips, *driven.get(pid, ())}),
+                                          bool(chips), runtime, processes, assessments,
+                                          alerts, host)
         while self.recent and now - self.recent[0].time > RECENT_SECONDS:
             self.recent.popleft()
         return ends
@@ -200,11 +200,13 @@ class JobEndTracker:
         self.totals[cause] += 1
         return end
 
-    def _view(self, now: float, pid: int, chips: list[str], runtime: RuntimeReading | None,
-              processes: Mapping[int, ProcessState], assessments: Mapping[str, Assessment],
+    def _view(self, now: float, pid: int, chips: list[str], owned: bool,
+              runtime: RuntimeReading | None, processes: Mapping[int, ProcessState],
+              assessments: Mapping[str, Assessment],
               alerts: Mapping[str, Mapping[str, Any] | None], host: HostSample | None) -> JobView:
         """This poll's view, keeping the last chip readings when the runtime did not
-        answer (a hung runtime is not a freed chip)."""
+        answer (a hung runtime is not a freed chip); ``owned``: the process holds its
+        chips' device files itself."""
         before = self._views.get(pid)
         report = processes[pid].report if pid in processes else None
         answered = runtime.chips if runtime is not None else {}
@@ -222,7 +224,7 @@ class JobEndTracker:
             chips=seen, forecast=forecast or (before.forecast if before else None),
             reading_time=reading_time,
             host_available_bytes=host.memory_available_bytes if host else None,
-            host_total_bytes=host.memory_total_bytes if host else None)
+            host_total_bytes=host.memory_total_bytes if host else None, owned=owned)
 
 
 def _latest_step(view: JobView, processes: Mapping[int, ProcessState]) -> JobView:

@@ -59,13 +59,35 @@ def lower_quartiles(values: np.ndarray, bounds: Sequence[int]) -> list[float]:
 
 
 CACHED_PAIRS = 64  # the HBM fits' sizes (fit_points): reused every fit, 32 KB at most
+WINDOW_POINTS = 256  # the count trends' windows (CountSettings.max_points): one table for all
 
 
-def _pairs(n: int) -> tuple[np.ndarray, np.ndarray]:
-    """Index pairs (i < j) of ``n`` points. Cached for the small sizes the HBM fits use
-    over and over; the reporters' count trends (up to 256 points, sizes drifting as they
-    thin) would fill a cache with 400 KB entries for no gain, so those are built anew."""
-    return _cached_pairs(n) if n <= CACHED_PAIRS else _index_pairs(n)
+def _differences(xy: np.ndarray) -> np.ndarray:
+    """``xy[j] - xy[i]`` for every pair i < j, ordered by i, then j.
+
+    The HBM fits' small sizes have their index pairs cached. The count trends' windows
+    (65 to 256 points, sizes drifting as they thin) take theirs from one table for
+    WINDOW_POINTS points: the pairs among its last n points are the table's last pairs
+    (as in :meth:`PairwiseSlopes.tail`), so the points go at the end of a buffer of
+    WINDOW_POINTS and the table's suffix indexes it. Built afresh for each fit, the index
+    arrays took ~1 MiB of new memory, and on this VM new pages cost more than the
+    arithmetic (docs/benchmarks.md)."""
+    n = len(xy)
+    if CACHED_PAIRS < n <= WINDOW_POINTS:
+        i, j = _window_pairs()
+        skip = WINDOW_POINTS - n
+        padded = np.empty(WINDOW_POINTS, xy.dtype)
+        padded[skip:] = xy
+        first = _pairs_before(skip, WINDOW_POINTS)
+        return padded.take(j[first:]) - padded.take(i[first:])
+    i, j = _cached_pairs(n) if n <= CACHED_PAIRS else _index_pairs(n)
+    return xy.take(j) - xy.take(i)  # take: a fraction of fancy indexing's overhead
+
+
+def _pairs_before(start: int, n: int) -> int:
+    """How many of the pairs of ``n`` points (ordered by their first point) begin before
+    point ``start``."""
+    return start * (n - 1) - start * (start - 1) // 2
 
 
 @lru_cache(maxsize=CACHED_PAIRS)
@@ -73,9 +95,17 @@ def _cached_pairs(n: int) -> tuple[np.ndarray, np.ndarray]:
     return _index_pairs(n)
 
 
+@lru_cache(maxsize=1)
+def _window_pairs() -> tuple[np.ndarray, np.ndarray]:
+    """The pairs of WINDOW_POINTS points as 16-bit indices: 128 KiB, made at the first
+    count trend's fit (take casts them as it reads)."""
+    i, j = np.triu_indices(WINDOW_POINTS, k=1)
+    return i.astype(np.int16), j.astype(np.int16)
+
+
 def _index_pairs(n: int) -> tuple[np.ndarray, np.ndarray]:
     i, j = np.triu_indices(n, k=1)
-    return i.astype(np.intp), j.astype(np.intp)
+    return i.astype(np.intp, copy=False), j.astype(np.intp, copy=False)
 
 
 def mk_variance(n: int) -> float:
@@ -108,14 +138,13 @@ class PairwiseSlopes:
             # give both differences, exactly (complex subtraction is the two real ones)
             xy = np.empty(self.n, complex)
             xy.real, xy.imag = x, y
-            i, j = _pairs(self.n)
-            d = xy.take(j) - xy.take(i)  # take: a fraction of fancy indexing's overhead
+            d = _differences(xy)
             dx, dy = d.real, d.imag
         self.dx, self.dy = dx, dy
 
     def tail(self, start: int) -> PairwiseSlopes:
         """The pairs among points ``start``.. only (views, nothing recomputed)."""
-        first = start * (self.n - 1) - start * (start - 1) // 2  # pairs of earlier points
+        first = _pairs_before(start, self.n)
         return PairwiseSlopes(self._x[start:], self._y[start:], self.dx[first:],
                               self.dy[first:])
 
