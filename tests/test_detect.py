@@ -526,7 +526,7 @@ def test_sen_slope_and_interval_match_scipy():
     scipy_stats = pytest.importorskip("scipy.stats")
     from tpumon.detect.robust import sen_mann_kendall
     rng = np.random.default_rng(4)
-    for n in (5, 17, 64):
+    for n in (5, 17, 64, 65, 200, 256, 300):  # cached pairs, the window table, built anew
         x = np.sort(rng.uniform(0, 1000, n))
         y = 0.3 * x + rng.standard_t(2, n) * 10
         fit = sen_mann_kendall(x, y, x[-1])
@@ -536,6 +536,22 @@ def test_sen_slope_and_interval_match_scipy():
         s = sum(np.sign(y[j] - y[i]) for i in range(n) for j in range(i + 1, n))
         var = n * (n - 1) * (2 * n + 5) / 18
         assert fit.z == pytest.approx((s - np.sign(s)) / math.sqrt(var))
+
+
+def test_pairwise_differences_and_tails_are_every_pair_in_order():
+    """Whichever way the index pairs come (cached, the count trends' window table with the
+    points at its end, built anew), the differences are every pair i < j ordered by i then
+    j, and a tail's are exactly those among its points."""
+    from tpumon.detect.robust import WINDOW_POINTS, PairwiseSlopes
+    rng = np.random.default_rng(7)
+    for n in [*range(3, 70), *range(WINDOW_POINTS - 3, WINDOW_POINTS + 4), 129, 300]:
+        x, y = np.sort(rng.uniform(0, 100, n)), rng.normal(size=n)
+        i, j = np.triu_indices(n, 1)
+        pairs = PairwiseSlopes(x, y)
+        assert np.array_equal(pairs.dx, x[j] - x[i]) and np.array_equal(pairs.dy, y[j] - y[i])
+        start = n // 3
+        tail, alone = pairs.tail(start), PairwiseSlopes(x[start:], y[start:])
+        assert np.array_equal(tail.dx, alone.dx) and np.array_equal(tail.dy, alone.dy)
 
 
 # ---------------------------------------------------------------- tpumon analyze

@@ -57,6 +57,28 @@ def test_a_report_arrives_whole_with_the_kernels_pid_and_uid(receiver):
     assert reporter.sent == 10 and reporter.dropped == 0
 
 
+def test_a_report_without_a_live_count_keeps_the_last_one(receiver):
+    """JAX reports its live arrays every few steps only: a report between two counts keeps
+    the count before it, while the count points carry what each report said."""
+    r = receiver()
+    reporter = FakeReporter(socket=str(r.path), min_interval=0, live=41)
+    points = []
+
+    def polled(total):
+        reading = r.poll()
+        points.extend((p.step, p.live) for p in reading.points.get(os.getpid(), ()))
+        return reading if reading.reports_total == total else None
+
+    reporter.step(1)
+    reporter.live = None
+    reporter.step(2)
+    report = wait_for(lambda: polled(2), 5).processes[os.getpid()]
+    assert (report.step, report.live, report.exited) == (2, 41, False)
+    reporter.step(3)
+    assert wait_for(lambda: polled(3), 5).processes[os.getpid()].live == 41
+    assert points == [(1, 41), (2, None), (3, None)]
+
+
 def test_the_pid_is_the_senders_not_what_the_report_claims(receiver):
     r = receiver()
     claim = json.dumps({"v": PROTOCOL_VERSION, "pid": 1, "framework": "jax", "step": 5,
