@@ -27,7 +27,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Collection, Literal, Mapping, NamedTuple, overload
+from typing import Any, Collection, Mapping, NamedTuple
 
 from tpumon.instrument.protocol import (MAX_DATAGRAM, PART, PROTOCOL_VERSION, connection_path,
                                        encode_request, parse_part)
@@ -118,35 +118,33 @@ def parse_report(payload: bytes, pid: int, uid: int, received: float) -> Process
         raise InvalidReport("malformed") from None
     if not isinstance(doc, dict):
         raise InvalidReport("malformed")
-    if doc.get("v") != PROTOCOL_VERSION:
+    get = doc.get
+    if get("v") != PROTOCOL_VERSION:
         raise InvalidReport("version")
-    compiles = doc.get("compiles") or {}
+    compiles = get("compiles") or {}
     if not isinstance(compiles, dict):
         raise InvalidReport("malformed")
-    return ProcessReport(
-        pid=pid, uid=uid, received=received,
-        framework=_text(doc.get("framework")),
-        step=_count(doc.get("step"), required=True),
-        time=_number(doc.get("time")),
-        rank=_count(doc.get("rank")), ordinal=_count(doc.get("ordinal")),
-        live=_count(doc.get("live")),
-        compiles_cached=_count(compiles.get("cached")),
-        compiles_uncached=_count(compiles.get("uncached")),
-        devices=_devices(doc.get("devices")), rss=_count(doc.get("rss")),
-        snapshots=doc.get("snapshots") is True,
-        framework_version=None if doc.get("fv") is None else _text(doc.get("fv")))
-
-
-@overload
-def _count(value: Any, required: Literal[True]) -> int: ...
-@overload
-def _count(value: Any, required: bool = False) -> int | None: ...
-def _count(value: Any, required: bool = False) -> int | None:
-    if value is None and not required:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
+    step, rank, ordinal, live, rss, cached, uncached = counts = (
+        get("step"), get("rank"), get("ordinal"), get("live"), get("rss"),
+        compiles.get("cached"), compiles.get("uncached"))
+    if step is None or not _counts(counts):
         raise InvalidReport("malformed")
-    return value
+    version = get("fv")
+    return ProcessReport(
+        pid, uid, _text(get("framework")), step, _number(get("time")), received, rank,
+        ordinal, live, cached, uncached, _devices(get("devices")), rss,
+        snapshots=get("snapshots") is True,
+        framework_version=None if version is None else _text(version))
+
+
+def _counts(values: tuple[Any, ...]) -> bool:
+    """Whether each value is absent (None) or a count: an integer in [0, 2**63). One loop
+    for a report's seven, not a call each (the poll parses every report). JSON's true and
+    false decode to bools, an int subclass: refused, as are floats."""
+    for value in values:
+        if value is not None and (type(value) is not int or not 0 <= value < 2**63):
+            return False
+    return True
 
 
 def _number(value: Any) -> float:
@@ -161,16 +159,19 @@ def _text(value: Any) -> str:
     return value
 
 
-def _devices(value: Any) -> dict[str, dict[str, int | None]]:
+def _devices(value: Any) -> Mapping[str, dict[str, int | None]]:
     if value is None:
-        return {}
+        return NO_DEVICES
     if not isinstance(value, dict) or len(value) > 64:
         raise InvalidReport("malformed")
     out = {}
     for device, stats in value.items():
         if not isinstance(stats, dict) or not (device.isascii() and device.isdigit()):
             raise InvalidReport("malformed")
-        out[str(device)] = {k: _count(stats.get(k)) for k in ("used", "limit", "peak")}
+        used, limit, peak = stats.get("used"), stats.get("limit"), stats.get("peak")
+        if not _counts((used, limit, peak)):
+            raise InvalidReport("malformed")
+        out[str(device)] = {"used": used, "limit": limit, "peak": peak}
     return out
 
 
