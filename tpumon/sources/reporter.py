@@ -159,7 +159,7 @@ def _text(value: Any) -> str:
     return value
 
 
-def _devices(value: Any) -> Mapping[str, dict[str, int | None]]:
+def _devices(value: Any) -> Mapping[str, Mapping[str, int | None]]:
     if value is None:
         return NO_DEVICES
     if not isinstance(value, dict) or len(value) > 64:
@@ -173,7 +173,6 @@ def _devices(value: Any) -> Mapping[str, dict[str, int | None]]:
             raise InvalidReport("malformed")
         out[str(device)] = {"used": used, "limit": limit, "peak": peak}
     return out
-
 
 
 class CountPoint(NamedTuple):
