@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tpu_info.proto import tpu_metric_service_pb2 as pb
 
-from fake_runtime import FakeRuntime, RuntimeServer, chips_metrics
+from fake_runtime import DUTY_CYCLE, FakeRuntime, RuntimeServer, chips_metrics
 from tools import free_port
 from tpumon.sources.grpc_unary import Call, CallFailed, Endpoint, UnaryClient, _Exchange
 from tpumon.sources.runtime_names import GET_RUNTIME_METRIC, LIST_SUPPORTED_METRICS
@@ -68,6 +68,40 @@ def test_calls_and_rounds_share_one_connection_per_endpoint(client):
         ask(client, server.port)
         assert len(server.runtime.peers) == 16 and len(set(server.runtime.peers)) == 1
     finally:
+        server.stop()
+
+
+def test_each_call_on_a_kept_handle_sends_its_own_request_method_and_deadline(client):
+    """Handles keep their options between calls and a request is set only when it
+    changes: lone calls and rounds that alternate requests, methods and deadlines reach
+    the server as each was made."""
+    runtime = FakeRuntime(chips_metrics({0: GiB}))
+    runtime.supported = [USAGE, DUTY_CYCLE]
+    server = RuntimeServer(runtime)
+    try:
+        endpoint = Endpoint("127.0.0.1", server.port)
+        order = [USAGE, USAGE, DUTY_CYCLE, USAGE, DUTY_CYCLE, DUTY_CYCLE]
+        assert [ask(client, server.port, name).metric.name for name in order] == order
+        assert runtime.requested == order
+        listed = client.call(endpoint, LIST_SUPPORTED_METRICS, pb.ListSupportedMetricsRequest(),
+                             pb.ListSupportedMetricsResponse, 2.0)
+        assert [m.metric_name for m in listed.supported_metric] == [USAGE, DUTY_CYCLE]
+        with pytest.raises(CallFailed, match="NOT_FOUND.*no.such.metric"):
+            ask(client, server.port, "no.such.metric")
+        for names in ([USAGE, DUTY_CYCLE], [DUTY_CYCLE, USAGE], [DUTY_CYCLE, DUTY_CYCLE, USAGE]):
+            calls = [Call(endpoint, GET_RUNTIME_METRIC, pb.MetricRequest(metric_name=n),
+                          pb.MetricResponse) for n in names]
+            assert [r.metric.name for r in client.call_all(calls, 2.0)] == names
+        runtime.delay = 0.3
+        assert ask(client, server.port, DUTY_CYCLE, timeout=2.0).metric.name == DUTY_CYCLE
+        started = time.monotonic()
+        with pytest.raises(CallFailed, match="DEADLINE_EXCEEDED"):
+            ask(client, server.port, DUTY_CYCLE, timeout=0.1)  # the same, a shorter deadline
+        assert time.monotonic() - started < 0.25
+        runtime.delay = 0.0
+        assert ask(client, server.port, USAGE).metric.name == USAGE
+    finally:
+        runtime.release()
         server.stop()
 
 

@@ -131,6 +131,11 @@ def _interval(low: float | None, high: float | None) -> list[float | None] | Non
 
 def _chip_alerts(snap: PollState, chip: str, a: Assessment, now: float,
                  settings: AlertSettings) -> Iterable[Alert]:
+    ratio = a.floor_bytes / a.total_bytes if a.floor_bytes is not None and a.total_bytes \
+        else math.nan
+    high = ratio >= settings.hbm_used_ratio_threshold and math.isfinite(ratio)
+    if a.verdict is not Verdict.LEAK and not high:
+        return  # the usual poll: no alert, so no details gathered (every chip, every poll)
     cause = snap.chip_cause(chip)
     details = {"chip": chip, "verdict": a.verdict.value, "step": snap.chip_steps.get(chip),
                **_tensor_details(snap, chip, settings),
@@ -157,12 +162,10 @@ def _chip_alerts(snap: PollState, chip: str, a: Assessment, now: float,
             yield _alert(snap, OOM, f"chip {chip}", f"OOM forecast on chip {chip} in "
                          f"{describe_duration(eta)}{at_step}: floor grows {growth}", details,
                          settings, chip)
-    if a.floor_bytes is not None and a.total_bytes:
-        ratio = a.floor_bytes / a.total_bytes
-        if ratio >= settings.hbm_used_ratio_threshold and math.isfinite(ratio):
-            details = {**details, "hbm_used_ratio": ratio}
-            yield _alert(snap, HIGH, f"chip {chip}", f"HBM floor of chip {chip} at "
-                         f"{100 * ratio:.1f}% of capacity", details, settings, chip)
+    if high:
+        details = {**details, "hbm_used_ratio": ratio}
+        yield _alert(snap, HIGH, f"chip {chip}", f"HBM floor of chip {chip} at "
+                     f"{100 * ratio:.1f}% of capacity", details, settings, chip)
 
 
 def _tensor_details(snap: PollState, chip: str, settings: AlertSettings) -> dict[str, Any]:

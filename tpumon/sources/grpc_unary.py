@@ -211,6 +211,8 @@ class _Connection:
         # multi handle (and its two descriptors) that libcurl keeps for an easy handle's
         # perform, to be made again at the next one
         self._lone: pycurl.Curl | None = None
+        # what each handle's request options are set to: (method, headers, timeout, body)
+        self._requests: dict[pycurl.Curl, tuple[str, list[str], int, bytes]] = {}
 
     def start(self, call: Call, exchange: _Exchange, timeout_ms: int,
               headers: list[str]) -> None:
@@ -237,11 +239,18 @@ class _Connection:
 
     def _prepare(self, handle: pycurl.Curl, call: Call, exchange: _Exchange, timeout_ms: int,
                  headers: list[str]) -> None:
-        handle.setopt(pycurl.URL, self.endpoint.url(call.method))
-        handle.setopt(pycurl.HTTPHEADER, headers)
-        handle.setopt(pycurl.TIMEOUT_MS, timeout_ms)
+        """Point the handle at the call and at its exchange. A handle keeps its options
+        from one transfer to the next, so the request is set only when it differs from
+        the handle's last (the usage call, every poll, is the same each time: four
+        options, the URL and the framing not redone, ~40 us of a cold poll)."""
         body = call.request.SerializeToString()
-        handle.setopt(pycurl.POSTFIELDS, _PREFIX.pack(0, len(body)) + body)
+        request = (call.method, headers, timeout_ms, body)
+        if self._requests.get(handle) != request:
+            handle.setopt(pycurl.URL, self.endpoint.url(call.method))
+            handle.setopt(pycurl.HTTPHEADER, headers)
+            handle.setopt(pycurl.TIMEOUT_MS, timeout_ms)
+            handle.setopt(pycurl.POSTFIELDS, _PREFIX.pack(0, len(body)) + body)
+            self._requests[handle] = request
         handle.setopt(pycurl.WRITEFUNCTION, exchange.write)
         handle.setopt(pycurl.HEADERFUNCTION, exchange.header)
 
@@ -282,6 +291,7 @@ class _Connection:
             handle.close()
         self._idle.clear()
         self._lone = None
+        self._requests.clear()
         self.share.close()  # its connection with it
 
     def _on_timer(self, timeout_ms: int) -> None:
