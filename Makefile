@@ -92,6 +92,7 @@ bench: system-deps-bench venv
 	else echo "(make test-frameworks first for the PyTorch/XLA and JAX loop overhead and snapshots)"; fi
 	$(BIN)/python bench/soak.py
 	$(BIN)/python bench/overhead.py
+	$(BIN)/python bench/overhead_parts.py
 	$(BIN)/python bench/page_touch.py
 	$(BIN)/python bench/startup.py
 	$(BIN)/python bench/http_serve.py

@@ -103,3 +103,16 @@ def test_the_thread_breakdown_names_the_main_thread_poll_and_counts_a_busy_threa
     assert during["python"] - before.get("python", 0) >= 40_000_000  # >= 40 ms of the 50
     # the worker blocked twice at least (its start, then stop.wait()): voluntary switches
     assert woken["python"] - woken_before.get("python", 0) >= 1 and woken["poll"] >= 1
+
+
+def test_every_part_the_parts_bench_times_is_in_the_agent():
+    """bench/overhead_parts.py leaves out a part it cannot find (so it can time an older
+    tree): in this tree, each must be there, or a rename would drop it silently."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import overhead_parts
+        for module, qualname in overhead_parts.PARTS:
+            owner, name = overhead_parts.resolve(module, qualname)
+            assert callable(getattr(owner, name)), qualname
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
