@@ -131,9 +131,10 @@ def parse_report(payload: bytes, pid: int, uid: int, received: float) -> Process
         raise InvalidReport("malformed")
     version = get("fv")
     return ProcessReport(
-        pid, uid, _text(get("framework")), step, _number(get("time")), received, rank,
-        ordinal, live, cached, uncached, _devices(get("devices")), rss,
-        snapshots=get("snapshots") is True,
+        pid=pid, uid=uid, received=received, framework=_text(get("framework")), step=step,
+        time=_number(get("time")), rank=rank, ordinal=ordinal, live=live,
+        compiles_cached=cached, compiles_uncached=uncached, devices=_devices(get("devices")),
+        rss=rss, snapshots=get("snapshots") is True,
         framework_version=None if version is None else _text(version))
 
 
