@@ -111,19 +111,6 @@ def run_agent(out: str, argv: list[str]) -> None:
     main()
 
 
-def threads(pid: int) -> dict[str, tuple[int, int]]:
-    """CPU nanoseconds and voluntary context switches, by thread id."""
-    out = {}
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            ns = int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0])
-            status = Path(f"/proc/{pid}/task/{tid}/status").read_text()
-        except OSError:  # ended meanwhile
-            continue
-        out[tid] = (ns, int(status.split("voluntary_ctxt_switches:")[1].split()[0]))
-    return out
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tree", type=Path, default=ROOT, help="the checkout to run")
@@ -135,6 +122,7 @@ def main() -> None:
         run_agent(args.child[0], args.child[1:])
         return
     from overhead import SIM_REPORTS, scrape_loop  # bench/ is on sys.path as a script
+    from overhead_threads import tasks
     from soak import report_loop
     from tools import free_port
 
@@ -158,9 +146,9 @@ def main() -> None:
                 loop.start()
             time.sleep(args.warmup)
             agent.send_signal(signal.SIGUSR1)
-            before, t0 = threads(agent.pid), time.monotonic()
+            before, t0 = tasks(agent.pid), time.monotonic()
             time.sleep(args.seconds)
-            after, wall = threads(agent.pid), time.monotonic() - t0
+            after, wall = tasks(agent.pid), time.monotonic() - t0
             agent.send_signal(signal.SIGUSR2)
             time.sleep(1.0)
             parts = json.loads(out.read_text())
@@ -171,8 +159,8 @@ def main() -> None:
     print(f"# {args.tree}: {args.seconds:g} s after {args.warmup:g} s, "
           f"load average {os.getloadavg()[0]:.2f}")
     print("| thread | CPU, ms a second | wake-ups a second |\n|---|---|---|")
-    for tid in sorted(set(before) & set(after), key=lambda t: -(after[t][0] - before[t][0])):
-        cpu, wakes = (after[tid][k] - before[tid][k] for k in (0, 1))
+    for tid in sorted(set(before) & set(after), key=lambda t: -(after[t][1] - before[t][1])):
+        cpu, wakes = (after[tid][k] - before[tid][k] for k in (1, 2))
         print(f"| {parts['threads'].get(tid, tid)} | {cpu / wall / 1e6:.3f} | "
               f"{wakes / wall:.2f} |")
     print("\n| part | CPU, ms a second | ms a call | calls |\n|---|---|---|---|")

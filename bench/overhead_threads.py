@@ -34,21 +34,30 @@ ROOT = Path(__file__).resolve().parent.parent
 MIB = 2**20
 
 
-def thread_cpu(pid: int) -> tuple[collections.Counter, collections.Counter]:
-    """Nanoseconds of CPU, and voluntary context switches (wake-ups), by thread name; the
-    main thread is "poll"."""
-    out: collections.Counter = collections.Counter()
-    wakes: collections.Counter = collections.Counter()
+def tasks(pid: int) -> dict[str, tuple[str, int, int]]:
+    """Each thread's name, nanoseconds of CPU and voluntary context switches (wake-ups),
+    by thread id; a thread that ended meanwhile is left out."""
+    out = {}
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
             name = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
             ns = int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0])
             status = Path(f"/proc/{pid}/task/{tid}/status").read_text()
-        except OSError:  # the thread ended meanwhile
+        except OSError:
             continue
+        out[tid] = (name, ns, int(status.split("voluntary_ctxt_switches:")[1].split()[0]))
+    return out
+
+
+def thread_cpu(pid: int) -> tuple[collections.Counter, collections.Counter]:
+    """Nanoseconds of CPU, and voluntary context switches (wake-ups), by thread name; the
+    main thread is "poll"."""
+    out: collections.Counter = collections.Counter()
+    wakes: collections.Counter = collections.Counter()
+    for tid, (name, ns, woken) in tasks(pid).items():
         key = "poll" if tid == str(pid) else "python" if name.startswith("python") else name
         out[key] += ns
-        wakes[key] += int(status.split("voluntary_ctxt_switches:")[1].split()[0])
+        wakes[key] += woken
     return out, wakes
 
 
