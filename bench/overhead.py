@@ -43,6 +43,12 @@ from tools import AgentProcess, Processes, free_port, ready, wait_for  # via soa
 
 NODE_EXPORTER = "/usr/bin/prometheus-node-exporter"
 SIM_REPORTS = 4.0  # a second, from the simulated job (tpumon sim --report-to)
+# what Prometheus 2.42 sends with each scrape (checked against a real one)
+PROMETHEUS_HEADERS = {
+    "Accept": "application/openmetrics-text;version=1.0.0,application/openmetrics-text;"
+              "version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1",
+    "Accept-Encoding": "gzip", "User-Agent": "Prometheus/2.42.0+ds",
+    "X-Prometheus-Scrape-Timeout-Seconds": "10"}
 CPU_TARGET = 0.003
 RSS_TARGET = 60 * MIB
 
@@ -57,13 +63,13 @@ def start_node_exporter(procs: Processes) -> tuple[psutil.Process, str]:
 
 def scrape_loop(addresses: list[str], stop: threading.Event, every: float,
                 latencies: dict[str, list[float]]) -> None:
-    """Every exporter scraped at the same cadence, as one Prometheus would (which asks for
-    gzip)."""
+    """Every exporter scraped at the same cadence and with the same request headers as one
+    Prometheus would (Debian's 2.42, deploy/prometheus: OpenMetrics first, and gzip)."""
     while not stop.wait(every):
         for address in addresses:
             t0 = time.perf_counter()
             request = urllib.request.Request(f"http://{address}/metrics",
-                                             headers={"Accept-Encoding": "gzip"})
+                                             headers=PROMETHEUS_HEADERS)
             with urllib.request.urlopen(request, timeout=10) as r:
                 r.read()
             latencies[address].append(time.perf_counter() - t0)

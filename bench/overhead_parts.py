@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import gc
 import importlib
 import json
 import os
@@ -81,6 +82,24 @@ def timed(fn: Callable, key: str, totals: dict[str, float], counts: Counter) -> 
     return wrapper
 
 
+def collection_timer(totals: dict[str, float], counts: Counter) -> Callable:
+    """A gc callback that times each collection of the cyclic garbage collector, by
+    generation, in the thread that ran it (a collection runs in whichever thread's
+    allocation crossed the threshold)."""
+    begun: dict[int, float] = {}
+
+    def callback(phase: str, info: dict[str, int]) -> None:
+        key = f"gc collection, generation {info['generation']}"
+        if phase == "start":
+            begun[threading.get_ident()] = time.thread_time()
+            return
+        started = begun.pop(threading.get_ident(), None)
+        if started is not None:
+            totals[key] += time.thread_time() - started
+            counts[key] += 1
+    return callback
+
+
 def run_agent(out: str, argv: list[str]) -> None:
     """The child: the agent with its parts timed; SIGUSR1 starts the window, SIGUSR2 writes
     the parts and the threads' names to ``out``."""
@@ -92,6 +111,7 @@ def run_agent(out: str, argv: list[str]) -> None:
         except (ImportError, AttributeError):
             continue
         setattr(owner, name, timed(getattr(owner, name), qualname, totals, counts))
+    gc.callbacks.append(collection_timer(totals, counts))
     started = [time.monotonic()]
 
     def begin(*_: Any) -> None:

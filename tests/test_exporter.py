@@ -1,5 +1,6 @@
 """The exporter scraped over real HTTP, and its output checked by the real promtool."""
 
+import gzip
 import os
 import socket
 import subprocess
@@ -13,6 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from fake_runtime import V4_TOTAL, chips_metrics
+from test_exposition import PROMETHEUS_ACCEPT
 from tools import FakeReporter, require_tool, wait_for
 from tpumon.agent import Agent, AgentInputs, OwnerScanner
 from tpumon.exporters.http import ListenError, MetricsServer
@@ -102,6 +104,19 @@ def test_metrics_over_http(served):
     for (name, labels) in m:
         if name.startswith("tpumon_"):
             assert dict(labels)["worker"] == "3" and dict(labels)["slice"] == "pod-a", name
+
+
+def test_prometheus_asking_for_openmetrics_gets_the_text_format(served):
+    """What Prometheus 2.42 asks for: OpenMetrics first. It gets the text format (as from
+    node_exporter), gzipped, the same families as a plain request."""
+    request = urllib.request.Request(served.base + "/metrics", headers={
+        "Accept": PROMETHEUS_ACCEPT, "Accept-Encoding": "gzip"})
+    with urllib.request.urlopen(request, timeout=5) as r:
+        assert r.headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
+        assert r.headers["Content-Encoding"] == "gzip"
+        text = gzip.decompress(r.read()).decode()
+    assert "# EOF" not in text
+    assert samples(text).keys() == samples(get(served.base + "/metrics")[2]).keys()
 
 
 def test_runtime_down_is_exported_as_state(served):

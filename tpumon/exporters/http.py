@@ -26,7 +26,7 @@ import time
 from typing import IO, TYPE_CHECKING, Any, Callable, Iterable, cast
 from wsgiref.simple_server import ServerHandler, WSGIRequestHandler, make_server
 
-from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import ThreadingWSGIServer
 
 from tpumon import __version__
@@ -35,6 +35,7 @@ from tpumon.exporters import snapshot_api
 from tpumon.exporters.connections import (HEAD_END, MAX_BODY_BYTES, MAX_HEAD_BYTES,
                                           REQUEST_SECONDS, Connections, client_gone,
                                           receive_until)
+from tpumon.exporters.exposition import metrics_app as exposition_app
 from tpumon.exporters.webconfig import LiveWebConfig, protect
 from tpumon.state import PollState
 from tpumon.units import format_bytes
@@ -139,7 +140,7 @@ def _app(registry: CollectorRegistry, get_snapshot: Callable[[], PollState],
          report: Callable[[], tuple[str, bytes]] | None = None,
          snapshot_request: snapshot_api.Request | None = None,
          readers: Readers = NO_READERS) -> Callable:
-    metrics_app = make_wsgi_app(registry)
+    metrics_app = exposition_app(registry)
 
     def route(environ: dict, start_response: Callable) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "/")

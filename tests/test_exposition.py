@@ -1,0 +1,107 @@
+"""/metrics' body: prometheus-client's text format, each family's text kept while it stays
+the same, and what a real scraper's request gets."""
+
+import gzip
+from typing import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, generate_latest, make_wsgi_app
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.parser import text_string_to_metric_families
+
+from tpumon.exporters import exposition
+from tpumon.exporters.exposition import CachedExposition, metrics_app
+
+# what Prometheus 2.42 (Debian's, deploy/prometheus) sends with each scrape
+PROMETHEUS_ACCEPT = ("application/openmetrics-text;version=1.0.0,application/openmetrics-text;"
+                     "version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1")
+
+
+class Chips:
+    """A collector whose values a test changes between scrapes."""
+
+    def __init__(self) -> None:
+        self.used = {"0": 1.0, "1": 2.0}
+        self.total = 32.0
+        self.latency = [0.1, 0.2]
+
+    def collect(self) -> Iterator[Metric]:
+        used = GaugeMetricFamily("t_used_bytes", "used", labels=["chip"])
+        for chip, value in self.used.items():
+            used.add_metric([chip], value)
+        total = GaugeMetricFamily("t_total_bytes", 'total "quoted"\nline', labels=["chip"])
+        total.add_metric(["0"], self.total)
+        latency = HistogramMetricFamily("t_latency_seconds", "latency", labels=["chip"])
+        latency.add_metric(["0"], [("0.1", 1), ("+Inf", len(self.latency))],
+                           sum(self.latency))
+        yield from (used, total, latency)
+
+
+def registry_with(chips: Chips) -> CollectorRegistry:
+    registry = CollectorRegistry()
+    registry.register(chips)
+    Counter("t_scrapes", "a counter the library keeps", registry=registry).inc()
+    return registry
+
+
+def test_each_scrape_is_the_libraries_own_text_of_the_registry_as_it_is_now():
+    chips = Chips()
+    registry = registry_with(chips)
+    cached = CachedExposition(registry)
+    assert cached.render() == generate_latest(registry)
+    chips.used["1"] = 3.0  # one sample of one family
+    chips.latency.append(0.3)
+    assert cached.render() == generate_latest(registry)
+    chips.used["2"] = 4.0  # a series more
+    del chips.used["0"]
+    assert cached.render() == generate_latest(registry)
+    assert cached.render() == generate_latest(registry)  # nothing changed
+    values = {s.labels["chip"]: s.value for f in text_string_to_metric_families(
+        cached.render().decode()) if f.name == "t_used_bytes" for s in f.samples}
+    assert values == {"1": 3.0, "2": 4.0}
+
+
+def test_a_family_is_written_again_only_when_something_in_it_changed(monkeypatch):
+    chips = Chips()
+    cached = CachedExposition(registry_with(chips))
+    cached.render()
+    written: list[str] = []
+    real = exposition.generate_latest
+
+    def counting(family):
+        written.extend(m.name for m in family.collect())
+        return real(family)
+
+    monkeypatch.setattr(exposition, "generate_latest", counting)
+    cached.render()
+    assert written == []
+    chips.total = 64.0
+    cached.render()
+    assert written == ["t_total_bytes"]
+
+
+def test_prometheus_asking_for_openmetrics_gets_the_text_format_gzipped():
+    app = metrics_app(registry_with(Chips()))
+    answer: list = []
+    body = b"".join(app({"REQUEST_METHOD": "GET", "PATH_INFO": "/metrics",
+                         "HTTP_ACCEPT": PROMETHEUS_ACCEPT, "HTTP_ACCEPT_ENCODING": "gzip"},
+                        lambda status, headers: answer.extend((status, dict(headers)))))
+    status, headers = answer
+    assert status == "200 OK"
+    assert headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
+    assert headers["Content-Encoding"] == "gzip"
+    text = gzip.decompress(body).decode()
+    assert "# EOF" not in text and "t_scrapes_total 1.0" in text
+
+
+def test_name_narrows_the_families_as_prometheus_clients_app_does():
+    """(prometheus-client narrows to the families of collectors that describe themselves.)"""
+    registry = registry_with(Chips())
+    app = metrics_app(registry)
+    query = "name[]=t_scrapes_total&name[]=t_total_bytes"
+    body = b"".join(app({"REQUEST_METHOD": "GET", "PATH_INFO": "/metrics",
+                         "QUERY_STRING": query}, lambda *_: None))
+    library = b"".join(make_wsgi_app(registry)({"REQUEST_METHOD": "GET", "PATH_INFO": "/metrics",
+                                                "QUERY_STRING": query}, lambda *_: None))
+    assert body == library
+    assert [f.name for f in text_string_to_metric_families(body.decode())] == ["t_scrapes"]
+
