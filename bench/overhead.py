@@ -5,8 +5,9 @@ exporter that nobody thinks twice about running. Both run for ``--minutes``, scr
 every ``--scrape-every`` seconds alike; the agent polls 4 simulated chips every second
 (``--poll-interval``) with its history store on and takes ``--reports`` reports a second
 in all: its simulated job reports its step 4 times a second, a FakeReporter thread sends
-the rest. Scrapes come at deploy/prometheus's 15 s and ask for gzip, as Prometheus does;
-the simulator runs at real pace (``--acceleration 1``), as a job's chips fill.
+the rest. Scrapes come at deploy/prometheus's 15 s with Prometheus 2.42's request headers
+(OpenMetrics preferred, gzip); the simulator runs at real pace (``--acceleration 1``), as a
+job's chips fill.
 
 Per process: CPU as a share of one core (user + system CPU time over wall time, after a
 warm-up), in each minute and over the whole window (the target is judged on the median
