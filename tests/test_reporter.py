@@ -405,6 +405,16 @@ def test_any_datagram_is_a_report_or_an_invalid_report(payload):
         assert report.step >= 0 and report.framework
 
 
+def test_a_report_is_utf8_json_and_other_encodings_are_malformed():
+    doc = {"v": PROTOCOL_VERSION, "framework": "jax", "step": 3, "time": 1.0, "note": "caf\u00e9"}
+    text = json.dumps(doc, ensure_ascii=False)
+    assert parse_report(text.encode(), 1, 0, 0.0).step == 3
+    for payload in (text.encode("utf-16"), text.encode("utf-8-sig"), text.encode("latin-1"),
+                    text.encode().replace("\u00e9".encode(), b"\xed\xa0\x80")):  # a surrogate
+        with pytest.raises(InvalidReport, match="malformed"):
+            parse_report(payload, 1, 0, 0.0)
+
+
 def test_instrument_imports_nothing_but_the_standard_library():
     """A training job adds the reporter without the agent's dependencies."""
     code = ("import sys, tpumon.instrument as i; i.Reporter; "

@@ -116,8 +116,11 @@ class _Exchange:
         self.body = bytearray()
         self.size = -1  # the announced length, once its prefix is in
         self.refused: CallFailed | None = None
-        self.grpc_status: str | None = None
-        self.grpc_message = ""
+        # libcurl's header callback, which the trailers reach too: every line kept as it
+        # comes by a builtin (no Python frame for each of a reply's ~12 lines; reading them
+        # is left to the outcome, once)
+        self.headers: list[bytes] = []
+        self.header = self.headers.append
 
     def write(self, data: bytes) -> int | None:
         """libcurl's write callback: None takes the data, 0 aborts the transfer."""
@@ -134,22 +137,6 @@ class _Exchange:
             self.refused = CallFailed("INTERNAL", "more than one message in a unary reply")
         return 0 if self.refused is not None else None
 
-    def header(self, line: bytes) -> None:
-        """libcurl's header callback, which the trailers reach too. Nothing in it may raise
-        (pycurl would print the traceback): a peer's header is anything up to libcurl's
-        limit on a header's size."""
-        name, colon, value = line.partition(b":")
-        if not colon:
-            return
-        name = name.strip().lower()
-        if name == b"grpc-status":
-            code = value.strip()
-            self.grpc_status = STATUS_NAMES[int(code)] if code.isdigit() and \
-                len(code) <= 2 and int(code) < len(STATUS_NAMES) else "UNKNOWN"
-        elif name == b"grpc-message":
-            self.grpc_message = unquote(value.strip().decode("ascii", "replace"),
-                                        errors="replace")
-
     def finish(self, handle: pycurl.Curl, error: int,
                text: str) -> tuple[Message | CallFailed, bool]:
         """The call's outcome once libcurl ended it (``error`` 0: a whole HTTP exchange),
@@ -164,11 +151,12 @@ class _Exchange:
             return self.refused
         if error:
             return _transport_failure(error, text)
-        if self.grpc_status is None:
+        grpc_status, grpc_message = _grpc_status(self.headers)
+        if grpc_status is None:
             return CallFailed(HTTP_STATUS.get(http_status, "UNKNOWN"),
                               f"HTTP status {http_status} and no grpc-status")
-        if self.grpc_status != "OK":
-            return CallFailed(self.grpc_status, self.grpc_message)
+        if grpc_status != "OK":
+            return CallFailed(grpc_status, grpc_message)
         if self.size < 0:
             return CallFailed("INTERNAL", "the server sent no reply")
         if len(self.body) != 5 + self.size:
@@ -177,6 +165,25 @@ class _Exchange:
             return self.call.reply_type.FromString(bytes(self.body[5:]))
         except DecodeError as exc:
             return CallFailed("INTERNAL", f"reply does not decode: {exc}")
+
+
+def _grpc_status(lines: list[bytes]) -> tuple[str | None, str]:
+    """The call's gRPC status name and message from its header and trailer lines (the last
+    of each counts). Nothing here may raise: a peer's header is anything up to libcurl's
+    limit on a header's size."""
+    status, message = None, ""
+    for line in lines:
+        name, colon, value = line.partition(b":")
+        if not colon:
+            continue
+        name = name.strip().lower()
+        if name == b"grpc-status":
+            code = value.strip()
+            status = STATUS_NAMES[int(code)] if code.isdigit() and len(code) <= 2 and \
+                int(code) < len(STATUS_NAMES) else "UNKNOWN"
+        elif name == b"grpc-message":
+            message = unquote(value.strip().decode("ascii", "replace"), errors="replace")
+    return status, message
 
 
 def _transport_failure(error: int, text: str) -> CallFailed:

@@ -110,10 +110,10 @@ def parse_report(payload: bytes, pid: int, uid: int, received: float) -> Process
 
     Any local user can send one, so nothing in it may raise anything else: nesting deep
     enough to exhaust the parser's recursion (8 KiB of ``[``), numbers too long for int(),
-    duplicate keys and non-ASCII digits are all just "malformed"."""
-    try:  # json.loads(payload, object_pairs_hook=_unique_keys) without its new decoder
-        doc = _DECODER.decode(payload.decode(json.detect_encoding(payload), "surrogatepass")
-                              if isinstance(payload, bytes) else payload)
+    duplicate keys, non-ASCII digits and bytes that are not UTF-8 are all just "malformed"."""
+    try:  # json.loads(payload, object_pairs_hook=_unique_keys) without its new decoder,
+        # and UTF-8 only, as RFC 8259 has JSON between systems and every reporter sends it
+        doc = _DECODER.decode(payload.decode() if isinstance(payload, bytes) else payload)
     except (ValueError, UnicodeDecodeError, RecursionError):
         raise InvalidReport("malformed") from None
     if not isinstance(doc, dict):
