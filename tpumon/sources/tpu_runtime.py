@@ -302,9 +302,9 @@ class TpuRuntimeSource:
                 continue
             values, bad = parse_metric(response)
             self.malformed_total += bad
-            # Not ToNanoseconds(): it raises on a timestamp outside years 1-9999.
-            self._stamps.extend(m.timestamp.seconds + m.timestamp.nanos / 1e9
-                                for m in response.metric.metrics if m.HasField("timestamp"))
+            if self._runtime_clock:  # not ToNanoseconds(): it raises outside years 1-9999
+                self._stamps.extend(m.timestamp.seconds + m.timestamp.nanos / 1e9
+                                    for m in response.metric.metrics if m.HasField("timestamp"))
             results[(port, name)] = values
         if slow:
             self._slow_ok = {port for port in self.ports if results[(port, TOTAL)] is not None}
