@@ -11,6 +11,7 @@ notifier's health while the notifier read the poll state)."""
 from __future__ import annotations
 
 import ast
+import gc
 from pathlib import Path
 from typing import Iterator
 
@@ -64,6 +65,22 @@ def _imported_names(module: str, is_package: bool, node: ast.Import | ast.Import
     return [base] + [f"{base}.{alias.name}" for alias in node.names]
 
 
+def parse(source: str) -> ast.Module:
+    """ast.parse, with the garbage collector off while it runs, and once more on CPython
+    3.11's spurious "AST constructor recursion depth mismatch" (a SystemError, fixed in
+    3.11.9: gh-106905), which a collection running finalizers mid-parse can raise."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        try:
+            return ast.parse(source)
+        except SystemError:
+            return ast.parse(source)
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def import_graph() -> dict[str, set[str]]:
     """Module -> the tpumon modules it imports when loaded (packages on the way included,
     as Python runs their __init__ first; a module's own packages left out)."""
@@ -71,7 +88,7 @@ def import_graph() -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {}
     for module, path in known.items():
         deps = set()
-        for node in _load_time_imports(ast.parse(path.read_text()).body):
+        for node in _load_time_imports(parse(path.read_text()).body):
             for name in _imported_names(module, path.name == "__init__.py", node):
                 parts = name.split(".")
                 for i in range(1, len(parts) + 1):
