@@ -40,16 +40,12 @@ import psutil
 
 from soak import MIB, report_loop  # bench/ is on sys.path when this runs as a script
 from tpumon.sources.reporter import kernel_queue_length
-from tools import AgentProcess, Processes, free_port, ready, wait_for  # via soak's path
+# tests/tools.py, on the path through soak
+from tools import (PROMETHEUS_HEADERS, AgentProcess, Processes, free_port, ready,
+                   wait_for)
 
 NODE_EXPORTER = "/usr/bin/prometheus-node-exporter"
 SIM_REPORTS = 4.0  # a second, from the simulated job (tpumon sim --report-to)
-# what Prometheus 2.42 sends with each scrape (checked against a real one)
-PROMETHEUS_HEADERS = {
-    "Accept": "application/openmetrics-text;version=1.0.0,application/openmetrics-text;"
-              "version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1",
-    "Accept-Encoding": "gzip", "User-Agent": "Prometheus/2.42.0+ds",
-    "X-Prometheus-Scrape-Timeout-Seconds": "10"}
 CPU_TARGET = 0.003
 RSS_TARGET = 60 * MIB
 

@@ -14,8 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from fake_runtime import V4_TOTAL, chips_metrics
-from test_exposition import PROMETHEUS_ACCEPT
-from tools import FakeReporter, require_tool, wait_for
+from tools import PROMETHEUS_HEADERS, FakeReporter, require_tool, wait_for
 from tpumon.agent import Agent, AgentInputs, OwnerScanner
 from tpumon.exporters.http import ListenError, MetricsServer
 from tpumon.exporters.prometheus import build_registry
@@ -109,8 +108,7 @@ def test_metrics_over_http(served):
 def test_prometheus_asking_for_openmetrics_gets_the_text_format(served):
     """What Prometheus 2.42 asks for: OpenMetrics first. It gets the text format (as from
     node_exporter), gzipped, the same families as a plain request."""
-    request = urllib.request.Request(served.base + "/metrics", headers={
-        "Accept": PROMETHEUS_ACCEPT, "Accept-Encoding": "gzip"})
+    request = urllib.request.Request(served.base + "/metrics", headers=PROMETHEUS_HEADERS)
     with urllib.request.urlopen(request, timeout=5) as r:
         assert r.headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
         assert r.headers["Content-Encoding"] == "gzip"

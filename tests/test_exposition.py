@@ -8,12 +8,9 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest, make_
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 
+from tools import PROMETHEUS_HEADERS
 from tpumon.exporters import exposition
 from tpumon.exporters.exposition import CachedExposition, metrics_app
-
-# what Prometheus 2.42 (Debian's, deploy/prometheus) sends with each scrape
-PROMETHEUS_ACCEPT = ("application/openmetrics-text;version=1.0.0,application/openmetrics-text;"
-                     "version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1")
 
 
 class Chips:
@@ -83,7 +80,8 @@ def test_prometheus_asking_for_openmetrics_gets_the_text_format_gzipped():
     app = metrics_app(registry_with(Chips()))
     answer: list = []
     body = b"".join(app({"REQUEST_METHOD": "GET", "PATH_INFO": "/metrics",
-                         "HTTP_ACCEPT": PROMETHEUS_ACCEPT, "HTTP_ACCEPT_ENCODING": "gzip"},
+                         "HTTP_ACCEPT": PROMETHEUS_HEADERS["Accept"],
+                         "HTTP_ACCEPT_ENCODING": "gzip"},
                         lambda status, headers: answer.extend((status, dict(headers)))))
     status, headers = answer
     assert status == "200 OK"

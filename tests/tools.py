@@ -26,6 +26,13 @@ TPUMON = [sys.executable, "-m", "tpumon"]
 #: host the detector sees polls as dense as on a quick one, and the leak is called as
 #: many simulated hours before the simulated OOM (docs/architecture.md).
 DENSE_POLLS = {"TPUMON_SIMULATOR_MAX_LAG": "50"}
+# what Prometheus 2.42 (Debian's, deploy/prometheus) sends with each scrape, checked against
+# a real one: OpenMetrics first, gzip
+PROMETHEUS_HEADERS = {
+    "Accept": "application/openmetrics-text;version=1.0.0,application/openmetrics-text;"
+              "version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1",
+    "Accept-Encoding": "gzip", "User-Agent": "Prometheus/2.42.0+ds",
+    "X-Prometheus-Scrape-Timeout-Seconds": "10"}
 
 
 def clean_env() -> dict[str, str]:

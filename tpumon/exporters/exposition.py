@@ -5,17 +5,17 @@ stay the same.
 Why the text format whatever the scraper prefers: Prometheus asks for OpenMetrics first
 (2.x: ``application/openmetrics-text;version=1.0.0,...``), and prometheus-client's
 OpenMetrics writer escapes every sample's name a character at a time, which made a scrape
-of the agent ~40 % dearer than the same scrape in the text format (docs/benchmarks.md,
+of the agent ~30 % dearer than the same scrape in the text format (docs/benchmarks.md,
 issue 25). OpenMetrics would give tpumon's series nothing: they carry no exemplars and no
 ``_created`` samples. node_exporter answers Prometheus in the text format too
 (client_golang serves OpenMetrics only when an exporter opts in).
 
 Why the cache: between two scrapes 15 s apart, about half the families have not changed
 (the metrics the runtime serves, HBM capacity, verdicts, owners, build and configuration),
-and writing a sample's line is most of a scrape's CPU (~40 Python calls a sample in
-prometheus-client 0.26). A family is written again when anything in it differs; a scrape
-still collects every family afresh from the poll's snapshot, so nothing served is older
-than the collectors make it.
+and writing a sample's line is most of a scrape's CPU (~90 Python calls a sample in
+prometheus-client 0.26, the scrape profiled). A family is written again when anything in
+it differs; a scrape still collects every family afresh from the poll's snapshot, so
+nothing served is older than the collectors make it.
 """
 
 from __future__ import annotations
