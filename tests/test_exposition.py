@@ -2,10 +2,14 @@
 the same, and what a real scraper's request gets."""
 
 import gzip
+import random
 from typing import Iterator
 
+import pytest
+
 from prometheus_client import CollectorRegistry, Counter, generate_latest, make_wsgi_app
-from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
+                                    HistogramMetricFamily, InfoMetricFamily, Metric)
 from prometheus_client.parser import text_string_to_metric_families
 
 from tools import PROMETHEUS_HEADERS
@@ -57,9 +61,10 @@ def test_each_scrape_is_the_libraries_own_text_of_the_registry_as_it_is_now():
     assert values == {"1": 3.0, "2": 4.0}
 
 
-def test_a_family_is_written_again_only_when_something_in_it_changed(monkeypatch):
+def test_the_library_writes_a_family_again_only_when_its_series_changed(monkeypatch):
     chips = Chips()
-    cached = CachedExposition(registry_with(chips))
+    registry = registry_with(chips)
+    cached = CachedExposition(registry)
     cached.render()
     written: list[str] = []
     real = exposition.generate_latest
@@ -71,9 +76,61 @@ def test_a_family_is_written_again_only_when_something_in_it_changed(monkeypatch
     monkeypatch.setattr(exposition, "generate_latest", counting)
     cached.render()
     assert written == []
-    chips.total = 64.0
-    cached.render()
-    assert written == ["t_total_bytes"]
+    chips.total = 64.0  # a value: the family's lines are kept up to their values
+    chips.used["1"] = float("nan")
+    assert cached.render() == generate_latest(registry)
+    assert written == []
+    chips.used["2"] = 1.0  # a series more: the library writes the family again
+    assert cached.render() == generate_latest(registry)
+    assert written == ["t_used_bytes"]
+
+
+class Varied:
+    """Families of every type the agent serves, with awkward labels, changed at random."""
+
+    def __init__(self, seed: int) -> None:
+        self.random = random.Random(seed)
+        self.labels = ["0", "a b", 'q"uote', "back\\slash", "new\nline", "é ünïcode", ""]
+        # (not -0.0: a sample equal to the last keeps its text, and -0.0 == 0.0)
+        self.values = [0.0, 1.0, 1e-300, 123456789.0, 1e22, 2.0**63, -3.5,
+                       float("inf"), float("-inf"), float("nan"), 7, True]
+        self.series = {"0": 1.0}
+        self.stamped = False
+
+    def change(self) -> None:
+        pick, r = self.random.random(), self.random
+        if pick < 0.6:
+            self.series[r.choice(list(self.series))] = r.choice(self.values)
+        elif pick < 0.8:
+            self.series[r.choice(self.labels)] = r.choice(self.values)
+        elif pick < 0.9 and len(self.series) > 1:
+            del self.series[r.choice(list(self.series))]
+        else:
+            self.stamped = not self.stamped
+
+    def collect(self) -> Iterator[Metric]:
+        gauge = GaugeMetricFamily("v_gauge", "help with \\ and\nnewline", labels=["chip"])
+        counter = CounterMetricFamily("v_events", "a counter", labels=["chip"])
+        info = InfoMetricFamily("v_build", "an info")
+        info.add_metric([], {"version": str(len(self.series))})
+        stamp = 1700000000.5 if self.stamped else None
+        for chip, value in self.series.items():
+            gauge.add_metric([chip], value, timestamp=stamp)
+            counter.add_metric([chip], abs(float(value)) if value == value else 0.0)
+        histogram = HistogramMetricFamily("v_seconds", "a histogram", labels=["chip"])
+        histogram.add_metric(["0"], [("0.5", len(self.series)), ("+Inf", 9)], 4.25)
+        yield from (gauge, counter, info, histogram)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_values_written_into_kept_lines_read_as_the_libraries_text(seed):
+    varied = Varied(seed)
+    registry = CollectorRegistry()
+    registry.register(varied)
+    cached = CachedExposition(registry)
+    for _ in range(200):
+        varied.change()
+        assert cached.render() == generate_latest(registry)
 
 
 def test_prometheus_asking_for_openmetrics_gets_the_text_format_gzipped():
