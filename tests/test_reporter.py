@@ -415,6 +415,17 @@ def test_a_report_is_utf8_json_and_other_encodings_are_malformed():
             parse_report(payload, 1, 0, 0.0)
 
 
+def test_a_report_is_one_json_object_with_json_whitespace_around_it_alone():
+    """What json.loads takes: RFC 8259's whitespace around one value, nothing else."""
+    text = json.dumps({"v": PROTOCOL_VERSION, "framework": "jax", "step": 3, "time": 1.0})
+    for payload in (text, f" \t\r\n{text}\n ", f"\n{text}"):
+        assert parse_report(payload.encode(), 1, 0, 0.0).step == 3
+    for payload in (f"{text} x", f"{text}{text}", f"\x0b{text}", f"{text}\u00a0", "", " ",
+                    f"[{text}]", "\ufeff" + text, text[:-1]):
+        with pytest.raises(InvalidReport, match="malformed"):
+            parse_report(payload.encode(), 1, 0, 0.0)
+
+
 def test_instrument_imports_nothing_but_the_standard_library():
     """A training job adds the reporter without the agent's dependencies."""
     code = ("import sys, tpumon.instrument as i; i.Reporter; "

@@ -101,8 +101,12 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return doc
 
 
-# one decoder for every report: json.loads builds a new one for each call given a hook
-_DECODER = json.JSONDecoder(object_pairs_hook=_unique_keys)
+# one scanner for every report: json.loads builds a new decoder for each call given a hook,
+# and JSONDecoder.decode's two Python frames and two regex matches around the scanner are
+# a fifth of a report's parsing (docs/benchmarks.md, issue 25); the decoder's __init__
+# sets scan_once, which typeshed does not declare
+_SCAN = json.JSONDecoder(object_pairs_hook=_unique_keys).scan_once  # type: ignore[attr-defined]
+_JSON_SPACE = " \t\n\r"  # RFC 8259's whitespace, all JSONDecoder.decode skips
 
 
 def parse_report(payload: bytes, pid: int, uid: int, received: float) -> ProcessReport:
@@ -110,19 +114,22 @@ def parse_report(payload: bytes, pid: int, uid: int, received: float) -> Process
 
     Any local user can send one, so nothing in it may raise anything else: nesting deep
     enough to exhaust the parser's recursion (8 KiB of ``[``), numbers too long for int(),
-    duplicate keys, non-ASCII digits and bytes that are not UTF-8 are all just "malformed"."""
-    try:  # json.loads(payload, object_pairs_hook=_unique_keys) without its new decoder,
-        # and UTF-8 only, as RFC 8259 has JSON between systems and every reporter sends it
-        doc = _DECODER.decode(payload.decode() if isinstance(payload, bytes) else payload)
-    except (ValueError, UnicodeDecodeError, RecursionError):
+    duplicate keys, non-ASCII digits and bytes that are not UTF-8 are all just "malformed".
+    UTF-8 only, as RFC 8259 has JSON between systems and every reporter sends it."""
+    try:
+        text = payload.decode() if isinstance(payload, bytes) else payload
+        if text[:1] != "{":
+            text = text.lstrip(_JSON_SPACE)
+        doc, end = _SCAN(text, 0)  # StopIteration: no JSON value at all
+    except (ValueError, UnicodeDecodeError, RecursionError, StopIteration):
         raise InvalidReport("malformed") from None
-    if not isinstance(doc, dict):
+    if type(doc) is not dict or (end != len(text) and text[end:].strip(_JSON_SPACE)):
         raise InvalidReport("malformed")
     get = doc.get
     if get("v") != PROTOCOL_VERSION:
         raise InvalidReport("version")
     compiles = get("compiles") or {}
-    if not isinstance(compiles, dict):
+    if type(compiles) is not dict:
         raise InvalidReport("malformed")
     step, rank, ordinal, live, rss, cached, uncached = counts = (
         get("step"), get("rank"), get("ordinal"), get("live"), get("rss"),
@@ -130,12 +137,11 @@ def parse_report(payload: bytes, pid: int, uid: int, received: float) -> Process
     if step is None or not _counts(counts):
         raise InvalidReport("malformed")
     version = get("fv")
+    # positional: the named tuple's __new__ takes them ~2x faster than keywords
     return ProcessReport(
-        pid=pid, uid=uid, received=received, framework=_text(get("framework")), step=step,
-        time=_number(get("time")), rank=rank, ordinal=ordinal, live=live,
-        compiles_cached=cached, compiles_uncached=uncached, devices=_devices(get("devices")),
-        rss=rss, snapshots=get("snapshots") is True,
-        framework_version=None if version is None else _text(version))
+        pid, uid, _text(get("framework")), step, _number(get("time")), received, rank,
+        ordinal, live, cached, uncached, _devices(get("devices")), rss, None,
+        get("snapshots") is True, None if version is None else _text(version))
 
 
 def _counts(values: tuple[Any, ...]) -> bool:
@@ -392,7 +398,9 @@ class ReporterSocket:
         if not self._admit(report.pid, report.uid):
             self._dropped["forbidden"] += 1
             return False
-        steps = self._steps.setdefault(report.pid, deque(maxlen=512))
+        steps = self._steps.get(report.pid)
+        if steps is None:
+            steps = self._steps[report.pid] = deque(maxlen=512)
         if steps and report.step < steps[-1][1]:
             steps.clear()  # the process restarted its count (a new run in the same pid)
         steps.append((report.time, report.step))
@@ -401,8 +409,10 @@ class ReporterSocket:
         previous = self._latest.get(report.pid)
         self._latest[report.pid] = report if report.live is not None or previous is None \
             else report._replace(live=previous.live)  # a report between two counts (JAX)
-        self._points.setdefault(report.pid, deque(maxlen=PENDING_POINTS)).append(
-            CountPoint(report.step, report.live, report.compiles_uncached, report.rss))
+        points = self._points.get(report.pid)
+        if points is None:
+            points = self._points[report.pid] = deque(maxlen=PENDING_POINTS)
+        points.append(CountPoint(report.step, report.live, report.compiles_uncached, report.rss))
         self._reports += 1
         return True
 
