@@ -100,6 +100,13 @@ def test_each_call_on_a_kept_handle_sends_its_own_request_method_and_deadline(cl
         assert time.monotonic() - started < 0.25
         runtime.delay = 0.0
         assert ask(client, server.port, USAGE).metric.name == USAGE
+        # one Call made again and again (as the agent's usage call), between others
+        usage, duty = (Call(endpoint, GET_RUNTIME_METRIC, pb.MetricRequest(metric_name=n),
+                            pb.MetricResponse) for n in (USAGE, DUTY_CYCLE))
+        runtime.requested.clear()
+        order = [usage, usage, duty, usage, duty, duty, usage]
+        assert [client.call_all([c], 2.0)[0].metric.name for c in order] == \
+            [c.request.metric_name for c in order] == runtime.requested
     finally:
         runtime.release()
         server.stop()

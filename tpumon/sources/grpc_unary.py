@@ -98,7 +98,9 @@ class Endpoint:
 
 @dataclass(frozen=True, slots=True)
 class Call:
-    """One unary call: ``method`` is the full name, ``/package.Service/Method``."""
+    """One unary call: ``method`` is the full name, ``/package.Service/Method``. A call
+    may be made again and again (the agent's usage call, every poll); its request is not
+    changed once it is made: a connection's handle keeps the request it serialized."""
 
     endpoint: Endpoint
     method: str
@@ -218,8 +220,8 @@ class _Connection:
         # multi handle (and its two descriptors) that libcurl keeps for an easy handle's
         # perform, to be made again at the next one
         self._lone: pycurl.Curl | None = None
-        # what each handle's request options are set to: (method, headers, timeout, body)
-        self._requests: dict[pycurl.Curl, tuple[str, list[str], int, bytes]] = {}
+        # the call each handle's request options are set for, with its headers and timeout
+        self._requests: dict[pycurl.Curl, tuple[Call, list[str], int]] = {}
 
     def start(self, call: Call, exchange: _Exchange, timeout_ms: int,
               headers: list[str]) -> None:
@@ -247,17 +249,19 @@ class _Connection:
     def _prepare(self, handle: pycurl.Curl, call: Call, exchange: _Exchange, timeout_ms: int,
                  headers: list[str]) -> None:
         """Point the handle at the call and at its exchange. A handle keeps its options
-        from one transfer to the next, so the request is set only when it differs from
-        the handle's last (the usage call, every poll, is the same each time: four
-        options, the URL and the framing not redone, ~40 us of a cold poll)."""
-        body = call.request.SerializeToString()
-        request = (call.method, headers, timeout_ms, body)
-        if self._requests.get(handle) != request:
+        from one transfer to the next, so the request is set only when it is not the
+        handle's last (the usage call, every poll, is the same Call each time: four
+        options, the URL, the serializing and the framing not redone, ~40 us of a cold
+        poll)."""
+        last = self._requests.get(handle)
+        if last is None or last[0] is not call or last[1] is not headers or \
+                last[2] != timeout_ms:
+            body = call.request.SerializeToString()
             handle.setopt(pycurl.URL, self.endpoint.url(call.method))
             handle.setopt(pycurl.HTTPHEADER, headers)
             handle.setopt(pycurl.TIMEOUT_MS, timeout_ms)
             handle.setopt(pycurl.POSTFIELDS, _PREFIX.pack(0, len(body)) + body)
-            self._requests[handle] = request
+            self._requests[handle] = (call, headers, timeout_ms)
         handle.setopt(pycurl.WRITEFUNCTION, exchange.write)
         handle.setopt(pycurl.HEADERFUNCTION, exchange.header)
 

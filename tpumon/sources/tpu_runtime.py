@@ -160,6 +160,7 @@ class TpuRuntimeSource:
         self._client = UnaryClient()
         self._endpoints = {port: Endpoint(self.address.strip("[]"), port)
                            for port in self.ports}
+        self._calls: dict[tuple[int, str], Call] = {}
 
     def target(self, port: int) -> str:
         host = f"[{self.address}]" if ":" in self.address else self.address
@@ -328,10 +329,18 @@ class TpuRuntimeSource:
     def _ask(self, calls: list[tuple[int, str]]) -> list[Message | CallFailed]:
         """GetRuntimeMetric of each (port, metric name), all at once within one deadline:
         each reply, or its failure."""
-        return self._client.call_all([Call(self._endpoints[port], GET_RUNTIME_METRIC,
-                                           pb.MetricRequest(metric_name=name),
-                                           pb.MetricResponse) for port, name in calls],
+        return self._client.call_all([self._call(port, name) for port, name in calls],
                                      self.timeout)
+
+    def _call(self, port: int, name: str) -> Call:
+        """GetRuntimeMetric of ``name`` on ``port``, made once (the client sends a call it
+        sent last without serializing it again); names are the catalogue's and METRICS."""
+        call = self._calls.get((port, name))
+        if call is None:
+            call = self._calls[(port, name)] = Call(
+                self._endpoints[port], GET_RUNTIME_METRIC, pb.MetricRequest(metric_name=name),
+                pb.MetricResponse)
+        return call
 
     def _merge(self, answers: list[_PortAnswer]) -> dict[str, ChipSample]:
         """Chip name -> sample, across ports.
