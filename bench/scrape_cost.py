@@ -1,0 +1,110 @@
+"""The agent's CPU for one Prometheus scrape of /metrics, this tree beside another (issue 25).
+
+bench/overhead.py gives the whole agent's share of a core with a scrape every 15 s, where a
+scrape's few milliseconds are lost in the poll's noise. Here two agents (``tpumon agent
+--simulate``, 1 s polls), one from this tree and one from ``--baseline`` (a checkout of
+another commit: ``git worktree add --detach /tmp/base <commit>``), run at once; windows of
+``--window`` seconds alternate between no scrapes and a scrape of each agent every second
+(Prometheus 2.42's request headers, gzip), so that every scrape finds the values of a new
+poll, as Prometheus's scrapes 15 s apart do. A scrape's CPU is the process's CPU time in a
+scraped window less that of the idle window before it, over the scrapes; printed per
+round and as the median of ``--rounds``.
+
+    python bench/scrape_cost.py --baseline /tmp/base [--rounds 3] [--window 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import psutil
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+from tools import PROMETHEUS_HEADERS, free_port, ready, wait_for  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def start_agent(tree: Path, tmp: Path, name: str) -> tuple[subprocess.Popen, str]:
+    """``tpumon agent --simulate`` from ``tree``, at real pace, on a free loopback port."""
+    address = f"127.0.0.1:{free_port()}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TPUMON_")}
+    env.update(PYTHONPATH=str(tree.resolve()), TPUMON_SIMULATOR_ACCELERATION="1")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tpumon", "agent", "--simulate", "--listen-address", address,
+         "--state-dir", str(tmp / f"{name}-state"), "--poll-interval", "1"],
+        cwd=tmp, env=env, stderr=open(tmp / f"{name}.log", "w"))
+    wait_for(lambda: ready(f"http://{address}/metrics"), timeout=60)
+    return proc, address
+
+
+def scrape(address: str) -> None:
+    request = urllib.request.Request(f"http://{address}/metrics", headers=PROMETHEUS_HEADERS)
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        answer.read()
+
+
+def cpu(pid: int) -> float:
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
+
+
+def window(pids: list[int], seconds: float, addresses: list[str] | None) -> list[float]:
+    """Each process's CPU seconds over the window; with ``addresses``, each scraped once a
+    second in turn (half a second apart)."""
+    before = [cpu(pid) for pid in pids]
+    ends = time.monotonic() + seconds
+    while time.monotonic() < ends:
+        for address in addresses or ():
+            scrape(address)
+            time.sleep(0.5)
+        if not addresses:
+            time.sleep(0.5)
+    return [cpu(pid) - b for pid, b in zip(pids, before, strict=True)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--baseline", type=Path, required=True)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--window", type=float, default=30.0)
+    parser.add_argument("--warmup", type=float, default=30.0)
+    args = parser.parse_args()
+    trees = {"baseline": args.baseline, "this tree": ROOT}
+    with tempfile.TemporaryDirectory(prefix="tpumon-scrape-") as tmp:
+        started = {name: start_agent(tree, Path(tmp), name.replace(" ", "-"))
+                   for name, tree in trees.items()}
+        pids = [proc.pid for proc, _ in started.values()]
+        addresses = [address for _, address in started.values()]
+        per_scrape: dict[str, list[float]] = {name: [] for name in trees}
+        try:
+            time.sleep(args.warmup)  # the runtime's metrics listed and asked once
+            for number in range(args.rounds):
+                idle = window(pids, args.window, None)
+                busy = window(pids, args.window, addresses)
+                scrapes = args.window  # one a second each
+                for name, quiet, scraped in zip(trees, idle, busy, strict=True):
+                    per_scrape[name].append((scraped - quiet) / scrapes)
+                print(f"# round {number + 1}: " + ", ".join(
+                    f"{name} {per_scrape[name][-1] * 1e3:.2f} ms" for name in trees),
+                    flush=True)
+        finally:
+            for proc, _ in started.values():
+                proc.terminate()
+                proc.wait(timeout=30)
+    print("| tree | agent CPU a scrape (median) | rounds |\n|---|---|---|")
+    for name, values in per_scrape.items():
+        print(f"| {name} ({trees[name]}) | {statistics.median(values) * 1e3:.2f} ms | "
+              f"{', '.join(f'{v * 1e3:.2f}' for v in values)} |")
+
+
+if __name__ == "__main__":
+    main()
