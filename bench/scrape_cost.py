@@ -6,9 +6,9 @@ scrape's few milliseconds are lost in the poll's noise. Here two agents (``tpumo
 another commit: ``git worktree add --detach /tmp/base <commit>``), run at once; windows of
 ``--window`` seconds alternate between no scrapes and a scrape of each agent every second
 (Prometheus 2.42's request headers, gzip), so that every scrape finds the values of a new
-poll, as Prometheus's scrapes 15 s apart do. A scrape's CPU is the process's CPU time in a
-scraped window less that of the idle window before it, over the scrapes; printed per
-round and as the median of ``--rounds``.
+poll, as Prometheus's scrapes 15 s apart do. A scrape's CPU is the process's CPU a second
+in a scraped window less that in the idle window before it, times the scraped window's
+length, over its scrapes; printed per round and as the median of ``--rounds``.
 
     python bench/scrape_cost.py --baseline /tmp/base [--rounds 3] [--window 30]
 """
@@ -57,18 +57,23 @@ def cpu(pid: int) -> float:
     return times.user + times.system
 
 
-def window(pids: list[int], seconds: float, addresses: list[str] | None) -> list[float]:
-    """Each process's CPU seconds over the window; with ``addresses``, each scraped once a
-    second in turn (half a second apart)."""
-    before = [cpu(pid) for pid in pids]
-    ends = time.monotonic() + seconds
+def window(pids: list[int], seconds: float,
+           addresses: list[str] | None) -> tuple[list[float], float, int]:
+    """Each process's CPU seconds a second over the window, how long it lasted and how many
+    scrapes each process had: with ``addresses``, each scraped in turn, half a second
+    apart (about one a second each)."""
+    before, started = [cpu(pid) for pid in pids], time.monotonic()
+    ends, scrapes = started + seconds, 0
     while time.monotonic() < ends:
         for address in addresses or ():
             scrape(address)
             time.sleep(0.5)
+        scrapes += bool(addresses)
         if not addresses:
             time.sleep(0.5)
-    return [cpu(pid) - b for pid, b in zip(pids, before, strict=True)]
+    lasted = time.monotonic() - started
+    return [(cpu(pid) - b) / lasted for pid, b in zip(pids, before, strict=True)], lasted, \
+        scrapes
 
 
 def main() -> None:
@@ -88,11 +93,10 @@ def main() -> None:
         try:
             time.sleep(args.warmup)  # the runtime's metrics listed and asked once
             for number in range(args.rounds):
-                idle = window(pids, args.window, None)
-                busy = window(pids, args.window, addresses)
-                scrapes = args.window  # one a second each
+                idle, _, _ = window(pids, args.window, None)
+                busy, lasted, scrapes = window(pids, args.window, addresses)
                 for name, quiet, scraped in zip(trees, idle, busy, strict=True):
-                    per_scrape[name].append((scraped - quiet) / scrapes)
+                    per_scrape[name].append((scraped - quiet) * lasted / scrapes)
                 print(f"# round {number + 1}: " + ", ".join(
                     f"{name} {per_scrape[name][-1] * 1e3:.2f} ms" for name in trees),
                     flush=True)
