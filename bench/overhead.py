@@ -18,6 +18,13 @@ simulator child stands in for libtpu, so it is shown apart; the agent alone is t
 headline. Targets, for 1 s polls with every runtime metric the simulator serves (issue 25):
 the agent alone at most 0.3 % of one core (median minute) and 60 MiB RSS (issue 9's were
 0.5 % and 80 MiB). The reporter's cost in the training loop is bench/reporters.py's.
+
+``--baseline TREE`` runs a second agent, from another checkout, beside this tree's: its own
+simulator, the same reports and scrapes, measured in the same minutes. This VM charges a
+process that wakes once a second for memory gone cold, and that charge moves 2-4x from
+hour to hour (docs/benchmarks.md, issue 25, session 16), so an absolute figure from one
+hour and a target set in another do not compare; the ratio of two agents in the same run
+does. The targets are still judged on this tree's absolute figures.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ import math
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -41,13 +49,15 @@ import psutil
 from soak import MIB, report_loop  # bench/ is on sys.path when this runs as a script
 from tpumon.sources.reporter import kernel_queue_length
 # tests/tools.py, on the path through soak
-from tools import (PROMETHEUS_HEADERS, AgentProcess, Processes, free_port, ready,
-                   wait_for)
+from tools import PROMETHEUS_HEADERS, Processes, free_port, ready, wait_for
+from prometheus_client.parser import text_string_to_metric_families
 
+ROOT = Path(__file__).resolve().parent.parent
 NODE_EXPORTER = "/usr/bin/prometheus-node-exporter"
 SIM_REPORTS = 4.0  # a second, from the simulated job (tpumon sim --report-to)
 CPU_TARGET = 0.003
 RSS_TARGET = 60 * MIB
+BASELINE = "baseline agent"  # --baseline's, in the table
 
 
 def start_node_exporter(procs: Processes) -> tuple[psutil.Process, str]:
@@ -56,6 +66,28 @@ def start_node_exporter(procs: Processes) -> tuple[psutil.Process, str]:
     proc = procs.start("node_exporter", [NODE_EXPORTER, f"--web.listen-address={address}"])
     wait_for(lambda: ready(f"http://{address}/metrics"), timeout=30)
     return psutil.Process(proc.pid), address
+
+
+def start_agent(tree: Path, tmp: Path, name: str, reporter_socket: bool = True,
+                poll_interval: float = 1.0, acceleration: float = 1.0
+                ) -> tuple[subprocess.Popen, str]:
+    """``tpumon agent --simulate`` importing tpumon from ``tree`` (PYTHONPATH, and a cwd
+    outside any tree), with its history store, on a free loopback port; its files (state,
+    reporter socket ``r.sock``, log) under ``tmp / name``.
+    Every bench that sets two trees side by side starts both with this, so that they differ
+    in nothing but the tree."""
+    home = tmp / name
+    home.mkdir()
+    address = f"127.0.0.1:{free_port()}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TPUMON_")}
+    env.update(PYTHONPATH=str(tree.resolve()), TPUMON_SIMULATOR_ACCELERATION=str(acceleration))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tpumon", "agent", "--simulate", "--listen-address", address,
+         "--state-dir", str(home / "state"), "--poll-interval", str(poll_interval),
+         *(("--reporter-socket", str(home / "r.sock")) if reporter_socket else ())],
+        cwd=tmp, env=env, stderr=open(home / "agent.log", "w"))
+    wait_for(lambda: ready(f"http://{address}/metrics"), timeout=60)
+    return proc, address
 
 
 def scrape_loop(addresses: list[str], stop: threading.Event, every: float,
@@ -154,23 +186,36 @@ def measure(targets: dict[str, list[psutil.Process]], seconds: float, sample_eve
     return shares, rss, shared
 
 
+def metrics(address: str) -> dict[tuple[str, tuple], float]:
+    """An exporter's samples now, by name and labels."""
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as answer:
+        text = answer.read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
 def run(args: argparse.Namespace) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="tpumon-overhead-"))
     procs = Processes(tmp)
-    sock = str(tmp / "r.sock")
     stop = threading.Event()
-    agent, threads, sender = None, [], {}
+    trees = {"agent": ROOT} | ({BASELINE: args.baseline} if args.baseline else {})
+    agents: dict[str, tuple[subprocess.Popen, str]] = {}
+    threads: list[threading.Thread] = []
+    sent: dict[str, dict[str, int]] = {name: {} for name in trees}
     try:
         exporter, exporter_address = start_node_exporter(procs)
-        agent = AgentProcess(tmp, tmp / "state", "--poll-interval", str(args.poll_interval),
-                             "--reporter-socket", sock,
-                             env={"TPUMON_SIMULATOR_ACCELERATION": str(args.acceleration)})
-        agent_proc = psutil.Process(agent.proc.pid)
-        [sim] = agent_proc.children()
-        latencies = {agent.url: [], exporter_address: []}
-        loops = [(scrape_loop, (list(latencies), stop, args.scrape_every, latencies))]
+        for name, tree in trees.items():
+            agents[name] = start_agent(tree, tmp, name.replace(" ", "-"),
+                                       poll_interval=args.poll_interval,
+                                       acceleration=args.acceleration)
+        latencies: dict[str, list[float]] = {address: [] for _, address in agents.values()}
+        latencies[exporter_address] = []
+        loops: list[tuple] = [(scrape_loop, (list(latencies), stop, args.scrape_every,
+                                             latencies))]
         if args.reports > SIM_REPORTS:
-            loops.append((report_loop, (sock, stop, args.reports - SIM_REPORTS, sender)))
+            loops += [(report_loop, (str(tmp / name.replace(" ", "-") / "r.sock"), stop,
+                                     args.reports - SIM_REPORTS, sent[name]))
+                      for name in trees]
         threads = [threading.Thread(target=target, args=targs, daemon=True)
                    for target, targs in loops]
         for thread in threads:
@@ -178,30 +223,40 @@ def run(args: argparse.Namespace) -> int:
         print(f"# overhead: agent polling every {args.poll_interval:g} s (simulator at "
               f"{args.acceleration:g}x), {args.reports:g} reports/s; {args.minutes:g} min "
               f"after {args.warmup:g} s warm-up, scrapes every {args.scrape_every:g} s; "
-              f"datagram queue {kernel_queue_length()}; {tmp}",
+              f"datagram queue {kernel_queue_length()}; {tmp}"
+              + (f"; beside {BASELINE} from {args.baseline}" if args.baseline else ""),
               flush=True)
         print(f"# load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}",
               flush=True)
         time.sleep(args.warmup)
-        before = histogram(agent.metrics(), "tpumon_poll_duration_seconds")
-        targets = {"agent": [agent_proc], "agent + simulator": [agent_proc, sim],
-                   "simulator": [sim], "node_exporter": [exporter]}
+        address = agents["agent"][1]
+        before = histogram(metrics(address), "tpumon_poll_duration_seconds")
+        targets = {}
+        for name, (proc, _) in agents.items():
+            agent = psutil.Process(proc.pid)
+            [sim] = agent.children()
+            targets |= {name: [agent], f"{name} + simulator": [agent, sim],
+                        name.replace("agent", "simulator"): [sim]}
+        targets["node_exporter"] = [exporter]
         cpu, rss, shared = measure(targets, args.minutes * 60, args.sample_every)
-        after = histogram(agent.metrics(), "tpumon_poll_duration_seconds")
+        after = histogram(metrics(address), "tpumon_poll_duration_seconds")
         print(f"# load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())} "
               f"({os.cpu_count()} CPUs)", flush=True)
     finally:
         stop.set()
         for thread in threads:
             thread.join(timeout=15)
-        if agent is not None:
-            agent.stop()
+        for proc, _ in agents.values():
+            proc.terminate()
+            proc.wait(timeout=30)
         procs.stop_all()
     polls = {le: after[le] - before.get(le, 0.0) for le in after}
-    scrapes = {"agent": latencies[agent.url], "node_exporter": latencies[exporter_address]}
-    if sender:
-        print(f"FakeReporter: {sender['sent']} reports sent, {sender['dropped']} dropped at the "
-              "sender (the agent's socket queue full)")
+    scrapes = {name: latencies[address] for name, (_, address) in agents.items()}
+    scrapes["node_exporter"] = latencies[exporter_address]
+    for name, counts in sent.items():
+        if counts:
+            print(f"FakeReporter ({name}): {counts['sent']} reports sent, {counts['dropped']} "
+                  "dropped at the sender (the agent's socket queue full)")
     return report(cpu, rss, shared, polls, scrapes)
 
 
@@ -218,10 +273,13 @@ def report(cpu: dict[str, Cpu], rss: dict[str, list[int]], shared: dict[str, lis
         print(f"| {k} | {100 * c.median:.3f} % | {100 * c.mean:.3f} % | {spread} | "
               f"{statistics.median(rss[k]) / MIB:.1f} MiB | {max(rss[k]) / MIB:.1f} MiB | "
               f"{statistics.median(shared[k]) / MIB:.1f} MiB | {scrape} |")
-    agent, exporter = cpu["agent"], cpu["node_exporter"]
-    agent_rss, ne_rss = statistics.median(rss["agent"]), statistics.median(rss["node_exporter"])
-    print(f"\nagent / node_exporter: CPU {agent.median / exporter.median:.2f}x (median minutes), "
-          f"{agent.mean / exporter.mean:.2f}x (means), RSS {agent_rss / ne_rss:.2f}x")
+    print()
+    for other in ("node_exporter", BASELINE):
+        if other in cpu:
+            print(f"agent / {other}: CPU {cpu['agent'].median / cpu[other].median:.2f}x "
+                  f"(median minutes), {cpu['agent'].mean / cpu[other].mean:.2f}x (means), "
+                  f"RSS {statistics.median(rss['agent']) / statistics.median(rss[other]):.2f}x")
+    agent = cpu["agent"]
     print(f"agent poll duration over the window ({polls[math.inf]:.0f} polls, from its "
           f"histogram): median {quantile(polls, 0.5) * 1e3:.1f} ms, "
           f"p99 {quantile(polls, 0.99) * 1e3:.1f} ms")
@@ -275,6 +333,11 @@ def main() -> None:
                              "RSS levels off after about 100 s)")
     parser.add_argument("--sample-every", type=float, default=5.0,
                         help="seconds between RSS samples")
+    parser.add_argument("--baseline", type=Path, default=None, metavar="TREE",
+                        help="also run the agent of another checkout (git worktree add "
+                             "--detach /tmp/base REF) beside this tree's, under the same load "
+                             "in the same run: a ratio between the two that this VM's "
+                             "hour-to-hour swings move less than either figure")
     parser.add_argument("--unix-dgram-qlen", type=int, default=None, metavar="N",
                         help="run in a network namespace of its own with this datagram queue "
                              "length (root): 512 is what systemd sets on a TPU VM")

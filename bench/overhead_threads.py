@@ -19,16 +19,14 @@ from __future__ import annotations
 import argparse
 import collections
 import os
-import subprocess
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
-from overhead import SIM_REPORTS, scrape_loop  # bench/ is on sys.path when run as a script
+# bench/ is on sys.path when this runs as a script
+from overhead import SIM_REPORTS, scrape_loop, start_agent
 from soak import report_loop
-from tools import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 MIB = 2**20
@@ -68,19 +66,6 @@ def rollup(pid: int, field: str) -> int:
     return 0
 
 
-def start(tree: Path, tmp: Path, name: str, address: str) -> subprocess.Popen:
-    """An agent importing tpumon from ``tree`` (PYTHONPATH, and a cwd outside any tree)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TPUMON_")}
-    env.update(PYTHONPATH=str(tree), TPUMON_SIMULATOR_ACCELERATION="1")
-    state = tmp / name
-    state.mkdir()
-    return subprocess.Popen(
-        [sys.executable, "-m", "tpumon", "agent", "--simulate", "--listen-address",
-         address, "--state-dir", str(state / "state"), "--poll-interval", "1",
-         "--reporter-socket", str(state / "r.sock")],
-        cwd=tmp, env=env, stderr=open(state / "agent.log", "w"))
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--baseline", type=Path, required=True,
@@ -92,13 +77,12 @@ def main() -> None:
     args = parser.parse_args()
     stop = threading.Event()
     with tempfile.TemporaryDirectory(prefix="tpumon-threads-") as tmp:
-        addresses = {k: f"127.0.0.1:{free_port()}" for k in ("baseline", "this tree")}
-        agents = {"baseline": start(args.baseline.resolve(), Path(tmp), "baseline",
-                                    addresses["baseline"]),
-                  "this tree": start(ROOT, Path(tmp), "this", addresses["this tree"])}
+        started = {"baseline": start_agent(args.baseline, Path(tmp), "baseline"),
+                   "this tree": start_agent(ROOT, Path(tmp), "this")}
+        agents = {name: proc for name, (proc, _) in started.items()}
+        addresses = {name: address for name, (_, address) in started.items()}
         try:
             if args.load:
-                time.sleep(5)  # the agents' sockets bound
                 latencies: dict[str, list[float]] = {a: [] for a in addresses.values()}
                 loops = [threading.Thread(target=scrape_loop, daemon=True, args=(
                     list(addresses.values()), stop, 15.0, latencies))]

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -28,22 +27,11 @@ from pathlib import Path
 import psutil
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
-from tools import PROMETHEUS_HEADERS, free_port, ready, wait_for  # noqa: E402
+sys.path.insert(0, os.path.dirname(__file__))
+from overhead import start_agent  # noqa: E402
+from tools import PROMETHEUS_HEADERS  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def start_agent(tree: Path, tmp: Path, name: str) -> tuple[subprocess.Popen, str]:
-    """``tpumon agent --simulate`` from ``tree``, at real pace, on a free loopback port."""
-    address = f"127.0.0.1:{free_port()}"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TPUMON_")}
-    env.update(PYTHONPATH=str(tree.resolve()), TPUMON_SIMULATOR_ACCELERATION="1")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tpumon", "agent", "--simulate", "--listen-address", address,
-         "--state-dir", str(tmp / f"{name}-state"), "--poll-interval", "1"],
-        cwd=tmp, env=env, stderr=open(tmp / f"{name}.log", "w"))
-    wait_for(lambda: ready(f"http://{address}/metrics"), timeout=60)
-    return proc, address
 
 
 def scrape(address: str) -> None:
@@ -85,7 +73,8 @@ def main() -> None:
     args = parser.parse_args()
     trees = {"baseline": args.baseline, "this tree": ROOT}
     with tempfile.TemporaryDirectory(prefix="tpumon-scrape-") as tmp:
-        started = {name: start_agent(tree, Path(tmp), name.replace(" ", "-"))
+        started = {name: start_agent(tree, Path(tmp), name.replace(" ", "-"),
+                                     reporter_socket=False)
                    for name, tree in trees.items()}
         pids = [proc.pid for proc, _ in started.values()]
         addresses = [address for _, address in started.values()]
