@@ -97,11 +97,15 @@ def scrape_loop(addresses: list[str], stop: threading.Event, every: float,
     while not stop.wait(every):
         for address in addresses:
             t0 = time.perf_counter()
-            request = urllib.request.Request(f"http://{address}/metrics",
-                                             headers=PROMETHEUS_HEADERS)
-            with urllib.request.urlopen(request, timeout=10) as r:
-                r.read()
+            scrape(address)
             latencies[address].append(time.perf_counter() - t0)
+
+
+def scrape(address: str) -> None:
+    """One /metrics, asked as Prometheus asks it."""
+    request = urllib.request.Request(f"http://{address}/metrics", headers=PROMETHEUS_HEADERS)
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        answer.read()
 
 
 def cpu_seconds(procs: list[psutil.Process]) -> float:

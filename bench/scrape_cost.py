@@ -21,23 +21,14 @@ import statistics
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import psutil
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 sys.path.insert(0, os.path.dirname(__file__))
-from overhead import start_agent  # noqa: E402
-from tools import PROMETHEUS_HEADERS  # noqa: E402
+from overhead import scrape, start_agent  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def scrape(address: str) -> None:
-    request = urllib.request.Request(f"http://{address}/metrics", headers=PROMETHEUS_HEADERS)
-    with urllib.request.urlopen(request, timeout=10) as answer:
-        answer.read()
 
 
 def cpu(pid: int) -> float:
