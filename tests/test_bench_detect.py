@@ -261,6 +261,7 @@ def test_tpumon_results_are_read_into_detections_and_contract_violations_found(t
     assert bd.contract_violations(results) == ["x chip 3: verdict leak with alert null"]
 
 
+@pytest.mark.slow
 def test_a_small_benchmark_runs_end_to_end(monkeypatch, tmp_path):
     groups = [g for g in bd.GROUPS if g.name in ("linear-leak@0", "healthy")]
     monkeypatch.setattr(bd, "GROUPS", tuple(groups))

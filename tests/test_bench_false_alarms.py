@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 spec = importlib.util.spec_from_file_location("bench_false_alarms",
@@ -30,6 +31,7 @@ def test_each_family_draws_the_same_chips_each_run():
                      for p in ("15", "30", "60") for _ in range(2)]
 
 
+@pytest.mark.slow
 def test_the_table_counts_pages_out_of_each_familys_chips():
     out = subprocess.run([sys.executable, str(ROOT / "bench" / "false_alarms.py"),
                           "--per-poll", "2", "--holds", "1"], capture_output=True, text=True,

@@ -34,6 +34,7 @@ def assert_one_line_error(result, *fragments):
         assert fragment in lines[0], lines[0]
 
 
+@pytest.mark.slow
 def test_version_and_help():
     result = run("version")
     assert result.returncode == 0
@@ -51,6 +52,7 @@ def test_version_and_help():
     ("[agent]\npoll_interval = 'x'\n", ["agent.poll_interval must be a number"]),
     ("[exporter\n", ["invalid TOML"]),
 ])
+@pytest.mark.slow
 def test_agent_bad_config_file(tmp_path, content, fragments):
     path = tmp_path / "c.toml"
     path.write_text(content)
@@ -82,6 +84,7 @@ def test_agent_port_in_use():
                           "exporter.listen_address")
 
 
+@pytest.mark.slow
 def test_config_check_and_show(tmp_path):
     good = tmp_path / "good.toml"
     good.write_text("[agent]\npoll_interval = 2\n")
@@ -226,6 +229,7 @@ def test_sim_writes_a_trace_that_reads_back(tmp_path):
     (["--port", ":9847"], "--port"),
     (["--duration", "-1h"], "--duration"),
 ])
+@pytest.mark.slow
 def test_sim_refuses_bad_input_and_keeps_the_output_file(tmp_path, args, fragment):
     out = tmp_path / "kept.csv"
     out.write_text("an older trace\n")

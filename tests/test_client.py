@@ -39,6 +39,7 @@ def assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str) 
     ("http://127.0.0.1:{port}", "no agent answering at http://127.0.0.1:"),
     ("http://127.0.0.1:99999", "invalid port"),
 ])
+@pytest.mark.slow
 def test_a_named_agent_that_cannot_be_asked_is_an_error(command, url, fragment):
     """It once fell back to reading the runtime, printed an empty table and exited 0.
     (`watch` waits for a named agent that does not answer yet: test_watch.py.)"""
@@ -71,6 +72,7 @@ def agents(pki, tmp_path_factory):  # noqa: F811
         processes.stop_all()
 
 
+@pytest.mark.slow
 def test_status_through_tls_and_basic_auth(agents, pki):  # noqa: F811
     result = run("status", "--format", "json", "--agent", agents["auth"],
                  "--agent-ca-file", str(pki.ca_crt), "--agent-user", USER,
@@ -93,6 +95,7 @@ def test_status_through_mutual_tls(agents, pki):  # noqa: F811
     (["--agent-user", USER, "--agent-password-file", "{wrong}"], "refused: HTTP 401"),
     (["--agent-user", USER, "--agent-password-file", "/nonexistent/pw"], "password file"),
 ])
+@pytest.mark.slow
 def test_wrong_credentials_are_one_line(agents, pki, extra, fragment):  # noqa: F811
     extra = [e.format(wrong=agents["wrong"]) for e in extra]
     result = run("status", "--agent", agents["auth"], "--agent-ca-file", str(pki.ca_crt),

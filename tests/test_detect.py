@@ -522,6 +522,7 @@ def test_steady_leak_always_alerts_before_the_oom(hours_to_oom, poll, peak, idle
 
 # ---------------------------------------------------------------- robust statistics
 
+@pytest.mark.slow
 def test_sen_slope_and_interval_match_scipy():
     scipy_stats = pytest.importorskip("scipy.stats")
     from tpumon.detect.robust import sen_mann_kendall
@@ -556,6 +557,7 @@ def test_pairwise_differences_and_tails_are_every_pair_in_order():
 
 # ---------------------------------------------------------------- tpumon analyze
 
+@pytest.mark.slow
 def test_analyze_json_matches_the_contract(tmp_path):
     path = tmp_path / "pod.csv"
     rows = list(generate_trace("chip0-leak", duration_s=14 * 3600, poll_interval_s=15, seed=2,

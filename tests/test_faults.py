@@ -237,6 +237,7 @@ def test_undecodable_bytes_from_the_runtime_are_a_reported_state():
         raw.server.stop(None).wait(5)
 
 
+@pytest.mark.slow
 def test_huge_answers_are_bounded_and_do_not_hang_the_poll():
     """60,000 entries for 4 devices: 4 chips and the rest counted. An answer beyond gRPC's
     4 MB message limit: the port is down with the reason, and up again when it shrinks."""
@@ -310,6 +311,7 @@ def test_a_chip_that_disappears_is_down_not_fed_and_comes_back(runtime_servers):
 # --- the wall clock jumping -----------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_wall_clock_jumps_neither_stall_nor_burst_the_polls(runtime_servers, monkeypatch, caplog):
     """The wall clock goes back an hour, then forward two, mid-run (only the agent's and
     the runtime source's view of it): polls go on at the monotonic cadence, each poll is
@@ -498,6 +500,7 @@ class PollCounter(FakeRuntime):
         return answer(request.metric_name, [gauge_entry(d, value) for d in range(4)])
 
 
+@pytest.mark.slow
 def test_scrapes_during_fast_polls_each_see_one_whole_poll():
     server = RuntimeServer(PollCounter())
     a = make_agent([server.port], interval=0.002)

@@ -112,6 +112,7 @@ def valid_rows() -> st.SearchStrategy[list[TraceRow]]:
 
 @FUZZ
 @given(fmt=st.sampled_from(["csv", "jsonl"]), rows=valid_rows(), data=st.data())
+@pytest.mark.slow
 def test_mutated_valid_traces_are_read_or_one_trace_format_error(fmt, rows, data):
     buffer = io.StringIO()
     write_trace(rows, buffer, fmt)
@@ -213,6 +214,7 @@ def check_loaded(load, secret: str = "") -> None:
 @example("a = " + "{a = " * 3000 + "1" + "}" * 3000)
 @example("[alerts]\ndashboard_url = '{host.x}'")
 @example("[alerts]\nreport_url = '{host[x]}'")
+@pytest.mark.slow
 def test_any_toml_file_is_a_configuration_or_one_config_error(text):
     path = WORK / "config.toml"
     path.write_text(text, encoding="utf-8")
@@ -358,6 +360,7 @@ def scripted():
 
 @FUZZ
 @given(answers=responses())
+@pytest.mark.slow
 def test_any_runtime_answer_is_chips_and_a_count_of_unreadable_entries(scripted, answers):
     runtime, source = scripted
     runtime.responses = answers

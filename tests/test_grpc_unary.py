@@ -51,6 +51,7 @@ def test_a_grpcio_server_answers_whatever_its_credentials(client, local):
         server.stop()
 
 
+@pytest.mark.slow
 def test_calls_and_rounds_share_one_connection_per_endpoint(client):
     """One HTTP/2 connection carries every call to an endpoint: a round's calls as streams
     side by side, and round after round (no new connection, no new dial per poll)."""
@@ -261,6 +262,7 @@ BROKEN = {"UNKNOWN", "UNAVAILABLE", "DEADLINE_EXCEEDED"}
     (lambda conn: conn.close(), {"UNAVAILABLE", "UNKNOWN"}),
     (continuation_flood, {"UNAVAILABLE", "UNKNOWN"}),
 ], ids=["silent", "http1", "garbage", "hang-up", "endless-headers"])
+@pytest.mark.slow
 def test_a_peer_that_is_not_grpc_is_a_status_within_the_deadline(client, behave, statuses):
     peer = Peer(behave)
     try:

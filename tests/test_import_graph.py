@@ -170,6 +170,7 @@ def test_the_graph_sees_tpumons_imports():
 
 
 @pytest.mark.parametrize("level", ["modules", "units"])
+@pytest.mark.slow
 def test_no_import_cycle(level):
     graph = import_graph()
     found = cycles(graph if level == "modules" else units(graph))

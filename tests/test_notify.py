@@ -247,6 +247,7 @@ def test_pagerduty_trigger_then_resolve_with_one_dedup_key():
 
 @pytest.mark.parametrize("failures,reason", [((500, 503), "server_error"),
                                              ((429,), "rate_limited")])
+@pytest.mark.slow
 def test_delivered_once_after_the_service_recovers(failures, reason):
     feed = Feed()
     with FakeAlertAPI("pagerduty") as api:
@@ -278,6 +279,7 @@ def test_network_errors_are_retried_until_delivered():
 
 
 @pytest.mark.parametrize("kind,status", [("slack", 403), ("slack", 410), ("pagerduty", 400)])
+@pytest.mark.slow
 def test_a_rejected_notification_is_not_retried_and_the_next_goes_on(kind, status):
     feed = Feed()
     with FakeAlertAPI(kind) as api:

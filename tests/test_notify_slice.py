@@ -9,6 +9,8 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
+import pytest
+
 from fake_alert_apis import FakeAlertAPI
 from test_notify import (IDENT, SETTINGS, Feed, healthy, leak, notifier, pd_channel,
                          run_until, slack_channel, snap)
@@ -67,6 +69,7 @@ def test_four_workers_seeing_one_leak_open_one_incident():
         assert {t["payload"]["group"] for t in triggers} == {"llama-pod-a"}
 
 
+@pytest.mark.slow
 def test_a_chip_that_recovers_does_not_close_the_incident_its_neighbours_hold():
     feed = Feed()
     with FakeAlertAPI("pagerduty") as api:

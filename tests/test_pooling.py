@@ -58,6 +58,7 @@ def agent_alerts(cols: dict) -> dict:
 
 
 @pytest.mark.parametrize("scenario,seed", [("linear-leak", 11), ("chip0-leak", 3)])
+@pytest.mark.slow
 def test_agent_and_analyze_give_the_same_pooled_alerts(scenario, seed):
     cols = columns(scenario, 10, seed, leak_chip_spread=0.3)
     replayed = {r.chip: r for r in replay_columns(cols)}
@@ -122,6 +123,7 @@ def test_the_agent_keeps_a_job_together_through_a_poll_that_misses_its_process()
 
 
 @pytest.mark.parametrize("scenario,seed", [("linear-leak", 11), ("chip0-leak", 3)])
+@pytest.mark.slow
 def test_the_report_says_what_analyze_says(scenario, seed):
     """`tpumon report` pools a host's chips as `analyze` (and the agent) do: the same final
     verdict and reason, the same alert, a verdict timeline that turns to leak right there
@@ -278,6 +280,7 @@ def pool_at_every_moment(job: str, logs: list, cols: list):
     return verdicts, alerts
 
 
+@pytest.mark.slow
 def test_the_pooled_replay_of_a_slice_is_pool_job_at_every_moment():
     """The replay decides pooled verdicts incrementally and builds a chip's pooled
     assessment only when its alert fires: on a slice whose chips leak at different rates,
@@ -300,6 +303,7 @@ def test_the_pooled_replay_of_a_slice_is_pool_job_at_every_moment():
     assert len({a["slope_bytes_per_second"] for a in alerts.values()}) > 2
 
 
+@pytest.mark.slow
 def test_the_agent_and_analyze_agree_on_a_many_chip_slice():
     """The agent pools a job's chips at every poll (``pool_jobs``), analyze incrementally:
     the same alerts, at the same moments, with the same reasons and forecasts."""

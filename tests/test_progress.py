@@ -50,6 +50,7 @@ def samples(*traces) -> int:
     return sum(len(c.times) for t in traces for c in read_trace_columns(str(t)).values())
 
 
+@pytest.mark.slow
 def test_analyze_shows_reading_and_replaying(slice_dir):
     status, drawn = on_a_terminal("analyze", str(slice_dir))
     assert status == 0, drawn
@@ -61,6 +62,7 @@ def test_analyze_shows_reading_and_replaying(slice_dir):
     assert "replaying" not in quiet.stdout and "tpumon analyze (times UTC)" in quiet.stdout
 
 
+@pytest.mark.slow
 def test_report_shows_replaying_and_drawing(slice_dir, tmp_path):
     trace = next(slice_dir.glob("w0.csv"))
     status, drawn = on_a_terminal("report", str(trace), "-o", str(tmp_path / "t"))

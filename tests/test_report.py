@@ -173,6 +173,7 @@ def test_level_jumps_are_listed_and_drawn_as_steps(reports, traces):
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
+@pytest.mark.slow
 def test_report_replays_the_detector_exactly(traces, scenario):
     """Replayed in slices, the detector ends where `tpumon analyze` ends, bit for bit, and
     its verdict timeline is the detector's own, moment by moment."""

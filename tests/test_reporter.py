@@ -396,6 +396,7 @@ def test_a_silent_process_is_forgotten_once_it_exited_or_after_a_day(tmp_path):
         st.sampled_from(["v", "framework", "step", "time", "live", "compiles", "devices", "rank",
                          "cached", "used", "0"]), inner, max_size=6),
     max_leaves=12).map(lambda doc: json.dumps(doc).encode())))
+@pytest.mark.slow
 def test_any_datagram_is_a_report_or_an_invalid_report(payload):
     try:
         report = parse_report(payload, 1, 0, 0.0)

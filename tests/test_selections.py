@@ -37,6 +37,7 @@ def state(tmp_path_factory):
     return d
 
 
+@pytest.mark.slow
 def test_analyze_of_a_header_only_trace_is_an_error(tmp_path):
     """It printed an empty table and exited 0, where `report` said there was nothing."""
     trace = tmp_path / "empty.csv"
@@ -51,6 +52,7 @@ def test_analyze_of_a_header_only_trace_is_an_error(tmp_path):
     (["--host", "elsewhere"], ["no samples match", "host(s) "]),
     (["--since", "1d"], ["no samples match", "--since 1d"]),
 ])
+@pytest.mark.slow
 def test_export_of_an_empty_selection_is_an_error_and_keeps_the_file(state, tmp_path, args,
                                                                      fragments):
     """`export --chip 99` wrote a header over the output and exited 0."""

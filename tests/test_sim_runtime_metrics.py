@@ -146,6 +146,7 @@ def tpumon(*args):
     return run(*args)
 
 
+@pytest.mark.slow
 def test_status_metric_and_list_metrics_read_the_runtime_like_tpu_info(simulated):
     from test_cli import assert_one_line_error
     _, clock, sim, source = simulated("healthy", 3000.0)

@@ -112,6 +112,7 @@ def test_peer_urls():
     assert peer_url("https://a:1/", 9847, "http") == "https://a:1"
 
 
+@pytest.mark.slow
 def test_every_agent_is_asked_at_once_under_one_deadline(servers):
     fast = [servers(status_doc(w, ["ok"] * 4)) for w in range(3)]
     slow = servers(status_doc(3, ["ok"] * 4), hang=5.0)

@@ -204,6 +204,7 @@ json_values = st.recursive(
 
 @given(json_values)
 @FUZZ
+@pytest.mark.slow
 def test_fuzz_arbitrary_json(value):
     try:
         Snapshot.from_json(json.dumps(value).encode())
@@ -275,6 +276,7 @@ def mutated_docs(draw) -> dict:
 
 @given(mutated_docs())
 @FUZZ
+@pytest.mark.slow
 def test_fuzz_nearly_valid_snapshots(d):
     """Structurally close to the real thing, so the field checks are exercised (not just
     the JSON parser); whatever is accepted must survive a round trip unchanged."""
@@ -293,6 +295,7 @@ def test_fuzz_nearly_valid_snapshots(d):
                                           st.integers(min_value=1, max_value=3), max_size=3)),
                 unique_by=lambda g: (tuple(g[0]), g[1], g[2]), max_size=30))
 @FUZZ
+@pytest.mark.slow
 def test_fuzz_round_trip(groups):
     gs = [TensorGroup(tuple(shape), dtype, dev, count + sum(sites.values()),
                       (count + sum(sites.values())) * 4, sites)

@@ -64,6 +64,7 @@ def as_tuples(rows):
     return [(r.time, r.host, r.chip, r.step, r.hbm_used_bytes, r.hbm_total_bytes) for r in rows]
 
 
+@pytest.mark.slow
 def test_export_round_trip_and_analyze_agree(tmp_path):
     rows = trace(hours=10)
     record_all(tmp_path, rows)
@@ -123,6 +124,7 @@ def test_export_errors_are_one_line(tmp_path, args, message):
         [result.output.strip().splitlines()[-1]]
 
 
+@pytest.mark.slow
 def test_old_samples_roll_up_into_minute_floors_and_peaks(tmp_path):
     rows = trace(hours=6, interval=2.0, chips=1)
     retention = Retention(raw_seconds=3600, minute_seconds=4 * 3600)
@@ -269,6 +271,7 @@ def test_corrupt_database_is_moved_aside(tmp_path, caplog):
     db.close()
 
 
+@pytest.mark.slow
 def test_database_damaged_while_open_is_replaced(tmp_path, caplog):
     retention = Retention()
     writer = StoreWriter(tmp_path, retention, open_database(tmp_path, retention))

@@ -33,6 +33,7 @@ from tpumon.store.writer import StoreWriter
 HOST = "t1v-n-resume-w-0"
 
 
+@pytest.mark.slow
 def test_restart_mid_run_resumes_verdict_slope_and_forecast(tmp_path):
     """Two lives of the agent on one simulated job: after the second, every chip's
     assessment is exactly what one uninterrupted detector says about the same samples."""

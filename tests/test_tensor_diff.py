@@ -199,6 +199,7 @@ group_st = st.builds(lambda shape, n, dev: TensorGroup(tuple(shape), "float32", 
        st.lists(group_st, max_size=6, unique_by=lambda g: g.key),
        st.integers(0, 1000), st.integers(0, 1000), st.none() | st.floats(-1e9, 1e9))
 @settings(max_examples=300, deadline=None)
+@pytest.mark.slow
 def test_fuzz_diff_invariants(a, b, s1, s2, slope):
     before, after = snap(min(s1, s2), *a), snap(max(s1, s2), *b)
     d = diff(before, after)

@@ -322,6 +322,7 @@ def interleave(*traces):
 @pytest.mark.parametrize("scenario,chips,drop", [
     ("healthy", 4, 0.0), ("linear-leak", 8, 0.1), ("staircase-leak", 2, 0.0),
     ("job-restart", 4, 0.0), ("step-change", 1, 0.3)])
+@pytest.mark.slow
 def test_columns_equal_rows_on_simulated_traces(tmp_path, fmt, scenario, chips, drop):
     rows = interleave(*(generate_trace(scenario, duration_s=3 * 3600, chips=chips, host=f"w-{i}",
                                        seed=i, drop_probability=drop) for i in range(2)))
@@ -588,6 +589,7 @@ def check_fast_paths(path, seed, fuzz, oracle, streams: bool) -> None:
     assert 150 < seen_errors < 450  # the fuzzing reaches both good files and errors
 
 
+@pytest.mark.slow
 def test_csv_fast_paths_agree_with_the_general_checks(tmp_path):
     check_fast_paths(tmp_path / "t.csv", 1, fuzz_csv, oracle_csv, streams=True)
 
@@ -634,6 +636,7 @@ def fuzz_jsonl(rng, plain: bool = False):
     return "\n".join(lines) + rng.choice(["\n", "", "\r\n"])
 
 
+@pytest.mark.slow
 def test_large_tables_group_on_a_second_thread_with_the_same_results(tmp_path, monkeypatch):
     """A large table's names and sort run beside the numbers' checks, on a helper thread
     (every table here, by lowering the threshold): the same series, and the same error
@@ -653,11 +656,13 @@ def test_large_tables_group_on_a_second_thread_with_the_same_results(tmp_path, m
     assert threads and all(name.startswith("tpumon-trace") for name in threads)
 
 
+@pytest.mark.slow
 def test_jsonl_fast_paths_agree_with_the_general_checks(tmp_path):
     check_fast_paths(tmp_path / "t.jsonl", 2, fuzz_jsonl, oracle_jsonl, streams=False)
 
 
 @pytest.mark.parametrize("block", [None, 1100, 4096])
+@pytest.mark.slow
 def test_jsonl_shaped_for_pyarrow_agree_too(tmp_path, monkeypatch, block):
     """Fuzzed files most of which pyarrow's reader takes (the general fuzzing above mostly
     goes to the strict parser before pyarrow decides anything), so that pyarrow's answers

@@ -415,6 +415,7 @@ def test_what_promtool_accepts_but_tpumon_cannot_honour_is_rejected_clearly(pki,
 
 
 @pytest.mark.parametrize("how", ["flag-missing-file", "env-plaintext-password"])
+@pytest.mark.slow
 def test_agent_refuses_a_bad_web_config_in_one_line(pki, tmp_path, how):
     env = clean_env()
     args = [*TPUMON, "agent", "--simulate", "--listen-address", "127.0.0.1:0"]

@@ -303,6 +303,7 @@ def test_sample_is_cheap():
 # ---------------------------------------------------------------- trace generation
 
 
+@pytest.mark.slow
 def test_a_simulated_day_is_quick_and_complete():
     start = time.perf_counter()
     rows = list(generate_trace("healthy", duration_s=24 * HOUR, seed=1))
