@@ -2,7 +2,9 @@
 (PyYAML), basic auth (bcrypt) and the simulator's server and workloads (run in the
 simulator's own process) are loaded when first needed, each worth 0.4-1.9 MiB of the
 agent's RSS (docs/benchmarks.md, issue 25); so are importlib.metadata (tpu-info's version
-is read from its own METADATA), statistics, tomli_w and difflib."""
+is read from its own METADATA), statistics, tomli_w and difflib; and the notification
+delivery code (notifier, outbox, HTTP posts, Slack and PagerDuty channels, ~0.2 MiB) where
+no channel is configured."""
 
 from __future__ import annotations
 
@@ -10,14 +12,18 @@ import subprocess
 import sys
 
 ON_DEMAND = ("jinja2", "yaml", "bcrypt", "tpumon.sim.server", "tpumon.sim.workload",
-             "tpumon.sim.pod", "importlib.metadata", "statistics", "tomli_w", "difflib")
+             "tpumon.sim.pod", "importlib.metadata", "statistics", "tomli_w", "difflib",
+             "tpumon.notify.notifier", "tpumon.notify.outbox", "tpumon.notify.post",
+             "tpumon.notify.slack", "tpumon.notify.pagerduty")
 
 PROBE = f"""
 import sys
 import tpumon.cli, tpumon.cli.agent, tpumon.bootstrap, tpumon.exporters.http
+from tpumon.bootstrap import notification_channels
 from tpumon.config import load_config
 from tpumon.exporters.prometheus import BuildInfoCollector
-load_config(None, env={{}})
+config = load_config(None, env={{}})
+assert notification_channels(config, env={{}}) == []  # no Slack, no PagerDuty
 BuildInfoCollector(lambda: None)  # tpu-info's version, for tpumon_build_info
 print(sorted(m for m in {ON_DEMAND!r} if m in sys.modules))
 """

@@ -16,7 +16,7 @@ import os
 import sqlite3
 import tempfile
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry
 
@@ -31,11 +31,7 @@ from tpumon.sim.naming import tpu_env as simulated_tpu_env
 from tpumon.sim.process import spawn_simulator
 from tpumon.sources.chips import ChipInventory, detect_chips, inventory_for, scan_chip_owners
 from tpumon.notify.alerts import AlertLog, AlertSettings, AlertTracker
-from tpumon.notify.notifier import Channel, Notifier
-from tpumon.notify.outbox import open_outbox
-from tpumon.notify.pagerduty import PagerDutyChannel
 from tpumon.notify.secrets import read_secret
-from tpumon.notify.slack import SlackChannel
 from tpumon.leak_snapshots import LeakSnapshots
 from tpumon.lifecycle import Lifecycle
 from tpumon.sources.kernel_log import KernelLog
@@ -49,6 +45,9 @@ from tpumon.store.database import (HistoryDB, Retention, database_path, move_asi
 from tpumon.store.resume import restore_detectors
 from tpumon.store.writer import StoreWriter
 from tpumon.units import format_bytes, utc
+
+if TYPE_CHECKING:
+    from tpumon.notify.notifier import Channel, Notifier
 
 log = logging.getLogger("tpumon.bootstrap")
 DEFAULT_RUNTIME_PORT = 8431
@@ -210,7 +209,10 @@ SEVERITIES = ("warning", "critical")
 
 
 def notification_channels(config: Config, env: Mapping[str, str] | None = None) -> list[Channel]:
-    """The channels whose secret is configured (value, file or systemd credential)."""
+    """The channels whose secret is configured (value, file or systemd credential). The
+    delivery code (notifier, outbox, HTTP posts, the channels) is imported only for a
+    channel configured: an agent without Slack or PagerDuty runs without it (~0.2 MiB of
+    RSS, docs/benchmarks.md, issue 25)."""
     def at_least(level: str) -> tuple[str, ...]:
         return SEVERITIES[SEVERITIES.index(level):]
 
@@ -219,9 +221,11 @@ def notification_channels(config: Config, env: Mapping[str, str] | None = None) 
     if url:
         if not url.startswith(("https://", "http://")):
             raise ConfigError("slack.webhook_url (from its file): must be an http(s) URL")
+        from tpumon.notify.slack import SlackChannel
         channels.append(SlackChannel(url, at_least(config["slack.min_severity"])))
     key = read_secret(config, "pagerduty.routing_key", "pagerduty-routing-key", env)
     if key:
+        from tpumon.notify.pagerduty import PagerDutyChannel
         channels.append(PagerDutyChannel(config["pagerduty.url"], key,
                                          at_least(config["pagerduty.min_severity"])))
     return channels
@@ -233,6 +237,8 @@ def open_notifier(config: Config, simulate: bool, state: AgentState,
     were active; None when no channel is configured."""
     if not channels:
         return None
+    from tpumon.notify.notifier import Notifier
+    from tpumon.notify.outbox import open_outbox
     outbox = open_outbox(_path_for(config, "store.state_dir", simulate))
     tracker = AlertTracker(AlertSettings.from_config(config), outbox.active())
     log.info("notifications to %s (%d alert(s) active from before)",

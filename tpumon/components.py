@@ -11,14 +11,16 @@ channels when notifications were already on. Nothing that holds state is rebuilt
 from __future__ import annotations
 
 import logging
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from tpumon.config import Config
 from tpumon.lifecycle import Component, take
 from tpumon.notify.alerts import AlertTracker
-from tpumon.notify.notifier import Channel, Notifier
 from tpumon.notify.settings import AlertSettings
 from tpumon.sources.reporter import ReporterSocket
+
+if TYPE_CHECKING:  # delivery code loads only where a channel is configured (bootstrap)
+    from tpumon.notify.notifier import Channel, Notifier
 
 CHANNEL_SECTIONS = ("slack", "pagerduty")
 

@@ -29,8 +29,7 @@ from tpumon.exporters.pod_labels import PodLabels
 from tpumon.exporters.replay_metrics import replay_metrics
 from tpumon.exporters.runtime_families import RuntimeMetricsCollector
 from tpumon.identity import LABELS
-from tpumon.notify.health import NotifierHealth
-from tpumon.notify.notifier import FAILURE_REASONS, GIVE_UP_REASONS
+from tpumon.notify.health import FAILURE_REASONS, GIVE_UP_REASONS, NotifierHealth
 from tpumon.notify.settings import AlertSettings
 from tpumon.state import PollState
 from tpumon.store.writer import StoreHealth

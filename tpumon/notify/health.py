@@ -7,6 +7,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+# the reasons a channel's failures and given-up events are counted by (exported even at 0)
+GIVE_UP_REASONS = ("rejected", "expired")
+FAILURE_REASONS = ("rate_limited", "server_error", "network")
+
 
 @dataclass(frozen=True)
 class ChannelHealth:

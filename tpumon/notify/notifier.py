@@ -33,8 +33,6 @@ log = logging.getLogger("tpumon.notify")
 
 IDLE_WAIT = 0.5          # seconds between looks at the poll state when nothing is due
 PURGE_EVERY = 3600.0
-GIVE_UP_REASONS = ("rejected", "expired")
-FAILURE_REASONS = ("rate_limited", "server_error", "network")
 
 
 class Channel(Protocol):
