@@ -3,7 +3,7 @@
 simulator's own process) are loaded when first needed, each worth 0.4-1.9 MiB of the
 agent's RSS (docs/benchmarks.md, issue 25); so are importlib.metadata (tpu-info's version
 is read from its own METADATA), statistics, tomli_w and difflib; and the notification
-delivery code (notifier, outbox, HTTP posts, Slack and PagerDuty channels, ~0.2 MiB) where
+delivery code (notifier, outbox, HTTP posts, Slack and PagerDuty channels, 0.3-0.6 MiB) where
 no channel is configured."""
 
 from __future__ import annotations
