@@ -56,7 +56,8 @@ def floor_noise(floors: np.ndarray) -> float:
 class Verdict(str, enum.Enum):
     OK = "ok"
     WARMING_UP = "warming_up"
-    LEAK = "leak"
+    GROWING = "growing"  # growth that would fill HBM within the horizon, not yet a leak
+    LEAK = "leak"  # the page
     STEP_CHANGE = "step_change"
     INSUFFICIENT_DATA = "insufficient_data"
 
@@ -191,6 +192,7 @@ class JobView:
 
 
 _UNFITTED = (Verdict.INSUFFICIENT_DATA, Verdict.WARMING_UP)
+_GROWTH = (Verdict.GROWING, Verdict.LEAK)
 _PENDING = "a level shift is being confirmed"
 
 #: What a leak alert keeps of the assessment that raised it.
@@ -212,11 +214,15 @@ def slope_fields(per_s: float, low: float, high: float,
     return out
 
 
+def moment(time: float, step: float) -> dict:
+    """A sample's time and step (None if unknown), as alerts and warnings keep it."""
+    return {"time": time, "step": None if math.isnan(step) else int(step)}
+
+
 def leak_alert(time: float, step: float, assessment: Assessment) -> dict:
     """A leak alert raised at the sample (time, step; NaN if unknown) by an assessment: when,
     and what was forecast and measured then, for a post-mortem against the OOM that came."""
-    return {"time": time, "step": None if math.isnan(step) else int(step),
-            "reason": assessment.reason, **{k: getattr(assessment, k) for k in _ALERT_FIELDS}}
+    return {**moment(time, step), "reason": assessment.reason, **{k: getattr(assessment, k) for k in _ALERT_FIELDS}}
 
 
 class _Said(NamedTuple):
@@ -265,6 +271,8 @@ class ChipDetector:
         self._confirm, self._envelope = self._level_sizes()
         self.total: float | None = None
         self.alert: dict | None = None  # the first leak alert: see _set
+        #: the first moment the verdict was growing or leak (time, step): the warning
+        self.growing: dict | None = None
         #: with a list here, every assessment as it is set: (time, step, assessment) of the
         #: sample that closed the bucket (``analyze`` pools the chips of a job over these)
         self.log: list[tuple[float, float, Assessment]] | None = None
@@ -569,6 +577,8 @@ class ChipDetector:
         self._said, self._assessment = said, None
         if self.log is not None:
             self.log.append((b.trigger_time, b.trigger_step, self.assessment))
+        if said.verdict in _GROWTH and self.growing is None:
+            self.growing = moment(b.trigger_time, b.trigger_step)
         if said.verdict is Verdict.LEAK and self.alert is None:
             # when it fired, and what was forecast and measured then: a post-mortem holds
             # the forecast against the OOM that came
@@ -766,7 +776,10 @@ class ChipDetector:
         if not job.leaking:  # hysteresis: a leak stays one while growth stays significant
             why_not = self._not_a_leak_yet(job, tto, window, stairs)
             if why_not:
-                return _Said(Verdict.OK, why_not, common)
+                # growth that would fill HBM within the horizon, on too little evidence
+                # yet to page for (it may still be a cache that settles): a warning
+                growing = why_not != _PENDING and tto <= self.settings.horizon_seconds
+                return _Said(Verdict.GROWING if growing else Verdict.OK, why_not, common)
             job.leaking = True
         per = describe_growth(rate / steps_per_second if steps_per_second else None, rate * 3600)
         growth = stairs.describe() if stairs else f"floor grows {per}"
@@ -789,6 +802,9 @@ class ChipDetector:
                 return _PENDING
         if tto <= self.settings.horizon_seconds and tto <= self.settings.max_extrapolation * window:
             return None
+        if tto <= self.settings.horizon_seconds:
+            return (f"growing: HBM full in {tto / 3600:.1f} h at this rate, on "
+                    f"{window / 3600:.1f} h of evidence (a cache may yet settle)")
         return f"slow growth: OOM would take {tto / 3600:.0f} h"
 
     def _no_leak(self, job: _Job, common: dict, decelerating: bool) -> _Said:

@@ -174,7 +174,7 @@ def _may_join(a: Assessment) -> bool:
     leak of its job whose rate is of its size (``_joins_at``)."""
     low, high, own = (a.slope_bytes_per_second_low, a.slope_bytes_per_second_high,
                       a.slope_bytes_per_second)
-    return (a.verdict in (Verdict.OK, Verdict.STEP_CHANGE) and low is not None
+    return (a.verdict in (Verdict.OK, Verdict.GROWING, Verdict.STEP_CHANGE) and low is not None
             and high is not None and own is not None and low > 0
             and a.floor_bytes is not None and a.total_bytes is not None
             and a.window_start is not None and a.window_seconds is not None)

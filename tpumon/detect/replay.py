@@ -53,6 +53,9 @@ class SeriesResult:
     #: samples whose HBM used is above the chip's capacity: the trace is taken as it is,
     #: but such rows are said (a runtime that misreports, or a mislabelled column)
     over_capacity: int = 0
+    #: the first moment the verdict was ``growing`` or ``leak`` (time, step): the warning
+    #: that does not page; at or before the alert
+    growing: dict | None = None
 
     @property
     def verdict(self) -> str:
@@ -88,6 +91,8 @@ class SeriesResult:
                 "slope_bytes_per_step": _opt(self.alert["slope_bytes_per_step"], 3),
                 "slope_bytes_per_hour": _opt(None if self.alert["slope_bytes_per_second"] is None
                                              else self.alert["slope_bytes_per_second"] * 3600, 1)},
+            "growing": None if self.growing is None else {
+                "time": self.growing["time"], "step": self.growing["step"]},
             "slope_bytes_per_step": self.slope_bytes_per_step,
             "slope_bytes_per_hour": self.slope_bytes_per_hour,
             "predicted_oom": self.predicted_oom,
@@ -166,6 +171,7 @@ class _ChipRun(NamedTuple):
     assessment: Assessment
     alert: dict | None
     log: list[tuple[float, float, Assessment]] | None
+    growing: dict | None = None
 
 
 def _run_chip(c: SeriesColumns, settings: DetectorSettings | None, log: bool) -> _ChipRun:
@@ -174,16 +180,20 @@ def _run_chip(c: SeriesColumns, settings: DetectorSettings | None, log: bool) ->
     if log:
         detector.log = []
     detector.update(c.times, c.steps, c.used, c.total)
-    return _ChipRun(detector.assessment, detector.alert, detector.log)
+    return _ChipRun(detector.assessment, detector.alert, detector.log, detector.growing)
 
 
 def _result(host: str, chip: str, c: SeriesColumns, assessment: Assessment,
-            alert: dict | None) -> SeriesResult:
-    """A series' outcome: its verdict and alert, where HBM filled after the alert, and the
-    samples over capacity."""
+            alert: dict | None, growing: dict | None) -> SeriesResult:
+    """A series' outcome: its verdict and alert, where HBM filled after the alert, the
+    samples over capacity, and its first warning (its own, or the alert if earlier: a chip
+    that joins its job's leak warns when it pages)."""
+    if alert is not None and (growing is None or alert["time"] < growing["time"]):
+        growing = {"time": alert["time"], "step": alert["step"]}
     return SeriesResult(host, chip, len(c.times), assessment, alert,
                         full_after(alert, c.times, c.steps, c.used, c.total),
-                        int(np.count_nonzero(np.asarray(c.used) > np.asarray(c.total))))
+                        int(np.count_nonzero(np.asarray(c.used) > np.asarray(c.total))),
+                        growing)
 
 
 def replay_series(host: str, chip: str, times: np.ndarray, steps: np.ndarray,
@@ -192,7 +202,7 @@ def replay_series(host: str, chip: str, times: np.ndarray, steps: np.ndarray,
     """Run one detector over one series' arrays (the agent's code path, in one batch)."""
     c = SeriesColumns(times, steps, used, totals)
     run = _run_chip(c, settings, log=False)
-    return _result(host, chip, c, run.assessment, run.alert)
+    return _result(host, chip, c, run.assessment, run.alert, run.growing)
 
 
 #: Told how much work was done since it was last told (files read, samples replayed): what
@@ -250,11 +260,11 @@ def _job_results(job: str, series: list[tuple[str, str, SeriesColumns]],
     """The results of a job's chips from their detectors' runs, pooled if several."""
     if len(series) == 1:
         (host, chip, c), (run,) = series[0], runs
-        return [_result(host, chip, c, run.assessment, run.alert)]
+        return [_result(host, chip, c, run.assessment, run.alert, run.growing)]
     pooled = replay_pooling(job, [run.log or [] for run in runs], [c for _, _, c in series],
                             timelines=False)
     final = pool_job(job, {str(i): run.assessment for i, run in enumerate(runs)})
-    return [_result(host, chip, c, final[str(i)], pooled.alerts.get(i))
+    return [_result(host, chip, c, final[str(i)], pooled.alerts.get(i), runs[i].growing)
             for i, (host, chip, c) in enumerate(series)]
 
 
