@@ -571,12 +571,17 @@ def test_analyze_json_matches_the_contract(tmp_path):
     assert set(series) == {"0", "1", "2", "3"}
     for s in series.values():
         assert s["host"] == "t1v-n-1-w-3"
-        assert s["verdict"] in ("ok", "warming_up", "leak", "step_change", "insufficient_data")
+        assert s["verdict"] in ("ok", "warming_up", "growing", "leak", "step_change",
+                                "insufficient_data")
         assert not (s["verdict"] == "leak" and s["alert"] is None)
-        for key in ("alert", "slope_bytes_per_step", "slope_bytes_per_hour", "predicted_oom"):
+        for key in ("alert", "growing", "slope_bytes_per_step", "slope_bytes_per_hour",
+                    "predicted_oom"):
             assert key in s
+        # the warning comes no later than the page, and a page is always warned of
+        assert s["alert"] is None or s["growing"]["time"] <= s["alert"]["time"]
     leak = series["0"]
     assert leak["verdict"] == "leak" and isinstance(leak["alert"]["step"], int)
+    assert leak["growing"]["time"] < leak["alert"]["time"]
     assert leak["predicted_oom"]["time"] > leak["alert"]["time"]
     assert series["1"]["alert"] is None
     # the same as the library replay, and as the agent's code path
@@ -740,3 +745,25 @@ def test_an_irregular_staircase_is_called_over_an_hour_before_its_oom():
                                      seed=7000, drop_probability=0.0233, poll_jitter_s=0.09)
     assert oom - d.alert["time"] > 3600
     assert d.alert["predicted_oom_time"] is not None
+
+
+def test_growth_on_too_little_evidence_is_growing_first_and_never_an_alert():
+    """A steady leak that fills the chip in 12 h: while the time to fill is more than 5
+    evidence windows it is ``growing`` (the warning: a cache that settles looks the same),
+    with no alert; the page comes later, once the evidence is long enough."""
+    hours, base, peak = 12.0, 18 * GB, 2 * GB
+    rate = (V4_HBM_TOTAL_BYTES - peak - base) / (hours * 3600)
+    d = ChipDetector()
+    d.log = []
+    d.update(*_synthetic(hours, 15.0, base, rate, peak, 0.1, 20e6, 0.0, 3))
+    assert d.growing is not None and d.alert is not None
+    assert d.growing["time"] < d.alert["time"] - 3600, (d.growing, d.alert["time"])
+    warned = [(t, a) for t, _, a in d.log if a.verdict is Verdict.GROWING]
+    assert warned and all(t < d.alert["time"] for t, _ in warned)
+    assert all("HBM full in" in a.reason for _, a in warned)
+    assert warned[0][0] == d.growing["time"]
+
+
+def test_a_flat_floor_never_grows():
+    d = run(_synthetic(16.0, 15.0, 18 * GB, 0.0, 3 * GB, 0.1, 20e6, 0.0, 4))
+    assert d.growing is None and no_alert(d)

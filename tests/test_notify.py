@@ -91,6 +91,19 @@ def test_a_healthy_chip_raises_nothing():
         assert tracker.update(snap(1000.0 + 60 * i, {"0": healthy(), "1": healthy()})) == []
 
 
+def test_a_growing_chip_never_notifies_even_with_a_near_forecast():
+    """``growing`` is the warning Prometheus routes to Slack; the agent's own notifiers
+    (PagerDuty among them) raise nothing for it, whatever its forecast says, and raise the
+    leak and the page once the verdict becomes leak."""
+    tracker = AlertTracker(SETTINGS)
+    for i in range(30):
+        now = 1000.0 + 60 * i
+        growing = replace(leak(2.0, now), verdict=Verdict.GROWING)
+        assert tracker.update(snap(now, {"0": growing, "1": healthy()})) == []
+    got = tracker.update(snap(3000.0, {"0": leak(2.0, 3000.0), "1": healthy()}))
+    assert sorted(actions(got)) == [("trigger", LEAK, "chip 0"), ("trigger", OOM, "chip 0")]
+
+
 def test_high_hbm_must_hold_five_minutes_and_a_resolve_waits_for_the_hold():
     tracker = AlertTracker(SETTINGS)
     full = {"0": healthy(0.97 * TOTAL)}

@@ -74,7 +74,8 @@ def render_table(results: list[SeriesResult], console: Console) -> None:
     for column in ("Growth", "Leak alert", "OOM forecast"):
         table.add_column(column)
     for r in results:
-        style = {"leak": "bold red", "step_change": "yellow"}.get(r.verdict, "")
+        style = {"leak": "bold red", "growing": "yellow", "step_change": "yellow"}.get(
+            r.verdict, "")
         verdict = r.verdict.replace("_", " ")
         table.add_row(short_host(r.host), r.chip, f"[{style}]{verdict}[/]" if style else verdict,
                       describe_growth(r.slope_bytes_per_step, r.slope_bytes_per_hour),

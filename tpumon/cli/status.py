@@ -52,6 +52,8 @@ def render_table(doc: dict[str, Any], console: Console) -> None:
         verdict = chip.get("verdict") or "-"
         if verdict == "leak":
             verdict = "[bold red]leak[/]"
+        elif verdict == "growing":
+            verdict = "[yellow]growing[/]"
         table.add_row(chip["chip"], used, format_pct(chip["duty_cycle"]), verdict,
                       describe_growth(chip.get("growth_bytes_per_step"),
                                       chip.get("growth_bytes_per_hour")),

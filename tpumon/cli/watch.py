@@ -33,7 +33,8 @@ from tpumon.logs import setup_logging
 from tpumon.status import status_document
 from tpumon.units import format_bytes
 
-VERDICT_STYLE = {"leak": "bold red", "step_change": "yellow", "warming_up": "dim",
+VERDICT_STYLE = {"leak": "bold red", "growing": "yellow", "step_change": "yellow",
+                 "warming_up": "dim",
                  "insufficient_data": "dim", "ok": "green"}
 VERDICT_SHORT = {"warming_up": "warm-up", "insufficient_data": "no trend",
                  "step_change": "step chg"}  # 80 columns; `tpumon status` has the reasons

@@ -32,10 +32,11 @@ EXCURSION = "#8c8c8c"
 ALERT = "#c00000"
 ENDED = "#000000"  # a job's end the agent saw
 GAP = "#b0b0b0"
-VERDICT_COLOURS = {"leak": "#c00000", "step_change": "#d98000", "ok": "#2e7d32",
+VERDICT_COLOURS = {"leak": "#c00000", "growing": "#b8860b", "step_change": "#d98000",
+                   "ok": "#2e7d32",
                    "warming_up": "#666666", "insufficient_data": "#666666"}
 RIBBON = {"warming_up": ("#bdbdbd", "warming up"), "insufficient_data": ("#e3e3e3", "collecting"),
-          "ok": ("#a1d99b", "ok"), "leak": ("#fb6a4a", "leak"),
+          "ok": ("#a1d99b", "ok"), "growing": ("#fee08b", "growing"), "leak": ("#fb6a4a", "leak"),
           "step_change": ("#fdae6b", "step change")}
 
 WIDTH_IN = 14.0
