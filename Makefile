@@ -89,6 +89,7 @@ bench: system-deps-bench venv
 	$(BIN)/python bench/run.py
 	$(BIN)/python bench/detect.py
 	$(BIN)/python bench/false_alarms.py
+	$(BIN)/python bench/nuisances.py
 	$(BIN)/python bench/analyze_speed.py
 	$(BIN)/python bench/store.py
 	$(BIN)/python bench/reporters.py

@@ -35,6 +35,10 @@ def format_eta(chip: Any, now: float) -> str:
     return format_hours(oom - now)
 
 
+#: The verdicts a person must see first: the page in red, the warning in yellow.
+VERDICT_MARKUP = {"leak": "[bold red]leak[/]", "growing": "[yellow]growing[/]"}
+
+
 def render_table(doc: dict[str, Any], console: Console) -> None:
     ident = doc["identity"]
     title = " ".join(f"{k}={v}" for k, v in ident.items() if v) or "tpumon status"
@@ -50,10 +54,7 @@ def render_table(doc: dict[str, Any], console: Console) -> None:
         used = "[yellow]no data[/]" if not chip["up"] else \
             f"{format_bytes(chip['hbm_used_bytes'])} {format_pct(chip['hbm_used_ratio'])}"
         verdict = chip.get("verdict") or "-"
-        if verdict == "leak":
-            verdict = "[bold red]leak[/]"
-        elif verdict == "growing":
-            verdict = "[yellow]growing[/]"
+        verdict = VERDICT_MARKUP.get(verdict, verdict)
         table.add_row(chip["chip"], used, format_pct(chip["duty_cycle"]), verdict,
                       describe_growth(chip.get("growth_bytes_per_step"),
                                       chip.get("growth_bytes_per_hour")),

@@ -222,7 +222,8 @@ def moment(time: float, step: float) -> dict:
 def leak_alert(time: float, step: float, assessment: Assessment) -> dict:
     """A leak alert raised at the sample (time, step; NaN if unknown) by an assessment: when,
     and what was forecast and measured then, for a post-mortem against the OOM that came."""
-    return {**moment(time, step), "reason": assessment.reason, **{k: getattr(assessment, k) for k in _ALERT_FIELDS}}
+    return {**moment(time, step), "reason": assessment.reason,
+            **{k: getattr(assessment, k) for k in _ALERT_FIELDS}}
 
 
 class _Said(NamedTuple):
