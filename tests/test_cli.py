@@ -180,12 +180,13 @@ def test_agent_simulate_end_to_end(tmp_path):
         assert rss and float(rss.group(1)) > 10 * 2**20
         assert re.search(r'tpumon_source_up\{[^}]*source="tpu_runtime"[^}]*\} 1\.0', text)
         verdicts = re.findall(r'tpumon_leak_verdict\{[^}]*chip="0"[^}]*verdict="(\w+)"[^}]*\} (\S+)', text)
-        assert len(verdicts) == 5 and [v for v, value in verdicts if value == "1.0"] in (
+        assert len(verdicts) == 6 and [v for v, value in verdicts if value == "1.0"] in (
             ["insufficient_data"], ["warming_up"])
         status = run("status", "--agent", url.rsplit("/metrics", 1)[0], "--format", "json")
         doc = json.loads(status.stdout)
         assert doc["source"] == "agent" and len(doc["chips"]) == 4
-        assert doc["chips"][0]["verdict"] in ("warming_up", "insufficient_data", "ok", "leak")
+        assert doc["chips"][0]["verdict"] in ("warming_up", "insufficient_data", "ok", "growing",
+                                              "leak")
         lint = subprocess.run([require_tool("promtool"), "check", "metrics"], input=text,
                               text=True, capture_output=True, timeout=30)
         assert lint.returncode == 0 and not (lint.stdout + lint.stderr), lint.stdout + lint.stderr
