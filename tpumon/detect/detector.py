@@ -775,20 +775,20 @@ class ChipDetector:
                       predicted_oom_time_high=times[2], predicted_oom_step=steps[0],
                       predicted_oom_step_low=steps[1], predicted_oom_step_high=steps[2])
         if not job.leaking:  # hysteresis: a leak stays one while growth stays significant
-            why_not = self._not_a_leak_yet(job, tto, window, stairs)
-            if why_not:
-                # growth that would fill HBM within the horizon, on too little evidence
-                # yet to page for (it may still be a cache that settles): a warning
-                growing = why_not != _PENDING and tto <= self.settings.horizon_seconds
-                return _Said(Verdict.GROWING if growing else Verdict.OK, why_not, common)
+            not_yet = self._not_a_leak_yet(job, tto, window, stairs)
+            if not_yet:
+                return _Said(*not_yet, common)
             job.leaking = True
         per = describe_growth(rate / steps_per_second if steps_per_second else None, rate * 3600)
         growth = stairs.describe() if stairs else f"floor grows {per}"
         return _Said(Verdict.LEAK, f"{growth}; OOM in {tto / 3600:.1f} h", common)
 
     def _not_a_leak_yet(self, job: _Job, tto: float, window: float,
-                        stairs: Staircase | None) -> str | None:
-        """Why growth that would OOM in ``tto`` seconds is not (yet) a leak; None if it is.
+                        stairs: Staircase | None) -> tuple[Verdict, str] | None:
+        """What growth that would OOM in ``tto`` seconds is while it is not (yet) a leak,
+        and why; None if it is a leak. Growth that would fill HBM within the horizon, on
+        too little evidence yet to page for (it may still be a cache that settles), is
+        ``growing``: a warning.
 
         A rise not yet confirmed as a jump would pass for steep growth in a trend fit, so it
         holds a trend's call back; a staircase's rate counts confirmed jumps only, so such a
@@ -800,13 +800,14 @@ class ChipDetector:
             recent = job.history.recent(2 * self._confirm)
             if level_shifts.pending(self._detrended(job, recent), self._confirm,
                                     self._envelope, self._jump_threshold(job)):
-                return _PENDING
-        if tto <= self.settings.horizon_seconds and tto <= self.settings.max_extrapolation * window:
-            return None
-        if tto <= self.settings.horizon_seconds:
-            return (f"growing: HBM full in {tto / 3600:.1f} h at this rate, on "
-                    f"{window / 3600:.1f} h of evidence (a cache may yet settle)")
-        return f"slow growth: OOM would take {tto / 3600:.0f} h"
+                return Verdict.OK, _PENDING
+        if tto > self.settings.horizon_seconds:
+            return Verdict.OK, f"slow growth: OOM would take {tto / 3600:.0f} h"
+        if tto > self.settings.max_extrapolation * window:
+            return Verdict.GROWING, (f"growing: HBM full in {tto / 3600:.1f} h at this rate, "
+                                     f"on {window / 3600:.1f} h of evidence (a cache may yet "
+                                     "settle)")
+        return None
 
     def _no_leak(self, job: _Job, common: dict, decelerating: bool) -> _Said:
         least = self._step_change_size()
