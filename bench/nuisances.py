@@ -644,7 +644,8 @@ def score_job(task: tuple[str, int]) -> dict:
                 "time": alert["time"], "reason": alert.get("reason"),
                 "predicted": alert.get("predicted_oom_time"),
                 "low": alert.get("predicted_oom_time_low"),
-                "high": alert.get("predicted_oom_time_high")},
+                "high": alert.get("predicted_oom_time_high"),
+                "window": alert.get("window_seconds")},
             "reason": r.assessment.reason,
             "growing": None if growing is None else growing.get("time")})
     return {"family": family, "seed": seed, "onset": job.onset, "oom": job.oom_time,

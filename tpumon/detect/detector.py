@@ -198,7 +198,7 @@ _PENDING = "a level shift is being confirmed"
 #: What a leak alert keeps of the assessment that raised it.
 _ALERT_FIELDS = ("predicted_oom_time", "predicted_oom_time_low", "predicted_oom_time_high",
                  "predicted_oom_step", "predicted_oom_step_low", "predicted_oom_step_high",
-                 "slope_bytes_per_second", "slope_bytes_per_step")
+                 "slope_bytes_per_second", "slope_bytes_per_step", "window_seconds")
 
 
 def slope_fields(per_s: float, low: float, high: float,
