@@ -23,6 +23,10 @@ status document and the alert carry the raw text; JSON escapes what JSON needs i
 - :func:`for_label`: a Prometheus label value without control characters (the text
   format escapes only ``\\``, ``"`` and newline; a raw ESC reached whoever ran curl).
 
+Sources may still refuse or trim what they take in (a report's framework must be
+printable, a runtime's label keeps its printable characters): that is validation, which
+bounds what is stored; no sink relies on it.
+
 HTML needs no function here: the agent's landing page and the report page are rendered
 by Jinja2 environments built with ``autoescape=True`` (tpumon/exporters/http.py,
 tpumon/report/html.py), and no template marks a value ``|safe``.
