@@ -138,9 +138,19 @@ def test_source_tracker_turns_failures_into_state(caplog):
 
 
 def test_journal_formatter_prefixes_priority():
+    """Every line of a traceback gets the prefix; a message is one line, whatever its
+    arguments hold (a newline in it is written as an escape)."""
     formatter = JournalFormatter("%(name)s: %(message)s")
     record = logging.LogRecord("tpumon.x", logging.WARNING, __file__, 1, "a\nb", None, None)
-    assert formatter.format(record) == "<4>tpumon.x: a\n<4>b"
+    assert formatter.format(record) == "<4>tpumon.x: a\\nb"
+    try:
+        raise ValueError("x")
+    except ValueError:
+        record = logging.LogRecord("tpumon.x", logging.ERROR, __file__, 1, "failed", None,
+                                   sys.exc_info())
+    lines = formatter.format(record).splitlines()
+    assert lines[0] == "<3>tpumon.x: failed" and len(lines) > 2
+    assert all(line.startswith("<3>") for line in lines)
 
 
 def test_agent_loop_polls_on_cadence_and_stops_promptly():

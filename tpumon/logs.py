@@ -3,6 +3,11 @@
 Under systemd (JOURNAL_STREAM names our stderr) each line starts with a ``<N>`` syslog
 priority, which journald turns into the entry's priority (so ``journalctl -p warning``
 works) and it adds its own timestamps. On a terminal, lines carry a timestamp instead.
+
+A message often quotes what a training process sent (its framework in a job's end, an
+alert's summary): both formatters write its control characters as escapes
+(:func:`~tpumon.untrusted_text.for_log`), so one event is one line and a name holding a
+newline cannot forge another. A traceback, written after the message, keeps its lines.
 """
 
 from __future__ import annotations
@@ -11,11 +16,21 @@ import logging
 import os
 import sys
 
+from tpumon.untrusted_text import for_log
+
 _PRIORITY = {logging.DEBUG: 7, logging.INFO: 6, logging.WARNING: 4, logging.ERROR: 3,
              logging.CRITICAL: 2}
 
 
-class JournalFormatter(logging.Formatter):
+class OneLineFormatter(logging.Formatter):
+    """A formatter whose message is one line whatever its arguments hold."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 - logging's
+        record.message = for_log(record.message)
+        return super().formatMessage(record)
+
+
+class JournalFormatter(OneLineFormatter):
     """``<6>tpumon.agent: message``: priority prefix, no timestamp (journald adds one)."""
 
     def format(self, record: logging.LogRecord) -> str:
@@ -41,7 +56,7 @@ def setup_logging(level: str) -> None:
     if stderr_is_journal():
         handler.setFormatter(JournalFormatter("%(name)s: %(message)s"))
     else:
-        handler.setFormatter(logging.Formatter(
+        handler.setFormatter(OneLineFormatter(
             "%(asctime)s %(levelname)-7s %(name)s: %(message)s", "%Y-%m-%dT%H:%M:%S%z"))
     root = logging.getLogger()
     root.handlers[:] = [handler]

@@ -1,7 +1,9 @@
 """``tpumon status --metric NAME`` and ``--list-metrics``: one runtime metric, or what the
 runtime serves, read straight from the runtime like tpu-info does (no agent, no
 Prometheus). Distributions are shown as tpu-info shows them: count, mean and percentiles
-(p50, p90, p95, p99.9), here interpolated within the runtime's buckets."""
+(p50, p90, p95, p99.9), here interpolated within the runtime's buckets. What the
+runtime's port answered (metric names, labels, an error) is printed through
+:func:`~tpumon.untrusted_text.for_terminal`: between jobs anyone may serve that port."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from tpumon.samples import Histogram
 from tpumon.sources.runtime_catalog import BY_RUNTIME_NAME, CATALOG, MetricSpec, find_spec
 from tpumon.sources.tpu_runtime import DUTY_CYCLE, TOTAL, USAGE
 from tpumon.state import PollState
+from tpumon.untrusted_text import for_terminal as shown
 
 CORE = {USAGE: ("hbm_usage", "tpumon_hbm_used_bytes"),
         TOTAL: ("hbm_usage", "tpumon_hbm_total_bytes"),
@@ -102,7 +105,7 @@ def _emit(fmt: str, doc: dict[str, Any], table: Any, error: str | None) -> None:
         return
     console = Console()
     if error is not None:
-        console.print(f"[yellow]tpu_runtime: down: {error}[/]", highlight=False)
+        console.print(f"[yellow]tpu_runtime: down: {shown(error)}[/]", highlight=False)
         return
     table(console)
 
@@ -112,7 +115,7 @@ def _list_table(rows: list[dict[str, Any]], console: Console) -> None:
     for column in ("Runtime metric", "tpu-info name", "tpumon metric"):
         table.add_column(column)
     for r in rows:
-        table.add_row(r["runtime_metric"], r["tpu_info_name"] or "-",
+        table.add_row(shown(r["runtime_metric"]), r["tpu_info_name"] or "-",
                       r["tpumon_metric"] or "[yellow]not exported[/]")
     console.print(table)
 
@@ -126,7 +129,7 @@ def _metric_table(doc: dict[str, Any], spec: MetricSpec, console: Console) -> No
             value_columns:
         table.add_column(column, justify="right" if column in value_columns else "left")
     for s in doc["series"]:
-        keys = [s[label] for label in spec.labels]
+        keys = [shown(s[label]) for label in spec.labels]  # whatever serves the port wrote them
         if spec.kind == "histogram":
             cells = [f"{s['count']:,}"] + [_unit(spec, s[k]) for k in
                                           ["mean"] + [n for n, _ in PERCENTILES]]

@@ -20,6 +20,7 @@ from tpumon.describe import describe_growth
 from tpumon.slice import (ClientOptions, SliceError, SliceView, ask_all, build_view,
                           describe_seconds, peers_from_metadata, peers_from_service,
                           split_peers, summary_line)
+from tpumon.untrusted_text import for_terminal as shown
 
 
 def slice_options(command: Callable) -> Callable:
@@ -83,19 +84,20 @@ def slice_table(view: SliceView) -> Table:
             f"{row.hbm_used_bytes / 2**30:.2f} GiB" + (
                 f" {100 * row.hbm_used_bytes / row.hbm_total_bytes:.0f} %"
                 if row.hbm_total_bytes else "")
-        verdict = "[bold red]leak[/]" if row.verdict == "leak" else (row.verdict or "-")
+        verdict = "[bold red]leak[/]" if row.verdict == "leak" else shown(row.verdict or "-")
         eta = "-" if row.seconds_to_oom is None else describe_seconds(row.seconds_to_oom)
-        table.add_row(row.worker or "?", row.chip, used,
+        table.add_row(shown(row.worker or "?"), shown(row.chip), used,
                       describe_growth(row.growth_bytes_per_step, row.growth_bytes_per_hour),
                       verdict, eta)
     for answer in view.missing:  # the peer where its HBM would be: the widest cell
-        table.add_row("?", "-", answer.peer, "-", "[yellow]no answer[/]", "-")
+        table.add_row("?", "-", shown(answer.peer), "-", "[yellow]no answer[/]", "-")
     return table
 
 
 def problems(view: SliceView) -> list[str]:
-    """Why each worker that did not answer did not."""
-    return [f"{a.url}: not answering: {a.error}" for a in view.missing]
+    """Why each worker that did not answer did not, as Rich markup (what the worker
+    answered is shown, not obeyed)."""
+    return [shown(f"{a.url}: not answering: {a.error}") for a in view.missing]
 
 
 def show_slice(config: Config, fmt: str, opts: dict[str, Any], auth: ClientAuth) -> None:
@@ -105,7 +107,7 @@ def show_slice(config: Config, fmt: str, opts: dict[str, Any], auth: ClientAuth)
         click.echo(json.dumps(view.to_json(), indent=2))
     else:
         console = Console()
-        console.print(summary_line(view), highlight=False, soft_wrap=True)
+        console.print(shown(summary_line(view)), highlight=False, soft_wrap=True)
         console.print(slice_table(view))
         for line in problems(view):
             console.print(f"[yellow]{line}[/]", highlight=False)
@@ -121,8 +123,9 @@ def watch_slice(config: Config, opts: dict[str, Any], auth: ClientAuth,
                 header = Text(f"tpumon watch --slice  {time.strftime('%H:%M:%S')}  "
                               "(Ctrl-C to quit)", style="bold")
                 view = read()
-                lines = [Text(line, style="yellow") for line in problems(view)]
-                live.update(Group(header, Text(summary_line(view)), slice_table(view), *lines),
+                lines = [Text.from_markup(line, style="yellow") for line in problems(view)]
+                live.update(Group(header, Text.from_markup(shown(summary_line(view))),
+                                  slice_table(view), *lines),
                             refresh=True)
                 time.sleep(interval)
     except KeyboardInterrupt:

@@ -1,4 +1,10 @@
-"""``tpumon status``: a one-shot per-chip table, like tpu-info's, or JSON."""
+"""``tpumon status``: a one-shot per-chip table, like tpu-info's, or JSON.
+
+Rich reads every string it prints as markup, and the terminal obeys escape sequences:
+each field of the status document (a process's name, a framework, a summary that quotes
+them, an error a peer wrote) is printed through
+:func:`~tpumon.untrusted_text.for_terminal`; only the markup written here is Rich's.
+"""
 
 from __future__ import annotations
 
@@ -19,6 +25,7 @@ from tpumon.config import Config, load_config, parse_listen_address, reachable_h
 from tpumon.describe import describe_growth
 from tpumon.logs import setup_logging
 from tpumon.units import format_bytes, format_hours
+from tpumon.untrusted_text import for_terminal as shown
 
 
 def format_pct(value: float | None) -> str:
@@ -41,8 +48,8 @@ VERDICT_MARKUP = {"leak": "[bold red]leak[/]", "growing": "[yellow]growing[/]"}
 
 def render_table(doc: dict[str, Any], console: Console) -> None:
     ident = doc["identity"]
-    title = " ".join(f"{k}={v}" for k, v in ident.items() if v) or "tpumon status"
-    table = Table(title=f"{title} ({doc['source']})", title_justify="left")
+    title = " ".join(f"{k}={shown(str(v))}" for k, v in ident.items() if v) or "tpumon status"
+    table = Table(title=f"{title} ({shown(doc['source'])})", title_justify="left")
     for column in ("Chip", "HBM used", "Duty", "Verdict", "Growth", "OOM in", "Owner"):
         table.add_column(column, justify="right" if column in ("HBM used", "Duty") else "left",
                          no_wrap=column != "Owner", overflow="fold")  # never cut a verdict
@@ -50,36 +57,37 @@ def render_table(doc: dict[str, Any], console: Console) -> None:
         owner = "-"
         if chip["owner_pid"] is not None:
             rss = f" {format_bytes(chip['owner_rss_bytes'])}" if chip["owner_rss_bytes"] else ""
-            owner = f"{chip['owner_pid']} {chip['owner_process'] or ''}{rss}".strip()
+            owner = f"{chip['owner_pid']} {shown(chip['owner_process'] or '')}{rss}".strip()
         used = "[yellow]no data[/]" if not chip["up"] else \
             f"{format_bytes(chip['hbm_used_bytes'])} {format_pct(chip['hbm_used_ratio'])}"
         verdict = chip.get("verdict") or "-"
-        verdict = VERDICT_MARKUP.get(verdict, verdict)
-        table.add_row(chip["chip"], used, format_pct(chip["duty_cycle"]), verdict,
+        verdict = VERDICT_MARKUP.get(verdict, shown(verdict))
+        table.add_row(shown(chip["chip"]), used, format_pct(chip["duty_cycle"]), verdict,
                       describe_growth(chip.get("growth_bytes_per_step"),
                                       chip.get("growth_bytes_per_hour")),
                       format_eta(chip, doc["time"]), owner)
     console.print(table)
     for chip in doc["chips"]:
         if chip.get("reason"):
-            console.print(f"chip {chip['chip']}: {chip['verdict']}: {chip['reason']}",
+            console.print(shown(f"chip {chip['chip']}: {chip['verdict']}: {chip['reason']}"),
                           highlight=False)
         if chip.get("diagnosis"):
-            console.print(f"chip {chip['chip']}: likely cause: {chip['diagnosis']}",
+            console.print(shown(f"chip {chip['chip']}: likely cause: {chip['diagnosis']}"),
                           highlight=False)
     render_processes(doc.get("processes") or [], console)
     render_job_ends(doc.get("job_ends") or [], console)
     for name, source in doc["sources"].items():
         if not source["up"]:
-            console.print(f"[yellow]{name}: down: {source['error']}[/]", highlight=False)
+            down = shown(f"{name}: down: {source['error']}")
+            console.print(f"[yellow]{down}[/]", highlight=False)
     host = doc["host"]
     if host:
         console.print(f"host memory: {format_bytes(host['memory_used_bytes'])} used of "
                       f"{format_bytes(host['memory_total_bytes'])}", highlight=False)
     store = doc.get("store")
     if store:
-        state = "writing" if store["up"] else f"[yellow]not writing: {store['error']}[/]"
-        console.print(f"history: {store['path']} ({format_bytes(store['size_bytes'])}), "
+        state = "writing" if store["up"] else f"[yellow]not writing: {shown(store['error'])}[/]"
+        console.print(f"history: {shown(store['path'])} ({format_bytes(store['size_bytes'])}), "
                       f"{state}", highlight=False)
     render_notifications(doc.get("notifications"), console)
 
@@ -90,10 +98,10 @@ def render_notifications(notes: dict[str, Any] | None, console: Console) -> None
         return
     for alert in notes["active_alerts"]:
         color = "red" if alert["severity"] == "critical" else "yellow"
-        console.print(f"[{color}]{alert['severity']}[/] {alert['name']}: {alert['summary']}",
-                      highlight=False)
+        console.print(f"[{color}]{shown(alert['severity'])}[/] "
+                      f"{shown(alert['name'])}: {shown(alert['summary'])}", highlight=False)
     for c in notes["channels"]:
-        state = "ok" if c["up"] else f"[yellow]failing: {c['last_error']}[/]"
+        state = "ok" if c["up"] else f"[yellow]failing: {shown(c['last_error'])}[/]"
         console.print(f"{c['name']}: {state}, {c['pending']} waiting, "
                       f"{c['delivered_total']} sent", highlight=False)
 
@@ -113,22 +121,23 @@ def render_processes(processes: list[dict[str, Any]], console: Console) -> None:
         rate = "-" if p["steps_per_second"] is None else f"{p['steps_per_second']:.1f}"
         compiles = f"{p['compiles_uncached'] if p['compiles_uncached'] is not None else '-'}" + (
             " [yellow]recompiling[/]" if p["recompiling"] else "")
-        table.add_row(str(p["pid"]), p["framework"], "-" if p["rank"] is None else str(p["rank"]),
+        table.add_row(str(p["pid"]), shown(p["framework"]),
+                      "-" if p["rank"] is None else str(p["rank"]),
                       f"{p['step']:,}", rate, live, _rss_cell(p), compiles, _process_verdict(p))
     console.print(table)
     for p in processes:
         if p["diagnosis"]:
-            console.print(f"pid {p['pid']}: {p['diagnosis']}", highlight=False)
+            console.print(shown(f"pid {p['pid']}: {p['diagnosis']}"), highlight=False)
         line = snapshot_line(p.get("tensor_snapshot"))
         if line:
-            console.print(f"pid {p['pid']}: {line}", highlight=False)
+            console.print(shown(f"pid {p['pid']}: {line}"), highlight=False)
 
 
 def render_job_ends(ends: list[dict[str, Any]], console: Console) -> None:
     """Jobs that ended on this host in the last hour, newest first (docs/job-ends.md)."""
     for end in ends:
         when = time.strftime("%H:%M:%S UTC", time.gmtime(end["time"]))
-        console.print(f"[bold]{when}[/] {end['summary']}", highlight=False)
+        console.print(f"[bold]{when}[/] {shown(end['summary'])}", highlight=False)
 
 
 def _rss_cell(p: dict[str, Any]) -> str:
@@ -143,7 +152,7 @@ def _process_verdict(p: dict[str, Any]) -> str:
     """Device and host verdicts in one cell: an exited process says so first."""
     if p.get("exited"):
         return "[dim]exited[/]"
-    verdict = "[bold red]leak[/]" if p["verdict"] == "leak" else p["verdict"]
+    verdict = "[bold red]leak[/]" if p["verdict"] == "leak" else shown(p["verdict"])
     if p.get("host_verdict") == "leak":
         verdict += ", [bold red]host leak[/]"
     return verdict

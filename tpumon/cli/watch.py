@@ -5,6 +5,11 @@ home and lines are overwritten, never a clear-and-repaint, so nothing flickers),
 an 80-column terminal. It reads the local agent's status document, which carries the
 verdicts; with no agent it polls the runtime itself (verdicts then build up from the
 samples of this session). Ctrl-C leaves the screen as it was and exits with status 0.
+
+Every field of the status document is shown through
+:func:`~tpumon.untrusted_text.for_terminal` (a process's framework, a summary quoting it,
+an error a peer wrote): no escape sequence reaches the terminal and no markup in them is
+obeyed (``_line`` for whole lines, the table cells one by one).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from tpumon.config import load_config
 from tpumon.logs import setup_logging
 from tpumon.status import status_document
 from tpumon.units import format_bytes
+from tpumon.untrusted_text import for_terminal as shown
 
 VERDICT_STYLE = {"leak": "bold red", "growing": "yellow", "step_change": "yellow",
                  "warming_up": "dim",
@@ -65,13 +71,12 @@ def _hbm(chip: dict[str, Any]) -> RenderableType:
 
 def _cells(chip: dict[str, Any], now: float) -> dict[str, RenderableType]:
     verdict = chip.get("verdict") or "-"
-    return {"Chip": chip["chip"], "HBM used": _hbm(chip),
+    return {"Chip": shown(chip["chip"]), "HBM used": _hbm(chip),
             "Floor": _size(chip.get("floor_bytes")),
             "/step": _growth(chip.get("growth_bytes_per_step"), "st"),
             "/hour": _growth(chip.get("growth_bytes_per_hour"), "h"),
             "OOM in": format_eta(chip, now),
-            "Verdict": Text(VERDICT_SHORT.get(verdict, verdict),
-                            style=VERDICT_STYLE.get(verdict, "")),
+            "Verdict": _line(VERDICT_SHORT.get(verdict, verdict), VERDICT_STYLE.get(verdict, "")),
             "Duty": format_pct(chip["duty_cycle"]).replace(" ", "")}
 
 
@@ -109,9 +114,9 @@ def process_table(doc: dict[str, Any]) -> Table | None:
             f" {growth:+.1f}/st" if growth else "")
         rate = "-" if p["steps_per_second"] is None else f"{p['steps_per_second']:.1f}"
         compiles = "-" if p["compiles_uncached"] is None else str(p["compiles_uncached"])
-        table.add_row(str(p["pid"]), p["framework"], f"{p['step']:,}", rate, live,
+        table.add_row(str(p["pid"]), shown(p["framework"]), f"{p['step']:,}", rate, live,
                       compiles + (" recompiling" if p["recompiling"] else ""),
-                      Text(p["verdict"], style=VERDICT_STYLE.get(p["verdict"], "")))
+                      _line(p["verdict"], VERDICT_STYLE.get(p["verdict"], "")))
     return table
 
 
@@ -121,22 +126,27 @@ def screen(doc: dict[str, Any] | None, where: str, problem: str | None = None,
     header = Text(f"tpumon watch  {where}  {time.strftime('%H:%M:%S')}  (Ctrl-C to quit)",
                   style="bold")
     if doc is None:
-        return Group(header, Text(problem or "waiting for data", style="yellow"))
+        return Group(header, _line(problem or "waiting for data", "yellow"))
     ident = " ".join(f"{k}={v}" for k, v in doc["identity"].items() if v)
-    parts: list[RenderableType] = [header, Text(ident, style="dim"), chip_table(doc, width)]
+    parts: list[RenderableType] = [header, _line(ident, "dim"), chip_table(doc, width)]
     processes = process_table(doc)
     if processes is not None:
         parts += [Text(""), processes]
     for chip in doc["chips"]:
         if chip.get("diagnosis"):
-            parts.append(Text(f"chip {chip['chip']}: {chip['diagnosis']}", style="yellow"))
+            parts.append(_line(f"chip {chip['chip']}: {chip['diagnosis']}", "yellow"))
     for alert in (doc.get("notifications") or {}).get("active_alerts", []):
-        parts.append(Text(f"{alert['severity']}: {alert['summary']}",
-                          style="red" if alert["severity"] == "critical" else "yellow"))
+        parts.append(_line(f"{alert['severity']}: {alert['summary']}",
+                           "red" if alert["severity"] == "critical" else "yellow"))
     for name, source in doc["sources"].items():
         if not source["up"]:
-            parts.append(Text(f"{name}: down: {source['error']}", style="yellow"))
+            parts.append(_line(f"{name}: down: {source['error']}", "yellow"))
     return Group(*parts)
+
+
+def _line(text: str, style: str = "") -> Text:
+    """Text of the status document as Rich shows it: nothing in it obeyed."""
+    return Text.from_markup(shown(text), style=style)
 
 
 class RuntimeFeed:

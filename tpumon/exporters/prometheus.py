@@ -9,6 +9,10 @@ away simply stops being exported (no stale series to delete by hand), and a scra
 one snapshot, so all values in one scrape come from the same poll. Every tpumon series
 carries the identity labels (host, worker, accelerator_type, slice): pod-wide rules and
 dashboards group by them without joins. docs/metrics.md lists every metric.
+
+A label value that a process wrote (its name, a reporter's framework, a tensor group's
+dtype and device) goes through :func:`~tpumon.untrusted_text.for_label`: the text format
+escapes newlines and quotes, not the escape sequences a terminal running curl obeys.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from tpumon.notify.health import FAILURE_REASONS, GIVE_UP_REASONS, NotifierHealt
 from tpumon.notify.settings import AlertSettings
 from tpumon.state import PollState
 from tpumon.store.writer import StoreHealth
+from tpumon.untrusted_text import for_label
 
 IDENTITY = list(LABELS)
 
@@ -79,7 +84,7 @@ class ChipCollector(_PollCollector):
                        "Process holding the chip's device open: always 1.",
                        ["chip", "pid", "process"])
         runtime = snap.runtime
-        names = {p.pid: p.name for p in (snap.host.processes if snap.host else ())}
+        names = {p.pid: for_label(p.name) for p in (snap.host.processes if snap.host else ())}
         for chip in snap.chips():
             sample = runtime.chips.get(chip) if runtime else None
             up.add_metric(ident + [chip], 1 if sample else 0)
@@ -263,7 +268,7 @@ class ReporterCollector(_PollCollector):
                         labels + ["device", "kind"])
         for pid, state in snap.processes.items():
             r = state.report
-            key = ident + [str(pid), r.framework, "" if r.rank is None else str(r.rank)]
+            key = ident + [str(pid), for_label(r.framework), "" if r.rank is None else str(r.rank)]
             families["step"].add_metric(key, r.step)
             families["heard"].add_metric(key, r.received)
             host_oom = state.host_oom_seconds
@@ -414,13 +419,14 @@ def _tensor_growth_metrics(snap: PollState, ident: list[str]) -> Iterator[Metric
         result = snap.tensor_snapshot(pid)
         if result is None or result.diff is None or result.completed is None:
             continue
-        key = ident + [str(pid), state.report.framework]
+        key = ident + [str(pid), for_label(state.report.framework)]
         taken.add_metric(key, result.completed)
         for g in result.diff.grown[:TOP_TENSOR_GROUPS]:
             per_count, per_bytes = g.count_per_step, g.bytes_per_step
             if per_count is not None and per_bytes is not None:  # None: the same step
-                count.add_metric(key + [g.label()], per_count)
-                size.add_metric(key + [g.label()], per_bytes)
+                group = for_label(g.label())  # its dtype and device: the reporter's words
+                count.add_metric(key + [group], per_count)
+                size.add_metric(key + [group], per_bytes)
         share = result.diff.explained_fraction(snap.process_growth_per_step(pid))
         if share is not None:
             explained.add_metric(key, share)

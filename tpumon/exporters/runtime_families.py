@@ -6,6 +6,10 @@ runtime's cumulative distributions as histograms (its own bucket bounds, in the 
 percentiles with ``histogram_quantile``), every series with the identity labels. Only the
 families the runtime listed are yielded, so a runtime without megascale exports no DCN
 families rather than empty ones.
+
+The label values a runtime sends (buffer sizes, core types, the metric names it lists)
+are whatever serves the port, a local user's server between jobs included: they go
+through :func:`~tpumon.untrusted_text.for_label`.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from tpumon.samples import Histogram
 from tpumon.sources.runtime_catalog import BY_RUNTIME_NAME, CATALOG
 from tpumon.sources.tpu_runtime import METRICS
 from tpumon.state import PollState
+from tpumon.untrusted_text import for_label
 
 IDENTITY = list(LABELS)
 
@@ -46,10 +51,10 @@ class RuntimeMetricsCollector(Collector):
         for series in runtime.series if runtime else ():
             family = families.get(series.family)
             if isinstance(family, HistogramMetricFamily) and series.histogram is not None:
-                family.add_metric(ident + list(series.labels), _buckets(series.histogram),
+                family.add_metric(ident + _labels(series.labels), _buckets(series.histogram),
                                   series.histogram.sum)
             elif isinstance(family, GaugeMetricFamily) and series.value is not None:
-                family.add_metric(ident + list(series.labels), series.value)
+                family.add_metric(ident + _labels(series.labels), series.value)
         yield from families.values()
         listed = GaugeMetricFamily(
             "tpumon_runtime_metric_supported", "1 for each metric the runtime lists "
@@ -57,8 +62,12 @@ class RuntimeMetricsCollector(Collector):
             labels=IDENTITY + ["runtime_metric"])
         for name in sorted(supported):
             known = name in BY_RUNTIME_NAME or name in METRICS
-            listed.add_metric(ident + [name], 1 if known else 0)
+            listed.add_metric(ident + [for_label(name)], 1 if known else 0)
         yield listed
+
+
+def _labels(values: tuple[str, ...]) -> list[str]:
+    return [for_label(v) for v in values]
 
 
 def _buckets(h: Histogram) -> list[tuple[str, float]]:

@@ -1,7 +1,11 @@
 """PagerDuty Events API v2: one event per alert transition, deduplicated per host, alert
 and chip, so a trigger sent twice is one incident and the resolve closes it; slice-wide
 conditions (a leak, an OOM forecast) are deduplicated per slice and alert instead, so the
-N workers of a slice that see one leak open one incident, not N (docs/notifications.md)."""
+N workers of a slice that see one leak open one incident, not N (docs/notifications.md).
+
+The summary names what training processes wrote (their framework, their tensors' sites):
+:func:`~tpumon.untrusted_text.for_pagerduty` takes its control characters out and holds
+it to the API's 1024 characters."""
 
 from __future__ import annotations
 
@@ -10,8 +14,8 @@ from typing import Any, Sequence
 
 from tpumon.notify.alerts import INCIDENT_OPEN
 from tpumon.notify.outbox import Event
+from tpumon.untrusted_text import for_pagerduty
 
-MAX_SUMMARY = 1024
 MAX_DEDUP_KEY = 255
 
 
@@ -48,7 +52,7 @@ class PagerDutyChannel:
         if a.details.get("cause_text"):
             summary += f". Likely cause: {a.details['cause_text']}"
         body["payload"] = {
-            "summary": summary[:MAX_SUMMARY],
+            "summary": for_pagerduty(summary),  # names a process's framework, its tensors
             "source": a.host,
             "severity": a.severity,
             "timestamp": datetime.datetime.fromtimestamp(
