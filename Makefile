@@ -94,6 +94,7 @@ bench: system-deps-bench venv
 	$(BIN)/python bench/store.py
 	$(BIN)/python bench/reporters.py
 	$(BIN)/python bench/hostile.py
+	$(BIN)/python bench/mention_spam.py
 	@if [ -x .venv-frameworks/bin/python ]; then .venv-frameworks/bin/python bench/reporters.py \
 	&& .venv-frameworks/bin/python bench/snapshot.py; \
 	else echo "(make test-frameworks first for the PyTorch/XLA and JAX loop overhead and snapshots)"; fi
