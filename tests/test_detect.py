@@ -767,3 +767,30 @@ def test_growth_on_too_little_evidence_is_growing_first_and_never_an_alert():
 def test_a_flat_floor_never_grows():
     d = run(_synthetic(16.0, 15.0, 18 * GB, 0.0, 3 * GB, 0.1, 20e6, 0.0, 4))
     assert d.growing is None and no_alert(d)
+
+
+def _with_spikes(series, hours: list[float], size: float):
+    """``series`` with one poll raised by ``size`` at each of ``hours`` (a bucket whose
+    peak is far above its floor once: a warm-up's last ramp, a poll gap's restart)."""
+    t, s, u, total = series
+    u = u.copy()
+    for h in hours:
+        u[int(np.searchsorted(t, T0 + h * 3600))] += size
+    return t, s, u, total
+
+
+def test_a_transient_seen_once_does_not_shrink_the_headroom():
+    """The forecast is floor plus the in-step transient that recurs: one bucket whose
+    peak stands 8 GB above its floor leaves the transient (and the OOM forecast) where the
+    sawtooth puts it; the same peak in three buckets (an eval's buffers) is the
+    transient."""
+    leak = _synthetic(6.0, 15.0, 18 * GB, 2e5, 2 * GB, 0.1, 1e6, 0.0, 7)
+    plain, once = run(leak), run(_with_spikes(leak, [2.0], 8 * GB))
+    thrice = run(_with_spikes(leak, [2.0, 3.0, 4.0], 8 * GB))
+    assert plain.assessment.transient_bytes < 2.1 * GB
+    assert once.assessment.transient_bytes == pytest.approx(plain.assessment.transient_bytes,
+                                                            rel=0.05)
+    assert once.assessment.predicted_oom_time == pytest.approx(
+        plain.assessment.predicted_oom_time, abs=1800)
+    assert thrice.assessment.transient_bytes > 8 * GB
+    assert thrice.assessment.predicted_oom_time < once.assessment.predicted_oom_time - 3600

@@ -18,7 +18,7 @@ Method (docs/detector.md explains the reasoning):
    its interval and the Mann-Kendall test on the jump-corrected floors, per second and
    per step. A growth that is slowing down (a cache saturating) is not a leak.
 5. **Verdict.** ``leak`` when growth is significant, still going on in the recent half of
-   the window, and the floor plus the largest transient seen would reach HBM capacity
+   the window, and the floor plus the transient that recurs would reach HBM capacity
    within ``horizon_seconds`` and within ``max_extrapolation`` times the evidence window
    (we do not extrapolate an hour of data to next month).
 
@@ -27,6 +27,7 @@ Pure computation: no clocks, no I/O; the same input always gives the same output
 
 from __future__ import annotations
 
+import bisect
 import enum
 import math
 from dataclasses import dataclass, field
@@ -87,6 +88,7 @@ class DetectorSettings:
     staircase_min_jumps: int = 3
     shape_change_fraction: float = 0.3  # growth per third rising this much: onset inside
     slowdown_fraction: float = 0.15     # growth per third falling this much: saturating
+    transient_recurrences: int = 3      # buckets a transient is seen in before it counts
 
 
 @dataclass(frozen=True)
@@ -144,7 +146,8 @@ class _Job:
     longest_transient: int = 0  # buckets: the longest rise-and-return of the floor so far
     transients_scanned: int = 0  # next bucket (index as ``scanned``) to look for one at
     appended: int = 0
-    transient: float = 0.0
+    transient: float = 0.0  # the in-step transient that recurs: see note_transient
+    largest: list[float] = field(default_factory=list)  # the largest few, ascending
     sigma: float = 0.0
     sigma_due: int = 0
     scatter: float = 0.0  # of single floors (at least sigma): see floor_noise
@@ -160,6 +163,21 @@ class _Job:
     jump_times: np.ndarray = field(default_factory=lambda: np.empty(0))  # of ``jumps``
     jump_levels: np.ndarray = field(  # 0, then the cumulative sizes of ``jumps``
         default_factory=lambda: np.zeros(1))
+
+    def note_transient(self, value: float, recurrences: int) -> None:
+        """Keep the ``recurrences`` largest bucket transients (peak less floor); the
+        transient is the smallest of them: one that came back in that many buckets. The
+        largest alone is often no in-step memory at all: the bucket where the warm-up's
+        last ramp, a restart or a poll gap lands reads the floor's own rise of many GiB as
+        transient, and the forecast, floor plus transient, then filled a healthy chip
+        hours early. An eval's or checkpoint's buffers recur, and count once they do."""
+        top = self.largest
+        if len(top) < recurrences:
+            bisect.insort(top, value)
+        elif value > top[0]:
+            top[0] = value
+            top.sort()
+        self.transient = top[0]
 
     def add_jumps(self, found: list[Jump]) -> None:
         """Keep the last 1024 jumps; the arrays that correct floors for them change only
@@ -452,11 +470,10 @@ class ChipDetector:
             job.warm_floors = []
             self._trend_bucket(job, b)
 
-    @staticmethod
-    def _trend_bucket(job: _Job, b: _Bucket) -> None:
+    def _trend_bucket(self, job: _Job, b: _Bucket) -> None:
         job.history.append(b.start, b.last_step, b.floor, b.peak)
         job.appended += 1
-        job.transient = max(job.transient, b.peak - b.floor)
+        job.note_transient(b.peak - b.floor, self.settings.transient_recurrences)
 
     # ------------------------------------------------------------------ level shifts
 
@@ -760,7 +777,7 @@ class ChipDetector:
     def _forecast(self, common: dict, rate: float, steps_per_second: float | None,
                   level: float, job: _Job, window: float, b: _Bucket,
                   stairs: Staircase | None) -> _Said:
-        """When floor plus the largest transient seen reaches capacity, at this rate;
+        """When floor plus the transient (``_Job.note_transient``) reaches capacity, at this rate;
         ``stairs`` when the growth is a staircase alone (the reason describes it)."""
         headroom = max((self.total or 0.0) - job.transient - level, 0.0)
         tto = headroom / rate
