@@ -159,6 +159,10 @@ SCHEMA: tuple[Key, ...] = (
     Key("runtime", "owners_interval", float, 30.0,
         "Seconds between scans of /proc for the processes that own each chip.",
         _within(0.1, 86400, " s")),
+    Key("runtime", "device_dir", str, "/dev",
+        "Directory of the chips' device files (accelN, vfio/N). A process holds a chip "
+        "when one of its open files is the very file the agent sees there (the same "
+        "character device number), whatever its link in /proc reads."),
     Key("kubernetes", "pod_resources", str, "auto",
         "Label each chip's series with the pod, namespace and container it is allocated "
         "to and its accelerator_id, from the kubelet's pod-resources API: 'auto' (when "
