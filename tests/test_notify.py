@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import sqlite3
 from dataclasses import replace
 import time
 from pathlib import Path
@@ -478,3 +479,40 @@ def test_a_leak_warning_waits_ten_minutes_at_most_for_snapshots():
     off = AlertTracker(replace(SETTINGS, wait_for_snapshots=False))
     assert actions(off.update(with_reporter(snap(0.0, {"0": leak(30.0, 0.0)}), 7, None))) == [
         ("trigger", LEAK, "chip 0")]
+
+
+def test_the_outbox_keeps_under_its_share_of_the_disk_bound(tmp_path):
+    """Thousands of delivered notifications (one user's processes ending, say) leave the
+    outbox file and its WAL under its share of store.max_size_mb, the oldest delivered
+    going first and the pending never; past the bound with only pending events, a write
+    fails as on a full disk (the notifier then holds them in memory). The outbox used to
+    be outside the cap and keep every event for a week."""
+    from tpumon.notify.alerts import Transition
+    from tpumon.store.database import Retention
+
+    bound = Retention(max_bytes=4 * 2**20).outbox_bytes
+    assert bound == 256 * 2**10
+    outbox = Outbox(tmp_path / "outbox.db", bound)
+    pending_alert = evaluate_one(snap(0.0, {"0": leak(2.0, 0.0)}))
+    outbox.record([Transition("trigger", pending_alert, 0.0)], {"slack": ("warning",)}, 0.0)
+    for i in range(3000):  # raised and resolved, both delivered
+        alert = replace(pending_alert, key=f"end/{i}", summary="x" * 200)
+        outbox.record([Transition(action, alert, float(i)) for action in ("trigger", "resolve")],
+                      {"slack": ("warning",)}, i)
+        outbox.delivered([e.id for e in outbox.pending("slack", 10)
+                          if e.alert.key.startswith("end/")])
+        size = sum(f.stat().st_size for f in tmp_path.iterdir())
+        assert size <= bound, (i, size)
+    assert [e.alert.key for e in outbox.pending("slack", 10)] == [pending_alert.key]
+    with pytest.raises(sqlite3.OperationalError, match="full"):
+        for i in range(3000):
+            alert = replace(pending_alert, key=f"stuck/{i}", summary="x" * 200)
+            outbox.record([Transition("trigger", alert, 0.0)], {"slack": ("warning",)}, 0.0)
+    assert sum(f.stat().st_size for f in tmp_path.iterdir()) <= bound
+    outbox.close()
+
+
+def evaluate_one(state: PollState):
+    """The first alert a snapshot raises."""
+    from tpumon.notify.alerts import evaluate
+    return next(iter(evaluate(state, SETTINGS).values()))

@@ -239,7 +239,8 @@ def open_notifier(config: Config, simulate: bool, state: AgentState,
         return None
     from tpumon.notify.notifier import Notifier
     from tpumon.notify.outbox import open_outbox
-    outbox = open_outbox(_path_for(config, "store.state_dir", simulate))
+    outbox = open_outbox(_path_for(config, "store.state_dir", simulate),
+                         retention_of(config).outbox_bytes)
     tracker = AlertTracker(AlertSettings.from_config(config), outbox.active())
     log.info("notifications to %s (%d alert(s) active from before)",
              ", ".join(c.name for c in channels), len(tracker.active))

@@ -201,7 +201,9 @@ SCHEMA: tuple[Key, ...] = (
     Key("store", "minute_retention_days", float, 30.0,
         "Days of per-minute floors and peaks kept.", _within(0.01, 3660, " days")),
     Key("store", "max_size_mb", float, 256.0,
-        "Hard cap on the history store's files (MiB); the oldest data goes first.",
+        "Hard cap on the state directory's files (MiB): the history store's, the oldest "
+        "data going first, and the notification outbox's (a sixteenth of it, 256 KiB to "
+        "16 MiB; delivered notifications going first).",
         _within(1, 1048576, " MiB")),
     Key("store", "checkpoint_interval", float, 60.0,
         "Seconds between saves of the detectors' state (a restart replays the samples "
