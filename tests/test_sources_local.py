@@ -104,6 +104,12 @@ def test_a_later_holder_never_takes_a_chip_from_the_first(tmp_path, caplog):
         "started first"]
 
 
+def test_an_unreadable_proc_is_no_owner_and_no_error(tmp_path):
+    (tmp_path / "dev").mkdir()
+    (tmp_path / "dev" / "accel0").touch()
+    assert chips.ChipOwnerScan(str(tmp_path / "dev"), str(tmp_path / "no-proc"))() == {}
+
+
 def test_an_unreadable_process_hides_no_other_owner(tmp_path):
     dev = tmp_path / "dev"
     dev.mkdir()

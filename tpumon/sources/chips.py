@@ -168,6 +168,10 @@ class ChipOwnerScan:
         self._shared: dict[str, list[int]] = {}
 
     def __call__(self) -> dict[str, int]:
+        return scan_chip_owners(self._owners)  # which catches a failed walk
+
+    def _owners(self) -> dict[str, int]:
+        """Device path -> its first holder's PID (:func:`device_owners`), logged."""
         holders = device_holders(device_files(self._directory), self._proc)
         shared = {path: sorted(pids) for path, pids in holders.items() if len(pids) > 1}
         owners = {path: first_holder(pids, self._proc) for path, pids in holders.items()}
@@ -176,7 +180,7 @@ class ChipOwnerScan:
                 log.warning("%s is held by pids %s: its chip stays with pid %d, which "
                             "started first", path, ", ".join(map(str, pids)), owners[path])
         self._shared = shared
-        return scan_chip_owners(lambda: owners)
+        return owners
 
 
 def scan_chip_owners(owners: Callable[[], dict[str, int]] = device_owners) -> dict[str, int]:
