@@ -428,22 +428,29 @@ def test_a_process_vanishing_mid_read_is_skipped(monkeypatch, call, error):
 
 
 def fake_proc(tmp_path):
+    """A /proc of three processes whose fds link to files of a fake /dev (tmp_path/dev,
+    the agent's device files: accel0-2) and elsewhere."""
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    for name in ("null", "accel0", "accel1", "accel2", "x", "closing"):
+        (dev / name).touch()
     proc = tmp_path / "proc"
-    for pid, fds in {"40": {"0": "/dev/null", "5": "/tmp/x", "7": "/dev/accel0"},
-                     "41": {"3": "/dev/accel1"},
-                     "42": {"0": "/dev/null", "5": "/tmp/closing", "9": "/dev/accel2"}}.items():
+    for pid, fds in {"40": {"0": "null", "5": "x", "7": "accel0"},
+                     "41": {"3": "accel1"},
+                     "42": {"0": "null", "5": "closing", "9": "accel2"}}.items():
         (proc / pid / "fd").mkdir(parents=True)
         for fd, target in fds.items():
-            os.symlink(target, proc / pid / "fd" / fd)
+            os.symlink(dev / target, proc / pid / "fd" / fd)
     return proc
 
 
 def test_proc_entries_vanishing_mid_walk_hide_no_other_owner(tmp_path, monkeypatch):
     """Process 41 exits between the /proc listing and its fd walk (its directory is
-    gone); process 42 closes a file between its fd listing and the readlink of it. The
+    gone); process 42 closes a file between its fd listing and the stat of it. The
     other owners, and 42's still-open chip, are found."""
     proc = fake_proc(tmp_path)
-    real_scandir, real_readlink = os.scandir, os.readlink
+    devices = chips_module.device_files(str(tmp_path / "dev"))
+    real_scandir, real_stat = os.scandir, os.stat
 
     def scandir(path="."):
         if not isinstance(path, str):  # shutil.rmtree's own calls (the os module is shared)
@@ -457,15 +464,16 @@ def test_proc_entries_vanishing_mid_walk_hide_no_other_owner(tmp_path, monkeypat
             return _Listing(entries)
         return it
 
-    def readlink(path, *a, **kw):
+    def stat(path, *a, **kw):
         if os.fspath(path) == f"{proc}/42/fd/5":
             os.unlink(path)  # closed meanwhile
-        return real_readlink(path, *a, **kw)
+        return real_stat(path, *a, **kw)
 
     monkeypatch.setattr(chips_module.os, "scandir", scandir)
-    monkeypatch.setattr(chips_module.os, "readlink", readlink)
-    found = chips_module.device_owners(proc=str(proc))
-    assert found == {"/dev/accel0": 40, "/dev/accel2": 42}
+    monkeypatch.setattr(chips_module.os, "stat", stat)
+    found = chips_module.device_owners(devices, proc=str(proc))
+    dev = tmp_path / "dev"
+    assert found == {f"{dev}/accel0": 40, f"{dev}/accel2": 42}
 
 
 class _Listing(list):

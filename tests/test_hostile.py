@@ -21,6 +21,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fake_alert_apis import FakeAlertAPI
 from tools import DENSE_POLLS, AgentProcess, FakeReporter, wait_for
 from tpumon.instrument.protocol import MAX_DATAGRAM, PROTOCOL_VERSION, connection_path
 from tpumon.sources.reporter import InvalidReport, parse_report
@@ -334,9 +335,9 @@ def unit_capabilities() -> list[str]:
 
 
 SCAN = """
-import re, sys
-from tpumon.sources.chips import device_owners
-print(sorted(device_owners(re.compile(re.escape(sys.argv[1]))).values()))
+import os, sys
+from tpumon.sources.chips import device_owners, file_identity
+print(sorted(device_owners({file_identity(os.stat(sys.argv[1])): sys.argv[1]}).values()))
 """
 
 
@@ -644,16 +645,20 @@ def test_every_number_in_the_configuration_has_a_range():
 def test_an_alert_raised_on_a_full_disk_is_delivered_once(tmp_path):
     """The state directory is full when a job stalls: the alert goes to Slack from memory
     within seconds (it used to wait until there was space again), and once space is back
-    and the job moves, its resolve follows; the trigger is never sent twice."""
-    from fake_alert_apis import FakeAlertAPI
+    and the job moves, its resolve follows; the trigger is never sent twice. The job is the
+    one trusted process reporting to a real agent on a simulated runtime: its chips are
+    the ones it drives, which a stall needs (a process is stalled on its own chips)."""
     from test_store_agent import _private_tmpfs_prefix
 
     mount = Path(tempfile.mkdtemp(dir=tmp_path))
     sock = tmp_path / "reporter.sock"
     prefix = [p.replace("-o ro,size=", "-o size=") for p in _private_tmpfs_prefix(mount, "2m")]
+    sim, port = sim_runtime(tmp_path)
     with FakeAlertAPI("slack") as slack:
-        a = AgentProcess(tmp_path, mount, "--reporter-socket", str(sock), prefix=tuple(prefix),
+        a = AgentProcess(tmp_path, mount, "--runtime-ports", str(port), "--reporter-socket",
+                         str(sock), prefix=tuple(prefix), simulate=False,
                          env={"TPUMON_SLACK_WEBHOOK_URL": slack.url,
+                              "TPUMON_IDENTITY_METADATA": "off",
                               "TPUMON_ALERTS_TRAINING_STALL_MINUTES": "0.1",
                               "TPUMON_ALERTS_RESOLVE_AFTER_MINUTES": "0.05"})
         inside = Path(f"/proc/{a.proc.pid}/root{mount}")
@@ -683,7 +688,7 @@ def test_an_alert_raised_on_a_full_disk_is_delivered_once(tmp_path):
             assert "Resolved" in resolve
             time.sleep(2)
         finally:
-            assert a.stop() == 0
+            stop_all(a, sim)
         assert len(slack.requests) == 2, [r.body["text"][:80] for r in slack.requests]
         assert "Traceback" not in a.log()
 
@@ -776,3 +781,223 @@ PEAK_RSS = ("import os, subprocess, sys\n"
             "p = subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL)\n"
             "_, status, usage = os.wait4(p.pid, 0)\n"
             "print(os.waitstatus_to_exitcode(status), usage.ru_maxrss)\n")
+
+
+# -- 9. chip holders by device, one end one page, pages only from trust (issue 42) ------
+
+def slack_lines(slack, name: str) -> list[str]:
+    """Every line (one alert each) naming alert ``name`` that the fake Slack received."""
+    return [line for r in slack.requests for line in r.body.get("text", "").splitlines()
+            if f"*{name}*" in line]
+
+
+def trust_agent(tmp: Path, sock: Path, slack_url: str, *extra: str,
+                env: dict | None = None) -> tuple[AgentProcess, subprocess.Popen]:
+    """:func:`real_agent` (a ``tpumon sim`` runtime whose four chips hold memory, nothing
+    simulated reporting), polling every 0.2 s and posting its alerts to ``slack_url``."""
+    sim, port = sim_runtime(tmp)
+    try:
+        return AgentProcess(tmp, None, "--runtime-ports", str(port), "--reporter-socket",
+                            str(sock), "--poll-interval", "0.2", *extra, simulate=False,
+                            env={"TPUMON_IDENTITY_METADATA": "off",
+                                 "TPUMON_SLACK_WEBHOOK_URL": slack_url, **(env or {})}), sim
+    except BaseException:
+        sim.kill()
+        raise
+
+
+def stop_all(a: AgentProcess, sim: subprocess.Popen, *procs: subprocess.Popen | None) -> None:
+    for proc in procs:
+        if proc is not None:
+            kill_group(proc)
+    try:
+        assert a.stop() == 0, a.log()[-3000:]
+    finally:
+        sim.terminate()
+        sim.wait(10)
+
+
+#: A holder inside its own user and mount namespace (``unshare -Urm``), with a tmpfs over
+#: /dev holding files named accel0-3; each is a fresh empty file, or, where a file of that
+#: name is in $1, that very file bind-mounted there. It holds them open until its stdin
+#: closes, then exits.
+NAMESPACED_HOLDER = r"""
+mount -t tmpfs none /dev || exit 1
+for n in 0 1 2 3; do
+    touch /dev/accel$n
+    [ -e "$1/accel$n" ] && { mount --bind "$1/accel$n" /dev/accel$n || exit 1; }
+done
+exec 3</dev/accel0 4</dev/accel1 5</dev/accel2 6</dev/accel3
+echo holding
+read _ || exit 0
+"""
+
+#: A plain holder of the files in argv[1] named accel0-3, until its stdin closes.
+PLAIN_HOLDER = r"""
+import sys
+held = [open(f"{sys.argv[1]}/accel{n}") for n in range(4)]
+print("holding", flush=True)
+sys.stdin.read()
+"""
+
+
+def holder(kind: str, devices: Path, user: pwd.struct_passwd | None) -> subprocess.Popen:
+    """A process holding four accel files (see NAMESPACED_HOLDER, PLAIN_HOLDER), as
+    ``user`` (None: this test's user), in a process group of its own; it says 'holding'."""
+    who = [] if user is None else [
+        "setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--clear-groups"]
+    command = ["unshare", "-Urm", "sh", "-c", NAMESPACED_HOLDER, "holder", str(devices)] \
+        if kind == "namespaced" else [sys.executable, "-c", PLAIN_HOLDER, str(devices)]
+    proc = subprocess.Popen([*who, *command], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    line = proc.stdout.readline().strip()
+    assert line == "holding", (line, proc.stderr.read() if proc.poll() is not None else "")
+    return proc
+
+
+def second_user() -> pwd.struct_passwd | None:
+    """The neighbour when the tests run as root (created when missing), else None: a
+    namespaced holder is anyone's attack, the tests below need no second uid for it."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        return pwd.getpwnam(NEIGHBOUR)
+    except KeyError:
+        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/bin/false",
+                        NEIGHBOUR], check=True, capture_output=True)
+        return pwd.getpwnam(NEIGHBOUR)
+
+
+def test_a_tmpfs_dev_accel_in_a_user_namespace_holds_no_chip(tmp_path, open_dir):
+    """Inside ``unshare -Urm`` another user mounts a tmpfs on /dev and opens files named
+    accel0-3 there: /proc/PID/fd reads /dev/accel0-3, but none is the agent's device, so
+    no chip is his. It used to make him owner_pid of every chip (the scan matched the
+    link's text); the agent's own /dev has no accel here, so no chip has an owner."""
+    with FakeAlertAPI("slack") as slack:
+        a, sim = trust_agent(tmp_path, open_dir / "reporter.sock", slack.url,
+                             env={"TPUMON_RUNTIME_OWNERS_INTERVAL": "0.2"})
+        fake = None
+        try:
+            wait_for(lambda: len(status(a)["chips"]) == 4, 20)
+            fake = holder("namespaced", Path("/nonexistent"), second_user())
+            assert os.readlink(f"/proc/{fake.pid}/fd/3") == "/dev/accel0"  # the bait
+            for _ in range(10):
+                time.sleep(0.3)
+                chips = status(a)["chips"]
+                assert {c["owner_pid"] for c in chips} == {None}, chips
+            assert a.value("tpumon_chip_owner_info") is None
+        finally:
+            stop_all(a, sim, fake)
+
+
+@pytest.mark.parametrize("kind", ["plain", "namespaced"])
+def test_one_holders_exit_is_one_job_ended_notification(tmp_path, open_dir, kind):
+    """A process holds the agent's four device files (here: files in a directory of its
+    own, runtime.device_dir; in the namespaced case, bind-mounted as /dev/accel0-3 inside
+    ``unshare -Urm``, as another user when root), then exits: its end is raised once, one
+    Slack line, in the polls while the owner scan still names the dead pid and after
+    (the namespaced holder's end used to be raised at every poll until the next scan, each
+    with a new key: 14-19 pages in the audit)."""
+    for n in range(4):
+        (open_dir / f"accel{n}").write_bytes(b"")
+        (open_dir / f"accel{n}").chmod(0o666)
+    with FakeAlertAPI("slack") as slack:
+        a, sim = trust_agent(tmp_path, open_dir / "reporter.sock", slack.url,
+                             env={"TPUMON_RUNTIME_DEVICE_DIR": str(open_dir),
+                                  "TPUMON_RUNTIME_OWNERS_INTERVAL": "5"})
+        job = None
+        try:
+            wait_for(lambda: len(status(a)["chips"]) == 4, 20)
+            job = holder(kind, open_dir, second_user() if kind == "namespaced" else None)
+            wait_for(lambda: {c["owner_pid"] for c in status(a)["chips"]} == {job.pid}, 20)
+            time.sleep(1)  # a few polls' views of it
+            job.stdin.close()
+            assert job.wait(10) == 0
+            wait_for(lambda: slack_lines(slack, "TPUMonJobEnded"), 20)
+            time.sleep(8)  # past the next owner scan (5 s): every poll saw the stale one
+            lines = slack_lines(slack, "TPUMonJobEnded")
+            assert len(lines) == 1 and f"pid {job.pid}" in lines[0], lines
+            assert [e["pid"] for e in status(a)["job_ends"]] == [job.pid]
+        finally:
+            stop_all(a, sim, job)
+
+
+#: argv[2] processes over argv[3] seconds, each reporting two steps on a connection of
+#: its own, then exiting half a second later: short-lived reporters of another user.
+SHORT_LIVED = """
+import json, os, socket, sys, time
+path, count, seconds = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+for i in range(count):
+    if os.fork() == 0:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        s.connect(path)
+        for step in (1, 2):
+            s.send(json.dumps({"v": 1, "framework": "jax", "step": step,
+                               "time": time.time()}).encode())
+        time.sleep(0.5)
+        os._exit(0)
+    time.sleep(seconds / count)
+    while True:  # reap the ones that ended
+        try:
+            if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                break
+        except ChildProcessError:
+            break
+print("done", flush=True)
+"""
+
+
+def test_short_lived_reporters_of_another_user_page_no_one(tmp_path, open_dir, neighbour):
+    """600 processes of a second user over 30 s, each reporting two steps and exiting
+    half a second later: none held a chip and the user is not trusted, so none is a job
+    end and nothing reaches Slack (each used to be a JobEnded notification: 746 outbox
+    events in the audit). They are heard (counted) all the same."""
+    with FakeAlertAPI("slack") as slack:
+        a, sim = trust_agent(tmp_path, open_dir / "reporter.sock", slack.url)
+        flood = None
+        try:
+            flood = as_user(neighbour, SHORT_LIVED, connection_path(open_dir / "reporter.sock"),
+                            "600", "30")
+            assert flood.communicate(timeout=90)[0].strip() == "done", flood.stderr
+            time.sleep(5)  # the last ones' ends, had they been any
+            assert (a.value("tpumon_reporter_reports_total") or 0) >= 600
+            assert status(a)["job_ends"] == []
+            assert slack.requests == [], [r.body["text"][:200] for r in slack.requests]
+        finally:
+            stop_all(a, sim, flood)
+
+
+#: One report, then silence for argv[2] seconds: alive, its step stuck.
+SILENT = """
+import json, socket, sys, time
+s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+s.connect(sys.argv[1])
+s.send(json.dumps({"v": 1, "framework": "jax", "step": 7, "time": time.time()}).encode())
+print("reported", flush=True)
+time.sleep(float(sys.argv[2]))
+"""
+
+
+def test_a_silent_process_of_another_user_is_not_stalled_on_chips_it_does_not_hold(
+        tmp_path, open_dir, neighbour):
+    """A second user's process reports once and then stays silent past the stall time,
+    holding no chip, while the chips (the simulated runtime's) hold memory: no
+    TrainingStalled (it used to be raised 'while its chips hold 57.9 GiB' of the chips
+    of a job it had nothing to do with)."""
+    with FakeAlertAPI("slack") as slack:
+        a, sim = trust_agent(tmp_path, open_dir / "reporter.sock", slack.url,
+                             env={"TPUMON_ALERTS_TRAINING_STALL_MINUTES": "0.05"})
+        silent = None
+        try:
+            silent = as_user(neighbour, SILENT, connection_path(open_dir / "reporter.sock"),
+                             "60")
+            assert silent.stdout.readline().strip() == "reported"
+            wait_for(lambda: any(p["uid"] == neighbour.pw_uid
+                                 for p in status(a)["processes"]), 20)
+            time.sleep(10)  # past the stall time (3 s) and a few polls
+            assert slack_lines(slack, "TPUMonTrainingStalled") == [], \
+                [r.body["text"][:200] for r in slack.requests]
+            assert not any("TPUMonTrainingStalled" in line for line in a.log().splitlines()
+                           if "alert trigger" in line)
+        finally:
+            stop_all(a, sim, silent)

@@ -46,11 +46,12 @@ def reporting(pid: int, step: int):
 
 
 def feed(tracker, job, used, processes=None, owners=True, assessments=None, alerts=None,
-         kills=None, runtime=True):
+         kills=None, runtime=True, trusted=None):
     now = time.time()
     return tracker.update(now, reading(now, used) if runtime else None,
                           {c: job.pid for c in used} if owners else {}, processes or {},
-                          assessments or {}, alerts or {}, host(), kills or {})
+                          assessments or {}, alerts or {}, host(), kills or {},
+                          trusted=trusted)
 
 
 def test_an_owner_that_dies_with_a_chip_full_is_an_hbm_oom():
@@ -276,3 +277,34 @@ def test_tpumon_report_marks_a_kept_end_on_its_timeline(tmp_path):
     page = (tmp_path / "out" / "tpumon-report-vm.html").read_text()
     assert ("<p><strong>Job ended</strong> 2026-09-21 16:13 UTC: training job pid 4242 ended "
             "at step 719: hbm_oom</p>") in page, page[:2000]
+
+
+def test_an_owner_scan_still_naming_the_dead_holder_raises_its_end_once():
+    """The owner scan is rescanned every runtime.owners_interval (30 s), so for polls
+    after a holder's death it still names the dead pid: the end is raised once, and the
+    dead pid is never taken up as a job again (it used to be, at every poll, and to end
+    again with a new key: 14-19 pages in issue 42's audit)."""
+    tracker, job = JobEndTracker(interval=1.0), sleeper()
+    assert feed(tracker, job, {"0": 20 * GiB}) == []
+    job.kill()
+    job.wait()
+    ends = [e for _ in range(10) for e in feed(tracker, job, {"0": 20 * GiB})]  # stale scan
+    assert [e.pid for e in ends] == [job.pid]
+    assert ends[0].view.start is not None
+
+
+def test_a_reporting_process_of_an_untrusted_user_that_holds_nothing_is_no_job():
+    """Anyone may report: a reporting process is a job of its own only when its uid is
+    trusted; holding a chip makes any process one."""
+    tracker, job = JobEndTracker(), sleeper()
+    stranger = reporting(job.pid, 5)  # uid 0 in the report; trusted below: someone else
+    assert feed(tracker, job, {"0": 8 * GiB}, stranger, owners=False, trusted={1234}) == []
+    job.kill()
+    job.wait()
+    assert feed(tracker, job, {"0": 8 * GiB}, stranger, owners=False, trusted={1234}) == []
+    holder = sleeper()
+    assert feed(tracker, holder, {"0": 8 * GiB}, trusted={1234}) == []
+    holder.kill()
+    holder.wait()
+    [end] = feed(tracker, holder, {"0": 8 * GiB}, owners=False, trusted={1234})
+    assert end.pid == holder.pid

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import sqlite3
 from dataclasses import replace
 import time
 from pathlib import Path
@@ -50,12 +51,12 @@ def healthy(floor: float = 20 * GiB) -> Assessment:
 
 
 def snap(t: float, assessments: dict, answering=None, processes=None, polls: int = 1,
-         used: int = 20 * GiB) -> PollState:
+         used: int = 20 * GiB, owners=None) -> PollState:
     answering = assessments if answering is None else answering
     chips = {c: ChipSample(c, used, TOTAL, 0.9, int(c), 8431) for c in answering}
     return PollState(time=t, identity=IDENT, inventory=inventory_for("v4", 4),
                     runtime=RuntimeReading(t, chips), assessments=assessments,
-                    processes=processes or {}, polls_total=polls)
+                    processes=processes or {}, polls_total=polls, owners=owners or {})
 
 
 def actions(transitions) -> list[tuple[str, str, str]]:
@@ -128,8 +129,8 @@ def test_a_chip_that_stops_answering_resolves_after_the_hold():
         ("resolve", LEAK, "chip 0")]
 
 
-def process(pid: int, received: float, step: int = 1200) -> ProcessState:
-    report = ProcessReport(pid=pid, uid=0, framework="jax", step=step, time=received,
+def process(pid: int, received: float, step: int = 1200, uid: int = 0) -> ProcessState:
+    report = ProcessReport(pid=pid, uid=uid, framework="jax", step=step, time=received,
                            received=received)
     trend = CountTrend(None, None, False, 0)
     return ProcessState(report, trend, trend)
@@ -137,14 +138,45 @@ def process(pid: int, received: float, step: int = 1200) -> ProcessState:
 
 def test_a_training_step_stalled_while_chips_hold_memory():
     tracker = AlertTracker(SETTINGS)
-    assert tracker.update(snap(1000.0, {"0": healthy()}, processes={7: process(7, 500.0)})) == []
-    got = tracker.update(snap(1200.0, {"0": healthy()}, processes={7: process(7, 500.0)}))
+    mine = {7: process(7, 500.0)}
+    assert tracker.update(snap(1000.0, {"0": healthy()}, processes=mine, owners={"0": 7})) == []
+    got = tracker.update(snap(1200.0, {"0": healthy()}, processes=mine, owners={"0": 7}))
     assert actions(got) == [("trigger", STALLED, "pid 7")]
     assert "stuck at step 1200 for 12 min" in got[0].alert.summary
     # chips empty (the job freed them): no stall alert for a process that merely lingers
     idle = AlertTracker(SETTINGS)
-    assert idle.update(snap(1200.0, {"0": healthy()}, processes={7: process(7, 500.0)},
-                            used=0)) == []
+    assert idle.update(snap(1200.0, {"0": healthy()}, processes=mine, used=0,
+                            owners={"0": 7})) == []
+
+
+def test_a_silent_process_is_stalled_only_on_the_chips_it_holds_or_drives():
+    """Chip 0 is held by pid 8, chip 1 driven (on its report) by pid 7: silent pid 9,
+    holding and driving nothing, is no stall however full the chips (it used to be paged
+    on all of this host's chips); pid 7's stall counts its own chip only."""
+    silent = {7: process(7, 500.0), 9: process(9, 500.0)}
+    state = replace(snap(1200.0, {"0": healthy(), "1": healthy()}, processes=silent,
+                         owners={"0": 8}), chip_processes={"1": 7})
+    got = AlertTracker(SETTINGS).update(state)
+    assert actions(got) == [("trigger", STALLED, "pid 7")]
+    assert got[0].alert.details["chips"] == "1"
+    assert "hold 20.0 GiB" in got[0].alert.summary
+
+
+def test_alerts_about_one_users_processes_are_limited_in_rate():
+    """Ten stalls of one uid's processes are raised in ten minutes, the next ones wait
+    (raised as the window moves on); another uid's, and a chip's alerts, do not wait."""
+    from tpumon.notify.alerts import UID_BURST, UID_WINDOW
+    many = {pid: process(pid, 0.0) for pid in range(100, 100 + UID_BURST + 3)}
+    owners = {str(i): pid for i, pid in enumerate(many)}
+    other = process(5, 0.0, uid=1234)
+    tracker = AlertTracker(SETTINGS)
+    owners["99"] = 5
+    state = snap(1000.0, {c: healthy() for c in owners}, processes={**many, 5: other},
+                 owners=owners)
+    assert len(tracker.update(state)) == UID_BURST + 1  # uid 0's first ten and uid 1234's
+    assert tracker.update(replace(state, time=1100.0)) == []
+    later = tracker.update(replace(state, time=1000.0 + UID_WINDOW))
+    assert len(later) == 3
 
 
 def test_a_restored_tracker_does_not_raise_again():
@@ -447,3 +479,40 @@ def test_a_leak_warning_waits_ten_minutes_at_most_for_snapshots():
     off = AlertTracker(replace(SETTINGS, wait_for_snapshots=False))
     assert actions(off.update(with_reporter(snap(0.0, {"0": leak(30.0, 0.0)}), 7, None))) == [
         ("trigger", LEAK, "chip 0")]
+
+
+def test_the_outbox_keeps_under_its_share_of_the_disk_bound(tmp_path):
+    """Thousands of delivered notifications (one user's processes ending, say) leave the
+    outbox file and its WAL under its share of store.max_size_mb, the oldest delivered
+    going first and the pending never; past the bound with only pending events, a write
+    fails as on a full disk (the notifier then holds them in memory). The outbox used to
+    be outside the cap and keep every event for a week."""
+    from tpumon.notify.alerts import Transition
+    from tpumon.store.database import Retention
+
+    bound = Retention(max_bytes=4 * 2**20).outbox_bytes
+    assert bound == 256 * 2**10
+    outbox = Outbox(tmp_path / "outbox.db", bound)
+    pending_alert = evaluate_one(snap(0.0, {"0": leak(2.0, 0.0)}))
+    outbox.record([Transition("trigger", pending_alert, 0.0)], {"slack": ("warning",)}, 0.0)
+    for i in range(3000):  # raised and resolved, both delivered
+        alert = replace(pending_alert, key=f"end/{i}", summary="x" * 200)
+        outbox.record([Transition(action, alert, float(i)) for action in ("trigger", "resolve")],
+                      {"slack": ("warning",)}, i)
+        outbox.delivered([e.id for e in outbox.pending("slack", 10)
+                          if e.alert.key.startswith("end/")])
+        size = sum(f.stat().st_size for f in tmp_path.iterdir())
+        assert size <= bound, (i, size)
+    assert [e.alert.key for e in outbox.pending("slack", 10)] == [pending_alert.key]
+    with pytest.raises(sqlite3.OperationalError, match="full"):
+        for i in range(3000):
+            alert = replace(pending_alert, key=f"stuck/{i}", summary="x" * 200)
+            outbox.record([Transition("trigger", alert, 0.0)], {"slack": ("warning",)}, 0.0)
+    assert sum(f.stat().st_size for f in tmp_path.iterdir()) <= bound
+    outbox.close()
+
+
+def evaluate_one(state: PollState):
+    """The first alert a snapshot raises."""
+    from tpumon.notify.alerts import evaluate
+    return next(iter(evaluate(state, SETTINGS).values()))

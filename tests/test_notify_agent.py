@@ -13,6 +13,7 @@ import time
 
 import pytest
 from fake_alert_apis import FakeAlertAPI
+from test_hostile import sim_runtime, stop_all
 from tools import TPUMON, AgentProcess, FakeReporter, clean_env, wait_for
 
 pytestmark = pytest.mark.e2e  # starts agents or external servers: seconds each
@@ -38,7 +39,11 @@ def received(*apis: FakeAlertAPI) -> str:
 
 
 def test_a_stalled_step_is_paged_and_resolved_without_leaking_secrets(tmp_path):
+    """This process reports, stalls, then steps again, the one trusted process reporting
+    to a real agent on a simulated runtime: the chips are the ones it drives (a process
+    is stalled on its own chips only: docs/security.md)."""
     socket_path = tmp_path / "reporter.sock"
+    sim, port = sim_runtime(tmp_path)
     with FakeAlertAPI("slack", path=WEBHOOK_SECRET) as slack, \
             FakeAlertAPI("pagerduty") as pagerduty:
         env = {"TPUMON_SLACK_WEBHOOK_URL": slack.url,
@@ -50,8 +55,9 @@ def test_a_stalled_step_is_paged_and_resolved_without_leaking_secrets(tmp_path):
                "TPUMON_ALERTS_TRAINING_STALL_MINUTES": "0.2",
                "TPUMON_ALERTS_RESOLVE_AFTER_MINUTES": "0.05",
                "TPUMON_ALERTS_DASHBOARD_URL": "https://grafana.example/d/x?var-host={host}"}
-        agent = AgentProcess(tmp_path, tmp_path / "state", "--reporter-socket",
-                             str(socket_path), env=env)
+        agent = AgentProcess(tmp_path, tmp_path / "state", "--runtime-ports", str(port),
+                             "--reporter-socket", str(socket_path), simulate=False,
+                             env={**env, "TPUMON_IDENTITY_METADATA": "off"})
         reporter = FakeReporter(socket=str(socket_path), min_interval=0)
         done = threading.Event()
         stepping = threading.Thread(target=keep_stepping, args=(reporter, done))
@@ -97,7 +103,7 @@ def test_a_stalled_step_is_paged_and_resolved_without_leaking_secrets(tmp_path):
             done.set()
             if stepping.is_alive():
                 stepping.join()
-            assert agent.stop() == 0
+            stop_all(agent, sim)
         exposed["log"] = agent.log()
         for where, text in exposed.items():
             assert "s3cr3tW3bh00kT0k3n" not in text and ROUTING_KEY not in text, where

@@ -59,23 +59,71 @@ def test_real_owner_scan_finds_a_process_holding_a_device(tmp_path):
     holder = subprocess.Popen([sys.executable, "-c",
                                f"import time; f=open({str(device)!r}); time.sleep(30)"])
     try:
-        pattern = re.compile(re.escape(str(device)))
-        wait_for(lambda: chips.device_owners(pattern).get(str(device)) == holder.pid, 10)
+        devices = {chips.file_identity(os.stat(device)): str(device)}
+        wait_for(lambda: chips.device_owners(devices).get(str(device)) == holder.pid, 10)
         assert holder.pid not in scan_chip_owners().values()
     finally:
         holder.kill()
         holder.wait()
 
 
+def test_a_file_of_the_same_name_elsewhere_is_no_device(tmp_path):
+    """A holder is found by the file it holds, not by its link's text: a process holding
+    tmp_path/other/accel0 holds none of tmp_path/dev's files, whatever its name; the
+    agent's own accel0 found through another path (a bind mount, a hard link) is."""
+    dev, other = tmp_path / "dev", tmp_path / "other"
+    dev.mkdir()
+    other.mkdir()
+    (dev / "accel0").touch()
+    (other / "accel0").touch()
+    os.link(dev / "accel0", other / "accel1")
+    proc = tmp_path / "proc"
+    for pid, target in {"50": other / "accel0", "51": other / "accel1"}.items():
+        (proc / pid / "fd").mkdir(parents=True)
+        os.symlink(target, proc / pid / "fd" / "3")
+    scan = chips.ChipOwnerScan(str(dev), str(proc))
+    assert scan() == {"0": 51}
+
+
+def test_a_later_holder_never_takes_a_chip_from_the_first(tmp_path, caplog):
+    """Two processes hold accel0 (a child forked with it open, or a second opener): the
+    chip stays with the one that started first, and the log says so once."""
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    (dev / "accel0").touch()
+    proc = tmp_path / "proc"
+    for pid, started in (("60", 900), ("61", 500), ("62", 700)):
+        (proc / pid / "fd").mkdir(parents=True)
+        os.symlink(dev / "accel0", proc / pid / "fd" / "3")
+        (proc / pid / "stat").write_text(f"{pid} (py thon) S " + "0 " * 18 + f"{started} 0\n")
+    scan = chips.ChipOwnerScan(str(dev), str(proc))
+    with caplog.at_level(logging.WARNING, logger="tpumon.sources.chips"):
+        assert scan() == {"0": 61} and scan() == {"0": 61}
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{dev}/accel0 is held by pids 60, 61, 62: its chip stays with pid 61, which "
+        "started first"]
+
+
+def test_an_unreadable_proc_is_no_owner_and_no_error(tmp_path):
+    (tmp_path / "dev").mkdir()
+    (tmp_path / "dev" / "accel0").touch()
+    assert chips.ChipOwnerScan(str(tmp_path / "dev"), str(tmp_path / "no-proc"))() == {}
+
+
 def test_an_unreadable_process_hides_no_other_owner(tmp_path):
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    (dev / "accel2").touch()
+    (dev / "null").touch()
     proc = tmp_path / "proc"
     (proc / "1").mkdir(parents=True)
     (proc / "1" / "fd").write_text("not a directory: reading it fails")  # like EACCES
     (proc / "42" / "fd").mkdir(parents=True)
-    os.symlink("/dev/accel2", proc / "42" / "fd" / "7")
-    os.symlink("/dev/null", proc / "42" / "fd" / "0")
+    os.symlink(dev / "accel2", proc / "42" / "fd" / "7")
+    os.symlink(dev / "null", proc / "42" / "fd" / "0")
     (proc / "self").mkdir()
-    assert chips.device_owners(proc=str(proc)) == {"/dev/accel2": 42}
+    assert chips.device_owners(chips.device_files(str(dev)), proc=str(proc)) == {
+        f"{dev}/accel2": 42}
 
 
 def test_host_source_reports_owner_rss_and_forgets_exited_pids():

@@ -32,7 +32,7 @@ from tpumon.sources.tpu_runtime import TpuRuntimeSource
 from tpumon.notify.alerts import AlertLog
 from tpumon.job_ends import JobEndTracker
 from tpumon.processes import (ChipClaims, ProcessState, ProcessTracker, growing_chips,
-                              with_hbm_growth)
+                              trusted_uids, with_hbm_growth)
 from tpumon.sources.reporter import ReporterSocket
 from tpumon.state import AgentState, PollState
 from tpumon.store.checkpoint import dump_detector
@@ -220,8 +220,10 @@ class Agent(Component):
         """Jobs that ended since the last poll: one log line each (docs/job-ends.md)."""
         kills = (self._kernel.poll() if self._kernel is not None else None) or {}
         alerts = {name: d.alert for name, d in self._detectors.items()}
+        trusted = trusted_uids(self._reporter_socket.allowed_uids
+                               if self._reporter_socket else ())
         for end in self._ends.update(time.time(), runtime, owners, processes, assessments,
-                                     alerts, host, kills, attributed):
+                                     alerts, host, kills, attributed, trusted):
             log.warning("%s", end.summary())
             if self._store is not None:
                 self._unstored_ends.append(end.stored())

@@ -29,7 +29,7 @@ from tpumon.identity import Identity, discover_tpu_env, fetch_tpu_env, resolve_i
 from tpumon.sim.naming import DEFAULT_SLICE, accelerator_type
 from tpumon.sim.naming import tpu_env as simulated_tpu_env
 from tpumon.sim.process import spawn_simulator
-from tpumon.sources.chips import ChipInventory, detect_chips, inventory_for, scan_chip_owners
+from tpumon.sources.chips import ChipInventory, ChipOwnerScan, detect_chips, inventory_for
 from tpumon.notify.alerts import AlertLog, AlertSettings, AlertTracker
 from tpumon.notify.secrets import read_secret
 from tpumon.leak_snapshots import LeakSnapshots
@@ -239,7 +239,8 @@ def open_notifier(config: Config, simulate: bool, state: AgentState,
         return None
     from tpumon.notify.notifier import Notifier
     from tpumon.notify.outbox import open_outbox
-    outbox = open_outbox(_path_for(config, "store.state_dir", simulate))
+    outbox = open_outbox(_path_for(config, "store.state_dir", simulate),
+                         retention_of(config).outbox_bytes)
     tracker = AlertTracker(AlertSettings.from_config(config), outbox.active())
     log.info("notifications to %s (%d alert(s) active from before)",
              ", ".join(c.name for c in channels), len(tracker.active))
@@ -391,7 +392,8 @@ def _assemble(config: Config, simulate: bool, env: Mapping[str, str], history: b
                                    config["identity.metadata_timeout"], env)
         ports, origin = resolve_ports(config["runtime.ports"], env, tpu_env)
         address = config["runtime.address"]
-        owners = OwnerScanner(scan_chip_owners, config["runtime.owners_interval"])
+        owners = OwnerScanner(ChipOwnerScan(config["runtime.device_dir"]),
+                              config["runtime.owners_interval"])
         _log_inventory(inventory, address, ports, origin)
     identity = resolve_identity(configured_identity, tpu_env, env)
     runtime = TpuRuntimeSource(address, ports, config["runtime.timeout"], inventory,

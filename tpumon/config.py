@@ -159,6 +159,10 @@ SCHEMA: tuple[Key, ...] = (
     Key("runtime", "owners_interval", float, 30.0,
         "Seconds between scans of /proc for the processes that own each chip.",
         _within(0.1, 86400, " s")),
+    Key("runtime", "device_dir", str, "/dev",
+        "Directory of the chips' device files (accelN, vfio/N). A process holds a chip "
+        "when one of its open files is the very file the agent sees there (the same "
+        "character device number), whatever its link in /proc reads."),
     Key("kubernetes", "pod_resources", str, "auto",
         "Label each chip's series with the pod, namespace and container it is allocated "
         "to and its accelerator_id, from the kubelet's pod-resources API: 'auto' (when "
@@ -197,7 +201,9 @@ SCHEMA: tuple[Key, ...] = (
     Key("store", "minute_retention_days", float, 30.0,
         "Days of per-minute floors and peaks kept.", _within(0.01, 3660, " days")),
     Key("store", "max_size_mb", float, 256.0,
-        "Hard cap on the history store's files (MiB); the oldest data goes first.",
+        "Hard cap on the state directory's files (MiB): the history store's, the oldest "
+        "data going first, and the notification outbox's (a sixteenth of it, 256 KiB to "
+        "16 MiB; delivered notifications going first).",
         _within(1, 1048576, " MiB")),
     Key("store", "checkpoint_interval", float, 60.0,
         "Seconds between saves of the detectors' state (a restart replays the samples "

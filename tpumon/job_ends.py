@@ -21,14 +21,16 @@ how the forecast compared: "forecast at 02:14 UTC for step 61,100; died at step 
 
 from __future__ import annotations
 
+import os
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping
+from typing import Any, Collection, Mapping
 
 from tpumon.detect import Assessment
 from tpumon.processes import ProcessState
 from tpumon.samples import HostSample, RuntimeReading
+from tpumon.sources.chips import start_time
 from tpumon.sources.kernel_log import OomKill
 from tpumon.sources.reporter import pid_alive
 from tpumon.store.database import StoredEnd
@@ -41,6 +43,7 @@ FORECAST_POLLS = 3      # a forecast OOM this many polls after the last one: hbm
 PEAK_POLLS = 32         # polls over which a chip's recent peak is kept
 IDLE = 0.01             # of a chip's HBM: freed
 RECENT_SECONDS = 3600.0  # ends kept for status, metrics and notifications
+ENDED_KEPT = 4096       # processes (pid, start time) remembered as ended, never raised again
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,10 @@ class JobView:
     #: (a simulated runtime's clock runs ahead of the wall clock).
     reading_time: float | None = None
     owned: bool = False  # its chips' device files were its own (not only named in reports)
+    #: When the process started (/proc/PID/stat, clock ticks after boot): with the pid,
+    #: the identity of its one end. None where it could not be read.
+    start: int | None = None
+    uid: int | None = None  # its owner, from its reports or /proc
 
 
 @dataclass(frozen=True)
@@ -156,15 +163,20 @@ class JobEndTracker:
     totals: Counter[str] = field(default_factory=Counter)
     _views: dict[int, JobView] = field(default_factory=dict)
     _peaks: dict[str, deque[int]] = field(default_factory=dict)  # chip -> recent used
+    #: (pid, start time) of every end raised lately: an end is raised once, whatever a
+    #: later view says (a stale owner scan naming the dead pid, a flapping holder).
+    _done: dict[tuple[int, int | None], None] = field(default_factory=dict)
 
     def update(self, now: float, runtime: RuntimeReading | None, owners: Mapping[str, int],
                processes: Mapping[int, ProcessState], assessments: Mapping[str, Assessment],
                alerts: Mapping[str, Mapping[str, Any] | None], host: HostSample | None,
-               kills: Mapping[int, OomKill],
-               attributed: Mapping[str, int] | None = None) -> list[JobEnd]:
+               kills: Mapping[int, OomKill], attributed: Mapping[str, int] | None = None,
+               trusted: Collection[int] | None = None) -> list[JobEnd]:
         """``owners``: chip -> pid holding its device (from /proc); ``attributed``: chip ->
-        the reporting pid that drives it (adds evidence, never holds a job alive)."""
-        holders = _holders(owners, processes)
+        the reporting pid that drives it (adds evidence, never holds a job alive);
+        ``trusted``: the uids whose reporting processes are jobs without holding a chip
+        (None: every uid's)."""
+        holders = _holders(owners, processes, trusted)
         for chip, reading in (runtime.chips if runtime is not None else {}).items():
             self._peaks.setdefault(chip, deque(maxlen=PEAK_POLLS)).append(reading.hbm_used_bytes)
         ended = [pid for pid in self._views
@@ -175,9 +187,13 @@ class JobEndTracker:
             del self._views[pid]  # alive, holding nothing any more: not an end we can see
         driven = _chips_by_pid(attributed or {})
         for pid, chips in holders.items():
+            before = self._views.get(pid)
+            start = before.start if before is not None else start_time(pid)
+            if before is None and not self._new_job(pid, start):
+                continue
             self._views[pid] = self._view(now, pid, sorted({*chips, *driven.get(pid, ())}),
                                           bool(chips), runtime, processes, assessments,
-                                          alerts, host)
+                                          alerts, host, start)
         while self.recent and now - self.recent[0].time > RECENT_SECONDS:
             self.recent.popleft()
         return ends
@@ -193,7 +209,16 @@ class JobEndTracker:
         answered = runtime.chips if runtime is not None else {}
         return all(c.chip not in answered or _idle(answered[c.chip]) for c in view.chips)
 
+    def _new_job(self, pid: int, start: int | None) -> bool:
+        """Whether to start watching a process (``start``: its start time, None when
+        unreadable): a pid that is gone (a stale owner scan, a report read after the
+        death) is no job, and a process whose end was raised is never watched again."""
+        return (start is not None or pid_alive(pid)) and (pid, start) not in self._done
+
     def _end(self, now: float, view: JobView, kills: Mapping[int, OomKill]) -> JobEnd:
+        self._done[(view.pid, view.start)] = None
+        while len(self._done) > ENDED_KEPT:
+            del self._done[next(iter(self._done))]
         cause, evidence = judge(view, kills.get(view.pid), self.interval)
         end = JobEnd(now, view, cause, evidence)
         self.recent.append(end)
@@ -203,7 +228,8 @@ class JobEndTracker:
     def _view(self, now: float, pid: int, chips: list[str], owned: bool,
               runtime: RuntimeReading | None, processes: Mapping[int, ProcessState],
               assessments: Mapping[str, Assessment],
-              alerts: Mapping[str, Mapping[str, Any] | None], host: HostSample | None) -> JobView:
+              alerts: Mapping[str, Mapping[str, Any] | None], host: HostSample | None,
+              start: int | None) -> JobView:
         """This poll's view, keeping the last chip readings when the runtime did not
         answer (a hung runtime is not a freed chip); ``owned``: the process holds its
         chips' device files itself."""
@@ -224,7 +250,8 @@ class JobEndTracker:
             chips=seen, forecast=forecast or (before.forecast if before else None),
             reading_time=reading_time,
             host_available_bytes=host.memory_available_bytes if host else None,
-            host_total_bytes=host.memory_total_bytes if host else None, owned=owned)
+            host_total_bytes=host.memory_total_bytes if host else None, owned=owned,
+            start=start, uid=report.uid if report else before.uid if before else _uid(pid))
 
 
 def _latest_step(view: JobView, processes: Mapping[int, ProcessState]) -> JobView:
@@ -237,14 +264,24 @@ def _latest_step(view: JobView, processes: Mapping[int, ProcessState]) -> JobVie
                    steps_per_second=state.report.steps_per_second or view.steps_per_second)
 
 
-def _holders(owners: Mapping[str, int],
-             processes: Mapping[int, ProcessState]) -> dict[int, list[str]]:
-    """Each live job's pid and the chips it holds (a reporting process may hold none)."""
+def _holders(owners: Mapping[str, int], processes: Mapping[int, ProcessState],
+             trusted: Collection[int] | None = None) -> dict[int, list[str]]:
+    """Each live job's pid and the chips it holds: a process holding chips, or a
+    reporting process of a ``trusted`` uid that holds none. Anyone may report: 600
+    short-lived reporters of another user in 30 s were 746 outbox events (issue 42)."""
     out = _chips_by_pid(owners)
     for pid, state in processes.items():
-        if not state.report.exited:
+        if not state.report.exited and (trusted is None or state.report.uid in trusted):
             out.setdefault(pid, [])
     return out
+
+
+def _uid(pid: int) -> int | None:
+    """The owner of a live process (its /proc directory's), None when it has gone."""
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None
 
 
 def _chips_by_pid(chips: Mapping[str, int]) -> dict[int, list[str]]:

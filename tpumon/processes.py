@@ -143,6 +143,13 @@ def with_hbm_growth(processes: Mapping[int, ProcessState], chip_processes: Mappi
             for pid, s in processes.items()}
 
 
+def trusted_uids(allowed_uids: Collection[int]) -> frozenset[int]:
+    """The users whose processes may page without holding a chip: reporter.allowed_uids,
+    root and the agent's own user. Anyone may send a report, so a report alone is no
+    job: a stranger's short-lived reporters each raised a JobEnded (issue 42)."""
+    return frozenset({0, os.geteuid(), *allowed_uids})
+
+
 def chip_processes(chips: Iterable[str], owners: Mapping[str, int],
                    processes: Mapping[int, ProcessState],
                    allowed_uids: Collection[int] = ()) -> dict[str, int]:

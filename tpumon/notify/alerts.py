@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections import deque
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Iterable, Mapping
 
@@ -38,6 +39,8 @@ RAISE_AFTER = {HIGH: 300.0}  # seconds a condition must hold first; the others a
 # by construction (a leak verdict needs 30 min of evidence; a stall is a duration itself)
 INCIDENT_OPEN = "incident_still_open"  # a resolve's detail: the shared incident stays open
 SNAPSHOT_WAIT = 600.0  # a leak warning waits this long at most for its tensor snapshots
+UID_BURST = 10  # alerts about one user's processes raised at most this many times...
+UID_WINDOW = 600.0  # ...in this many seconds; past that, theirs wait (UidBudget)
 
 
 @dataclass(frozen=True)
@@ -182,33 +185,41 @@ def _tensor_details(snap: PollState, chip: str, settings: AlertSettings) -> dict
 
 
 def _stalls(snap: PollState, settings: AlertSettings) -> Iterable[Alert]:
-    """Reporting processes with no step for the stall time while their chips (or, when
-    none is attributed, this host's chips) hold memory."""
+    """Reporting processes with no step for the stall time while their own chips (those
+    they hold, or whose step they drive) hold memory. Never this host's chips at large: a
+    silent process of another user was paged as stuck 'while its chips hold 57.9 GiB' of
+    the real job's chips (issue 42)."""
     chips = snap.runtime.chips if snap.runtime is not None else {}
     for pid, state in snap.processes.items():
         silent = snap.time - state.report.received
         if silent < settings.training_stall_seconds:
             continue
-        mine = [c for c, p in snap.chip_processes.items() if p == pid] or list(chips)
+        mine = sorted({c for c, p in [*snap.owners.items(), *snap.chip_processes.items()]
+                       if p == pid})
         held = sum(chips[c].hbm_used_bytes for c in mine if c in chips)
         if held > 0:
             yield _alert(snap, STALLED, f"pid {pid}", f"training process {pid} "
                          f"({state.report.framework}) stuck at step {state.report.step} for "
                          f"{describe_duration(silent)} while its chips hold "
                          f"{held / 2**30:.1f} GiB",
-                         {"pid": pid, "step": state.report.step, "silent_seconds": silent,
-                          "hbm_held_bytes": held, "chips": ",".join(mine)}, settings)
+                         {"pid": pid, "uid": state.report.uid, "step": state.report.step,
+                          "silent_seconds": silent, "hbm_held_bytes": held,
+                          "chips": ",".join(mine)}, settings)
 
 
 def _ends(snap: PollState, settings: AlertSettings) -> Iterable[Alert]:
-    """Each job that ended in the last hour: one notification an end (its key names the
-    pid and when it ended, so a later job under a reused pid is another)."""
+    """Each job that ended in the last hour: one notification an end. Its key names the
+    process (pid and start time, or when it ended where the start could not be read), so
+    a later job under a reused pid is another, and one process's end is one key."""
     for end in snap.job_ends:
         alert = _alert(snap, ENDED, f"pid {end.pid} at {end.time:.0f}", end.summary(),
-                       {"pid": end.pid, "cause": end.cause, "step": end.view.step,
-                        "evidence": end.evidence, "forecast": end.forecast_comparison()},
-                       settings)
-        yield replace(alert, severity=END_SEVERITY.get(end.cause, "warning"))
+                       {"pid": end.pid, "uid": end.view.uid, "cause": end.cause,
+                        "step": end.view.step, "evidence": end.evidence,
+                        "forecast": end.forecast_comparison()}, settings)
+        started = f"/started{end.view.start}" if end.view.start is not None else \
+            f"/at{end.time:.0f}"
+        yield replace(alert, severity=END_SEVERITY.get(end.cause, "warning"),
+                      key=f"tpumon/{snap.identity.host}/{ENDED}/pid{end.pid}{started}")
 
 
 def _raise_after(alert: Alert) -> float:
@@ -247,6 +258,34 @@ class AlertLog:
             log_transition(t)
 
 
+class UidBudget:
+    """At most UID_BURST raises of alerts about one user's processes in any UID_WINDOW
+    seconds: past that, that user's wait (pending, raised as the window moves on), said
+    once in the log. Any local user can start processes, so no user may page at will."""
+
+    def __init__(self) -> None:
+        self._raised: dict[int, deque[float]] = {}
+        self._held: set[int] = set()
+
+    def allow(self, uid: int | None, now: float) -> bool:
+        """Whether an alert about a process of ``uid`` may be raised now (counted if so);
+        an alert about no process (a chip's) always may."""
+        if uid is None:
+            return True
+        times = self._raised.setdefault(uid, deque())
+        while times and now - times[0] >= UID_WINDOW:
+            times.popleft()
+        if len(times) >= UID_BURST:
+            if uid not in self._held:
+                log.warning("alerts about uid %d's processes: %d raised in %g s, the most "
+                            "allowed; the next wait", uid, UID_BURST, UID_WINDOW)
+                self._held.add(uid)
+            return False
+        self._held.discard(uid)
+        times.append(now)
+        return True
+
+
 class AlertTracker:
     """Turns each snapshot's conditions into triggers and resolves, with hold-downs.
 
@@ -260,6 +299,7 @@ class AlertTracker:
         self.active: dict[str, Alert] = dict(active or {})
         self._pending: dict[str, float] = {}  # key -> since when its condition holds
         self._clearing: dict[str, float] = {}  # key -> since when an active one is false
+        self._budget = UidBudget()
 
     def update(self, snap: PollState) -> list[Transition]:
         now = snap.time
@@ -274,7 +314,8 @@ class AlertTracker:
                 self.active[key] = replace(alert, raised=self.active[key].raised)
                 continue
             since = self._pending.setdefault(key, now)
-            if now - since >= _raise_after(alert):
+            if now - since >= _raise_after(alert) and \
+                    self._budget.allow(alert.details.get("uid"), now):
                 del self._pending[key]
                 alert = self.active[key] = replace(alert, raised=now)
                 out.append(Transition("trigger", alert, now))

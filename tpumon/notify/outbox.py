@@ -7,8 +7,11 @@ active, so a restarted agent neither raises them again nor forgets to resolve th
 
 Per channel, events leave strictly in the order they were recorded: a resolve never
 overtakes its trigger. Delivered and given-up events are kept a week for `tpumon status`
-and post-mortems, then purged. The one window left is a kill -9 between the service's
-"accepted" and the commit that marks it: that event is sent again after the restart
+and post-mortems, then purged; sooner, oldest first, once the file is past half its
+bound (``max_bytes``, its share of ``store.max_size_mb``), which it never passes: past
+it, a write fails as on a full disk and the notifier holds the events in memory. The one
+window left is a kill -9 between the service's "accepted" and the commit that marks it:
+that event is sent again after the restart
 (PagerDuty folds it into the same incident by its dedup_key; Slack would show it twice).
 """
 
@@ -23,7 +26,7 @@ from pathlib import Path
 from typing import Iterable, Mapping
 
 from tpumon.notify.alerts import Alert, Transition
-from tpumon.store.database import is_corruption, move_aside
+from tpumon.store.database import PAGE_SIZE, is_corruption, move_aside
 
 log = logging.getLogger("tpumon.notify")
 
@@ -62,19 +65,27 @@ class Event:
 
 class Outbox:
     """SQLite outbox; ``path`` None keeps it in memory (no state directory: an agent
-    restart then loses what was not yet delivered, which the log says at start-up)."""
+    restart then loses what was not yet delivered, which the log says at start-up).
+    ``max_bytes``: the file and its WAL together stay under it (None: unbounded)."""
 
-    def __init__(self, path: Path | None) -> None:
+    def __init__(self, path: Path | None, max_bytes: int | None = None) -> None:
         self.path = path
+        #: The database's pages at most (half the bound; the WAL is checkpointed at a
+        #: quarter and truncated to it), or None
+        self.max_pages = None if max_bytes is None else max(max_bytes // 2 // PAGE_SIZE, 16)
         self.conn = self._open(path)
 
-    @staticmethod
-    def _connect(path: Path | None) -> sqlite3.Connection:
+    def _connect(self, path: Path | None) -> sqlite3.Connection:
         conn = sqlite3.connect(":memory:" if path is None else str(path), timeout=5.0,
                                isolation_level=None, check_same_thread=False)
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=FULL")  # few writes, each one a promise to a person
         conn.executescript(SCHEMA)
+        if self.max_pages is not None:
+            pages = conn.execute("PRAGMA page_count").fetchone()[0]
+            conn.execute(f"PRAGMA max_page_count = {max(self.max_pages, pages)}")
+            conn.execute(f"PRAGMA wal_autocheckpoint = {max(self.max_pages // 2, 8)}")
+            conn.execute(f"PRAGMA journal_size_limit = {self.max_pages // 2 * PAGE_SIZE}")
         return conn
 
     def _open(self, path: Path | None) -> sqlite3.Connection:
@@ -105,6 +116,8 @@ class Outbox:
         alert's severity) in one transaction, after ``held``: events another outbox (one in
         memory, while this one's disk was full) has not delivered yet, taken over in their
         order. The number of events written."""
+        if self._crowded():
+            self._forget_oldest_done()
         written = 0
         with self.conn:
             self.conn.execute("BEGIN IMMEDIATE")
@@ -164,17 +177,35 @@ class Outbox:
             self.conn.execute("DELETE FROM events WHERE state != 'pending' AND done < ?",
                               (now - KEEP_DONE_SECONDS,))
 
+    def _crowded(self) -> bool:
+        """Whether the file's pages in use are past half its bound."""
+        if self.max_pages is None:
+            return False
+        pages, free = (self.conn.execute(f"PRAGMA {p}").fetchone()[0]
+                       for p in ("page_count", "freelist_count"))
+        return pages - free > self.max_pages // 2
 
-def open_outbox(state_dir: str) -> Outbox:
-    """The outbox under the state directory, or in memory without one or when the
-    directory cannot hold it (logged: undelivered alerts then do not survive a restart)."""
+    def _forget_oldest_done(self) -> None:
+        """Forget the older half of the delivered and given-up events (the pending ones
+        are promises still to keep), whose pages the next writes reuse."""
+        with self.conn:
+            self.conn.execute(
+                "DELETE FROM events WHERE id IN (SELECT id FROM events WHERE state != "
+                "'pending' ORDER BY id LIMIT (SELECT count(*) / 2 + 1 FROM events WHERE "
+                "state != 'pending'))")
+
+
+def open_outbox(state_dir: str, max_bytes: int | None = None) -> Outbox:
+    """The outbox under the state directory (its files under ``max_bytes``), or in memory
+    without one or when the directory cannot hold it (logged: undelivered alerts then do
+    not survive a restart)."""
     if not state_dir:
         log.info("notification outbox in memory (no state directory): alerts not yet "
                  "delivered are lost if the agent restarts")
         return Outbox(None)
     path = Path(state_dir) / OUTBOX_NAME
     try:
-        return Outbox(path)
+        return Outbox(path, max_bytes)
     except (OSError, sqlite3.Error) as exc:
         log.error("notification outbox %s cannot be opened (%s); keeping it in memory: alerts "
                   "not yet delivered are lost if the agent restarts", path, exc)

@@ -6,11 +6,14 @@ can own a chip and it must be the training job.
 
 from __future__ import annotations
 
+import glob
 import logging
+import math
 import os
 import re
+import stat
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Mapping, Sequence
 
 from tpu_info import device as tpu_device
 
@@ -65,17 +68,63 @@ def _vfio_chip_index() -> dict[str, int]:
             for core in chip.cores.values()}
 
 
-TPU_DEVICE = re.compile(r"/dev/(accel\d+|vfio/\d+)")
+#: Where the chips' device files are: accelN (one per chip) and vfio/N (an IOMMU group).
+DEVICE_DIR = "/dev"
+
+#: What makes an open file one of the agent's devices (see :func:`file_identity`).
+FileId = tuple[int, ...]
 
 
-def device_owners(pattern: re.Pattern[str] = TPU_DEVICE, proc: str = "/proc") -> dict[str, int]:
-    """Device path -> PID of a process holding it open, from /proc/PID/fd links.
+def file_identity(st: os.stat_result) -> FileId:
+    """A file's identity, whatever path or mount namespace it was opened through: for a
+    character device its device number (``st_rdev``), which an unprivileged user cannot
+    forge (mknod of a device needs CAP_MKNOD in the host's user namespace, and a tmpfs
+    file named accel0 is a regular file); for anything else (a test's stand-in device) the
+    file itself, (``st_dev``, ``st_ino``). The link's text is no identity: inside
+    ``unshare -Urm`` any user can mount a tmpfs on /dev and open a file named accel0, and
+    /proc/PID/fd then reads /dev/accel0 (issue 42)."""
+    if stat.S_ISCHR(st.st_mode):
+        return (st.st_rdev,)
+    return (st.st_dev, st.st_ino)
 
-    tpu-info's get_chip_owners does the same walk but gives up on the first process whose
+
+def device_files(directory: str = DEVICE_DIR) -> dict[FileId, str]:
+    """The chips' device files as the agent itself sees them: identity -> path. Empty off
+    a TPU VM, where no process can hold a chip (and no /proc walk is needed)."""
+    found: dict[FileId, str] = {}
+    for path in sorted(glob.glob(os.path.join(directory, "accel[0-9]*")) +
+                       glob.glob(os.path.join(directory, "vfio", "[0-9]*"))):
+        try:
+            found.setdefault(file_identity(os.stat(path)), path)
+        except OSError:  # removed meanwhile
+            continue
+    return found
+
+
+def start_time(pid: int, proc: str = "/proc") -> int | None:
+    """The process's start time (clock ticks after boot, /proc/PID/stat field 22): with
+    the pid, a process's identity for its whole life (a pid is reused, this pair is not).
+    None when it has gone or cannot be read."""
+    try:
+        with open(f"{proc}/{pid}/stat", "rb") as f:
+            text = f.read()
+        return int(text[text.rindex(b")") + 2:].split()[19])  # the name may hold spaces
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def device_holders(devices: Mapping[FileId, str],
+                   proc: str = "/proc") -> dict[str, list[int]]:
+    """Device path -> every PID holding that very file open, from stat() of each
+    /proc/PID/fd/N (the open file itself, not the text of its link).
+
+    tpu-info's get_chip_owners reads link texts, and gives up on the first process whose
     fd table it may not read (PID 1 in a container, or any process under AppArmor), so
     one unreadable process hid every owner. Here such a process is skipped.
     """
-    found: dict[str, int] = {}
+    found: dict[str, list[int]] = {}
+    if not devices:
+        return found
     for entry in os.scandir(proc):
         if not entry.name.isdigit():
             continue
@@ -83,14 +132,55 @@ def device_owners(pattern: re.Pattern[str] = TPU_DEVICE, proc: str = "/proc") ->
             with os.scandir(f"{entry.path}/fd") as fds:
                 for fd in fds:
                     try:
-                        target = os.readlink(fd.path)
+                        path = devices.get(file_identity(os.stat(fd.path)))
                     except OSError:  # that file was closed meanwhile: the others count
                         continue
-                    if pattern.fullmatch(target):
-                        found[target] = int(entry.name)
+                    if path is not None and int(entry.name) not in found.get(path, ()):
+                        found.setdefault(path, []).append(int(entry.name))
         except OSError:  # exited meanwhile, or not ours to read
             continue
     return found
+
+
+def first_holder(pids: Sequence[int], proc: str = "/proc") -> int:
+    """Of the processes holding one device, the one that started first: a child forked
+    with the device open, or a later process that opened it too, never takes a chip from
+    the holder that had it (ties, and unreadable start times, by pid)."""
+    return min(pids, key=lambda pid: (start_time(pid, proc) or math.inf, pid))
+
+
+def device_owners(devices: Mapping[FileId, str] | None = None,
+                  proc: str = "/proc") -> dict[str, int]:
+    """Device path -> PID of the process holding it open (the first started, where
+    several do; :func:`first_holder`). ``devices``: the agent's own device files
+    (:func:`device_files` of /dev when None)."""
+    holders = device_holders(device_files() if devices is None else devices, proc)
+    return {path: first_holder(pids, proc) for path, pids in holders.items()}
+
+
+class ChipOwnerScan:
+    """:func:`scan_chip_owners` of the device files in ``directory``, saying (once per
+    change) when a chip is held by more than one process, and which one it was given to."""
+
+    def __init__(self, directory: str = DEVICE_DIR, proc: str = "/proc") -> None:
+        self._directory = directory
+        self._proc = proc
+        self._shared: dict[str, list[int]] = {}
+
+    def __call__(self) -> dict[str, int]:
+        return scan_chip_owners(self._owners)  # which catches a failed walk
+
+    def _owners(self) -> dict[str, int]:
+        """Device path -> its first holder's PID (:func:`device_owners`), logged."""
+        holders = device_holders(device_files(self._directory), self._proc)
+        shared = {path: sorted(pids) for path, pids in holders.items() if len(pids) > 1}
+        owners = {path: first_holder(pids, self._proc) for path, pids in holders.items()}
+        for path, pids in sorted(shared.items()):
+            if self._shared.get(path) != pids:
+                log.warning("%s is held by pids %s: its chip stays with pid %d, which "
+                            "started first", path, ", ".join(map(str, pids)), owners[path])
+        self._shared = shared
+        return owners
 
 
 def scan_chip_owners(owners: Callable[[], dict[str, int]] = device_owners) -> dict[str, int]:
@@ -107,9 +197,8 @@ def scan_chip_owners(owners: Callable[[], dict[str, int]] = device_owners) -> di
         return {}
     result: dict[str, int] = {}
     for path, pid in by_path.items():
-        accel = re.fullmatch(r"/dev/accel(\d+)", path)
+        accel = re.fullmatch(r"accel(\d+)", os.path.basename(path))
         index = int(accel.group(1)) if accel else vfio.get(path)
         if index is not None:
             result[str(index)] = pid
     return result
-

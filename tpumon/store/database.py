@@ -163,8 +163,15 @@ class Retention:
         return max(min(4 * 2**20, self.max_bytes // 8), 16 * PAGE_SIZE)
 
     @property
+    def outbox_bytes(self) -> int:
+        """The notification outbox's share of the cap (outbox.db and its WAL, beside the
+        history in the state directory): a sixteenth, between 256 KiB and 16 MiB. The
+        outbox used to be outside the cap, and every local user could add to it."""
+        return min(max(self.max_bytes // 16, 64 * PAGE_SIZE), 16 * 2**20)
+
+    @property
     def max_pages(self) -> int:
-        return max((self.max_bytes - 2 * self.wal_bytes) // PAGE_SIZE, 32)
+        return max((self.max_bytes - self.outbox_bytes - 2 * self.wal_bytes) // PAGE_SIZE, 32)
 
 
 @dataclass(frozen=True)
