@@ -518,6 +518,25 @@ def test_steady_leak_always_alerts_before_the_oom(hours_to_oom, poll, peak, idle
     d = run(_synthetic(hours_to_oom, poll, base, rate, peak, idle, noise, 0.0, seed))
     assert d.alert is not None, d.assessment.reason
     assert d.alert["time"] < T0 + hours_to_oom * 3600
+    # the forecast's calibrated band holds the OOM, and the forecast lies inside it
+    a = d.alert
+    assert a["predicted_oom_time_low"] <= a["predicted_oom_time"] <= a["predicted_oom_time_high"]
+    assert a["predicted_oom_time_low"] <= T0 + hours_to_oom * 3600 <= a["predicted_oom_time_high"]
+
+
+def test_the_forecast_band_widens_with_extrapolation_and_holds_the_forecast():
+    """A forecast many evidence windows ahead is trusted less than one a window ahead; the
+    forecast itself is always inside its band (a point on the edge of its own range, as
+    the slope's interval gave, reads as a bug)."""
+    from tpumon.detect.forecast_band import BANDS, band_for, oom_band
+    hour = 3600.0
+    for ahead in (0.2, 1.0, 1.5, 2.5, 3.5, 4.5, 40.0):
+        low, high = oom_band(ahead * hour, hour)
+        assert low <= ahead * hour <= high
+    assert band_for(10 * hour, 0.0) is BANDS[-1]
+    assert band_for(0.5 * hour, hour) is BANDS[0] and band_for(4.5 * hour, hour) is BANDS[-1]
+    ratio = [b.high / b.low for b in BANDS]
+    assert ratio[0] > ratio[-1]  # the shortest forecasts err the most, relative to themselves
 
 
 # ---------------------------------------------------------------- robust statistics

@@ -17,7 +17,8 @@ from fake_alert_apis import FakeAlertAPI
 from tpumon.detect import Assessment, ChipDetector, Verdict
 from tpumon.detect.counts import CountTrend
 from tpumon.identity import Identity
-from tpumon.notify.alerts import HIGH, LEAK, OOM, STALLED, AlertSettings, AlertTracker
+from tpumon.notify.alerts import (HIGH, LEAK, OOM, STALLED, AlertSettings, AlertTracker,
+                                  describe_band)
 from tpumon.notify.notifier import Notifier
 from tpumon.notify.outbox import Outbox
 from tpumon.notify.pagerduty import PagerDutyChannel
@@ -427,7 +428,8 @@ def _snapshot_pair(pid: int, steps: int, kept: int):
     from tpumon.instrument.snapshot import make_snapshot
     from tpumon.sources.snapshots import SnapshotResult
     site = "train.py:88 (loss = model(x).mean())"
-    before = make_snapshot("jax", 100, time.perf_counter(), True, {((), "float32", "", site): [5, 20]})
+    before = make_snapshot("jax", 100, time.perf_counter(), True,
+                           {((), "float32", "", site): [5, 20]})
     after = make_snapshot("jax", 100 + steps, time.perf_counter(), True,
                           {((), "float32", "", site): [5 + kept, 4 * (5 + kept)]})
     return SnapshotResult(pid, "ab" * 8, "leak on chip 0", 900.0, steps, 950.0, before, after,
@@ -516,3 +518,17 @@ def evaluate_one(state: PollState):
     """The first alert a snapshot raises."""
     from tpumon.notify.alerts import evaluate
     return next(iter(evaluate(state, SETTINGS).values()))
+
+
+def test_a_leak_page_says_the_forecast_band_with_its_steps():
+    """The page gives the forecast's calibrated band, in times and steps, the forecast
+    inside it: what the on-call plans by at 3 a.m."""
+    from tpumon.notify.alerts import evaluate
+    now = 1_700_000_000.0  # 22:13 UTC
+    a = replace(leak(2.0, now), predicted_oom_time_low=now + 3600,
+                predicted_oom_time_high=now + 4 * 3600)
+    alerts = evaluate(snap(now, {"0": a}), SETTINGS)
+    page = next(al for al in alerts.values() if al.name == OOM)
+    assert "OOM forecast on chip 0 in 2 h 0 min (~step 48,200), 92% between 11-14 23:13 " \
+        "and 11-15 02:13 UTC, step 47,000-49,900: floor grows" in page.summary, page.summary
+    assert describe_band(leak(2.0, now), now) == ""  # no band, nothing said

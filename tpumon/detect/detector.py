@@ -38,6 +38,7 @@ import numpy as np
 from tpumon.describe import describe_growth
 from tpumon.detect import jumps as level_shifts
 from tpumon.detect.floors import FloorHistory, group_by_bucket
+from tpumon.detect.forecast_band import oom_band
 from tpumon.detect.jumps import Jump
 from tpumon.detect.robust import (PairwiseSlopes, TrendFit, lower_quartiles, median,
                                   sen_mann_kendall)
@@ -108,8 +109,8 @@ class Assessment:
     slope_bytes_per_step_high: float | None = None
     predicted_oom_time: float | None = None
     predicted_oom_step: float | None = None
-    # the forecast's interval, from the growth's 95 % interval: earliest and latest OOM
-    # (latest None when the growth's lower bound is not above zero)
+    # the forecast's band, calibrated on the detector's own errors (forecast_band):
+    # earliest and latest OOM, the forecast between them
     predicted_oom_time_low: float | None = None
     predicted_oom_time_high: float | None = None
     predicted_oom_step_low: float | None = None
@@ -230,6 +231,23 @@ def slope_fields(per_s: float, low: float, high: float,
                    slope_bytes_per_step_low=low / steps_per_second,
                    slope_bytes_per_step_high=high / steps_per_second)
     return out
+
+
+def oom_forecast(now: float, step: float, time_to_oom: float, window: float,
+                 steps_per_second: float | None) -> dict[str, float | None]:
+    """An assessment's OOM forecast fields: the time (and step, where steps are known)
+    ``time_to_oom`` seconds after ``now`` (at ``step``, NaN if unknown), with the band
+    calibrated on the detector's own errors for a forecast made on ``window`` seconds of
+    evidence (``forecast_band``)."""
+    earliest, latest = oom_band(time_to_oom, window)
+    ttos = (time_to_oom, earliest, latest)
+    times = [now + t for t in ttos]
+    steps: list[float | None] = [None, None, None]
+    if steps_per_second and not math.isnan(step):
+        steps = [step + t * steps_per_second for t in ttos]
+    return dict(predicted_oom_time=times[0], predicted_oom_time_low=times[1],
+                predicted_oom_time_high=times[2], predicted_oom_step=steps[0],
+                predicted_oom_step_low=steps[1], predicted_oom_step_high=steps[2])
 
 
 def moment(time: float, step: float) -> dict:
@@ -781,16 +799,8 @@ class ChipDetector:
         ``stairs`` when the growth is a staircase alone (the reason describes it)."""
         headroom = max((self.total or 0.0) - job.transient - level, 0.0)
         tto = headroom / rate
-        fastest = max(rate, common["slope_bytes_per_second_high"])
-        slowest = min(rate, common["slope_bytes_per_second_low"])
-        ttos = (tto, headroom / fastest, headroom / slowest if slowest > 0 else None)
-        times = [None if t is None else b.start + t for t in ttos]
-        steps: list[float | None] = [None, None, None]
-        if steps_per_second and not math.isnan(b.last_step):
-            steps = [None if t is None else b.last_step + t * steps_per_second for t in ttos]
-        common = dict(common, predicted_oom_time=times[0], predicted_oom_time_low=times[1],
-                      predicted_oom_time_high=times[2], predicted_oom_step=steps[0],
-                      predicted_oom_step_low=steps[1], predicted_oom_step_high=steps[2])
+        common = dict(common, **oom_forecast(b.start, b.last_step, tto, window,
+                                             steps_per_second))
         if not job.leaking:  # hysteresis: a leak stays one while growth stays significant
             not_yet = self._not_a_leak_yet(job, tto, window, stairs)
             if not_yet:

@@ -32,12 +32,14 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import itertools
+import math
 from collections import defaultdict
 from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from tpumon.detect.detector import Assessment, Verdict, describe_growth, slope_fields
+from tpumon.detect.detector import (Assessment, Verdict, describe_growth, oom_forecast,
+                                    slope_fields)
 from tpumon.detect.jumps import Jump
 from tpumon.detect.robust import median
 
@@ -196,16 +198,10 @@ def _joined(a: Assessment, rate: float, interval: tuple[float, float]) -> Assess
     headroom = max(a.total_bytes - (a.transient_bytes or 0.0) - a.floor_bytes, 0.0)
     steps_per_second = _steps_per_second(a)
     slowest, fastest = interval
-    ttos = (headroom / rate, headroom / max(fastest, rate),
-            headroom / slowest if 0 < slowest <= rate else None)
-    times = [None if t is None else now + t for t in ttos]
-    steps = [None if t is None or steps_per_second is None or a.step is None
-             else a.step + t * steps_per_second for t in ttos]
-    fields: dict = slope_fields(rate, slowest, fastest, steps_per_second)
-    joined = dataclasses.replace(
-        a, verdict=Verdict.LEAK, predicted_oom_time=times[0], predicted_oom_time_low=times[1],
-        predicted_oom_time_high=times[2], predicted_oom_step=steps[0],
-        predicted_oom_step_low=steps[1], predicted_oom_step_high=steps[2], **fields)
+    forecast = oom_forecast(now, math.nan if a.step is None else a.step, headroom / rate,
+                            a.window_seconds, steps_per_second)
+    fields: dict = {**forecast, **slope_fields(rate, slowest, fastest, steps_per_second)}
+    joined = dataclasses.replace(a, verdict=Verdict.LEAK, **fields)
     growth = _growth([joined], rate)
     how = f"grows {growth} like the job's leaking chips" if _may_join(a) else \
         f"rose in the same jumps as the job's leaking chips ({growth})"

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections import deque
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Iterable, Mapping
 
 from tpumon.detect import Assessment, Verdict, describe_growth
+from tpumon.detect.forecast_band import BAND_LABEL
 from tpumon.notify.settings import AlertSettings
 from tpumon.state import PollState
 
@@ -99,6 +101,24 @@ def describe_duration(seconds: float) -> str:
     return f"{minutes / 1440:.1f} d"
 
 
+def describe_band(a: Assessment, now: float) -> str:
+    """The forecast's calibrated band as a page says it: ", between 14:10 and 17:40 UTC,
+    step 61,000-68,500" (dates where it leaves today); empty without one. The band is
+    what the forecast has been worth on replayed leaks (tpumon.detect.forecast_band): a
+    reader at 3 a.m. plans for its earlier end."""
+    low, high = a.predicted_oom_time_low, a.predicted_oom_time_high
+    if low is None or high is None:
+        return ""
+    day = time.strftime("%Y-%m-%d", time.gmtime(now))
+    same_day = all(time.strftime("%Y-%m-%d", time.gmtime(t)) == day for t in (low, high))
+    fmt = "%H:%M" if same_day else "%m-%d %H:%M"
+    text = (f", {BAND_LABEL} between {time.strftime(fmt, time.gmtime(low))} and "
+            f"{time.strftime(fmt, time.gmtime(high))} UTC")
+    if a.predicted_oom_step_low is not None and a.predicted_oom_step_high is not None:
+        text += f", step {a.predicted_oom_step_low:,.0f}-{a.predicted_oom_step_high:,.0f}"
+    return text
+
+
 def evaluate(snap: PollState, settings: AlertSettings) -> dict[str, Alert]:
     """Every condition that holds in this snapshot, by key (before any hold-down)."""
     found: dict[str, Alert] = {}
@@ -158,13 +178,14 @@ def _chip_alerts(snap: PollState, chip: str, a: Assessment, now: float,
         eta = None if a.predicted_oom_time is None else a.predicted_oom_time - now
         details["time_to_oom_seconds"] = eta
         at_step = "" if a.predicted_oom_step is None else f" (~step {a.predicted_oom_step:,.0f})"
-        oom = "" if eta is None else f"; OOM in {describe_duration(eta)}{at_step}"
+        band = describe_band(a, now)
+        oom = "" if eta is None else f"; OOM in {describe_duration(eta)}{at_step}{band}"
         yield _alert(snap, LEAK, f"chip {chip}", f"HBM leak on chip {chip}: floor grows "
                      f"{growth}{oom}", details, settings, chip)
         if eta is not None and eta <= settings.oom_horizon_seconds:
             yield _alert(snap, OOM, f"chip {chip}", f"OOM forecast on chip {chip} in "
-                         f"{describe_duration(eta)}{at_step}: floor grows {growth}", details,
-                         settings, chip)
+                         f"{describe_duration(eta)}{at_step}{band}: floor grows {growth}",
+                         details, settings, chip)
     if high:
         details = {**details, "hbm_used_ratio": ratio}
         yield _alert(snap, HIGH, f"chip {chip}", f"HBM floor of chip {chip} at "

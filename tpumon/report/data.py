@@ -78,14 +78,14 @@ class Trend:
 
 @dataclass(frozen=True)
 class Forecast:
-    """Floor plus the largest transient reaching HBM capacity: the detector's OOM."""
+    """Floor plus the transient reaching HBM capacity: the detector's OOM."""
 
     now: float
     level: float
     time: float
     step: float | None
     limit: float  # the floor at which it happens: total less the largest transient
-    earliest: float | None  # the same with the interval's slopes (None: never)
+    earliest: float | None  # the forecast's band (tpumon.detect.forecast_band)
     latest: float | None
 
 
@@ -396,14 +396,8 @@ def _forecast(r: ChipReport) -> Forecast | None:
     if a.predicted_oom_time is None or trend is None:
         return None
     limit = r.total - (a.transient_bytes or 0.0)
-    headroom = max(limit - trend.level, 0.0)
-
-    def reach(slope: float | None) -> float | None:
-        return None if not slope or slope <= 0 else trend.now + headroom / slope
-
     return Forecast(trend.now, trend.level, a.predicted_oom_time, a.predicted_oom_step,
-                    limit, reach(a.slope_bytes_per_second_high),
-                    reach(a.slope_bytes_per_second_low))
+                    limit, a.predicted_oom_time_low, a.predicted_oom_time_high)
 
 
 # ---------------------------------------------------------------------------- input

@@ -9,6 +9,7 @@ from typing import Any
 
 import jinja2
 
+from tpumon.detect.forecast_band import BAND_LABEL
 from tpumon.detect.replay import describe_forecast
 from tpumon.report.data import ChipReport, HostReport
 from tpumon.units import format_span
@@ -63,7 +64,7 @@ def _cells(c: ChipReport) -> dict[str, Any]:
             size(low * 3600, signed=True), size(high * 3600, signed=True)),
         "oom": None if f is None else oom_text(c) or "",
         "oom_range": None if f is None or f.earliest is None else (
-            utc(f.earliest), "never" if f.latest is None else utc(f.latest)),
+            BAND_LABEL, utc(f.earliest), "never" if f.latest is None else utc(f.latest)),
         "alert": _alert(c), "alert_forecast": _alert_forecast(c), "window": _window(c),
         "floor": None if a.floor_bytes is None else size(a.floor_bytes),
         "transient": size(a.transient_bytes) if a.transient_bytes else None,

@@ -17,6 +17,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
+from tpumon.detect.forecast_band import BAND_LABEL
 from tpumon.report.data import ChipReport, Forecast, HostReport
 from tpumon.units import format_bytes, format_span, utc
 
@@ -298,15 +299,15 @@ def _forecast(ax, r: ChipReport, f: Forecast, h, x_end: float) -> None:
 
 
 def _oom_range(f) -> str:
-    """The OOM time at the ends of the slope's 95 % interval, where they differ enough to
-    say (a line of its own)."""
+    """The ends of the forecast's calibrated band, where they differ enough to say (a line
+    of its own)."""
     if f.earliest is None:
         return ""
     if f.latest is None:
-        return f"\n95%: {hhmm(f.earliest)} or never"
+        return f"\n{BAND_LABEL}: {hhmm(f.earliest)} or never"
     if f.latest - f.earliest < 600:
         return ""
-    return f"\n95%: {utc(f.earliest)[5:16]} to {utc(f.latest)[5:16]}"
+    return f"\n{BAND_LABEL}: {utc(f.earliest)[5:16]} to {utc(f.latest)[5:16]}"
 
 
 def _top_labels(ax, labels: list[tuple[float, str, str]], span_h: float) -> None:
