@@ -90,6 +90,7 @@ bench: system-deps-bench venv
 	$(BIN)/python bench/detect.py
 	$(BIN)/python bench/false_alarms.py
 	$(BIN)/python bench/nuisances.py
+	$(BIN)/python bench/forecast_band.py
 	$(BIN)/python bench/analyze_speed.py
 	$(BIN)/python bench/store.py
 	$(BIN)/python bench/reporters.py
