@@ -64,14 +64,10 @@ def report(step: int, **fields: object) -> bytes:
 @pytest.fixture(scope="module")
 def neighbour() -> pwd.struct_passwd:
     """Another local user (created when missing): the attacker on the same VM."""
-    if os.geteuid() != 0:
+    user = second_user()
+    if user is None:
         pytest.skip("needs root to create and act as a second local user")
-    try:
-        return pwd.getpwnam(NEIGHBOUR)
-    except KeyError:
-        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/bin/false",
-                        NEIGHBOUR], check=True, capture_output=True)
-        return pwd.getpwnam(NEIGHBOUR)
+    return user
 
 
 def as_user(user: pwd.struct_passwd, code: str, *args: str) -> subprocess.Popen:
