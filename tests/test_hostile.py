@@ -776,3 +776,57 @@ PEAK_RSS = ("import os, subprocess, sys\n"
             "p = subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL)\n"
             "_, status, usage = os.wait4(p.pid, 0)\n"
             "print(os.waitstatus_to_exitcode(status), usage.ru_maxrss)\n")
+
+
+# -- runtime port squatting (issue 42) ---------------------------------------------------
+
+SQUATTER = """
+import sys, time
+sys.path.insert(0, sys.argv[1])
+from fake_runtime import V4_TOTAL, FakeRuntime, RuntimeServer, chips_metrics
+full = chips_metrics({d: int(0.99 * V4_TOTAL) for d in range(4)})
+server = RuntimeServer(FakeRuntime(full), int(sys.argv[2]))
+print("serving", flush=True)
+time.sleep(float(sys.argv[3]))
+"""
+
+
+def test_a_squatter_on_the_runtime_port_raises_nothing_and_is_named(tmp_path, neighbour):
+    """Between jobs (no chip holder) a second user binds the runtime port first and serves
+    99 % HBM on four chips. The agent names the squatter's pid and uid in /api/status, in
+    `tpumon status`, in its log (once) and in tpumon_runtime_port_untrusted, and takes none
+    of its figures: no chip sample, so nothing for an alert to fire on. Before, the figures
+    were believed (four TPUMonHBMHigh pages after 5 min) and status said only
+    `runtime_ports: {port: true}`."""
+    from tools import TPUMON, free_port
+
+    port = free_port()
+    squatter = as_user(neighbour, SQUATTER, str(Path(__file__).parent), str(port), "60")
+    try:
+        assert squatter.stdout.readline().strip() == "serving", squatter.stderr.read()
+        a = AgentProcess(tmp_path, tmp_path / "state", "--runtime-ports", str(port),
+                         "--reporter-socket", str(tmp_path / "reporter.sock"), simulate=False,
+                         env={"TPUMON_IDENTITY_METADATA": "off"})
+        try:
+            served = wait_for(lambda: status(a).get("runtime_servers", {}).get(str(port)), 15)
+            assert served == {"pid": squatter.pid, "uid": neighbour.pw_uid, "trusted": False,
+                              "reason": served["reason"]}, served
+            time.sleep(1.0)  # 20 polls
+            doc = status(a)
+            assert all(c["hbm_used_bytes"] is None for c in doc["chips"]), doc["chips"]
+            runtime = doc["sources"]["tpu_runtime"]
+            assert not runtime["up"] and f"pid {squatter.pid} (uid {neighbour.pw_uid})" in \
+                runtime["error"], runtime
+            assert doc["notifications"] is None or not doc["notifications"]["active_alerts"]
+            assert a.value("tpumon_runtime_port_untrusted", port=str(port)) == 1
+            assert not any(name.startswith("tpumon_hbm") for name, _ in a.metrics())
+            assert a.log().count(f"WARNING tpumon.sources.tpu_runtime: runtime on localhost:"
+                                 f"{port} is served by pid {squatter.pid}") == 1, a.log()
+            shown = subprocess.run([*TPUMON, "status", "--agent", f"http://{a.url}"],
+                                   capture_output=True, text=True, timeout=30)
+            assert f"runtime port {port}: pid {squatter.pid}, uid {neighbour.pw_uid}: " \
+                "untrusted" in shown.stdout, shown.stdout + shown.stderr
+        finally:
+            assert a.stop() == 0
+    finally:
+        kill_group(squatter)

@@ -37,6 +37,7 @@ from tpumon.lifecycle import Lifecycle
 from tpumon.sources.kernel_log import KernelLog
 from tpumon.sources.pod_resources import open_pod_resources
 from tpumon.sources.reporter import ReporterSocket
+from tpumon.sources.runtime_server import RuntimeTrust
 from tpumon.sources.tpu_runtime import TpuRuntimeSource
 from tpumon.state import AgentState
 from tpumon.status import Readers
@@ -396,7 +397,10 @@ def _assemble(config: Config, simulate: bool, env: Mapping[str, str], history: b
     identity = resolve_identity(configured_identity, tpu_env, env)
     runtime = TpuRuntimeSource(address, ports, config["runtime.timeout"], inventory,
                                runtime_clock=simulate,
-                               slow_interval=config["runtime.slow_metrics_interval"])
+                               slow_interval=config["runtime.slow_metrics_interval"],
+                               trust=RuntimeTrust(owners, lambda: reporters.allowed_uids
+                                                  if reporters is not None else
+                                                  config["reporter.allowed_uids"]))
     sources.append(runtime)
     components.add(Service("runtime source", runtime.close))
     state = AgentState(identity, inventory)

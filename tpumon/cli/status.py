@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from tpumon.cli.options import (agent_client_options, agent_option, config_option,
@@ -72,6 +73,7 @@ def render_table(doc: dict[str, Any], console: Console) -> None:
     for name, source in doc["sources"].items():
         if not source["up"]:
             console.print(f"[yellow]{name}: down: {source['error']}[/]", highlight=False)
+    render_runtime_servers(doc.get("runtime_servers") or {}, console)
     host = doc["host"]
     if host:
         console.print(f"host memory: {format_bytes(host['memory_used_bytes'])} used of "
@@ -82,6 +84,21 @@ def render_table(doc: dict[str, Any], console: Console) -> None:
         console.print(f"history: {store['path']} ({format_bytes(store['size_bytes'])}), "
                       f"{state}", highlight=False)
     render_notifications(doc.get("notifications"), console)
+
+
+def render_runtime_servers(servers: dict[str, dict[str, Any]], console: Console) -> None:
+    """Who serves each runtime port that someone listens on: its pid and uid, and whether
+    its figures are believed (a squatter's are not: docs/security.md)."""
+    for port, s in servers.items():
+        if s["uid"] is None:
+            continue
+        who = f"pid {s['pid']}" if s["pid"] is not None else "pid unknown"
+        if s["trusted"]:
+            console.print(f"runtime port {port}: {who}, uid {s['uid']} ({escape(s['reason'])})",
+                          highlight=False)
+        else:
+            console.print(f"[yellow]runtime port {port}: {who}, uid {s['uid']}: untrusted, "
+                          f"figures ignored: {escape(s['reason'])}[/]", highlight=False)
 
 
 def render_notifications(notes: dict[str, Any] | None, console: Console) -> None:
