@@ -830,3 +830,84 @@ def test_a_squatter_on_the_runtime_port_raises_nothing_and_is_named(tmp_path, ne
             assert a.stop() == 0
     finally:
         kill_group(squatter)
+
+
+# -- paths that cannot be redirected (issue 42) ------------------------------------------
+
+def start_agent(*extra: str) -> subprocess.CompletedProcess:
+    """``tpumon agent --simulate`` expected to refuse to start: its exit and output."""
+    from tools import TPUMON, clean_env
+
+    return subprocess.run([*TPUMON, "agent", "--simulate", "--listen-address", "127.0.0.1:0",
+                           *extra], capture_output=True, text=True, timeout=60,
+                          env=clean_env())
+
+
+def assert_refused(result: subprocess.CompletedProcess, *words: str) -> None:
+    """Exit 1 with one line, no traceback, naming the setting and why."""
+    assert result.returncode == 1, result.stderr
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith("Error: ") and all(w in line for w in words), line
+
+
+def test_a_symlinked_state_dir_is_refused(tmp_path):
+    """A state directory that is a link (another user's way to have root write its
+    databases where he likes) is refused with one line; nothing is written behind it.
+    Before, the agent followed it and created history.db and outbox.db there."""
+    target = tmp_path / "root-only"
+    target.mkdir(mode=0o700)
+    (tmp_path / "state").symlink_to(target)
+    assert_refused(start_agent("--state-dir", str(tmp_path / "state"), "--reporter-socket",
+                               str(tmp_path / "sock" / "r.sock")),
+                   "store.state_dir", "is a symbolic link")
+    assert list(target.iterdir()) == []
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o1777, 0o770])
+def test_a_state_or_socket_dir_others_may_write_is_refused(tmp_path, mode):
+    """World- or group-writable (sticky or not): refused, for the state directory and for
+    the socket's, with one line; before, the agent used it."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(mode)
+    assert_refused(start_agent("--state-dir", str(shared)), "store.state_dir",
+                   "may be written by others")
+    assert list(shared.iterdir()) == []
+    assert_refused(start_agent("--state-dir", str(tmp_path / "state"), "--reporter-socket",
+                               str(shared / "r.sock")), "reporter.socket",
+                   "may be written by others")
+    assert list(shared.iterdir()) == []
+
+
+def test_a_state_dir_another_user_owns_is_refused(tmp_path, neighbour):
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o755)
+    os.chown(theirs, neighbour.pw_uid, neighbour.pw_gid)
+    assert_refused(start_agent("--state-dir", str(theirs)), "store.state_dir",
+                   f"owned by uid {neighbour.pw_uid}")
+    assert list(theirs.iterdir()) == []
+
+
+def test_databases_are_not_opened_through_links_and_the_socket_gets_its_mode(agent,
+                                                                             tmp_path):
+    """Links named history.db and outbox.db in the state directory are not followed (the
+    store reports the error, nothing is created at their targets), and the socket is
+    0666 however tight the agent's umask: its mode is set on the descriptor (fchmod before
+    bind), never by a chmod through a path a link could redirect."""
+    state = tmp_path / "state"
+    state.mkdir(mode=0o750)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    for name in ("history.db", "outbox.db"):
+        (state / name).symlink_to(elsewhere / name)
+    umask = os.umask(0o077)
+    try:
+        a = agent("--state-dir", str(state))
+    finally:
+        os.umask(umask)
+    doc = wait_for(lambda: (d := status(a)) and d["store"] and d, 20)
+    assert not doc["store"]["up"], doc["store"]
+    assert list(elsewhere.iterdir()) == []
+    sock = tmp_path / "reporter.sock"
+    assert (sock.stat().st_mode & 0o777) == 0o666
+    assert (Path(connection_path(sock)).stat().st_mode & 0o777) == 0o666

@@ -24,6 +24,7 @@ from typing import Iterable, Mapping
 
 from tpumon.notify.alerts import Alert, Transition
 from tpumon.store.database import is_corruption, move_aside
+from tpumon.private_paths import create_no_follow
 
 log = logging.getLogger("tpumon.notify")
 
@@ -70,6 +71,8 @@ class Outbox:
 
     @staticmethod
     def _connect(path: Path | None) -> sqlite3.Connection:
+        if path is not None:
+            create_no_follow(path)  # a link put in its place is refused (ELOOP)
         conn = sqlite3.connect(":memory:" if path is None else str(path), timeout=5.0,
                                isolation_level=None, check_same_thread=False)
         conn.execute("PRAGMA journal_mode=WAL")
