@@ -902,11 +902,14 @@ def test_databases_are_not_opened_through_links_and_the_socket_gets_its_mode(age
         (state / name).symlink_to(elsewhere / name)
     umask = os.umask(0o077)
     try:
-        a = agent("--state-dir", str(state))
+        a = agent("--state-dir", str(state),  # a Slack channel: the outbox is opened
+                  env={"TPUMON_SLACK_WEBHOOK_URL": "http://127.0.0.1:9/hook"})
     finally:
         os.umask(umask)
     doc = wait_for(lambda: (d := status(a)) and d["store"] and d, 20)
     assert not doc["store"]["up"], doc["store"]
+    assert "outbox.db cannot be opened ([Errno 40] Too many levels of symbolic links" \
+        in a.log()
     assert list(elsewhere.iterdir()) == []
     sock = tmp_path / "reporter.sock"
     assert (sock.stat().st_mode & 0o777) == 0o666
