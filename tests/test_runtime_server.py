@@ -10,7 +10,8 @@ import pytest
 
 from tpumon.sources.chips import ChipInventory
 from tpumon.sources.health import SourceUnavailable
-from tpumon.sources.runtime_server import RuntimeTrust, is_loopback, listeners, socket_holders
+from tpumon.sources.runtime_server import RuntimeTrust, _table_listeners, is_loopback, \
+    listeners, socket_holders
 from tpumon.sources.tpu_runtime import TpuRuntimeSource
 from fake_runtime import chips_metrics
 
@@ -27,6 +28,7 @@ def test_a_listening_socket_is_found_with_its_uid_inode_and_pid(family, address)
         assert found.uid == os.geteuid()
         assert found.inode == os.fstat(s.fileno()).st_ino
         assert socket_holders({found.inode}) == {found.inode: os.getpid()}
+        assert _table_listeners({port}) == listeners({port})  # sock_diag's fallback
 
 
 def test_a_socket_that_only_connects_or_listens_elsewhere_is_not_a_listener():

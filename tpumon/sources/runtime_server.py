@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import socket
+import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Collection, Iterable, Mapping
+from typing import Callable, Collection, Iterable, Iterator, Mapping, Union
 
+IPAddress = Union[ipaddress.IPv4Address, ipaddress.IPv6Address]
 LISTEN = "0A"  # TCP_LISTEN in /proc/net/tcp's st column
 TABLES = ("/proc/net/tcp", "/proc/net/tcp6")
 
@@ -47,14 +50,14 @@ class RuntimeServer:
                 "reason": self.reason}
 
 
-def _address(hex_address: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+def _address(hex_address: str) -> IPAddress:
     """/proc/net/tcp's address: 32-bit words in host byte order (little-endian here)."""
     raw = bytes.fromhex(hex_address)
     words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
     return ipaddress.ip_address(words)
 
 
-def _reachable_on_loopback(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+def _reachable_on_loopback(address: IPAddress) -> bool:
     """A listener the agent's loopback dial may reach: a loopback or wildcard address."""
     mapped = getattr(address, "ipv4_mapped", None)
     address = mapped or address
@@ -72,10 +75,61 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def listeners(ports: Collection[int],
-              tables: Iterable[str] = TABLES) -> dict[int, list[Listener]]:
-    """Port -> the sockets listening on it on loopback or every address. A table that
-    cannot be read (no IPv6) adds nothing."""
+def listeners(ports: Collection[int]) -> dict[int, list[Listener]]:
+    """Port -> the sockets listening on it on loopback or every address: asked of the
+    kernel's sock_diag (the listening sockets alone, ~0.1 ms), else read from
+    /proc/net/tcp{,6}, which lists every TCP socket (3.5 ms a table on the dev VM)."""
+    try:
+        return _diag_listeners(ports)
+    except OSError:
+        return _table_listeners(ports)
+
+
+def _diag_listeners(ports: Collection[int]) -> dict[int, list[Listener]]:
+    found: dict[int, list[Listener]] = {}
+    for family in (socket.AF_INET, socket.AF_INET6):
+        for sport, address, uid, inode in _diag_dump(family):
+            if sport in ports and _reachable_on_loopback(address):
+                found.setdefault(sport, []).append(Listener(uid, inode))
+    return found
+
+
+_NLMSG = struct.Struct("=IHHII")  # nlmsghdr: length, type, flags, seq, pid
+_DIAG_REQ = struct.Struct("=BBBxI48s")  # inet_diag_req_v2: family, protocol, ext, states, id
+_DIAG_MSG = struct.Struct("=BBBB2s2s16s16s4s8sIIIII")  # inet_diag_msg
+NETLINK_SOCK_DIAG, SOCK_DIAG_BY_FAMILY, NLMSG_ERROR, NLMSG_DONE = 4, 20, 2, 3
+NLM_F_REQUEST, NLM_F_DUMP = 0x1, 0x300
+TCPF_LISTEN = 1 << 10
+
+
+def _diag_dump(family: int) -> Iterator[tuple[int, IPAddress, int, int]]:
+    """(port, address, uid, inode) of every TCP socket of ``family`` listening in this
+    network namespace, from a NETLINK_SOCK_DIAG dump (OSError if the kernel refuses)."""
+    request = _DIAG_REQ.pack(family, socket.IPPROTO_TCP, 0, TCPF_LISTEN, bytes(48))
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC,
+                       NETLINK_SOCK_DIAG) as nl:
+        nl.settimeout(1.0)
+        nl.send(_NLMSG.pack(_NLMSG.size + len(request), SOCK_DIAG_BY_FAMILY,
+                            NLM_F_REQUEST | NLM_F_DUMP, 1, 0) + request)
+        while True:
+            data = nl.recv(1 << 16)
+            offset = 0
+            while offset + _NLMSG.size <= len(data):
+                length, kind = _NLMSG.unpack_from(data, offset)[:2]
+                if kind == NLMSG_DONE:
+                    return
+                if kind == NLMSG_ERROR or length < _NLMSG.size:
+                    raise OSError("sock_diag refused the dump")
+                fields = _DIAG_MSG.unpack_from(data, offset + _NLMSG.size)
+                raw = fields[6][:4] if family == socket.AF_INET else fields[6]
+                yield (int.from_bytes(fields[4], "big"), ipaddress.ip_address(raw),
+                       fields[13], fields[14])
+                offset += (length + 3) & ~3
+
+
+def _table_listeners(ports: Collection[int],
+                     tables: Iterable[str] = TABLES) -> dict[int, list[Listener]]:
+    """listeners() from /proc/net/tcp{,6}; a table that cannot be read adds nothing."""
     found: dict[int, list[Listener]] = {}
     for table in tables:
         try:
