@@ -65,9 +65,10 @@ def _unsafe(path: Path) -> str:
     return ""
 
 
-def create_no_follow(path: str | os.PathLike[str], mode: int = 0o640) -> None:
+def create_no_follow(path: str | os.PathLike[str], mode: int = 0o644) -> None:
     """Create ``path`` if it is missing, refusing (OSError, ELOOP) a symbolic link in its
-    place: what SQLite then opens by name is this file, not a link's target."""
+    place: what SQLite then opens by name is this file, not a link's target. 0644 is the
+    mode SQLite would give it (the directory keeps others out; readers in it may export)."""
     os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, mode))
 
 
