@@ -65,7 +65,8 @@ def _reachable_on_loopback(address: IPAddress) -> bool:
 
 
 def is_loopback(host: str) -> bool:
-    """Whether the runtime address is this VM's loopback, whose listeners /proc shows."""
+    """Whether the runtime address is this VM's loopback, whose listeners the kernel's
+    tables of this network namespace show."""
     host = host.strip("[]")
     if host == "localhost":
         return True
@@ -181,8 +182,8 @@ def uid_of(pid: int) -> int | None:
 
 
 class RuntimeTrust:
-    """Judges each runtime port's server at every poll: a read of /proc/net/tcp{,6}; the
-    /proc walk for its pid only when the listening socket changed."""
+    """Judges each runtime port's server at every poll: the kernel's listening sockets
+    (sock_diag); the /proc walk for a pid only when a listening socket is new."""
 
     def __init__(self, holders: Callable[[], Mapping[str, int]],
                  allowed_uids: Callable[[], Collection[int]],
@@ -209,35 +210,22 @@ class RuntimeTrust:
         its dial reaches); the first untrusted one, else the first, is named."""
         if not found:
             return RuntimeServer(None, None, False, "nobody listens")
-        judged = [(lst, self._pids.get(lst.inode)) for lst in found]
-        for lst, pid in judged:
-            reason = self._distrust(lst.uid, pid, holders)
-            if reason:
-                return RuntimeServer(pid, lst.uid, False, reason)
-        lst, pid = judged[0]
-        return RuntimeServer(pid, lst.uid, True, self._trusted_as(lst.uid, pid, holders))
+        servers = [RuntimeServer(pid, lst.uid, *self._verdict(lst.uid, pid, holders))
+                   for lst, pid in ((lst, self._pids.get(lst.inode)) for lst in found)]
+        return next((s for s in servers if not s.trusted), servers[0])
 
-    def _distrust(self, uid: int, pid: int | None, holders: set[int]) -> str:
-        """Why a listener of ``uid`` (process ``pid``) is not believed; '' if it is."""
-        if uid == 0 or (pid is not None and pid in holders):
-            return ""
+    def _verdict(self, uid: int, pid: int | None, holders: set[int]) -> tuple[bool, str]:
+        """Whether a listener of ``uid`` (process ``pid``) is believed, and why."""
+        if uid == 0:
+            return True, "root"
+        if pid is not None and pid in holders:
+            return True, "the chips' holder"
         holder_uids = {u for u in map(uid_of, holders) if u is not None}
         if holder_uids:
-            return "" if uid in holder_uids else \
-                f"neither root nor the chips' holder: pid {_listed(holders)} of uid " \
-                f"{_listed(holder_uids)}"
-        if uid in self._trusted_uids():
-            return ""
+            return (True, "the chips' holder's user") if uid in holder_uids else \
+                (False, f"neither root nor the chips' holder: pid {_listed(holders)} of uid "
+                        f"{_listed(holder_uids)}")
+        if uid in {0, *(self._allowed_uids() or (self._own_uid,))}:
+            return True, "a trusted user, no chip holder known"
         whom = "reporter.allowed_uids" if self._allowed_uids() else "the agent's user"
-        return f"no chip holder known, and only root and {whom} are trusted then"
-
-    def _trusted_as(self, uid: int, pid: int | None, holders: set[int]) -> str:
-        if uid == 0:
-            return "root"
-        if pid is not None and pid in holders:
-            return "the chips' holder"
-        return "the chips' holder's user" if any(uid_of(h) == uid for h in holders) \
-            else "a trusted user"
-
-    def _trusted_uids(self) -> set[int]:
-        return {0, *(self._allowed_uids() or (self._own_uid,))}
+        return False, f"no chip holder known, and only root and {whom} are trusted then"
