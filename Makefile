@@ -55,6 +55,9 @@ demo: venv
 	@echo "  watch '.venv/bin/tpumon status'. Metrics: http://localhost:$(lastword $(subst :, ,$(DEMO_ADDRESS)))/metrics"
 	@echo "  Try 'make demo DEMO_SCENARIO=healthy'; 'tpumon sim --list' lists scenarios. Ctrl-C stops."
 	@echo
+	@# the agent refuses a state directory others may write (docs/security.md); one made by
+	@# an earlier demo under a umask of 002 is group-writable
+	@if [ -d .demo-state ]; then chmod go-w .demo-state; fi
 	$(BIN)/tpumon agent --simulate --scenario $(DEMO_SCENARIO) --listen-address $(DEMO_ADDRESS) \
 		--poll-interval 0.25 --state-dir .demo-state --reporter-socket .demo-state/reporter.sock
 

@@ -997,3 +997,141 @@ def test_a_silent_process_of_another_user_is_not_stalled_on_chips_it_does_not_ho
                            if "alert trigger" in line)
         finally:
             stop_all(a, sim, silent)
+
+
+# -- runtime port squatting (issue 42) ---------------------------------------------------
+
+SQUATTER = """
+import sys, time
+sys.path.insert(0, sys.argv[1])
+from fake_runtime import V4_TOTAL, FakeRuntime, RuntimeServer, chips_metrics
+full = chips_metrics({d: int(0.99 * V4_TOTAL) for d in range(4)})
+server = RuntimeServer(FakeRuntime(full), int(sys.argv[2]))
+print("serving", flush=True)
+time.sleep(float(sys.argv[3]))
+"""
+
+
+def test_a_squatter_on_the_runtime_port_raises_nothing_and_is_named(tmp_path, neighbour):
+    """Between jobs (no chip holder) a second user binds the runtime port first and serves
+    99 % HBM on four chips. The agent names the squatter's pid and uid in /api/status, in
+    `tpumon status`, in its log (once) and in tpumon_runtime_port_untrusted, and takes none
+    of its figures: no chip sample, so nothing for an alert to fire on. Before, the figures
+    were believed (four TPUMonHBMHigh pages after 5 min) and status said only
+    `runtime_ports: {port: true}`."""
+    from tools import TPUMON, free_port
+
+    port = free_port()
+    squatter = as_user(neighbour, SQUATTER, str(Path(__file__).parent), str(port), "60")
+    try:
+        assert squatter.stdout.readline().strip() == "serving", squatter.stderr.read()
+        a = AgentProcess(tmp_path, tmp_path / "state", "--runtime-ports", str(port),
+                         "--reporter-socket", str(tmp_path / "reporter.sock"), simulate=False,
+                         env={"TPUMON_IDENTITY_METADATA": "off"})
+        try:
+            served = wait_for(lambda: status(a).get("runtime_servers", {}).get(str(port)), 15)
+            assert served == {"pid": squatter.pid, "uid": neighbour.pw_uid, "trusted": False,
+                              "reason": served["reason"]}, served
+            time.sleep(1.0)  # 20 polls
+            doc = status(a)
+            assert all(c["hbm_used_bytes"] is None for c in doc["chips"]), doc["chips"]
+            runtime = doc["sources"]["tpu_runtime"]
+            assert not runtime["up"] and f"pid {squatter.pid} (uid {neighbour.pw_uid})" in \
+                runtime["error"], runtime
+            assert doc["notifications"] is None or not doc["notifications"]["active_alerts"]
+            assert a.value("tpumon_runtime_port_untrusted", port=str(port)) == 1
+            assert not any(name.startswith("tpumon_hbm") for name, _ in a.metrics())
+            assert a.log().count(f"WARNING tpumon.sources.tpu_runtime: runtime on localhost:"
+                                 f"{port} is served by pid {squatter.pid}") == 1, a.log()
+            shown = subprocess.run([*TPUMON, "status", "--agent", f"http://{a.url}"],
+                                   capture_output=True, text=True, timeout=30)
+            assert f"runtime port {port}: pid {squatter.pid}, uid {neighbour.pw_uid}: " \
+                "untrusted" in shown.stdout, shown.stdout + shown.stderr
+        finally:
+            assert a.stop() == 0
+    finally:
+        kill_group(squatter)
+
+
+# -- paths that cannot be redirected (issue 42) ------------------------------------------
+
+def start_agent(*extra: str) -> subprocess.CompletedProcess:
+    """``tpumon agent --simulate`` expected to refuse to start: its exit and output."""
+    from tools import TPUMON, clean_env
+
+    return subprocess.run([*TPUMON, "agent", "--simulate", "--listen-address", "127.0.0.1:0",
+                           *extra], capture_output=True, text=True, timeout=60,
+                          env=clean_env())
+
+
+def assert_refused(result: subprocess.CompletedProcess, *words: str) -> None:
+    """Exit 1 with one line, no traceback, naming the setting and why."""
+    assert result.returncode == 1, result.stderr
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith("Error: ") and all(w in line for w in words), line
+
+
+def test_a_symlinked_state_dir_is_refused(tmp_path):
+    """A state directory that is a link (another user's way to have root write its
+    databases where he likes) is refused with one line; nothing is written behind it.
+    Before, the agent followed it and created history.db and outbox.db there."""
+    target = tmp_path / "root-only"
+    target.mkdir(mode=0o700)
+    (tmp_path / "state").symlink_to(target)
+    assert_refused(start_agent("--state-dir", str(tmp_path / "state"), "--reporter-socket",
+                               str(tmp_path / "sock" / "r.sock")),
+                   "store.state_dir", "is a symbolic link")
+    assert list(target.iterdir()) == []
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o1777, 0o770])
+def test_a_state_or_socket_dir_others_may_write_is_refused(tmp_path, mode):
+    """World- or group-writable (sticky or not): refused, for the state directory and for
+    the socket's, with one line; before, the agent used it."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(mode)
+    assert_refused(start_agent("--state-dir", str(shared)), "store.state_dir",
+                   "may be written by others")
+    assert list(shared.iterdir()) == []
+    assert_refused(start_agent("--state-dir", str(tmp_path / "state"), "--reporter-socket",
+                               str(shared / "r.sock")), "reporter.socket",
+                   "may be written by others")
+    assert list(shared.iterdir()) == []
+
+
+def test_a_state_dir_another_user_owns_is_refused(tmp_path, neighbour):
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o755)
+    os.chown(theirs, neighbour.pw_uid, neighbour.pw_gid)
+    assert_refused(start_agent("--state-dir", str(theirs)), "store.state_dir",
+                   f"owned by uid {neighbour.pw_uid}")
+    assert list(theirs.iterdir()) == []
+
+
+def test_databases_are_not_opened_through_links_and_the_socket_gets_its_mode(agent,
+                                                                             tmp_path):
+    """Links named history.db and outbox.db in the state directory are not followed (the
+    store reports the error, nothing is created at their targets), and the socket is
+    0666 however tight the agent's umask: its mode is set on the descriptor (fchmod before
+    bind), never by a chmod through a path a link could redirect."""
+    state = tmp_path / "state"
+    state.mkdir(mode=0o750)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    for name in ("history.db", "outbox.db"):
+        (state / name).symlink_to(elsewhere / name)
+    umask = os.umask(0o077)
+    try:
+        a = agent("--state-dir", str(state),  # a Slack channel: the outbox is opened
+                  env={"TPUMON_SLACK_WEBHOOK_URL": "http://127.0.0.1:9/hook"})
+    finally:
+        os.umask(umask)
+    doc = wait_for(lambda: (d := status(a)) and d["store"] and d, 20)
+    assert not doc["store"]["up"], doc["store"]
+    assert "outbox.db cannot be opened ([Errno 40] Too many levels of symbolic links" \
+        in a.log()
+    assert list(elsewhere.iterdir()) == []
+    sock = tmp_path / "reporter.sock"
+    assert (sock.stat().st_mode & 0o777) == 0o666
+    assert (Path(connection_path(sock)).stat().st_mode & 0o777) == 0o666

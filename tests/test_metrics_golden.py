@@ -18,6 +18,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, generate_latest
 
 from tpumon.detect import Assessment, Verdict
+from tpumon.sources.runtime_server import RuntimeServer
 from tpumon.detect.counts import CountTrend
 from tpumon.exporters.prometheus import register_collectors
 from tpumon.identity import Identity
@@ -69,7 +70,10 @@ def fixed_snapshot() -> PollState:
         owners={"0": 4242, "1": 4242, "2": 4242},
         health=(SourceHealth("runtime", True, None, T, 100, 2, 0.004),
                 SourceHealth("host", True, None, T, 100, 0, 0.001)),
-        runtime_ports_up={8431: True},
+        runtime_ports_up={8431: True, 8432: False},
+        runtime_servers={8431: RuntimeServer(4242, 1000, True, "the chips' holder"),
+                         8432: RuntimeServer(777, 1001, False, "neither root nor the chips' "
+                                             "holder: pid 4242 of uid 1000")},
         assessments={"0": leak,
                       "1": Assessment(Verdict.WARMING_UP, "warming up"),
                       "2": Assessment(Verdict.OK, "flat", floor_bytes=8 * GiB,

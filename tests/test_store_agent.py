@@ -122,7 +122,9 @@ def _private_tmpfs_prefix(mountpoint: Path, size: str) -> tuple[str, ...]:
     outside (nsenter, /proc/PID/root) without touching the host's."""
     if os.geteuid() != 0 or not (shutil.which("unshare") and shutil.which("nsenter")):
         pytest.skip("needs root, unshare(1) and nsenter(1) for a private tmpfs")
-    mount = f"mount -t tmpfs -o ro,size={size} tmpfs {mountpoint}"
+    # mode 0750: a tmpfs root is 1777 by default, and the agent refuses a state directory
+    # others may write (docs/security.md)
+    mount = f"mount -t tmpfs -o ro,size={size},mode=0750 tmpfs {mountpoint}"
     probe = subprocess.run(["unshare", "-m", "sh", "-c", mount], capture_output=True, text=True)
     if probe.returncode != 0:
         pytest.skip(f"cannot mount a private tmpfs here: {probe.stderr.strip()}")

@@ -200,6 +200,7 @@ class Agent(Component):
             inventory=previous.inventory,
             runtime=runtime, host=host, owners=owners, health=health,
             runtime_ports_up=dict(self._runtime_source.ports_up),
+            runtime_servers=dict(self._runtime_source.servers),
             assessments=assessments,
             runtime_malformed_total=self._runtime_source.malformed_total,
             polls_total=self._polls,

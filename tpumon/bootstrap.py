@@ -16,6 +16,7 @@ import os
 import sqlite3
 import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry
@@ -32,11 +33,13 @@ from tpumon.sim.process import spawn_simulator
 from tpumon.sources.chips import ChipInventory, ChipOwnerScan, detect_chips, inventory_for
 from tpumon.notify.alerts import AlertLog, AlertSettings, AlertTracker
 from tpumon.notify.secrets import read_secret
+from tpumon.private_paths import private_dir
 from tpumon.leak_snapshots import LeakSnapshots
 from tpumon.lifecycle import Lifecycle
 from tpumon.sources.kernel_log import KernelLog
 from tpumon.sources.pod_resources import open_pod_resources
 from tpumon.sources.reporter import ReporterSocket
+from tpumon.sources.runtime_server import RuntimeTrust
 from tpumon.sources.tpu_runtime import TpuRuntimeSource
 from tpumon.state import AgentState
 from tpumon.status import Readers
@@ -103,6 +106,18 @@ def _path_for(config: Config, key: str, simulate: bool) -> str:
     """A path setting, or '' for "off": with --simulate only one set explicitly counts,
     so a simulation never touches the real agent's state or socket."""
     return "" if simulate and config.origins[key] == "default" else config[key]
+
+
+def check_private_dirs(config: Config, simulate: bool) -> None:
+    """Refuse (ConfigError, one line) a state or socket directory another user could
+    redirect the agent's files in (tpumon.private_paths); create a missing one: the state
+    directory 0750, the socket's 0755 (every user's processes reach the socket)."""
+    state_dir = _path_for(config, "store.state_dir", simulate)
+    if state_dir:
+        private_dir(state_dir, "store.state_dir", 0o750)
+    socket_path = _path_for(config, "reporter.socket", simulate)
+    if socket_path:
+        private_dir(Path(socket_path).parent, "reporter.socket", 0o755)
 
 
 def open_reporter_socket(config: Config, simulate: bool) -> ReporterSocket | None:
@@ -355,6 +370,8 @@ def _assemble(config: Config, simulate: bool, env: Mapping[str, str], history: b
               components: Lifecycle) -> Assembly:
     configured_identity = {k: config[f"identity.{k}"]
                            for k in ("hostname", "worker", "accelerator_type", "slice")}
+    if history:
+        check_private_dirs(config, simulate)
     channels = notification_channels(config, env) if history else []  # a bad secret file
     reporters = open_reporter_socket(config, simulate) if history else None  # fails first
     if reporters is not None:
@@ -398,7 +415,10 @@ def _assemble(config: Config, simulate: bool, env: Mapping[str, str], history: b
     identity = resolve_identity(configured_identity, tpu_env, env)
     runtime = TpuRuntimeSource(address, ports, config["runtime.timeout"], inventory,
                                runtime_clock=simulate,
-                               slow_interval=config["runtime.slow_metrics_interval"])
+                               slow_interval=config["runtime.slow_metrics_interval"],
+                               trust=RuntimeTrust(owners, lambda: reporters.allowed_uids
+                                                  if reporters is not None else
+                                                  config["reporter.allowed_uids"]))
     sources.append(runtime)
     components.add(Service("runtime source", runtime.close))
     state = AgentState(identity, inventory)

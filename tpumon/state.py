@@ -25,6 +25,7 @@ from tpumon.sources.health import SourceHealth
 from tpumon.sources.pod_resources import PodAssignment
 from tpumon.processes import ProcessState
 from tpumon.sources.reporter import ReporterReading
+from tpumon.sources.runtime_server import RuntimeServer
 from tpumon.sources.snapshots import SnapshotResult
 
 
@@ -41,6 +42,8 @@ class PollState:
     owners: Mapping[str, int] = field(default_factory=dict)
     health: tuple[SourceHealth, ...] = ()
     runtime_ports_up: Mapping[int, bool] = field(default_factory=dict)
+    # port -> who serves it and whether its figures are believed (empty: not checked)
+    runtime_servers: Mapping[int, RuntimeServer] = field(default_factory=dict)
     assessments: Mapping[str, Assessment] = field(default_factory=dict)
     runtime_malformed_total: int = 0
     polls_total: int = 0

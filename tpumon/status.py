@@ -89,6 +89,8 @@ def status_document(snap: PollState, source: str = "agent",
         "chip_type": snap.inventory.chip_type,
         "sources": {h.name: {"up": h.up, "error": h.error} for h in snap.health},
         "runtime_ports": {str(p): up for p, up in sorted(snap.runtime_ports_up.items())},
+        "runtime_servers": {str(p): server.to_json()
+                            for p, server in sorted(snap.runtime_servers.items())},
         "chips": chips,
         "host": None if host is None else {
             "memory_total_bytes": host.memory_total_bytes,

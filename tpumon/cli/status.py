@@ -80,6 +80,7 @@ def render_table(doc: dict[str, Any], console: Console) -> None:
         if not source["up"]:
             down = shown(f"{name}: down: {source['error']}")
             console.print(f"[yellow]{down}[/]", highlight=False)
+    render_runtime_servers(doc.get("runtime_servers") or {}, console)
     host = doc["host"]
     if host:
         console.print(f"host memory: {format_bytes(host['memory_used_bytes'])} used of "
@@ -90,6 +91,21 @@ def render_table(doc: dict[str, Any], console: Console) -> None:
         console.print(f"history: {shown(store['path'])} ({format_bytes(store['size_bytes'])}), "
                       f"{state}", highlight=False)
     render_notifications(doc.get("notifications"), console)
+
+
+def render_runtime_servers(servers: dict[str, dict[str, Any]], console: Console) -> None:
+    """Who serves each runtime port that someone listens on: its pid and uid, and whether
+    its figures are believed (a squatter's are not: docs/security.md)."""
+    for port, s in servers.items():
+        if s["uid"] is None:
+            continue
+        who = shown(f"runtime port {port}: pid "
+                    f"{'unknown' if s['pid'] is None else s['pid']}, uid {s['uid']}")
+        if s["trusted"]:
+            console.print(f"{who} ({shown(s['reason'])})", highlight=False)
+        else:
+            console.print(f"[yellow]{who}: untrusted, figures ignored: {shown(s['reason'])}[/]",
+                          highlight=False)
 
 
 def render_notifications(notes: dict[str, Any] | None, console: Console) -> None:

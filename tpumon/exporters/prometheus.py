@@ -199,10 +199,16 @@ class SourceCollector(_PollCollector):
                        "1 if the runtime metric service answered on this port.", ["port"])
         for port, ok in sorted(snap.runtime_ports_up.items()):
             ports.add_metric(ident + [str(port)], 1 if ok else 0)
+        untrusted = _gauge("tpumon_runtime_port_untrusted", "1 if a process the agent does "
+                           "not trust listens on this runtime port (its figures are ignored).",
+                           ["port"])
+        for port, server in sorted(snap.runtime_servers.items()):
+            untrusted.add_metric(ident + [str(port)],
+                                 0 if server.trusted or server.uid is None else 1)
         malformed = _counter("tpumon_runtime_malformed_entries",
                              "Runtime metric entries ignored because they could not be read.", [])
         malformed.add_metric(ident, snap.runtime_malformed_total)
-        yield from (up, polls, errors, duration, last_ok, ports, malformed)
+        yield from (up, polls, errors, duration, last_ok, ports, untrusted, malformed)
 
 
 class ReporterCollector(_PollCollector):

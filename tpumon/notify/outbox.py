@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Iterable, Mapping
 
 from tpumon.notify.alerts import Alert, Transition
+from tpumon.private_paths import create_no_follow
 from tpumon.store.database import PAGE_SIZE, is_corruption, move_aside
 
 log = logging.getLogger("tpumon.notify")
@@ -76,6 +77,8 @@ class Outbox:
         self.conn = self._open(path)
 
     def _connect(self, path: Path | None) -> sqlite3.Connection:
+        if path is not None:
+            create_no_follow(path)  # a link put in its place is refused (ELOOP)
         conn = sqlite3.connect(":memory:" if path is None else str(path), timeout=5.0,
                                isolation_level=None, check_same_thread=False)
         conn.execute("PRAGMA journal_mode=WAL")

@@ -375,6 +375,12 @@ class UnaryClient:
             self._drop(connection)
         self._closed = True
 
+    def forget(self, endpoint: Endpoint) -> None:
+        """Close the connection to ``endpoint``, if any: the next call dials afresh."""
+        connection = self._connections.get(endpoint)
+        if connection is not None:
+            self._drop(connection)
+
     def _perform(self, call: Call, timeout_ms: int, headers: list[str]) -> Message | CallFailed:
         connection = self._connection(call.endpoint)
         outcome, broken = connection.perform(call, _Exchange(call, self.max_reply_bytes),

@@ -32,7 +32,6 @@ from filling between polls.
 from __future__ import annotations
 
 import logging
-import os
 import selectors
 import socket
 import struct
@@ -44,6 +43,7 @@ from typing import Callable, Collection, NamedTuple, Protocol
 
 from tpumon.instrument.protocol import MAX_SNAPSHOT_DATAGRAM, PART
 from tpumon.signals import Stop
+from tpumon.private_paths import bind_with_mode
 
 log = logging.getLogger("tpumon.sources")
 
@@ -232,8 +232,7 @@ class ReporterInlet:
         sock = socket.socket(socket.AF_UNIX, kind | socket.SOCK_CLOEXEC)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
-            sock.bind(str(path))
-            os.chmod(path, 0o666)
+            bind_with_mode(sock, str(path), 0o666)  # every user's processes report
         except OSError:
             sock.close()
             raise

@@ -39,6 +39,7 @@ from tpumon.sources.grpc_unary import Call, CallFailed, Endpoint, UnaryClient
 from tpumon.sources.health import SourceUnavailable
 from tpumon.sources.runtime_names import GET_RUNTIME_METRIC, LIST_SUPPORTED_METRICS, \
     MetricName
+from tpumon.sources.runtime_server import RuntimeServer, RuntimeTrust, is_loopback
 
 log = logging.getLogger("tpumon.sources.tpu_runtime")
 
@@ -101,6 +102,13 @@ def _device_value(metric: pb.Metric) -> DeviceValue | None:
     return DeviceValue(device_id, value) if 0 <= value < 2.0**63 else None
 
 
+def describe_server(server: RuntimeServer) -> str:
+    """'pid 1234 (uid 1001)', or 'a process of uid 1001 this agent cannot see'."""
+    if server.pid is None:
+        return f"a process of uid {server.uid} this agent cannot see"
+    return f"pid {server.pid} (uid {server.uid})"
+
+
 def _describe(failure: CallFailed, target: str, timeout: float) -> str:
     if failure.status == "UNAVAILABLE":
         return f"no runtime answering on {target}"
@@ -125,7 +133,8 @@ class TpuRuntimeSource:
 
     def __init__(self, address: str, ports: Iterable[int], timeout: float,
                  inventory: ChipInventory, clock: Callable[[], float] = time.time,
-                 runtime_clock: bool = False, slow_interval: float = 0.0) -> None:
+                 runtime_clock: bool = False, slow_interval: float = 0.0,
+                 trust: RuntimeTrust | None = None) -> None:
         """``runtime_clock``: date readings by the timestamps the runtime puts on its metrics
         (the simulator's simulated time) instead of ``clock``. Off for libtpu, whose
         timestamp semantics are not verified.
@@ -133,7 +142,11 @@ class TpuRuntimeSource:
         ``slow_interval``: ask for total memory and duty cycle at most this often (seconds;
         0: every poll), and for usage alone in between. Usage is what the detector samples
         every poll; the total never changes and duty cycle is read at scrape resolution,
-        while a slow round of 15 calls costs 4-5 ms of CPU against ~0.8 ms for usage alone."""
+        while a slow round of 15 calls costs 4-5 ms of CPU against ~0.8 ms for usage alone.
+
+        ``trust``: who may serve the figures (:mod:`tpumon.sources.runtime_server`); a port
+        whose server it does not believe is treated as down. None, or a runtime that is
+        not on loopback (not in this VM's /proc/net/tcp): every server is believed."""
         self.address = address
         self.slow_interval = slow_interval
         self._slow_due = 0.0  # monotonic time the slow metrics are next asked for
@@ -144,6 +157,8 @@ class TpuRuntimeSource:
         self.inventory = inventory
         self.malformed_total = 0
         self.ports_up: dict[int, bool] = {port: False for port in self.ports}
+        self._trust = trust if is_loopback(address) else None
+        self.servers: dict[int, RuntimeServer] = {}  # port -> who serves it (with trust)
         self._clock = clock
         self._runtime_clock = runtime_clock
         self._stamps: list[float] = []
@@ -172,7 +187,7 @@ class TpuRuntimeSource:
     def poll(self) -> RuntimeReading:
         """One reading of every chip; raises SourceUnavailable when no port answers."""
         self._stamps = []
-        answers = self._ask_all_ports()
+        answers = self._screen(self._ask_all_ports())
         now = max(self._stamps) if self._runtime_clock and self._stamps else self._clock()
         self.ports_up = {a.port: a.usage is not None for a in answers}
         live = [a for a in answers if a.usage is not None]
@@ -186,6 +201,41 @@ class TpuRuntimeSource:
         if self._list_supported() or self._slow_round:
             self._ask_extras()
         return RuntimeReading(now, chips, missing, self._series, self.supported_metrics)
+
+    def _screen(self, answers: list[_PortAnswer]) -> list[_PortAnswer]:
+        """The answers with those of untrusted servers taken out (the port then reads as
+        down, with the reason); who serves each port is logged when it changes, and the
+        connection to a port whose server changed is dialled afresh (it may still reach
+        the process that answered before)."""
+        if self._trust is None:
+            return answers
+        servers = self._trust.judge(self.ports)
+        for port, server in servers.items():
+            before = self.servers.get(port)
+            if before is not None and (before.pid, before.uid) != (server.pid, server.uid):
+                self._client.forget(self._endpoints[port])
+            if server != before:
+                self._log_server(port, server)
+        self.servers = servers
+        return [a if servers[a.port].trusted or a.usage is None else
+                _PortAnswer(a.port, None, None, None,
+                            self._distrusted(a.port, servers[a.port]))
+                for a in answers]
+
+    def _distrusted(self, port: int, server: RuntimeServer) -> str:
+        if server.uid is None:
+            return f"no runtime listening on {self.target(port)}"
+        return f"runtime on {self.target(port)} is served by {describe_server(server)}: " \
+            f"its figures are ignored ({server.reason})"
+
+    def _log_server(self, port: int, server: RuntimeServer) -> None:
+        if server.uid is None:
+            return  # nobody listens: the failed call says so
+        if server.trusted:
+            log.info("runtime on %s is served by %s: trusted as %s", self.target(port),
+                     describe_server(server), server.reason)
+        else:
+            log.warning("%s", self._distrusted(port, server))
 
     @property
     def supported_metrics(self) -> tuple[str, ...]:

@@ -32,6 +32,8 @@ from itertools import groupby
 from pathlib import Path
 from typing import Iterable, Iterator, NamedTuple
 
+from tpumon.private_paths import create_no_follow
+
 log = logging.getLogger("tpumon.store")
 
 DB_NAME = "history.db"
@@ -200,6 +202,7 @@ class HistoryDB:
         if read_only:
             self.conn = _connect_read_only(path)
         else:
+            create_no_follow(path)  # a link put in its place is refused (ELOOP)
             self.conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False,
                                         timeout=5.0)
         self._series: dict[tuple[str, str], int] = {}
