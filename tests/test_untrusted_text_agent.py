@@ -15,6 +15,7 @@ from typing import Iterator
 
 import pytest
 from fake_alert_apis import FakeAlertAPI
+from test_hostile import sim_runtime, stop_all
 from test_untrusted_text import HOSTILE, MENTIONS
 from tools import TPUMON, AgentProcess, FakeReporter, clean_env
 
@@ -34,18 +35,24 @@ def slack_texts(body: dict) -> list[str]:
 
 
 def test_mentions_in_a_framework_reach_slack_escaped_and_pagerduty_capped(tmp_path):
+    """The one trusted process reporting to a real agent on a simulated runtime (so the
+    chips are the ones it drives, and its stall is paged) names its framework with Slack
+    mentions and a disguised link."""
     sock = tmp_path / "reporter.sock"
+    sim, port = sim_runtime(tmp_path)
     with FakeAlertAPI("slack") as slack, FakeAlertAPI("pagerduty") as pagerduty:
-        agent = AgentProcess(tmp_path, None, "--reporter-socket", str(sock), env={
+        agent = AgentProcess(tmp_path, None, "--runtime-ports", str(port), "--reporter-socket",
+                             str(sock), simulate=False, env={
             "TPUMON_SLACK_WEBHOOK_URL": slack.url, "TPUMON_PAGERDUTY_URL": pagerduty.url,
             "TPUMON_PAGERDUTY_ROUTING_KEY": "R0UT1NGK3Y", "TPUMON_PAGERDUTY_MIN_SEVERITY":
-            "warning", "TPUMON_ALERTS_TRAINING_STALL_MINUTES": "0.1"})
+            "warning", "TPUMON_ALERTS_TRAINING_STALL_MINUTES": "0.1",
+            "TPUMON_IDENTITY_METADATA": "off"})
         try:
             MentioningReporter(socket=str(sock), min_interval=0).step(1200)  # then stuck
             body = slack.wait_for_requests(1, 60)[0].body
             page = pagerduty.wait_for_requests(1, 60)[0].body
         finally:
-            assert agent.stop() == 0
+            stop_all(agent, sim)
     texts = slack_texts(body)
     assert all("<!" not in t and "<http://evil" not in t for t in texts), texts
     escaped = "(&lt;!channel&gt; &lt;http://evil|click&gt;) stuck at step 1200"
