@@ -126,7 +126,7 @@ class DetectorCollector(_PollCollector):
                 "Growth of the floor per training step.", ["chip"]),
             "predicted_oom_time": _gauge(
                 "tpumon_oom_predicted_timestamp_seconds",
-                "When floor plus the largest transient reaches capacity at the current growth.",
+                "When floor plus the recurring transient reaches capacity at the current growth.",
                 ["chip"]),
             "predicted_oom_step": _gauge("tpumon_oom_predicted_step",
                                          "Training step at the predicted OOM.", ["chip"]),
