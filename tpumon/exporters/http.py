@@ -23,7 +23,7 @@ import ssl
 import sys
 import threading
 import time
-from typing import IO, TYPE_CHECKING, Any, Callable, Iterable, cast
+from typing import IO, TYPE_CHECKING, Any, Callable, Iterable, Iterator, cast
 from wsgiref.simple_server import ServerHandler, WSGIRequestHandler, make_server
 
 from prometheus_client import CollectorRegistry
@@ -36,6 +36,7 @@ from tpumon.exporters.connections import (HEAD_END, MAX_BODY_BYTES, MAX_HEAD_BYT
                                           REQUEST_SECONDS, Connections, client_gone,
                                           receive_until)
 from tpumon.exporters.exposition import metrics_app as exposition_app
+from tpumon.exporters.report_page import Answer
 from tpumon.exporters.webconfig import LiveWebConfig, protect
 from tpumon.state import PollState
 from tpumon.units import format_bytes
@@ -137,10 +138,11 @@ def landing_page(snap: PollState) -> str:
 
 
 def _app(registry: CollectorRegistry, get_snapshot: Callable[[], PollState],
-         report: Callable[[], tuple[str, bytes]] | None = None,
+         report: Callable[[], Answer] | None = None,
          snapshot_request: snapshot_api.Request | None = None,
          readers: Readers = NO_READERS) -> Callable:
     metrics_app = exposition_app(registry)
+    report_app = None if report is None else _report_app(report)
 
     def route(environ: dict, start_response: Callable) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "/")
@@ -164,11 +166,8 @@ def _app(registry: CollectorRegistry, get_snapshot: Callable[[], PollState],
         if path == "/favicon.ico":  # every browser asks; a 404 is a console error in each
             start_response("204 No Content", [])
             return []
-        if path == "/report" and report is not None:
-            status, body = report()
-            kind = "text/html; charset=utf-8" if status.startswith("200") else "text/plain"
-            start_response(status, [("Content-Type", kind)])
-            return [body]
+        if path == "/report" and report_app is not None:
+            return report_app(environ, start_response)
         if path == "/report":
             start_response("404 Not Found", [("Content-Type", "text/plain")])
             return [b"No history store: the agent keeps one with --state-dir.\n"]
@@ -176,6 +175,59 @@ def _app(registry: CollectorRegistry, get_snapshot: Callable[[], PollState],
         return [b"Not found. Metrics are at /metrics.\n"]
 
     return _methods(route)
+
+
+#: /report answers in progress at once (the one drawing, and pages of a few MiB being sent
+#: to clients that may read slowly, SEND_TIMEOUT per send); past them, 503 at once. So
+#: /report never holds more than these of the server's 64 connection slots
+#: (connections.py), and a scrape always finds one.
+REPORT_SLOTS = 3
+REPORT_BUSY = Answer("503 Service Unavailable",
+                     b"Too many report requests at once; try again in a few seconds.\n", 5)
+
+
+def _report_app(report: Callable[[], Answer]) -> Callable:
+    """/report with at most REPORT_SLOTS answers in progress. A slot is held until the
+    server is done sending (the body's close(), which WSGI servers call after the last
+    byte or on an error), not just until ``report`` returns."""
+    slots = threading.BoundedSemaphore(REPORT_SLOTS)
+
+    def app(environ: dict, start_response: Callable) -> Iterable[bytes]:
+        if not slots.acquire(blocking=False):
+            return _send_answer(REPORT_BUSY, start_response)
+        try:
+            answer = report()
+        except BaseException:
+            slots.release()
+            raise
+        return _Releasing(_send_answer(answer, start_response), slots.release)
+
+    return app
+
+
+def _send_answer(answer: Answer, start_response: Callable) -> list[bytes]:
+    ok = answer.status.startswith("200")
+    headers = [("Content-Type", "text/html; charset=utf-8" if ok else "text/plain")]
+    if answer.retry_after:
+        headers.append(("Retry-After", str(answer.retry_after)))
+    start_response(answer.status, headers)
+    return [answer.body]
+
+
+class _Releasing:
+    """A response body that calls ``release`` once when the server closes it."""
+
+    def __init__(self, body: list[bytes], release: Callable[[], None]) -> None:
+        self._body = body
+        self._release: Callable[[], None] | None = release
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self._body)
+
+    def close(self) -> None:
+        release, self._release = self._release, None
+        if release is not None:
+            release()
 
 
 def _methods(route: Callable) -> Callable:
@@ -193,9 +245,13 @@ def _methods(route: Callable) -> Callable:
         if method != "HEAD":
             return route(environ, start_response)
         answer: list = []
-        body = b"".join(route({**environ, "REQUEST_METHOD": "GET"},
-                              lambda status, headers, exc_info=None: answer.extend(
-                                  (status, headers))))
+        result = route({**environ, "REQUEST_METHOD": "GET"},
+                       lambda status, headers, exc_info=None: answer.extend((status, headers)))
+        try:
+            body = b"".join(result)
+        finally:
+            if hasattr(result, "close"):  # as a WSGI server would (/report frees its slot)
+                result.close()
         status, headers = answer
         if not any(name.lower() == "content-length" for name, _ in headers):
             headers = [*headers, ("Content-Length", str(len(body)))]
@@ -325,7 +381,7 @@ class MetricsServer:
         return self._web.config.describe() if self._web is not None else ""
 
     def attach(self, registry: CollectorRegistry, get_snapshot: Callable[[], PollState],
-               report: Callable[[], tuple[str, bytes]] | None = None,
+               report: Callable[[], Answer] | None = None,
                snapshot_request: snapshot_api.Request | None = None,
                readers: Readers = NO_READERS) -> None:
         """Serve the agent: its registry, its poll states, ``report`` at /report (the HTML

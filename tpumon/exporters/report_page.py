@@ -2,14 +2,22 @@
 so a Slack message or a PagerDuty incident can link the picture of the leak.
 
 The report is drawn by a `tpumon report` child process reading the history store (SQLite
-lets it read while the agent writes): matplotlib never enters the agent's memory, a slow
-drawing never holds a scrape thread's lock for long, and one request at a time is served,
-the result kept for a minute, so a link clicked by a whole on-call channel draws once.
+lets it read while the agent writes): matplotlib never enters the agent's memory, and a slow
+drawing never holds a scrape thread's lock. A page drawn is kept a minute, so a link clicked
+by a whole on-call channel draws once.
+
+No request ever waits for another's drawing: one draws (a lock taken without blocking), and
+the others are answered at once with the last page drawn, or 503 with Retry-After when
+there is none yet. A failed drawing's answer is kept too, so that a broken store is not
+drawn again for every click. Before, the requests that came while a page was drawn waited
+on the lock, each holding one of the HTTP server's 64 connection slots: 100 of them at the
+cache's expiry left Prometheus' scrapes unanswered (docs/security.md).
 Nothing of tpumon.report is imported here: the agent never loads it.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -17,31 +25,78 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import NamedTuple
 
-CACHE_SECONDS = 60.0
+CACHE_SECONDS = 60.0  # a page this young is served as it is, not drawn again
+# While the next page is drawn, the last one is served up to this age: a slightly old
+# picture at once beats a wait that holds a connection slot.
+STALE_SECONDS = 3600.0
+FAILURE_SECONDS = 10.0  # a failed drawing's answer is served this long, not drawn again
+RETRY_SECONDS = 5  # Retry-After while the first page is drawn (a drawing takes seconds)
 TIMEOUT_SECONDS = 120.0
 
 
+class Answer(NamedTuple):
+    """What /report answers: an HTTP status, the body, and for a 503 the seconds after
+    which asking again may get a page (the Retry-After header)."""
+
+    status: str
+    body: bytes
+    retry_after: int = 0
+
+
 class ReportPage:
-    """Draws and caches the host's report; ``__call__`` gives (HTTP status, body)."""
+    """Draws and keeps the host's report; ``__call__`` answers at once unless this request
+    is the one drawing."""
 
     def __init__(self, state_dir: Path, host: str, since: str = "7d") -> None:
         self.state_dir = state_dir
         self.host = host
         self.since = since
-        self._lock = threading.Lock()
-        self._cached: tuple[float, bytes] | None = None
+        self._drawing = threading.Lock()
+        # Each replaced whole (never changed in place), so reading one needs no lock.
+        self._page: tuple[float, bytes] | None = None  # when drawn, the HTML
+        self._failure: tuple[float, str] | None = None  # when it failed, why
 
-    def __call__(self) -> tuple[str, bytes]:
-        with self._lock:
-            if self._cached and time.monotonic() - self._cached[0] < CACHE_SECONDS:
-                return "200 OK", self._cached[1]
-            try:
-                body = self._draw()
-            except RuntimeError as exc:
-                return "503 Service Unavailable", f"{exc}\n".encode()
-            self._cached = (time.monotonic(), body)
-            return "200 OK", body
+    def __call__(self) -> Answer:
+        kept = self._kept()
+        if kept is not None:
+            return kept
+        if not self._drawing.acquire(blocking=False):
+            return self._while_drawing()
+        try:
+            return self._kept() or self._draw_and_keep()  # one drawn while we looked
+        finally:
+            self._drawing.release()
+
+    def _kept(self) -> Answer | None:
+        """A recent failure's answer, or a page drawn within CACHE_SECONDS."""
+        now, page, failure = time.monotonic(), self._page, self._failure
+        if failure is not None and now - failure[0] < FAILURE_SECONDS:
+            left = math.ceil(FAILURE_SECONDS - (now - failure[0]))
+            return Answer("503 Service Unavailable", f"{failure[1]}\n".encode(), left)
+        if page is not None and now - page[0] < CACHE_SECONDS:
+            return Answer("200 OK", page[1])
+        return None
+
+    def _while_drawing(self) -> Answer:
+        """The last page if it is not too old, else 503: never a wait for the drawing."""
+        page = self._page
+        if page is not None and time.monotonic() - page[0] < STALE_SECONDS:
+            return Answer("200 OK", page[1])
+        return Answer("503 Service Unavailable",
+                      b"The report is being drawn; try again in a few seconds.\n",
+                      RETRY_SECONDS)
+
+    def _draw_and_keep(self) -> Answer:
+        try:
+            body = self._draw()
+        except RuntimeError as exc:
+            self._failure = (time.monotonic(), str(exc))
+            return Answer("503 Service Unavailable", f"{exc}\n".encode(),
+                          math.ceil(FAILURE_SECONDS))
+        self._page, self._failure = (time.monotonic(), body), None
+        return Answer("200 OK", body)
 
     def _draw(self) -> bytes:
         with tempfile.TemporaryDirectory(prefix="tpumon-report-") as out:
