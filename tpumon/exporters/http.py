@@ -385,7 +385,8 @@ class MetricsServer:
                snapshot_request: snapshot_api.Request | None = None,
                readers: Readers = NO_READERS) -> None:
         """Serve the agent: its registry, its poll states, ``report`` at /report (the HTML
-        of ``tpumon report``, when the agent keeps a history store), with a reporter
+        of ``tpumon report``, when the agent keeps a history store; at most REPORT_SLOTS
+        answers in progress, so it never crowds out a scrape), with a reporter
         socket tensor snapshot requests at /api/snapshot, and in /api/status the health
         ``readers`` (the store, the notifiers) give of themselves."""
         self._app = _app(registry, get_snapshot, report, snapshot_request, readers)
