@@ -147,8 +147,8 @@ class _Job:
     longest_transient: int = 0  # buckets: the longest rise-and-return of the floor so far
     transients_scanned: int = 0  # next bucket (index as ``scanned``) to look for one at
     appended: int = 0
-    transient: float = 0.0  # the in-step transient that recurs: see note_transient
-    largest: list[float] = field(default_factory=list)  # the largest few, ascending
+    largest: list[float] = field(default_factory=list)  # bucket transients: the largest
+    # few, ascending (note_transient)
     sigma: float = 0.0
     sigma_due: int = 0
     scatter: float = 0.0  # of single floors (at least sigma): see floor_noise
@@ -178,7 +178,11 @@ class _Job:
         elif value > top[0]:
             top[0] = value
             top.sort()
-        self.transient = top[0]
+
+    @property
+    def transient(self) -> float:
+        """The in-step transient that recurs (:meth:`note_transient`); 0 before any."""
+        return self.largest[0] if self.largest else 0.0
 
     def add_jumps(self, found: list[Jump]) -> None:
         """Keep the last 1024 jumps; the arrays that correct floors for them change only

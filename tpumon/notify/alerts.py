@@ -102,8 +102,8 @@ def describe_duration(seconds: float) -> str:
 
 
 def describe_band(a: Assessment, now: float) -> str:
-    """The forecast's calibrated band as a page says it: ", between 14:10 and 17:40 UTC,
-    step 61,000-68,500" (dates where it leaves today); empty without one. The band is
+    """The forecast's calibrated band as a page says it: ", 92% between 14:10 and 17:40
+    UTC, step 61,000-68,500" (dates where it leaves today); empty without one. The band is
     what the forecast has been worth on replayed leaks (tpumon.detect.forecast_band): a
     reader at 3 a.m. plans for its earlier end."""
     low, high = a.predicted_oom_time_low, a.predicted_oom_time_high
