@@ -306,3 +306,36 @@ def test_a_trace_on_stdin_and_the_agent_never_loads_matplotlib(traces, tmp_path)
     assert proc.returncode == 0, proc.stderr
     html = (tmp_path / f"{file_stem(HOST)}.html").read_text()
     assert "<td>standard input</td>" in html and len(summary_rows(html)) == 1
+
+
+def colour_columns(png: bytes, colour: str) -> np.ndarray:
+    """Which pixel columns of the picture hold at least one pixel of exactly ``colour``."""
+    from PIL import Image
+
+    import io
+
+    image = np.asarray(Image.open(io.BytesIO(png)).convert("RGB"))
+    rgb = np.array([int(colour[i:i + 2], 16) for i in (1, 3, 5)])
+    return (image == rgb).all(axis=2).any(axis=0)
+
+
+@pytest.mark.parametrize("poll", [5.0, 30.0])
+def test_the_raw_sample_band_is_drawn_wherever_the_floor_is(poll):
+    """The light band of raw samples (min to max per bin), which the legend and
+    docs/report.md promise, is drawn along the whole series, above the floor where the
+    sawtooth's samples lie: at 5 s polls (more samples than bins) and 30 s (fewer samples
+    than the picture has pixels, as Prometheus' scrapes of a demo's accelerated time)."""
+    from tpumon.report.render import FLOOR, RAW, render_png
+
+    rows = list(generate_trace("linear-leak", duration_s=4 * 3600, poll_interval_s=poll,
+                               chips=1, seed=1, host=HOST))
+    [report] = build_reports(series_from_rows(rows), "test", "0", 0.0)
+    chip = report.chips[0]
+    assert np.nanmax(chip.envelope_high - chip.envelope_low) > 2**30  # a sawtooth of GiB
+    png = render_png(report)
+    floor, band = colour_columns(png, FLOOR), colour_columns(png, RAW)
+    data = np.flatnonzero(floor)
+    # the legend's swatch is the band's colour too: look only where the floor is drawn
+    assert len(data) > 200
+    inside = band[data.min():data.max() + 1]
+    assert inside.mean() > 0.95, f"band in {inside.mean():.0%} of the floor's columns"

@@ -28,8 +28,11 @@ from tpumon.detect.replay import job_name, replay_pooling
 from tpumon.store.database import StoredEnd
 from tpumon.trace import SeriesColumns, TraceRow
 
-#: Bins of the raw-sample envelope: about one per pixel of the PNG's plot width.
+#: Bins of the raw-sample envelope: at most about one per pixel of the PNG's plot width,
+#: and at least SAMPLES_PER_BIN samples to a bin on average (a bin of one sample is a line
+#: of no height: the min to max of a few is the band of the sawtooth).
 ENVELOPE_BINS = 1400
+SAMPLES_PER_BIN = 4
 #: The detector is replayed in slices of this many seconds (its state changes only when a
 #: bucket of 1-3 minutes closes), or longer to stay within MAX_SLICES per series: the
 #: resolution of the verdict over time. Each slice costs an update call (~0.2 ms).
@@ -233,12 +236,12 @@ def chip_report(host: str, chip: str, columns: SeriesColumns,
     known = ~np.isnan(steps)
     report = ChipReport(
         host, chip, len(times), float(times[0]), end, total, assessment, detector.alert,
-        *_envelope(times, used), floor_times.astype(float), groups.floor, groups.peak, jobs,
+        *_envelope(times, used, _gap(times, settings or DetectorSettings())), floor_times.astype(float), groups.floor, groups.peak, jobs,
         sorted(jumps.values(), key=lambda j: j.time),
         _excursions(floor_times, groups.floor, groups.peak, jobs, total),
         _timeline(float(times[0]), end, [(t, a.verdict.value) for t, _, a in said]),
         times[known], steps[known], said=said)
-    report.gaps = _gaps(times, settings or DetectorSettings())
+    report.gaps = gaps(times, settings or DetectorSettings())
     report.trend = _trend(report)
     report.forecast = _forecast(report)
     return report
@@ -299,21 +302,31 @@ def _jobs(starts: dict[float, float | None], end: float, times: np.ndarray,
     return out
 
 
-def _gaps(times: np.ndarray, settings: DetectorSettings) -> list[tuple[float, float]]:
-    """Times without samples (runtime gone, agent down) as long as the detector's restart
-    gap, or several poll intervals where polls are slower than that."""
+def _gap(times: np.ndarray, settings: DetectorSettings) -> float:
+    """How long a time without samples is a gap: the detector's restart gap, or several
+    poll intervals where polls are slower than that."""
     dt = np.diff(times)
-    if not len(dt):
-        return []
-    gap = max(settings.restart_gap_seconds, 3 * float(np.median(dt)))
+    return max(settings.restart_gap_seconds, 3 * float(np.median(dt)) if len(dt) else 0.0)
+
+
+def gaps(times: np.ndarray, settings: DetectorSettings) -> list[tuple[float, float]]:
+    """Times without samples (runtime gone, agent down): :func:`_gap` long or longer."""
+    dt = np.diff(times)
+    gap = _gap(times, settings)
     return [(float(times[i]), float(times[i + 1])) for i in np.flatnonzero(dt >= gap)]
 
 
-def _envelope(times: np.ndarray, used: np.ndarray,
-              bins: int = ENVELOPE_BINS) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _envelope(times: np.ndarray, used: np.ndarray, gap: float,
+              most: int = ENVELOPE_BINS) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Min and max of the raw samples per time bin: every sample's extent, at the cost of
-    a few thousand points whatever the length of the series. Bins without samples are NaN
-    (a gap is drawn as a gap)."""
+    a few thousand points whatever the length of the series.
+
+    A bin without a sample of its own, between two samples closer than ``gap`` (polls
+    sparser than the bins), spans the two samples around it: the series passes through
+    it, and a band of isolated one-bin islands would be drawn zero pixels wide (the
+    band was missing from every report of a sparse series). Bins inside a gap of ``gap``
+    seconds or more are NaN: a time without samples is drawn as a gap."""
+    bins = max(1, min(most, len(times) // SAMPLES_PER_BIN))
     t0, t1 = float(times[0]), float(times[-1])
     width = max((t1 - t0) / bins, 1e-9)
     ids = np.minimum(((times - t0) / width).astype(np.int64), bins - 1)
@@ -323,6 +336,14 @@ def _envelope(times: np.ndarray, used: np.ndarray,
     high = np.full(bins, np.nan)
     low[ids[first]] = np.minimum.reduceat(used, first)
     high[ids[first]] = np.maximum.reduceat(used, first)
+    empty = np.flatnonzero(np.isnan(low))
+    after = times.searchsorted(t0 + empty * width)  # the first sample after the bin
+    inside = (after > 0) & (after < len(times))
+    empty, after = empty[inside], after[inside]
+    near = times[after] - times[after - 1] < gap
+    empty, after = empty[near], after[near]
+    around = np.vstack([used[after - 1], used[after]]).astype(float)
+    low[empty], high[empty] = around.min(axis=0), around.max(axis=0)
     return centres, low, high
 
 

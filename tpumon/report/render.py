@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import math
 import time
+import warnings
 
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -45,6 +46,7 @@ PANEL_IN = 3.6
 HEADER_IN = 1.2
 FOOTER_IN = 0.55
 DPI = 100
+PLOT_LEFT, PLOT_RIGHT = 0.06, 0.985  # the panels' edges, as fractions of the width
 MAX_JUMP_LABELS = 4  # more jumps on a panel get one label for all
 
 
@@ -106,7 +108,7 @@ def render_png(report: HostReport) -> bytes:
     height = header + PANEL_IN * n + FOOTER_IN
     fig = Figure(figsize=(WIDTH_IN, height), dpi=DPI)
     FigureCanvasAgg(fig)
-    fig.subplots_adjust(left=0.06, right=0.985, top=1 - header / height,
+    fig.subplots_adjust(left=PLOT_LEFT, right=PLOT_RIGHT, top=1 - header / height,
                         bottom=FOOTER_IN / height, hspace=0.32)
     axes = fig.subplots(n, 1, sharex=True, squeeze=False)[:, 0]
     t0 = report.start
@@ -130,11 +132,19 @@ def render_png(report: HostReport) -> bytes:
     return out.getvalue()
 
 
+#: The time axis reaches out to a forecast OOM up to this many times the data's span past
+#: its end, or OOM_REACH_HOURS, whichever is longer (an OOM inside the 6 h horizon of
+#: TPUMonOOMForecast is always drawn); a farther one runs off the edge, its time written
+#: there, so that the data keep at least a quarter of the width.
+OOM_REACH_SPANS = 3.0
+OOM_REACH_HOURS = 6.0
+
+
 def _x_end(report: HostReport) -> float:
-    """Right end of the time axis: the data, and the forecast OOM when it is not too far
-    out (beyond, the forecast line runs off the edge with the time written on it)."""
+    """Right end of the time axis: the data, and the forecast OOM (its X) when it is not
+    too far out (beyond, the forecast line runs off the edge with the time written on it)."""
     span = max(report.end - report.start, 3600.0)
-    reach = report.end + max(0.6 * span, 2 * 3600.0)
+    reach = report.end + max(OOM_REACH_SPANS * span, OOM_REACH_HOURS * 3600.0)
     end = report.end
     for c in report.chips:
         if c.forecast is not None:
@@ -144,8 +154,9 @@ def _x_end(report: HostReport) -> float:
 
 def _panel(ax, r: ChipReport, t0: float, x_end: float) -> None:
     h = lambda t: (np.asarray(t, dtype=float) - t0) / 3600  # noqa: E731
-    ax.fill_between(h(r.envelope_times), r.envelope_low / GiB, r.envelope_high / GiB,
-                    color=RAW, linewidth=0, step="mid", zorder=1)
+    times, low, high = _per_pixel(r, (x_end - t0) / max(r.end - r.start, 1e-9))
+    ax.fill_between(h(times), low / GiB, high / GiB, color=RAW, linewidth=0, step="mid",
+                    zorder=1)
     ft, fv = _broken(r.floor_times, r.floors, 1.5 * _bucket(r))
     ax.plot(h(ft), fv / GiB, color=FLOOR, linewidth=1.0, zorder=6, drawstyle="steps-post")
     ax.axhline(r.total / GiB, color="black", linewidth=1.3, zorder=2)
@@ -206,6 +217,26 @@ def _panel(ax, r: ChipReport, t0: float, x_end: float) -> None:
     colour = VERDICT_COLOURS.get(r.verdict, "black")
     ax.set_title(panel_title(r), loc="left", fontsize=11.5, color=colour, fontweight="bold")
     ax.tick_params(labelsize=9.5, labelbottom=True)
+
+
+def _per_pixel(r: ChipReport, stretch: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The raw-sample envelope in bins at least a pixel wide, on an axis ``stretch`` times
+    the data's span (reaching out to an OOM): bins narrower than a pixel are each blended
+    to a faint sliver, and the band is all but invisible."""
+    pixels = max(1, int(WIDTH_IN * DPI * (PLOT_RIGHT - PLOT_LEFT) / stretch))
+    k = -(-len(r.envelope_times) // pixels)
+    if k <= 1:
+        return r.envelope_times, r.envelope_low, r.envelope_high
+    n = -(-len(r.envelope_times) // k) * k
+    pad = np.full(n - len(r.envelope_times), np.nan)
+
+    def grouped(values: np.ndarray) -> np.ndarray:
+        return np.r_[values, pad].reshape(-1, k)
+    with warnings.catch_warnings():  # a group all NaN (inside a gap) stays NaN
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return (np.nanmean(grouped(r.envelope_times), axis=1),
+                np.nanmin(grouped(r.envelope_low), axis=1),
+                np.nanmax(grouped(r.envelope_high), axis=1))
 
 
 def _bucket(r: ChipReport) -> float:
