@@ -5,9 +5,11 @@ end-to-end replay is in tests/test_pod_e2e.py)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import time
 
+import numpy as np
 import pytest
 
 from tools import TPUMON, Processes, clean_env, free_port, ready, require_tool, wait_for
@@ -109,7 +111,9 @@ def test_slice_heatmap_rows_by_worker_then_chip_with_gaps_empty():
         return SeriesColumns(np.array(times, float), np.full(n, np.nan),
                              np.array(used, np.int64), np.full(n, 100, np.int64))
 
-    data = {("pod-w-10", "0"): series([0, 1000], [10, 20]),
+    polls = np.arange(0, 1001, 10.0)
+    down = (polls > 400) & (polls < 900)  # no sample for 500 s: more than the restart gap
+    data = {("pod-w-10", "0"): series(polls[~down], np.where(polls[~down] < 500, 10, 20)),
             ("pod-w-2", "1"): series([0, 1000], [50, 90]),
             ("pod-w-2", "0"): series([0, 500, 501], [30, 40, 70])}
     keys, edges, ratios = heatmap(data)
@@ -117,5 +121,162 @@ def test_slice_heatmap_rows_by_worker_then_chip_with_gaps_empty():
     assert ratios.shape == (3, BINS) and edges[0] == 0 and edges[-1] == 1000
     assert ratios[0, 0] == 0.3 and ratios[1, -1] == 0.9 and ratios[2, -1] == 0.2
     assert ratios[0, BINS // 2] == 0.7  # the highest of the bin's samples
-    assert np.isnan(ratios[2, 1])  # no sample there: shown as a hole, never as 0
+    # between two samples the level holds (two polls 1000 s apart are a slow poll, not
+    # a gap: 3 poll intervals make one); in a gap, a hole, never 0
+    assert np.all(ratios[1, :-1] == 0.5) and np.all(ratios[0, 1:BINS // 2 - 1] == 0.3)
+    hole = (edges[:-1] > 400) & (edges[1:] < 900)  # the bins wholly inside the gap
+    assert hole.any() and np.isnan(ratios[2, hole]).all()
+    assert not np.isnan(ratios[2, ~hole]).any()
     assert render_slice_png(data, [], "slice pod").startswith(b"\x89PNG")
+
+
+def test_slice_heatmap_fills_its_time_axis_at_any_poll_rate():
+    """Fewer samples than columns (a minute's scrapes of hours of a slice, or a demo's
+    accelerated time): every column between a chip's first and last sample is coloured;
+    the heatmap was white but for a stripe per sample."""
+    import numpy as np
+
+    from tpumon.report.slice_heatmap import BINS, heatmap
+    from tpumon.trace import SeriesColumns
+
+    rng = np.random.default_rng(0)
+    data = {}
+    for worker in range(2):
+        for chip in range(4):
+            # a scrape every ~100 s, each a little late
+            times = (np.linspace(0, 6000, 60) + rng.uniform(0, 20, 60)).round(3)
+            data[(f"pod-w-{worker}", str(chip))] = SeriesColumns(
+                times, np.full(60, np.nan), rng.integers(10, 90, 60), np.full(60, 100))
+    _, _, ratios = heatmap(data)
+    assert ratios.shape == (8, BINS) and not np.isnan(ratios).any()
+
+
+# ------------------------------------------- the post-mortem at any scrape interval
+
+#: slice -> (Prometheus seconds between scrapes, polls per scrape): each scrape sees the
+#: latest poll. "fast": Prometheus scrapes each poll twice, a demo's accelerated time
+#: (the agent's clock runs 20x Prometheus'), where query_range at the former default step
+#: of 15 s saw one poll in 15; "s15": one scrape a poll; "sparse": a scrape every third
+#: poll; "slow": a scrape a minute.
+SCRAPED = {"fast": (0.25, 0.5), "s15": (15.0, 1.0), "sparse": (15.0, 3.0),
+           "slow": (60.0, 1.0)}
+POST_MORTEM_HOURS = 5.0
+POLL = 10.0  # the agents' poll interval, in their clock
+
+
+def _openmetrics(slices: dict[str, list], first_scrape: float) -> str:
+    """The slices' scrapes as OpenMetrics with timestamps, what `promtool tsdb
+    create-blocks-from openmetrics` backfills: per slice, the scrapes' (time, poll) pairs
+    of its rows."""
+    families: dict[str, dict[str, list[str]]] = {
+        "tpumon_hbm_used_bytes": {}, "tpumon_hbm_total_bytes": {}, "tpumon_chip_step": {},
+        "tpumon_runtime_sample_timestamp_seconds": {}}
+    for name, scrapes in slices.items():
+        for when, rows in scrapes:
+            for r in rows:
+                labels = f'chip="{r.chip}",host="{r.host}",slice="{name}"'
+                for family, value in (("tpumon_hbm_used_bytes", r.hbm_used_bytes),
+                                      ("tpumon_hbm_total_bytes", r.hbm_total_bytes),
+                                      ("tpumon_chip_step", r.step)):
+                    families[family].setdefault(labels, []).append(
+                        f"{family}{{{labels}}} {value} {when:.3f}")
+            host = rows[0].host
+            families["tpumon_runtime_sample_timestamp_seconds"].setdefault(host, []).append(
+                f'tpumon_runtime_sample_timestamp_seconds{{host="{host}",slice="{name}"}} '
+                f"{rows[0].time:.3f} {when:.3f}")
+    out = []
+    for family, series in families.items():
+        out.append(f"# TYPE {family} gauge")
+        for lines in series.values():
+            out.extend(lines)
+    return "\n".join(out) + "\n# EOF\n"
+
+
+@pytest.fixture(scope="module")
+def scraped_slices(tmp_path_factory):
+    """A real Prometheus holding the slices of SCRAPED (2 workers of 2 chips each, a leak
+    on every chip), backfilled with promtool so that hours of scrapes take seconds; the
+    last scrape 10 minutes ago. Yields (url, {slice: (first scrape, its polls as rows)})."""
+    from tpumon.sim.tracegen import generate_trace
+
+    prometheus, promtool = require_tool("prometheus"), require_tool("promtool")
+    tmp = tmp_path_factory.mktemp("backfill")
+    now = time.time()
+    slices, held = {}, {}
+    for name, (every, polls_per_scrape) in SCRAPED.items():
+        hosts = [list(generate_trace("linear-leak", duration_s=POST_MORTEM_HOURS * 3600,
+                                     poll_interval_s=POLL, chips=2, seed=worker,
+                                     host=f"{name}-w-{worker}"))
+                 for worker in range(2)]
+        polls = [[rows[i:i + 2] for i in range(0, len(rows), 2)] for rows in hosts]
+        count = int(min(len(p) for p in polls) / polls_per_scrape)
+        first = now - 600 - count * every
+        scrapes = []
+        for k in range(count):
+            poll = int(k * polls_per_scrape)
+            for worker in range(2):
+                scrapes.append((first + k * every + 0.001 * worker, polls[worker][poll]))
+        slices[name] = scrapes
+        kept = {(r.host, r.chip, r.time): r for _, rows in scrapes for r in rows}
+        held[name] = (first, sorted(kept.values(), key=lambda r: (r.host, r.chip, r.time)))
+    (tmp / "scrapes.om").write_text(_openmetrics(slices, now))
+    data = tmp / "data"
+    made = subprocess.run([promtool, "tsdb", "create-blocks-from", "openmetrics",
+                           str(tmp / "scrapes.om"), str(data)], capture_output=True,
+                          text=True, timeout=120)
+    assert made.returncode == 0, made.stderr
+    (tmp / "prometheus.yml").write_text("global:\n  scrape_interval: 15s\n")
+    port = free_port()
+    procs = Processes(tmp)
+    procs.start("prometheus", [prometheus, f"--config.file={tmp / 'prometheus.yml'}",
+                               f"--storage.tsdb.path={data}",
+                               f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"])
+    url = f"http://127.0.0.1:{port}"
+    wait_for(lambda: ready(f"{url}/-/ready"), timeout=60, interval=0.2)
+    yield url, held
+    procs.stop_all()
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("name", list(SCRAPED))
+def test_the_post_mortem_reaches_the_agents_verdicts_at_any_scrape_interval(
+        scraped_slices, name, tmp_path):
+    """`analyze --prometheus` with its default options replays exactly the polls
+    Prometheus holds, whatever the scrape interval: the verdicts, alerts and sample counts
+    of `tpumon analyze` of those polls as the agents' traces (here: a leak on every chip,
+    the agents' verdict), and `report --prometheus` draws a heatmap with no empty column
+    and the floors panel. With query_range at 15 s, "fast" gave `ok` on every chip."""
+    from tpumon.prometheus_history import slice_rows
+    from tpumon.report.data import series_from_rows
+    from tpumon.report.slice_heatmap import heatmap
+    from tpumon.trace import write_trace
+
+    url, held = scraped_slices
+    first, rows = held[name]
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    for host in sorted({r.host for r in rows}):
+        write_trace([r for r in rows if r.host == host], traces / f"{host}.csv")
+    expected = _series(analyze(str(traces), "--format", "json"))
+    got = _series(analyze("--prometheus", url, "--slice", name, "--since", repr(first - 1),
+                          "--format", "json"))
+    assert {k: s["verdict"] for k, s in expected.items()} == \
+        {(f"{name}-w-{w}", str(c)): "leak" for w in range(2) for c in range(2)}
+    assert {k: (s["verdict"], s["samples"]) for k, s in got.items()} == \
+        {k: (s["verdict"], s["samples"]) for k, s in expected.items()}
+    for key, s in got.items():
+        assert (s["alert"]["time"], s["alert"]["step"]) == pytest.approx(
+            (expected[key]["alert"]["time"], expected[key]["alert"]["step"]), abs=0.01)
+    series = series_from_rows(slice_rows(url, name, first - 1, time.time()))
+    _, _, ratios = heatmap(series)
+    assert not np.isnan(ratios).any(), f"{np.isnan(ratios).all(axis=0).sum()} empty columns"
+    result = subprocess.run([*TPUMON, "report", "--prometheus", url, "--slice", name,
+                             "--since", repr(first - 1), "-o", str(tmp_path)],
+                            capture_output=True, text=True, env=clean_env(), timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / f"tpumon-report-slice-{name}.png").exists()
+
+
+def _series(result: subprocess.CompletedProcess) -> dict:
+    assert result.returncode == 0, result.stderr
+    return {(s["host"], s["chip"]): s for s in json.loads(result.stdout)["series"]}

@@ -100,7 +100,7 @@ def render_table(results: list[SeriesResult], console: Console) -> None:
 @click.option("--until", default=None, metavar="WHEN",
               help="With --prometheus: up to then [default: now].")
 def command(trace: str | None, fmt: str, prometheus: str | None, slice_name: str | None,
-            resolution: float, since: str | None, until: str | None) -> None:
+            resolution: float | None, since: str | None, until: str | None) -> None:
     """Replay the agent's streaming leak detector over a trace file (CSV, JSON Lines for
     .jsonl, Parquet for .parquet; '-' reads CSV or JSON Lines from stdin), or over every
     trace file in a directory (one per host of a slice, say), and report, per (host, chip):

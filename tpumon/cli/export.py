@@ -115,7 +115,7 @@ def _around_end(db: HistoryDB, path: Path, hosts: set[str],
 def command(config_path: str | None, state_dir: str | None, since: str | None,
             until: str | None, hosts: tuple[str, ...], chips: tuple[str, ...], output: str,
             fmt: str | None, around_end: bool, prometheus: str | None,
-            slice_name: str | None, resolution: float) -> None:
+            slice_name: str | None, resolution: float | None) -> None:
     """Write the agent's stored HBM history as a trace (the format 'tpumon analyze' reads),
     for a post-mortem after the job died. Raw polls where they are still kept; older
     history as each minute's floor and peak. Safe to run while the agent writes. With

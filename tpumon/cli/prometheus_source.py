@@ -22,10 +22,11 @@ def prometheus_options(command: Callable) -> Callable:
                               "http://prometheus:9090) instead of a trace or history store."),
             click.option("--slice", "slice_name", default=None, metavar="NAME",
                          help="With --prometheus: the slice (its `slice` label)."),
-            click.option("--resolution", type=click.FloatRange(min=0.001), default=15.0,
-                         show_default=True, metavar="SECONDS",
-                         help="With --prometheus: seconds between points asked for; the "
-                              "scrape interval replays every scrape."))):
+            click.option("--resolution", type=click.FloatRange(min=0.001), default=None,
+                         metavar="SECONDS",
+                         help="With --prometheus: ask for points this many seconds apart "
+                              "(fewer for a long range) [default: every sample Prometheus "
+                              "holds, whatever its scrape interval]."))):
         command = option(command)
     return command
 
@@ -45,18 +46,18 @@ def check_prometheus_options(prometheus: str | None, slice_name: str | None,
 
 
 def prometheus_rows(url: str, slice_name: str, since: str | None, until: str | None,
-                    resolution: float) -> list[TraceRow]:
+                    resolution: float | None) -> list[TraceRow]:
     """The slice's rows; one clear error (click) for any failure; a progress bar on a
     terminal while the chunks come in."""
     from tpumon.cli.export import parse_when  # export itself takes these options
-    from tpumon.prometheus_history import PrometheusError, chunks, slice_rows
+    from tpumon.prometheus_history import PrometheusError, queries, slice_rows
 
     now = time.time()
     start = parse_when(since or DEFAULT_SINCE, "--since", now)
     end = parse_when(until, "--until", now) if until else now
-    queries = 4 * max(1, sum(1 for _ in chunks(start, end, resolution))) if end > start else 1
+    asked = 4 * queries(start, end, resolution)
     with bars() as progress:
-        task = progress.add_task(f"asking Prometheus ({queries:,} queries)", total=queries)
+        task = progress.add_task(f"asking Prometheus ({asked:,} queries)", total=asked)
         try:
             return slice_rows(url, slice_name, start, end, resolution,
                               progress=lambda: progress.advance(task))

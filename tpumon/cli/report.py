@@ -30,7 +30,7 @@ from tpumon.trace import TraceFormatError
 def command(trace: str | None, config_path: str | None, state_dir: str | None,
             since: str | None, until: str | None, hosts: tuple[str, ...],
             chips: tuple[str, ...], outdir: str, prometheus: str | None,
-            slice_name: str | None, resolution: float) -> None:
+            slice_name: str | None, resolution: float | None) -> None:
     """Draw what the leak detector saw, per host: tpumon-report-HOST.png (one panel per
     chip: raw samples, the floor, the fitted trend and its 95% band, the OOM forecast,
     restarts, level jumps, the leak alert) and tpumon-report-HOST.html (the picture and a

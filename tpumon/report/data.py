@@ -236,7 +236,8 @@ def chip_report(host: str, chip: str, columns: SeriesColumns,
     known = ~np.isnan(steps)
     report = ChipReport(
         host, chip, len(times), float(times[0]), end, total, assessment, detector.alert,
-        *_envelope(times, used, _gap(times, settings or DetectorSettings())), floor_times.astype(float), groups.floor, groups.peak, jobs,
+        *_envelope(times, used, gap_seconds(times, settings or DetectorSettings())),
+        floor_times.astype(float), groups.floor, groups.peak, jobs,
         sorted(jumps.values(), key=lambda j: j.time),
         _excursions(floor_times, groups.floor, groups.peak, jobs, total),
         _timeline(float(times[0]), end, [(t, a.verdict.value) for t, _, a in said]),
@@ -302,7 +303,7 @@ def _jobs(starts: dict[float, float | None], end: float, times: np.ndarray,
     return out
 
 
-def _gap(times: np.ndarray, settings: DetectorSettings) -> float:
+def gap_seconds(times: np.ndarray, settings: DetectorSettings) -> float:
     """How long a time without samples is a gap: the detector's restart gap, or several
     poll intervals where polls are slower than that."""
     dt = np.diff(times)
@@ -310,9 +311,9 @@ def _gap(times: np.ndarray, settings: DetectorSettings) -> float:
 
 
 def gaps(times: np.ndarray, settings: DetectorSettings) -> list[tuple[float, float]]:
-    """Times without samples (runtime gone, agent down): :func:`_gap` long or longer."""
+    """Times without samples (runtime gone, agent down), :func:`gap_seconds` or longer."""
     dt = np.diff(times)
-    gap = _gap(times, settings)
+    gap = gap_seconds(times, settings)
     return [(float(times[i]), float(times[i + 1])) for i in np.flatnonzero(dt >= gap)]
 
 

@@ -15,7 +15,8 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from tpumon.report.data import HostReport
+from tpumon.detect import DetectorSettings
+from tpumon.report.data import HostReport, gap_seconds
 from tpumon.trace import SeriesColumns
 
 BINS = 240  # time columns of the heatmap
@@ -31,13 +32,20 @@ def _order(key: tuple[str, str]) -> tuple:
 
 def heatmap(series: Mapping[tuple[str, str], SeriesColumns]) -> tuple[list, np.ndarray,
                                                                        np.ndarray]:
-    """(row keys, bin edges, ratios): each chip's highest used/capacity per time bin
-    (NaN where it has no sample: a host down, a job between runs)."""
+    """(row keys, bin edges, ratios): each chip's highest used/capacity per time bin.
+
+    A bin without a sample of its own, inside the chip's series, holds the level of the
+    sample before it (the memory stays where it was until the next poll): samples sparser
+    than the bins, as Prometheus' scrapes of an accelerated demo, are not white space
+    between stripes. It is NaN (a hole) only where the chip has no sample at all, or in a
+    gap as long as the report's (tpumon.report.data.gaps): a host down, a job between
+    runs."""
     keys = sorted(series, key=_order)
     start = min(float(series[k].times.min()) for k in keys)
     end = max(float(series[k].times.max()) for k in keys)
     edges = np.linspace(start, end if end > start else start + 1.0, BINS + 1)
     ratios = np.full((len(keys), BINS), np.nan)
+    settings = DetectorSettings()
     for row, key in enumerate(keys):
         c = series[key]
         index = np.clip(np.searchsorted(edges, c.times, side="right") - 1, 0, BINS - 1)
@@ -45,6 +53,12 @@ def heatmap(series: Mapping[tuple[str, str], SeriesColumns]) -> tuple[list, np.n
         best = np.full(BINS, -np.inf)
         np.maximum.at(best, index, values)
         ratios[row] = np.where(np.isfinite(best), best, np.nan)
+        empty = np.flatnonzero(np.isnan(ratios[row]))
+        before = c.times.searchsorted(edges[empty], side="right") - 1  # the last sample
+        inside = (before >= 0) & (before < len(c.times) - 1)
+        empty, before = empty[inside], before[inside]
+        held = c.times[before + 1] - c.times[before] < gap_seconds(c.times, settings)
+        ratios[row, empty[held]] = values[before[held]]
     return keys, edges, ratios
 
 
