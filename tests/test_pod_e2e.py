@@ -6,9 +6,11 @@ scraping them. Checked, each wait bounded and saying what it waited for:
 - `tpumon status --slice` lists the 16 chips, all leaking, and the slice's first OOM;
 - the direct notifiers open one PagerDuty incident for the slice, not four;
 - every query of the pod dashboard returns data;
-- `tpumon analyze --prometheus` alerts on every chip exactly where `tpumon analyze` of the
-  agents' exported traces, cut to the polls Prometheus scraped, does; and, when it scraped
-  every poll, where the whole traces do, within one scrape interval (simulated time).
+- `tpumon analyze --prometheus`, with its default options (every sample Prometheus holds,
+  none of its scrape interval given), alerts on every chip exactly where `tpumon analyze`
+  of the agents' exported traces, cut to the polls Prometheus scraped, does; and, when it
+  scraped every poll, where the whole traces do, within one scrape interval (simulated
+  time). `report --prometheus` draws the slice's heatmap with no empty column.
 
 Time runs 240x; the agents poll every 0.2 s (48 simulated seconds apart) and Prometheus
 scrapes every 0.1 s, so every poll has two scrapes to be seen by (a scrape missed on a
@@ -29,6 +31,7 @@ import time
 import urllib.parse
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -182,7 +185,7 @@ def test_a_slice_wide_leak_seen_as_one_slice(tmp_path, processes):
         # on every chip.
         def prometheus_replay_alerts():
             result = run("analyze", "--prometheus", prom, "--slice", SLICE, "--since",
-                         repr(began - 5), "--resolution", repr(SCRAPE), "--format", "json")
+                         repr(began - 5), "--format", "json")
             assert result.returncode == 0, result.stderr
             series = {(s["host"], s["chip"]): s for s in json.loads(result.stdout)["series"]}
             return series if len(series) == 16 and all(
@@ -190,13 +193,22 @@ def test_a_slice_wide_leak_seen_as_one_slice(tmp_path, processes):
         from_prom = bounded("analyze --prometheus to alert on all 16 chips",
                             prometheus_replay_alerts, 120, processes, interval=3)
         result = run("report", "--prometheus", prom, "--slice", SLICE, "--since",
-                     repr(began - 5), "--resolution", repr(SCRAPE), "-o",
-                     str(tmp_path / "report"))
+                     repr(began - 5), "-o", str(tmp_path / "report"))
         assert result.returncode == 0, result.stderr
         written = sorted(Path(p).name for p in result.stdout.split())
         assert written == sorted([f"tpumon-report-slice-{SLICE}.png"] + [
             f"tpumon-report-{SLICE}-w-{w}.{ext}" for w in range(HOSTS) for ext in ("png",
                                                                                    "html")])
+        # the heatmap: every chip coloured from its first sample to its last
+        from tpumon.prometheus_history import slice_rows
+        from tpumon.report.data import series_from_rows
+        from tpumon.report.slice_heatmap import heatmap
+
+        series = series_from_rows(slice_rows(prom, SLICE, began - 5, time.time()))
+        keys, edges, ratios = heatmap(series)
+        for row, key in zip(ratios, keys, strict=True):
+            inside = (edges[1:] > series[key].times[0]) & (edges[:-1] < series[key].times[-1])
+            assert not np.isnan(row[inside]).any(), key
         # One span for every replay compared: the pooled replay of a slice's chips shares
         # evidence across the whole series it is given, so the same end matters too.
         # Prometheus is still scraping, and a scrape of a moment inside the span ingested
@@ -206,8 +218,7 @@ def test_a_slice_wide_leak_seen_as_one_slice(tmp_path, processes):
         until = time.time() - 1.0
         bounded("Prometheus to hold every agent's scrapes up to the span's end",
                 lambda: scraped_after(prom, until) == HOSTS, 30, processes, interval=0.5)
-        span = ["--since", repr(began - 5), "--until", repr(until),
-                "--resolution", repr(SCRAPE)]
+        span = ["--since", repr(began - 5), "--until", repr(until)]
         result = run("export", "--prometheus", prom, "--slice", SLICE, *span, "-o", "-")
         assert result.returncode == 0, result.stderr
         scraped = {(r["host"], r["chip"], r["time"])
