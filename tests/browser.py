@@ -26,6 +26,19 @@ CHECKS = """(() => {
       i.naturalWidth > 0, shown: i.getBoundingClientRect().width})),
     links: [...document.links].map(a => a.href),
     styled: getComputedStyle(document.body).fontFamily,
+    // elements a person must scroll sideways: what they hold and how much wider it is
+    sideways: [...document.querySelectorAll("*")].filter(e =>
+      ["auto", "scroll"].includes(getComputedStyle(e).overflowX) &&
+      e.scrollWidth > e.clientWidth).map(e => ({
+        holds: (e.firstElementChild || e).tagName.toLowerCase() + "." +
+               ((e.firstElementChild || e).className || ""),
+        by: e.scrollWidth - e.clientWidth})),
+    // each row of the chips table (a card, on a phone): its height, its right edge and
+    // how it is laid out
+    rows: [...document.querySelectorAll("table.summary tr")].slice(1).map(r => ({
+      height: Math.round(r.getBoundingClientRect().height),
+      right: Math.round(r.getBoundingClientRect().right),
+      display: getComputedStyle(r).display})),
     text: document.body.innerText,
   });
 })()"""
@@ -39,6 +52,8 @@ class PageView:
     images: list[dict]
     links: list[str]
     text: str
+    sideways: list[dict] = field(default_factory=list)  # elements that scroll sideways
+    rows: list[dict] = field(default_factory=list)  # the chips table's rows: height, right
     errors: list[str] = field(default_factory=list)
 
 
@@ -85,7 +100,8 @@ class Chromium:
         finally:
             ws.close()
         return PageView(url, found["width"], found["scrollWidth"], found["images"],
-                        found["links"], found["text"], errors)
+                        found["links"], found["text"], found["sideways"], found["rows"],
+                        errors)
 
     def _call(self, ws: websocket.WebSocket, method: str, errors: list[str], **params) -> dict:
         self._id += 1

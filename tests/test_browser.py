@@ -6,6 +6,7 @@ right edge, plots stay readable. Screenshots are kept under pytest's tmp dir."""
 from __future__ import annotations
 
 import json
+import re
 import urllib.parse
 import urllib.request
 
@@ -67,6 +68,10 @@ def test_page_in_a_browser(agent, chromium, tmp_path, path, width):
     for link in local:
         assert resolves(link), link
     assert "=?" not in view.text, view.text[:300]  # identity labels nobody knows
+    # nothing scrolls sideways inside the page either (a scrollbar ran under the plot at
+    # 1280 px; at 390 the chips table scrolled), but the plot on a phone, kept readable
+    inside = [s for s in view.sideways if not (width < 760 and s["holds"].startswith("img"))]
+    assert inside == [], f"{path} at {width} px: {inside} ({shot})"
 
 
 def test_index_and_report_say_the_same_size(agent, chromium, tmp_path):
@@ -74,3 +79,21 @@ def test_index_and_report_say_the_same_size(agent, chromium, tmp_path):
     index = chromium.load(f"http://{agent.url}/", 1280, tmp_path / "index.png").text
     report = chromium.load(f"http://{agent.url}/report", 1280, tmp_path / "report.png").text
     assert "31.75 GiB" in index and "31.75 GiB" in report
+
+
+def test_the_report_names_the_worker_the_index_does(agent, chromium, tmp_path):
+    """The single-host report said "Worker: -" where every other view said worker 0."""
+    index = chromium.load(f"http://{agent.url}/", 1280, tmp_path / "index.png").text
+    report = chromium.load(f"http://{agent.url}/report", 1280, tmp_path / "report.png").text
+    worker = re.search(r"worker=([^,\s]+)", index)
+    assert worker is not None, index[:300]
+    assert re.search(rf"^Worker\s+{re.escape(worker.group(1))}$", report, re.M), report[:600]
+
+
+def test_the_report_on_a_phone_shows_each_chip_as_a_card(agent, chromium, tmp_path):
+    """At 390 px the chips table is cards, each cell named, none wider than the screen."""
+    view = chromium.load(f"http://{agent.url}/report", 390, tmp_path / "report-390.png")
+    assert len(view.rows) == 4, view.rows
+    for row in view.rows:
+        assert row["display"] == "block" and row["right"] <= view.width, (row, view.width)
+    assert [s for s in view.sideways if not s["holds"].startswith("img")] == []

@@ -76,8 +76,11 @@ def assert_self_contained(html: str) -> None:
 
 
 def summary_rows(html: str) -> list[str]:
+    """The chips table's rows (its header left out), each cell as a plain <td> (the page
+    names each cell's column in data-label, for the cards it becomes on a phone)."""
     table = re.search(r'<table class="summary">(.*?)</table>', html, re.S).group(1)
-    return re.findall(r"<tr>(.*?)</tr>", table, re.S)[1:]
+    return [re.sub(r'<td data-label="[^"]*">', "<td>", row)
+            for row in re.findall(r"<tr>(.*?)</tr>", table, re.S)]
 
 
 @pytest.mark.e2e
@@ -246,6 +249,18 @@ def test_one_report_per_host(tmp_path):
         f"tpumon-report-{HOST}.html", f"tpumon-report-{HOST}.png"]
     html = (tmp_path / "tpumon-report-other_host_1.html").read_text()
     assert "<td>other host/1</td>" in html and len(summary_rows(html)) == 1
+    # the worker: from a -w-N host name, else as given (one host), else said unknown
+    assert "<th>Worker</th><td>1</td>" in (tmp_path / f"{file_stem(HOST)}.html").read_text()
+    assert "<th>Worker</th><td>not known" in html
+    result = CliRunner().invoke(main, ["report", str(trace), "--host", "other host/1",
+                                       "--worker", "0", "-o", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    html = (tmp_path / "tpumon-report-other_host_1.html").read_text()
+    assert "<th>Worker</th><td>0</td>" in html
+    result = CliRunner().invoke(main, ["report", str(trace), "--worker", "0", "-o",
+                                       str(tmp_path)])
+    assert result.exit_code == 2 and "--worker names one host's worker; the selection has " \
+        "2 hosts (give --host)" in result.output and "Traceback" not in result.output
 
 
 def one_error_line(result) -> str:
@@ -339,3 +354,16 @@ def test_the_raw_sample_band_is_drawn_wherever_the_floor_is(poll):
     assert len(data) > 200
     inside = band[data.min():data.max() + 1]
     assert inside.mean() > 0.95, f"band in {inside.mean():.0%} of the floor's columns"
+
+
+def test_the_time_axis_reaches_the_forecast_oom():
+    """The plot's axis ended before the OOM it named, so its X was never seen: 4 h of a
+    leak forecast to OOM about 12 h after the last sample."""
+    from tpumon.report.render import _x_end
+
+    rows = list(generate_trace("linear-leak", duration_s=4 * 3600, poll_interval_s=30.0,
+                               chips=1, seed=1, host=HOST))
+    [report] = build_reports(series_from_rows(rows), "test", "0", 0.0)
+    forecast = report.chips[0].forecast
+    assert forecast is not None and forecast.time - report.end > 2 * (report.end - report.start)
+    assert _x_end(report) > forecast.time

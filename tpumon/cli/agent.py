@@ -97,7 +97,8 @@ def run_agent(config: Config, simulate: bool, stop: threading.Event,
         raise
     try:
         report = None if assembly.store is None else \
-            ReportPage(assembly.store.state_dir, assembly.identity.host)
+            ReportPage(assembly.store.state_dir, assembly.identity.host,
+                       worker=assembly.identity.worker)
         server.attach(assembly.registry, lambda: assembly.state.snapshot, report,
                       None if assembly.reporters is None else
                       assembly.reporters.request_snapshot, assembly.readers())

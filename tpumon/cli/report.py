@@ -27,10 +27,13 @@ from tpumon.trace import TraceFormatError
 @click.option("-o", "--outdir", default=".", show_default=True,
               type=click.Path(file_okay=False), help="Directory for the PNG and HTML files.")
 @prometheus_options
+@click.option("--worker", default=None, metavar="N",
+              help="The host's worker id in its slice, when one host is drawn and its name "
+                   "does not end in -w-N (the agent's /report passes its own).")
 def command(trace: str | None, config_path: str | None, state_dir: str | None,
             since: str | None, until: str | None, hosts: tuple[str, ...],
             chips: tuple[str, ...], outdir: str, prometheus: str | None,
-            slice_name: str | None, resolution: float | None) -> None:
+            slice_name: str | None, resolution: float | None, worker: str | None) -> None:
     """Draw what the leak detector saw, per host: tpumon-report-HOST.png (one panel per
     chip: raw samples, the floor, the fitted trend and its 95% band, the OOM forecast,
     restarts, level jumps, the leak alert) and tpumon-report-HOST.html (the picture and a
@@ -71,6 +74,11 @@ def command(trace: str | None, config_path: str | None, state_dir: str | None,
         task = progress.add_task(f"replaying {samples:,} samples", total=samples)
         reports = build_reports(series, source, __version__, time.time(), ends=ends,
                                 replayed=lambda n: progress.advance(task, n))
+        if worker is not None:
+            if len(reports) != 1:
+                raise click.UsageError(f"--worker names one host's worker; the selection "
+                                       f"has {len(reports)} hosts (give --host)")
+            reports[0].worker_id = worker
         task = progress.add_task(f"drawing {len(reports):,} host report"
                                  f"{'s' * (len(reports) != 1)}", total=len(reports))
         try:

@@ -49,9 +49,10 @@ class ReportPage:
     """Draws and keeps the host's report; ``__call__`` answers at once unless this request
     is the one drawing."""
 
-    def __init__(self, state_dir: Path, host: str, since: str = "7d") -> None:
+    def __init__(self, state_dir: Path, host: str, since: str = "7d", worker: str = "") -> None:
         self.state_dir = state_dir
         self.host = host
+        self.worker = worker  # the agent's, shown as every other view shows it
         self.since = since
         self._drawing = threading.Lock()
         # Each replaced whole (never changed in place), so reading one needs no lock.
@@ -105,6 +106,7 @@ class ReportPage:
                 done = subprocess.run(
                     [sys.executable, "-m", "tpumon", "report", "--state-dir",
                      str(self.state_dir), "--host", self.host, "--since", self.since,
+                     *(["--worker", self.worker] if self.worker else []),
                      "-o", out], capture_output=True, text=True, env=env,
                     timeout=TIMEOUT_SECONDS)
             except subprocess.TimeoutExpired:

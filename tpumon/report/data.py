@@ -156,6 +156,8 @@ class HostReport:
     generated_at: float
     start: float = field(init=False)
     end: float = field(init=False)
+    #: the worker id as the agent knows it (tpu-env, TPU_WORKER_ID, its config), when told
+    worker_id: str | None = None
 
     def __post_init__(self) -> None:
         self.start = min(c.start for c in self.chips)
@@ -163,7 +165,10 @@ class HostReport:
 
     @property
     def worker(self) -> str | None:
-        """TPU VM host names end in '-w-N': N is the worker of the slice."""
+        """The worker id the agent gave, else the host name's: TPU VM host names end in
+        '-w-N', N the worker of the slice. None when neither says."""
+        if self.worker_id:
+            return self.worker_id
         match = re.search(r"-w-(\d+)$", self.host)
         return match.group(1) if match else None
 

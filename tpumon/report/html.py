@@ -40,7 +40,8 @@ def _identity(r: HostReport) -> list[tuple[str, str]]:
     totals = sorted({c.total for c in r.chips})
     return [
         ("Host", r.host),
-        ("Worker", r.worker if r.worker is not None else "-"),
+        ("Worker", r.worker if r.worker is not None else "not known (the host name has no "
+                                                         "-w-N; tpumon report --worker N)"),
         ("Chips", ", ".join(c.chip for c in r.chips)),
         ("HBM per chip", ", ".join(size(t) for t in totals)),
         ("Time range", f"{format_span(r.start, r.end, seconds=True)} "
