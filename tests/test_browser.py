@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import urllib.parse
 import urllib.request
 
 import pytest
 
 from browser import Chromium
-from tools import AgentProcess, wait_for
+from tools import TPUMON, AgentProcess, clean_env, wait_for
 
 pytestmark = pytest.mark.e2e  # real agents (and a browser): seconds each
 
@@ -88,6 +89,14 @@ def test_the_report_names_the_worker_the_index_does(agent, chromium, tmp_path):
     worker = re.search(r"worker=([^,\s]+)", index)
     assert worker is not None, index[:300]
     assert re.search(rf"^Worker\s+{re.escape(worker.group(1))}$", report, re.M), report[:600]
+    # and `tpumon report` of the agent's store by hand: the agent noted its worker there
+    out = tmp_path / "by-hand"
+    made = subprocess.run([*TPUMON, "report", "--state-dir", str(agent.state_dir), "-o",
+                           str(out)], capture_output=True, text=True, env=clean_env(),
+                          timeout=120)
+    assert made.returncode == 0, made.stderr
+    [page] = out.glob("*.html")
+    assert f"<th>Worker</th><td>{worker.group(1)}</td>" in page.read_text()
 
 
 def test_the_report_on_a_phone_shows_each_chip_as_a_card(agent, chromium, tmp_path):

@@ -140,6 +140,7 @@ class AgentProcess:
                  prefix: tuple[str, ...] = (), env: dict | None = None,
                  simulate: bool = True) -> None:
         self.log_path = tmp / f"agent-{len(list(tmp.glob('agent-*.log')))}.log"
+        self.state_dir = state_dir
         full_env = clean_env()
         full_env.update(env or {}, PYTHONFAULTHANDLER="1")
         with open(self.log_path, "w") as log:

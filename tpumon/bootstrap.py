@@ -143,9 +143,12 @@ def retention_of(config: Config) -> Retention:
                      max_bytes=int(config["store.max_size_mb"] * 2**20))
 
 
-def open_store(config: Config, simulate: bool, host: str) -> tuple[StoreWriter | None, dict]:
+def open_store(config: Config, simulate: bool, host: str,
+               worker: str = "") -> tuple[StoreWriter | None, dict]:
     """The store's writer and every chip's detector resumed from it. A store that cannot be
-    opened is a reported state (the writer retries), never a reason not to monitor."""
+    opened is a reported state (the writer retries), never a reason not to monitor. The
+    host's worker id is kept in it (meta ``worker HOST``) for `tpumon report`, which
+    otherwise knows only the host name."""
     state_dir = _path_for(config, "store.state_dir", simulate)
     if not state_dir:
         log.info("history store off%s", " (--simulate: give --state-dir to keep one)"
@@ -162,6 +165,12 @@ def open_store(config: Config, simulate: bool, host: str) -> tuple[StoreWriter |
     except (OSError, sqlite3.Error) as exc:
         return StoreWriter(state_dir, retention, open_error=exc,
                            write_delay=config["store.write_delay"]), {}
+    if worker:
+        try:
+            with db.transaction():
+                db.set_meta(f"worker {host}", worker)
+        except sqlite3.Error as exc:  # only the report's worker line is lost
+            log.warning("history store %s: cannot note the worker id: %s", db.path, exc)
     log.info("history store %s (%s)", db.path, format_bytes(db.size_bytes()))
     return (StoreWriter(state_dir, retention, db, write_delay=config["store.write_delay"]),
             restore_detectors(db, host))
@@ -425,7 +434,8 @@ def _assemble(config: Config, simulate: bool, env: Mapping[str, str], history: b
     notifier = open_notifier(config, simulate, state, channels)
     if notifier is not None:
         components.add(NotifierComponent(notifier, notification_channels))
-    store, detectors = open_store(config, simulate, identity.host) if history else (None, {})
+    store, detectors = open_store(config, simulate, identity.host,
+                                    identity.worker) if history else (None, {})
     if store is not None:
         components.add(Service("history store", store.stop, store.start))
     alert_log, tracker = alert_tracker(config, notifier)

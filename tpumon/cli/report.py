@@ -48,6 +48,7 @@ def command(trace: str | None, config_path: str | None, state_dir: str | None,
     from tpumon.report.data import select, series_from_rows
 
     ends: list = []  # job ends: kept in the history store only
+    workers: dict[str, str] = {}  # host -> worker id, as the agent noted it in its store
     if check_prometheus_options(prometheus, slice_name,
                                 trace is not None or state_dir is not None):
         assert prometheus is not None and slice_name is not None
@@ -63,7 +64,7 @@ def command(trace: str | None, config_path: str | None, state_dir: str | None,
     else:
         state, source = _store(config_path, state_dir)
         series = series_from_rows(_store_rows(state, start, end, hosts, chips))
-        ends = _store_ends(state)
+        ends, workers = _store_ends(state), _store_workers(state)
     if not series:
         raise click.ClickException(f"{source}: no samples" + (
             " for the given --host/--chip/--since/--until" if hosts or chips or since or until
@@ -74,6 +75,8 @@ def command(trace: str | None, config_path: str | None, state_dir: str | None,
         task = progress.add_task(f"replaying {samples:,} samples", total=samples)
         reports = build_reports(series, source, __version__, time.time(), ends=ends,
                                 replayed=lambda n: progress.advance(task, n))
+        for report in reports:
+            report.worker_id = workers.get(report.host)
         if worker is not None:
             if len(reports) != 1:
                 raise click.UsageError(f"--worker names one host's worker; the selection "
@@ -117,6 +120,12 @@ def _store_ends(path: Path) -> list:
     """The job ends the agent kept in its history store (docs/job-ends.md)."""
     with reading_history(path) as db:
         return db.job_ends()
+
+
+def _store_workers(path: Path) -> dict[str, str]:
+    """Each host's worker id as its agent noted it in the store (meta ``worker HOST``)."""
+    with reading_history(path) as db:
+        return db.meta_prefixed("worker ")
 
 
 def _store_rows(path: Path, start: float, end: float, hosts: tuple[str, ...],

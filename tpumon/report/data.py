@@ -156,7 +156,8 @@ class HostReport:
     generated_at: float
     start: float = field(init=False)
     end: float = field(init=False)
-    #: the worker id as the agent knows it (tpu-env, TPU_WORKER_ID, its config), when told
+    #: the worker id as the agent knows it (its config, TPU_WORKER_ID, tpu-env), when told:
+    #: noted in its history store, or given with `tpumon report --worker`
     worker_id: str | None = None
 
     def __post_init__(self) -> None:

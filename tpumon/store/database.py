@@ -328,6 +328,12 @@ class HistoryDB:
         row = self.conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
         return None if row is None else str(row[0])
 
+    def meta_prefixed(self, prefix: str) -> dict[str, str]:
+        """The meta entries whose key starts with ``prefix``, by the rest of the key."""
+        rows = self.conn.execute("SELECT key, value FROM meta WHERE substr(key, 1, ?) = ?",
+                                 (len(prefix), prefix)).fetchall()
+        return {key[len(prefix):]: value for key, value in rows}
+
     def set_meta(self, key: str, value: str) -> None:
         self.conn.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
 
