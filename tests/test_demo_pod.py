@@ -73,7 +73,7 @@ def test_the_banners_post_mortem_gives_the_agents_verdicts(tmp_path):
     out = tmp_path / "out.txt"
     with open(out, "w") as sink:
         demo = subprocess.Popen([sys.executable, str(ROOT / "scripts/demo-pod"), "--hosts",
-                                 "2", "--acceleration", "120", "--agent-port",
+                                 "2", "--acceleration", "240", "--agent-port",
                                  str(agent_port), "--prometheus-port", str(prom_port),
                                  "--state", str(tmp_path / "state")],
                                 stdout=sink, stderr=subprocess.STDOUT, env=clean_env())

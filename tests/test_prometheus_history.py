@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 from tools import TPUMON, Processes, clean_env, free_port, ready, require_tool, wait_for
-from tpumon.prometheus_history import (CHUNK_POINTS, MAX_POINTS, PrometheusError, chunks,
-                                       query_range, slice_rows)
+from tpumon.prometheus_history import (CHUNK_POINTS, MAX_POINTS, RAW_WINDOW_SECONDS,
+                                       PrometheusError, chunks, query_range, slice_rows,
+                                       windows)
 
 
 @pytest.mark.parametrize("start,end,step", [(0, 100, 1), (0, 10_000, 1), (0, 172_800, 1),
@@ -26,6 +27,17 @@ def test_chunks_cover_the_range_once_under_the_limit(start, end, step):
         assert (hi - lo) / step + 1 <= CHUNK_POINTS < MAX_POINTS
     for (_, hi), (lo, _) in zip(windows, windows[1:], strict=False):
         assert lo == hi + step  # no point asked twice, none skipped
+
+
+@pytest.mark.parametrize("start,end", [(0, 100), (0, 3600), (0, 3601), (5, 86_400.5),
+                                       (7, 7)])
+def test_raw_windows_cover_the_range_end_to_end(start, end):
+    """Every sample is read by range selectors over these windows: they must leave no
+    moment of [start, end] out (a sample on a shared edge is read twice, kept once)."""
+    found = list(windows(start, end))
+    assert found[0][0] == start and found[-1][1] == end
+    assert all(0 <= hi - lo <= RAW_WINDOW_SECONDS for lo, hi in found)
+    assert all(a[1] == b[0] for a, b in zip(found, found[1:], strict=False))
 
 
 @pytest.fixture(scope="module")

@@ -28,8 +28,8 @@ from tpumon.trace import TraceFormatError
               type=click.Path(file_okay=False), help="Directory for the PNG and HTML files.")
 @prometheus_options
 @click.option("--worker", default=None, metavar="N",
-              help="The host's worker id in its slice, when one host is drawn and its name "
-                   "does not end in -w-N (the agent's /report passes its own).")
+              help="The host's worker id in its slice (one host drawn) [default: as its "
+                   "agent noted it in the history store, else the host name's -w-N].")
 def command(trace: str | None, config_path: str | None, state_dir: str | None,
             since: str | None, until: str | None, hosts: tuple[str, ...],
             chips: tuple[str, ...], outdir: str, prometheus: str | None,
