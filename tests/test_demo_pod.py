@@ -64,8 +64,8 @@ def test_the_banners_post_mortem_gives_the_agents_verdicts(tmp_path):
     """docs/pods.md section 5 on `make demo-pod`, as its banner prints it (no option about
     the scrape interval): `analyze --prometheus` replays what Prometheus scraped and says
     `leak` where the agents do. It said `ok` on every chip (query_range at 15 s, where
-    the demo scrapes every second). Time runs 120x here (a scrape a simulated minute, as
-    in the demo), 2 hosts."""
+    the demo scrapes every second). Time runs 240x here (a scrape a simulated minute, as
+    in the demo; a poll too), 2 hosts: about 66 s."""
     from tools import TPUMON
 
     require_tool("prometheus")
