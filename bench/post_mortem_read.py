@@ -31,25 +31,33 @@ for name, (every, count, poll) in cases.items():
                     for w in range(4) if k < len(polls[w])]
 (tmp / "s.om").write_text(_openmetrics(slices, now))
 t = time.time()
-subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", str(tmp / "s.om"), str(tmp / "data")], check=True, capture_output=True)
+subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", str(tmp / "s.om"),
+                str(tmp / "data")], check=True, capture_output=True)
 print(f"backfill {time.time() - t:.1f} s")
 (tmp / "p.yml").write_text("global:\n  scrape_interval: 15s\n")
-port = free_port(); procs = Processes(tmp)
-procs.start("prometheus", ["prometheus", f"--config.file={tmp / 'p.yml'}", f"--storage.tsdb.path={tmp / 'data'}", f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"])
+port = free_port()
+procs = Processes(tmp)
+procs.start("prometheus", ["prometheus", f"--config.file={tmp / 'p.yml'}",
+                           f"--storage.tsdb.path={tmp / 'data'}",
+                           f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"])
 url = f"http://127.0.0.1:{port}"
 try:
     wait_for(lambda: ready(f"{url}/-/ready"), timeout=60, interval=0.2)
-    for name, (every, count, poll) in cases.items():
+    for name, (every, count, _) in cases.items():
         since = repr(now - 700 - count * every)
         for extra in ([], ["--resolution", "15"], ["--resolution", repr(every)]):
             best = []
             for _ in range(3):
                 t = time.time()
-                r = subprocess.run([*TPUMON, "analyze", "--prometheus", url, "--slice", name, "--since", since, *extra, "--format", "json"], capture_output=True, text=True, env=clean_env())
+                r = subprocess.run([*TPUMON, "analyze", "--prometheus", url, "--slice", name,
+                                    "--since", since, *extra, "--format", "json"],
+                                   capture_output=True, text=True, env=clean_env())
                 best.append(time.time() - t)
             assert r.returncode == 0, r.stderr
             series = json.loads(r.stdout)["series"]
-            print(name, extra or ["raw"], f"{min(best):.2f} s", dict(collections.Counter(s["verdict"] for s in series)), sum(s["samples"] for s in series))
+            verdicts = collections.Counter(s["verdict"] for s in series)
+            print(name, extra or ["raw"], f"{min(best):.2f} s", dict(verdicts),
+                  sum(s["samples"] for s in series))
 finally:
     procs.stop_all()
     shutil.rmtree(tmp, ignore_errors=True)

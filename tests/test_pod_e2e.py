@@ -78,6 +78,20 @@ def scraped_after(prom: str, when: float) -> int:
     return int(result[0]["value"][1]) if result else 0
 
 
+def heatmap_filled(prom: str, since: float) -> None:
+    """The slice's heatmap, read as `report --prometheus` reads it: every chip coloured
+    from its first sample to its last (no white column between)."""
+    from tpumon.prometheus_history import slice_rows
+    from tpumon.report.data import series_from_rows
+    from tpumon.report.slice_heatmap import heatmap
+
+    series = series_from_rows(slice_rows(prom, SLICE, since, time.time()))
+    keys, edges, ratios = heatmap(series)
+    for row, key in zip(ratios, keys, strict=True):
+        inside = (edges[1:] > series[key].times[0]) & (edges[:-1] < series[key].times[-1])
+        assert not np.isnan(row[inside]).any(), key
+
+
 def scrape_faster(path: Path) -> None:
     config = yaml.safe_load(path.read_text())
     config["global"].update(scrape_interval=f"{int(SCRAPE * 1000)}ms",
@@ -199,16 +213,7 @@ def test_a_slice_wide_leak_seen_as_one_slice(tmp_path, processes):
         assert written == sorted([f"tpumon-report-slice-{SLICE}.png"] + [
             f"tpumon-report-{SLICE}-w-{w}.{ext}" for w in range(HOSTS) for ext in ("png",
                                                                                    "html")])
-        # the heatmap: every chip coloured from its first sample to its last
-        from tpumon.prometheus_history import slice_rows
-        from tpumon.report.data import series_from_rows
-        from tpumon.report.slice_heatmap import heatmap
-
-        series = series_from_rows(slice_rows(prom, SLICE, began - 5, time.time()))
-        keys, edges, ratios = heatmap(series)
-        for row, key in zip(ratios, keys, strict=True):
-            inside = (edges[1:] > series[key].times[0]) & (edges[:-1] < series[key].times[-1])
-            assert not np.isnan(row[inside]).any(), key
+        heatmap_filled(prom, began - 5)
         # One span for every replay compared: the pooled replay of a slice's chips shares
         # evidence across the whole series it is given, so the same end matters too.
         # Prometheus is still scraping, and a scrape of a moment inside the span ingested
