@@ -11,6 +11,7 @@ import subprocess
 import urllib.parse
 import urllib.request
 
+import numpy as np
 import pytest
 
 from browser import Chromium
@@ -106,3 +107,19 @@ def test_the_report_on_a_phone_shows_each_chip_as_a_card(agent, chromium, tmp_pa
     for row in view.rows:
         assert row["display"] == "block" and row["right"] <= view.width, (row, view.width)
     assert [s for s in view.sideways if not s["holds"].startswith("img")] == []
+
+
+def test_the_report_page_draws_the_raw_sample_band(agent):
+    """/report's picture (make demo's leak) draws the band of raw samples along the floor,
+    as its legend and "How to read the picture" say: it drew the floor alone."""
+    import base64
+
+    from test_report import colour_columns
+    from tpumon.report.render import FLOOR, RAW
+
+    page = agent.get("/report", timeout=120)
+    png = base64.b64decode(re.search(r'src="data:image/png;base64,([^"]+)"', page).group(1))
+    floor, band = colour_columns(png, FLOOR), colour_columns(png, RAW)
+    data = np.flatnonzero(floor)
+    inside = band[data.min():data.max() + 1]
+    assert inside.mean() > 0.9, f"band in {inside.mean():.0%} of the floor's columns"
