@@ -286,7 +286,13 @@ def test_the_post_mortem_reaches_the_agents_verdicts_at_any_scrape_interval(
                              "--since", repr(first - 1), "-o", str(tmp_path)],
                             capture_output=True, text=True, env=clean_env(), timeout=120)
     assert result.returncode == 0, result.stderr
-    assert (tmp_path / f"tpumon-report-slice-{name}.png").exists()
+    # the floors panel under the heatmap (drawn for the leaking chips)
+    from PIL import Image
+
+    from tpumon.report.slice_heatmap import DPI, FLOORS_IN, ROW_IN
+
+    with Image.open(tmp_path / f"tpumon-report-slice-{name}.png") as picture:
+        assert picture.height >= DPI * (3.0 + ROW_IN * len(got) + FLOORS_IN) - 1, picture.size
 
 
 def _series(result: subprocess.CompletedProcess) -> dict:

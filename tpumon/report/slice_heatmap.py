@@ -20,6 +20,9 @@ from tpumon.report.data import HostReport, gap_seconds
 from tpumon.trace import SeriesColumns
 
 BINS = 240  # time columns of the heatmap
+ROW_IN = 0.18  # inches per chip of the heatmap
+FLOORS_IN = 3.5  # inches of the floors panel under it (drawn when a chip leaks)
+DPI = 90
 GiB = 2**30
 
 
@@ -66,10 +69,11 @@ def render_slice_png(series: Mapping[tuple[str, str], SeriesColumns],
                      reports: list[HostReport], title: str) -> bytes:
     keys, edges, ratios = heatmap(series)
     leaking = [c for r in reports for c in r.chips if c.assessment.verdict.value == "leak"]
-    figure = Figure(figsize=(14.0, 3.0 + 0.18 * len(keys) + (3.5 if leaking else 0.0)))
+    figure = Figure(figsize=(14.0, 3.0 + ROW_IN * len(keys) + (FLOORS_IN if leaking else 0.0)))
     FigureCanvasAgg(figure)
     grid = figure.add_gridspec(2 if leaking else 1, 1,
-                               height_ratios=[max(2.0, 0.18 * len(keys)), 3.5][:1 + bool(leaking)])
+                               height_ratios=[max(2.0, ROW_IN * len(keys)),
+                                              FLOORS_IN][:1 + bool(leaking)])
     ax = figure.add_subplot(grid[0])
     hours = (edges - edges[0]) / 3600
     image = ax.imshow(ratios, aspect="auto", interpolation="nearest", vmin=0.0, vmax=1.0,
@@ -92,7 +96,7 @@ def render_slice_png(series: Mapping[tuple[str, str], SeriesColumns],
         floors.set_xlabel("hours since the first sample")
         floors.legend(fontsize=7, ncol=4, loc="upper left")
     buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=90)
+    figure.savefig(buffer, format="png", dpi=DPI)
     return buffer.getvalue()
 
 
