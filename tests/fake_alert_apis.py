@@ -7,7 +7,10 @@ Each validates a request the way the real service does (Slack: a JSON object wit
 length, and summary/source/severity on a trigger, else 400 "invalid event"), records it,
 and answers success unless a test scripted other answers with ``respond``. ``stop_answering``
 makes it drop connections, as an unreachable service would; ``delay`` (seconds, settable
-any time) holds every answer that long, as an overloaded service would.
+any time) holds every answer that long, as an overloaded service would; ``arrived`` counts
+requests as they arrive, before the delay (``wait_for_arrivals``: one is being held), and
+a request whose client went away while it was held is still recorded and answered, as a
+real service acts on what it received.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ class FakeAlertAPI:
         self.path = path or PATHS[kind]  # a Slack webhook's path is its secret
         self.requests: list[Received] = []
         self.accepted: list[Received] = []
+        self.arrived = 0
         self._script: deque[int] = deque()
         self._lock = threading.Condition()
         self._silent = False
@@ -90,6 +94,13 @@ class FakeAlertAPI:
             if not self._lock.wait_for(lambda: len(got) >= n, timeout):
                 raise AssertionError(f"{self.kind}: {len(got)} of {n} requests within {timeout} s")
             return list(got)
+
+    def wait_for_arrivals(self, n: int, timeout: float = 30.0) -> None:
+        """Return once ``n`` requests have arrived (answered or still held)."""
+        with self._lock:
+            if not self._lock.wait_for(lambda: self.arrived >= n, timeout):
+                raise AssertionError(f"{self.kind}: {self.arrived} of {n} requests arrived "
+                                     f"within {timeout} s")
 
     def _answer(self, request: Received) -> tuple[int, bytes, dict[str, str]]:
         with self._lock:
@@ -157,6 +168,9 @@ class FakeAlertAPI:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802 - http.server's naming
                 raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                with api._lock:
+                    api.arrived += 1
+                    api._lock.notify_all()
                 if api.delay:
                     api.delayed.set()
                     if api._closing.wait(api.delay):  # shutting down: drop it unanswered
@@ -181,12 +195,15 @@ class FakeAlertAPI:
                     if status < 300:
                         api.accepted.append(request)
                     api._lock.notify_all()
-                self.send_response(status)
-                for name, value in headers.items():
-                    self.send_header(name, value)
-                self.send_header("Content-Length", str(len(reply)))
-                self.end_headers()
-                self.wfile.write(reply)
+                try:
+                    self.send_response(status)
+                    for name, value in headers.items():
+                        self.send_header(name, value)
+                    self.send_header("Content-Length", str(len(reply)))
+                    self.end_headers()
+                    self.wfile.write(reply)
+                except (BrokenPipeError, ConnectionResetError):
+                    self.close_connection = True  # the client went away while it was held
 
             def log_message(self, *args: object) -> None:
                 pass

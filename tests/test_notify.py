@@ -17,8 +17,8 @@ from fake_alert_apis import FakeAlertAPI
 from tpumon.detect import Assessment, ChipDetector, Verdict
 from tpumon.detect.counts import CountTrend
 from tpumon.identity import Identity
-from tpumon.notify.alerts import (HIGH, LEAK, OOM, STALLED, AlertSettings, AlertTracker,
-                                  describe_band)
+from tpumon.notify.alerts import (HIGH, LEAK, OOM, STALLED, Alert, AlertSettings,
+                                  AlertTracker, Transition, describe_band)
 from tpumon.notify.notifier import Notifier
 from tpumon.notify.outbox import Outbox
 from tpumon.notify.pagerduty import PagerDutyChannel
@@ -246,22 +246,79 @@ def pd_channel(api: FakeAlertAPI, key: str = "R0UT1NGKEY") -> PagerDutyChannel:
     return channel
 
 
-def test_slack_gets_one_message_naming_host_worker_chip_growth_eta_and_link():
+def test_slack_gets_one_line_a_message_naming_host_worker_chip_growth_eta_and_link():
+    """One alert a message: a message cut short by a kill is repeated after the restart,
+    and a message of one line repeats one line (issue 42; it used to group up to 20)."""
     feed = Feed()
     with FakeAlertAPI("slack") as api:
         n = notifier(feed, Outbox(None), slack_channel(api))
         now = time.time()
         feed.publish({"0": leak(2.0, now), "1": leak(30.0, now)})
-        run_until(n, lambda: api.accepted)
+        run_until(n, lambda: len(api.accepted) == 3)
         n.step()
-        assert len(api.requests) == 1  # three alerts raised together: one message
-        text = api.requests[0].body["text"]
+        assert len(api.requests) == 3  # three alerts raised together: three messages
+        text = "\n".join(r.body["text"] for r in api.requests)
         for expected in (IDENT.host, "worker 3", "llama-pod-a", "chip 0", "chip 1", OOM, LEAK,
                          "146.5 KiB/step", "OOM in 2 h", "grafana.example",
                          f"<http://{IDENT.host}:9847/report|Report>"):
             assert expected in text
-        assert len(api.requests[0].body["blocks"]) == 3
-        assert n.health().channels[0].delivered_total == 1
+        assert [len(r.body["blocks"]) for r in api.requests] == [1, 1, 1]
+        assert "\n" not in api.requests[0].body["text"] and "repeat" not in text
+        assert n.health().channels[0].delivered_total == 3
+
+
+def _stalled(pid: int) -> Alert:
+    return Alert(STALLED, "warning", f"tpumon/h/{STALLED}/pid{pid}", "h", "", "", "",
+                 f"pid {pid}", f"training process {pid} (fake) stuck at step 1")
+
+
+def test_a_post_cut_short_is_sent_again_marked_as_a_possible_repeat(tmp_path):
+    """Events are marked ``sending`` before their post; a kill -9 leaves them so, and the
+    next run knows that they may have arrived: sent again, the line says it may be a
+    repeat (Slack's webhooks take no idempotency key), also after a failed retry; the
+    events after it are not marked."""
+    path = tmp_path / "outbox.db"
+    first = Outbox(path)
+    first.record([Transition("trigger", _stalled(pid), 0.0) for pid in (1, 2)],
+                 {"slack": ("warning",)}, time.time())
+    cut_short = first.pending("slack", 1)
+    assert not cut_short[0].in_doubt
+    first.sending([cut_short[0].id], "attempt-one")  # ... and the agent is killed here
+    first.close()
+    outbox = Outbox(path)
+    assert outbox.in_doubt() == [("slack", "attempt-one")]
+    assert [e.in_doubt for e in outbox.pending("slack", 5)] == [True, False]
+    with FakeAlertAPI("slack") as api:
+        api.respond(503)
+        n = notifier(Feed(), outbox, slack_channel(api))
+        run_until(n, lambda: len(api.accepted) == 2)
+    first_line, second_line = (r.body["text"] for r in api.accepted)
+    assert "process 1 " in first_line and "Possibly a repeat" in first_line
+    assert "process 2 " in second_line and "repeat" not in second_line
+    assert outbox.pending_count("slack") == 0 and outbox.in_doubt() == []
+
+
+def test_an_outbox_of_an_earlier_version_is_read_and_delivered(tmp_path):
+    """An outbox.db written before the ``sending`` mark (no attempt, in_doubt columns)
+    gets the columns; its pending events are delivered, none in doubt."""
+    path = tmp_path / "outbox.db"
+    old = sqlite3.connect(path)
+    old.executescript("""
+        CREATE TABLE active (key TEXT PRIMARY KEY, alert TEXT NOT NULL);
+        CREATE TABLE events (id INTEGER PRIMARY KEY AUTOINCREMENT, channel TEXT NOT NULL,
+            action TEXT NOT NULL, alert TEXT NOT NULL, raised REAL NOT NULL,
+            created REAL NOT NULL, attempts INTEGER NOT NULL DEFAULT 0,
+            state TEXT NOT NULL DEFAULT 'pending', done REAL, error TEXT);""")
+    old.execute("INSERT INTO events (channel, action, alert, raised, created) VALUES "
+                "('slack', 'trigger', ?, 0, ?)", (json.dumps(_stalled(7).to_json()), time.time()))
+    old.commit()
+    old.close()
+    outbox = Outbox(path)
+    [event] = outbox.pending("slack", 5)
+    assert event.alert.subject == "pid 7" and not event.in_doubt
+    outbox.sending([event.id], "a")
+    outbox.delivered([event.id])
+    assert outbox.pending_count("slack") == 0
 
 
 def test_pagerduty_trigger_then_resolve_with_one_dedup_key():
@@ -345,7 +402,8 @@ def test_a_rejected_notification_is_not_retried_and_the_next_goes_on(kind, statu
         assert [r.status for r in api.requests] == [status] + [api.accepted[0].status] * (
             len(api.requests) - 1)
         sent = json.dumps([r.body for r in api.accepted])
-        assert "chip 1" in sent and "chip 0" not in sent  # given up, never sent again
+        assert "chip 1" in sent  # the next goes on; the rejected one is given up:
+        assert api.requests[0].raw not in [r.raw for r in api.accepted]  # never sent again
         assert n.health().channels[0].given_up_total == {"rejected": len(api.requests[0].body.get(
             "blocks", [None]))}
 
@@ -461,7 +519,8 @@ def test_a_leak_warning_waits_for_its_tensor_snapshots_and_names_what_grew():
     text = got[0].alert.details["tensors"]
     assert text.startswith("likely leak: +1 f32[] per step (4 B each, all of the growth)")
     line = SlackChannel("http://x", ("warning", "critical"))._line(
-        type("E", (), {"action": "trigger", "alert": got[0].alert, "raised": 1160.0})())
+        type("E", (), {"action": "trigger", "alert": got[0].alert, "raised": 1160.0,
+                       "in_doubt": False})())
     assert "Tensor snapshots: likely leak: +1 f32[] per step" in line and "train.py:88" in line
     page = PagerDutyChannel("http://x", "k" * 32, ("warning", "critical")).body(
         type("E", (), {"action": "trigger", "alert": got[0].alert, "raised": 1160.0})())

@@ -101,8 +101,8 @@ def test_every_slack_line_names_the_slice_and_the_worker():
     with FakeAlertAPI("slack") as api:
         n = notifier(feed, Outbox(None), slack_channel(api))
         feed.publish({"0": leak(2.0, time.time()), "2": leak(30.0, time.time())})
-        run_until(n, lambda: api.accepted)
-        lines = api.accepted[0].body["text"].splitlines()
+        run_until(n, lambda: len(api.accepted) == 3)  # one line a message
+        lines = [line for r in api.accepted for line in r.body["text"].splitlines()]
         assert len(lines) == 3
         for line in lines:
             assert "(worker 3, slice llama-pod-a, v4-32)" in line, line

@@ -56,8 +56,9 @@ def test_a_called_leak_brings_snapshots_that_name_the_leaking_tensor(tmp_path):
             assert found["summary"].startswith("likely leak: +1 f32[")
             assert 0.5 <= (found["explained_fraction"] or 0) <= 1.0, (  # the chips' HBM slope
                 found, agent_view(agent))
-            messages = [r.body["text"] for r in slack.wait_for_requests(1, 120)]
-            leak_message = next(m for m in messages if "TPUMonHBMLeakSuspected" in m)
+            leak_message = wait_for(lambda: next(  # one alert a message: find the leak's
+                (r.body["text"] for r in slack.requests
+                 if "TPUMonHBMLeakSuspected" in r.body["text"]), None), 120)
             assert "Tensor snapshots: likely leak: +1 f32[" in leak_message
             metrics = agent.get("/metrics")
             grown = [s for f in text_string_to_metric_families(metrics)

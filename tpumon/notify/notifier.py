@@ -8,7 +8,8 @@ channel's ``min_interval``; after a 429, a 5xx or a network error the channel ba
 (Retry-After when the service gives one, else doubling up to five minutes) and the same
 events go again; another 4xx gives the event up with one log line (sending it again would
 not help). Events older than ``max_age`` are given up too: a page about a job that died
-yesterday helps no one.
+yesterday helps no one. Each request's events are marked ``sending`` under a new attempt id
+before the post, so that a restart knows which may have arrived (outbox.py).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import random
 import sqlite3
 import threading
 import time
+import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence
@@ -91,6 +93,10 @@ class Notifier:
             if p.pending:
                 log.info("%s: %d notification(s) from before the restart still to deliver",
                          name, p.pending)
+        for name, attempt in self.outbox.in_doubt():
+            log.warning("%s: the agent stopped while posting attempt %s, which may have "
+                        "arrived; its notifications go again, marked as a possible repeat",
+                        name, attempt)
         self._thread.start()
 
     def stop(self, timeout: float = 15.0) -> None:
@@ -213,6 +219,7 @@ class Notifier:
             self.outbox.delivered(ids)
             p.pending = self.outbox.pending_count(channel.name)
             return 0.0
+        outbox.sending(ids, uuid.uuid4().hex[:12])  # committed before the post
         outcome = post_json(channel.url, body, self._timeout)
         if outcome.kind == DELIVERED:
             self._delivered(channel, p, batch, ids, outbox)

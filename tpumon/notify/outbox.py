@@ -10,9 +10,14 @@ overtakes its trigger. Delivered and given-up events are kept a week for `tpumon
 and post-mortems, then purged; sooner, oldest first, once the file is past half its
 bound (``max_bytes``, its share of ``store.max_size_mb``), which it never passes: past
 it, a write fails as on a full disk and the notifier holds the events in memory. The one
-window left is a kill -9 between the service's "accepted" and the commit that marks it:
-that event is sent again after the restart
-(PagerDuty folds it into the same incident by its dedup_key; Slack would show it twice).
+window left is a kill -9 between the service's "accepted" and the commit that marks it.
+Neither Slack's incoming webhooks nor PagerDuty can be asked what they got (a webhook takes
+no idempotency key), so exactly once is impossible in general; the outbox narrows it: each
+request's events are marked ``sending`` (with an attempt id) before the post, and events
+still ``sending`` when read back were possibly delivered (``Event.in_doubt``). They are
+sent again, Slack's marked as a possible repeat, and Slack sends one event per request,
+so a kill repeats at most one line (PagerDuty folds a repeat into its incident by
+dedup_key).
 """
 
 from __future__ import annotations
@@ -45,10 +50,16 @@ CREATE TABLE IF NOT EXISTS events (
     attempts INTEGER NOT NULL DEFAULT 0,
     state TEXT NOT NULL DEFAULT 'pending',
     done REAL,
-    error TEXT
+    error TEXT,
+    attempt TEXT,
+    in_doubt INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS events_by_state ON events (channel, state, id);
 """
+#: Columns added since the first outbox: added to an older file when it is opened
+ADDED_COLUMNS = {"attempt": "TEXT", "in_doubt": "INTEGER NOT NULL DEFAULT 0"}
+#: Not yet delivered nor given up: ``sending`` is a post whose outcome was never recorded
+WAITING = "state IN ('pending', 'sending')"
 
 
 @dataclass(frozen=True)
@@ -62,6 +73,9 @@ class Event:
     raised: float   # when the transition happened (the poll state's time)
     created: float  # when it was written down
     attempts: int
+    #: A post of it may have been delivered unbeknown to us (the agent stopped while it
+    #: was in flight): sending it again may repeat it
+    in_doubt: bool = False
 
 
 class Outbox:
@@ -84,6 +98,7 @@ class Outbox:
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=FULL")  # few writes, each one a promise to a person
         conn.executescript(SCHEMA)
+        _add_columns(conn)
         if self.max_pages is not None:
             pages = conn.execute("PRAGMA page_count").fetchone()[0]
             conn.execute(f"PRAGMA max_page_count = {max(self.max_pages, pages)}")
@@ -126,9 +141,10 @@ class Outbox:
             self.conn.execute("BEGIN IMMEDIATE")
             for e in held:
                 self.conn.execute(
-                    "INSERT INTO events (channel, action, alert, raised, created, attempts) "
-                    "VALUES (?, ?, ?, ?, ?, ?)", (e.channel, e.action, json.dumps(
-                        e.alert.to_json(), sort_keys=True), e.raised, e.created, e.attempts))
+                    "INSERT INTO events (channel, action, alert, raised, created, attempts, "
+                    "in_doubt) VALUES (?, ?, ?, ?, ?, ?, ?)", (e.channel, e.action, json.dumps(
+                        e.alert.to_json(), sort_keys=True), e.raised, e.created, e.attempts,
+                        e.in_doubt))
                 written += 1
             for t in transitions:
                 raw = json.dumps(t.alert.to_json(), sort_keys=True)
@@ -146,19 +162,36 @@ class Outbox:
         return written
 
     def pending(self, channel: str, limit: int) -> list[Event]:
-        """The oldest undelivered events of a channel, in the order they were recorded."""
+        """The oldest undelivered events of a channel, in the order they were recorded.
+        One still ``sending`` is in doubt: the notifier marks every outcome before it reads
+        again, so its post was cut short by a stop (or the mark failed)."""
         rows = self.conn.execute(
-            "SELECT id, channel, action, alert, raised, created, attempts FROM events "
-            "WHERE channel = ? AND state = 'pending' ORDER BY id LIMIT ?", (channel, limit))
-        return [Event(i, c, a, Alert.from_json(json.loads(raw)), r, cr, n)
-                for i, c, a, raw, r, cr, n in rows]
+            "SELECT id, channel, action, alert, raised, created, attempts, "
+            f"in_doubt OR state = 'sending' FROM events WHERE channel = ? AND {WAITING} "
+            "ORDER BY id LIMIT ?", (channel, limit))
+        return [Event(i, c, a, Alert.from_json(json.loads(raw)), r, cr, n, bool(doubt))
+                for i, c, a, raw, r, cr, n, doubt in rows]
 
     def pending_count(self, channel: str) -> int:
-        return self.conn.execute("SELECT count(*) FROM events WHERE channel = ? AND "
-                                 "state = 'pending'", (channel,)).fetchone()[0]
+        return self.conn.execute(f"SELECT count(*) FROM events WHERE channel = ? AND "
+                                 f"{WAITING}", (channel,)).fetchone()[0]
+
+    def in_doubt(self) -> list[tuple[str, str]]:
+        """(channel, attempt id) of the posts that were in flight when the last run
+        stopped, for the start-up log."""
+        return self.conn.execute("SELECT channel, attempt FROM events WHERE state = "
+                                 "'sending' GROUP BY channel, attempt ORDER BY min(id)"
+                                 ).fetchall()
+
+    def sending(self, ids: Iterable[int], attempt: str) -> None:
+        """Mark events as posted by ``attempt``, committed before the post: read back
+        ``sending`` after a restart, they are known to be possibly delivered (a doubt
+        that stays with them until they are delivered)."""
+        self._update(ids, "in_doubt = in_doubt OR state = 'sending', state = 'sending', "
+                     "attempt = ?", (attempt,))
 
     def attempted(self, ids: Iterable[int], error: str) -> None:
-        self._update(ids, "attempts = attempts + 1, error = ?", (error,))
+        self._update(ids, "attempts = attempts + 1, state = 'pending', error = ?", (error,))
 
     def delivered(self, ids: Iterable[int]) -> None:
         self._update(ids, "attempts = attempts + 1, state = 'delivered', done = ?, error = NULL",
@@ -177,7 +210,7 @@ class Outbox:
     def purge(self, now: float) -> None:
         """Forget delivered and given-up events after a week (bounded file size)."""
         with self.conn:
-            self.conn.execute("DELETE FROM events WHERE state != 'pending' AND done < ?",
+            self.conn.execute(f"DELETE FROM events WHERE NOT {WAITING} AND done < ?",
                               (now - KEEP_DONE_SECONDS,))
 
     def _crowded(self) -> bool:
@@ -193,9 +226,17 @@ class Outbox:
         are promises still to keep), whose pages the next writes reuse."""
         with self.conn:
             self.conn.execute(
-                "DELETE FROM events WHERE id IN (SELECT id FROM events WHERE state != "
-                "'pending' ORDER BY id LIMIT (SELECT count(*) / 2 + 1 FROM events WHERE "
-                "state != 'pending'))")
+                f"DELETE FROM events WHERE id IN (SELECT id FROM events WHERE NOT {WAITING} "
+                f"ORDER BY id LIMIT (SELECT count(*) / 2 + 1 FROM events WHERE NOT {WAITING}))")
+
+
+def _add_columns(conn: sqlite3.Connection) -> None:
+    """Bring an outbox written by an earlier version up to this schema (its events keep
+    their state; none was in doubt)."""
+    have = {row[1] for row in conn.execute("PRAGMA table_info(events)")}
+    for name, kind in ADDED_COLUMNS.items():
+        if name not in have:
+            conn.execute(f"ALTER TABLE events ADD COLUMN {name} {kind}")
 
 
 def open_outbox(state_dir: str, max_bytes: int | None = None) -> Outbox:

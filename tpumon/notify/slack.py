@@ -1,8 +1,12 @@
-"""Slack incoming webhooks: alerts that fire together go out as one message.
+"""Slack incoming webhooks: one message per alert raise or resolve.
 
-Slack takes about one message a second per channel, and a leak usually starts on every
-chip of a host (often of a pod) at once: one message listing them reads better than
-eight. Each line names the alert, host, worker, chip, growth, ETA and likely cause.
+Each message is one line naming the alert, host, worker, chip, growth, ETA and likely
+cause. Alerts that fire together used to go out as one message of up to 20 lines, which
+reads better, but a webhook takes no idempotency key: a message whose post was cut short
+by a kill -9 is sent again after the restart, and a batch repeated all its lines (41
+repeated lines in 10 kills, issue 42). One line per message repeats one at most, marked as
+a possible repeat; Slack's rate (about one message a second per channel) then spreads a
+leak on eight chips over eight seconds.
 
 Slack reads the top-level ``text`` and every mrkdwn block as markup: ``<!channel>`` is a
 mention of everyone, ``<http://x|click>`` a link. Every piece of an alert is text that a
@@ -29,16 +33,16 @@ class SlackChannel:
     """Formats outbox events as one webhook message."""
 
     name = "slack"
-    batch = 20           # events per message at most
+    batch = 1            # events per message: a kill repeats at most this many lines
     min_interval = 1.0   # seconds between messages: Slack's per-channel rate
-    group_wait = 10.0    # seconds to wait for alerts raised together
+    group_wait = 0.0     # seconds to wait for alerts raised together (none: one a message)
 
     def __init__(self, url: str, severities: tuple[str, ...]) -> None:
         self.url = url
         self.severities = severities
 
     def requests(self, events: Sequence[Event]) -> list[tuple[list[Event], Any]]:
-        """One message for all of them."""
+        """One message for all of them (``batch`` of them at most)."""
         lines = [self._line(e) for e in events]
         return [(list(events), {
             "text": "\n".join(lines),
@@ -46,8 +50,16 @@ class SlackChannel:
                        for line in lines[:50]],
         })]
 
+    @classmethod
+    def _line(cls, event: Event) -> str:
+        line = cls._alert_line(event)
+        if event.in_doubt:  # a repeat must not read as a second raise
+            line += (" _(Possibly a repeat: the agent stopped while sending this, and "
+                     "cannot know whether it arrived.)_")
+        return line
+
     @staticmethod
-    def _line(event: Event) -> str:
+    def _alert_line(event: Event) -> str:
         a = event.alert
         icon = ICONS[(event.action, a.severity)]
         name, where, subject = for_slack(a.name), for_slack(a.where), for_slack(a.subject)
