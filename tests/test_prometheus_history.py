@@ -43,18 +43,23 @@ def test_raw_windows_cover_the_range_end_to_end(start, end):
 @pytest.fixture(scope="module")
 def prometheus(tmp_path_factory):
     """A real Prometheus that scrapes nothing (so holds no tpumon series)."""
-    binary = require_tool("prometheus")
     tmp = tmp_path_factory.mktemp("prom")
+    procs, url = start_prometheus(require_tool("prometheus"), tmp, tmp / "data")
+    yield url
+    procs.stop_all()
+
+
+def start_prometheus(binary: str, tmp, data) -> tuple[Processes, str]:
+    """A real Prometheus on ``data`` that scrapes nothing, ready; its processes and URL."""
     (tmp / "prometheus.yml").write_text("global:\n  scrape_interval: 15s\n")
     port = free_port()
     procs = Processes(tmp)
     procs.start("prometheus", [binary, f"--config.file={tmp / 'prometheus.yml'}",
-                               f"--storage.tsdb.path={tmp / 'data'}",
+                               f"--storage.tsdb.path={data}",
                                f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"])
     url = f"http://127.0.0.1:{port}"
     wait_for(lambda: ready(f"{url}/-/ready"), timeout=60, interval=0.2)
-    yield url
-    procs.stop_all()
+    return procs, url
 
 
 @pytest.mark.e2e
@@ -237,14 +242,7 @@ def scraped_slices(tmp_path_factory):
                            str(tmp / "scrapes.om"), str(data)], capture_output=True,
                           text=True, timeout=120)
     assert made.returncode == 0, made.stderr
-    (tmp / "prometheus.yml").write_text("global:\n  scrape_interval: 15s\n")
-    port = free_port()
-    procs = Processes(tmp)
-    procs.start("prometheus", [prometheus, f"--config.file={tmp / 'prometheus.yml'}",
-                               f"--storage.tsdb.path={data}",
-                               f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"])
-    url = f"http://127.0.0.1:{port}"
-    wait_for(lambda: ready(f"{url}/-/ready"), timeout=60, interval=0.2)
+    procs, url = start_prometheus(prometheus, tmp, data)
     yield url, held
     procs.stop_all()
 
