@@ -142,8 +142,13 @@ MUTATIONS = {
         "          max_over_time(tpumon_hbm_used_bytes[5m]) / tpumon_hbm_total_bytes\n            >",
         "hbm.yml"),
     "TPUMonTrainingStalled also where the chips hold nothing": (
-        "(max by (instance, job) (tpumon_hbm_used_bytes) > 0)",
-        "(max by (instance, job) (tpumon_hbm_used_bytes) >= 0)", "health.yml"),
+        "group_left tpumon_hbm_used_bytes\n                ) > 0",
+        "group_left tpumon_hbm_used_bytes\n                ) >= 0", "health.yml"),
+    "TPUMonTrainingStalled on the host's chips, not the process's own": (
+        "and on (instance, job, pid)\n              (\n                max by (instance, job, pid) (\n"
+        "                  tpumon_chip_owner_info * on (instance, job, chip) group_left ",
+        "and on (instance, job)\n              (\n                max by (instance, job) (\n"
+        "                  ", "health.yml"),
     "TPUMonTrainingStalled ignoring the exported stall time": (
         "> ignoring (pid, framework, rank) group_left\n              tpumon_alert_training_stall_seconds",
         "> 60", "health.yml"),
