@@ -10,7 +10,10 @@ scraping them. Checked, each wait bounded and saying what it waited for:
   none of its scrape interval given), alerts on every chip exactly where `tpumon analyze`
   of the agents' exported traces, cut to the polls Prometheus scraped, does; and, when it
   scraped every poll, where the whole traces do, within one scrape interval (simulated
-  time). `report --prometheus` draws the slice's heatmap with no empty column.
+  time). `report --prometheus` draws the slice's heatmap with no empty column;
+- the same `analyze --prometheus` pointed at VictoriaMetrics, which Prometheus feeds by
+  `remote_write` (a store that scales out, with Prometheus' query API), gives the same
+  replay: samples, verdicts and alerts identical.
 
 Time runs 240x; the agents poll every 0.2 s (48 simulated seconds apart) and Prometheus
 scrapes every 0.1 s, so every poll has two scrapes to be seen by (a scrape missed on a
@@ -92,24 +95,42 @@ def heatmap_filled(prom: str, since: float) -> None:
         assert not np.isnan(row[inside]).any(), key
 
 
-def scrape_faster(path: Path) -> None:
+def scrape_faster(path: Path, remote_write: str) -> None:
+    """Scrape every SCRAPE seconds and send every sample on to ``remote_write`` (the block
+    docs/pods.md gives, its batches flushed each second rather than each 5)."""
     config = yaml.safe_load(path.read_text())
     config["global"].update(scrape_interval=f"{int(SCRAPE * 1000)}ms",
                             scrape_timeout=f"{int(SCRAPE * 1000)}ms")
+    config["remote_write"] = [{"url": remote_write,
+                               "queue_config": {"batch_send_deadline": "1s"}}]
     path.write_text(yaml.safe_dump(config, sort_keys=False))
+
+
+def start_victoria_metrics(binary: str, data: Path, processes: Processes) -> str:
+    """A single-node VictoriaMetrics on loopback, ready; its URL (Prometheus' query API
+    is at its root, remote_write at /api/v1/write)."""
+    port = free_port()
+    processes.start("victoria-metrics", [binary, f"-storageDataPath={data}",
+                                         f"-httpListenAddr=127.0.0.1:{port}",
+                                         "-loggerLevel=ERROR"])
+    url = f"http://127.0.0.1:{port}"
+    bounded("VictoriaMetrics to be ready", lambda: ready(f"{url}/health"), 60, processes)
+    return url
 
 
 @pytest.mark.e2e
 @pytest.mark.timeout(300)
 def test_a_slice_wide_leak_seen_as_one_slice(tmp_path, processes):
     prometheus = require_tool("prometheus")
+    victoria = start_victoria_metrics(require_tool("victoria-metrics"), tmp_path / "vm",
+                                      processes)
     began = time.time()
     # Prometheus first, so that it scrapes the agents from their first poll on; each host
     # of the simulated slice has its own loopback address and all use one agent port.
     port = free_port()
     agents = [f"127.0.0.{w + 1}:{port}" for w in range(HOSTS)]
     config = prometheus_config(tmp_path, agents, FOR)
-    scrape_faster(config)
+    scrape_faster(config, f"{victoria}/api/v1/write")
     prom_port = free_port()
     processes.start("prometheus", [
         prometheus, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'prom'}",
@@ -237,6 +258,19 @@ def test_a_slice_wide_leak_seen_as_one_slice(tmp_path, processes):
                      "json")
         assert result.returncode == 0, result.stderr
         from_prom = {(s["host"], s["chip"]): s for s in json.loads(result.stdout)["series"]}
+
+        def victoria_replay() -> dict | None:
+            """The same replay from VictoriaMetrics, once remote_write has brought it
+            every sample of the span."""
+            result = run("analyze", "--prometheus", victoria, "--slice", SLICE, *span,
+                         "--format", "json")
+            assert result.returncode == 0, result.stderr
+            series = {(s["host"], s["chip"]): s for s in json.loads(result.stdout)["series"]}
+            held = {k: s["samples"] for k, s in series.items()}
+            return series if held == {k: s["samples"] for k, s in from_prom.items()} else None
+        from_victoria = bounded("VictoriaMetrics to hold the span's samples Prometheus holds",
+                                victoria_replay, 60, processes, interval=2)
+        assert from_victoria == from_prom
         traces, seen = tmp_path / "traces", tmp_path / "scraped"  # a file per host: a slice
         traces.mkdir()
         seen.mkdir()
