@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 from tpumon.instrument.protocol import PROTOCOL_VERSION, parse_request, socket_path
+from tpumon.instrument.last_words import LastWords
 from tpumon.instrument.snapshot import Snapshot, track_sites_setting
 from tpumon.instrument.snapshot_job import SnapshotJob
 from tpumon.instrument.transport import ReportSender
@@ -40,7 +41,8 @@ class Reporter:
     live_module: str | None = None
 
     def __init__(self, every: int = 1, socket: str | None = None,
-                 min_interval: float = 0.05, track_sites: bool | None = None) -> None:
+                 min_interval: float = 0.05, track_sites: bool | None = None,
+                 last_words: bool = True) -> None:
         self.every = max(int(every), 1)
         self.min_interval = min_interval
         self.last_sent_step: int | None = None
@@ -60,6 +62,12 @@ class Reporter:
             type(self).take_snapshot is Reporter.take_snapshot else "true"
         self.track_sites = track_sites_setting(track_sites)
         self._tracker: Any = None  # the live module's SiteTracker, made on first use
+        #: the process's end (exceptions, exit, fatal signals), sent as it happens
+        self._last_words: LastWords | None = None
+        if last_words:
+            self._last_words = LastWords(self._sender, self.framework)
+            self._sender.on_connect = self._last_words.on_connect
+            self._last_words.install()
 
     @property
     def sent(self) -> int:
@@ -181,6 +189,9 @@ class Reporter:
             return None
 
     def close(self) -> None:
+        if self._last_words is not None:
+            self._last_words.uninstall()
+            self._last_words = None
         self._sender.close()
         if self._statm is not None:
             os.close(self._statm)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+from typing import Callable
 
 from tpumon.instrument.protocol import connection_path
 
@@ -41,12 +42,18 @@ class ReportSender:
         self._datagrams: socket.socket | None = None
         self._retry_at = 0.0
         self._held: bytes | None = None  # a request read off a connection as it closed
+        #: called with each new connection (the last words hand the agent a pipe on it)
+        self.on_connect: Callable[[socket.socket], None] | None = None
         self._connect()
 
     @property
     def connected(self) -> bool:
         """Whether reports go over a connection (else as datagrams)."""
         return self._connection is not None
+
+    @property
+    def connection(self) -> socket.socket | None:
+        return self._connection
 
     def send(self, payload: bytes) -> bool:
         """True if the kernel took the report; False (and counted) otherwise."""
@@ -101,6 +108,11 @@ class ReportSender:
                 sock.close()
             return
         self._connection = sock
+        if self.on_connect is not None:
+            try:
+                self.on_connect(sock)
+            except Exception:  # noqa: BLE001 - never raise into the training loop
+                pass
 
     def _disconnect(self) -> None:
         """Close the connection, keeping a request the agent sent before it went."""
