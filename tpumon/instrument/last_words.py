@@ -156,7 +156,7 @@ class LastWords:
     def _send(self, payload: bytes, wait: float = EXIT_WAIT) -> None:
         """Send now; while a connection's queue is full, retry for at most ``wait``."""
         deadline = time.monotonic() + wait
-        while not self._sender.send(payload):
+        while not self._sender.send(payload, count=False):
             if not self._sender.connected or time.monotonic() >= deadline:
                 return
             time.sleep(0.005)

@@ -55,22 +55,23 @@ class ReportSender:
     def connection(self) -> socket.socket | None:
         return self._connection
 
-    def send(self, payload: bytes) -> bool:
-        """True if the kernel took the report; False (and counted) otherwise."""
+    def send(self, payload: bytes, count: bool = True) -> bool:
+        """True if the kernel took the message; False (and counted) otherwise. ``count``
+        False: not counted in ``sent`` or ``dropped`` (last words, not reports)."""
         if self._connection is not None:
             try:
                 self._connection.send(payload, _SEND)
-                self.sent += 1
+                self.sent += count
                 return True
             except BlockingIOError:  # our own queue is full: the agent is far behind
-                self.dropped += 1
+                self.dropped += count
                 return False
             except OSError:  # the agent closed it (restarted, or refused us): datagrams
                 self._disconnect()
         elif time.monotonic() >= self._retry_at:
             self._connect()
-            return self.send(payload)
-        return self._send_datagram(payload)
+            return self.send(payload, count)
+        return self._send_datagram(payload, count)
 
     def receive(self) -> bytes | None:
         """The next request the agent sent us, if any (non-blocking)."""
@@ -125,13 +126,13 @@ class ReportSender:
             self._connection = None
         self._retry_at = time.monotonic() + RETRY_SECONDS
 
-    def _send_datagram(self, payload: bytes) -> bool:
+    def _send_datagram(self, payload: bytes, count: bool = True) -> bool:
         try:
             self._datagram_socket().sendto(payload, self.path)
         except OSError:  # no agent, its queue full, permission: dropped, by design
-            self.dropped += 1
+            self.dropped += count
             return False
-        self.sent += 1
+        self.sent += count
         return True
 
     def _datagram_socket(self) -> socket.socket:
