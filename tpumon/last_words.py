@@ -18,8 +18,9 @@ public thread it was taken from):
 - run time: "Attempting to allocate 306.51M. That was not possible. There are 1.03G free.",
   "Attempting to reserve 3.95G at the bottom of memory. That was not possible. There are
   1.92G free", "Could not allocate 10485760 bytes in memory 0x0x0_HBM0; 4374528 bytes
-  allocatable, 14942208 bytes available", and the CPU and PJRT client's "Out of memory
-  allocating 4398046511104 bytes." (JAX and torch_xla 2.9 on CPU, checked here).
+  allocatable, 14942208 bytes available", "Failed to allocate request for 256.00MiB
+  (268435456B)", and the CPU and PJRT client's "Out of memory allocating 4398046511104
+  bytes." (JAX and torch_xla 2.9 on CPU, checked here).
 
 A wording not known keeps its raw text (bounded) and is still an end's last words.
 """
@@ -258,7 +259,8 @@ _ATTEMPT = re.compile(rf"Attempting to (?:allocate|reserve) {_SIZE}(?: at the bo
                       rf"memory)?\. That was not possible\.(?: There are {_SIZE} free)?")
 _COULD_NOT = re.compile(r"Could not allocate (\d+) bytes in memory (\S+?);?\s+(\d+) bytes "
                         r"allocatable, (\d+) bytes available")
-_ALLOCATING = re.compile(r"Out of memory (?:while trying to allocate|allocating) (\d+) bytes")
+_ALLOCATING = re.compile(r"Out of memory (?:while trying to allocate|allocating) (\d+) bytes|"
+                         r"Failed to allocate request for \S+ \((\d+)B\)")
 _ROW = re.compile(rf"^\s*\d+\. Size: {_SIZE}", re.M)
 
 
@@ -278,18 +280,16 @@ def parse_oom(text: str) -> OutOfMemory | None:
         if compile_time.group(2) is not None:
             used = size(compile_time.group(2), compile_time.group(3))
             capacity = size(compile_time.group(4), compile_time.group(5))
-        program = _PROGRAM.search(text)
         return OutOfMemory("compile", space, used_bytes=used, capacity_bytes=capacity,
-                           program_bytes=size(program.group(2), program.group(3))
-                           if program else None, allocations=_allocations(text))
+                           program_bytes=_program(text), allocations=_allocations(text))
     attempt = _ATTEMPT.search(text)
     if attempt:
-        capacity = _CAPACITY.search(text)
+        hbm = _CAPACITY.search(text)
         return OutOfMemory(
-            "runtime", _space(text, capacity.group(1) if capacity else None),
+            "runtime", _space(text, hbm.group(1) if hbm else None),
             requested_bytes=size(attempt.group(1), attempt.group(2)),
             free_bytes=size(attempt.group(3), attempt.group(4)) if attempt.group(3) else None,
-            capacity_bytes=size(capacity.group(2), capacity.group(3)) if capacity else None,
+            capacity_bytes=size(hbm.group(2), hbm.group(3)) if hbm else None,
             program_bytes=_program(text), allocations=_allocations(text))
     could_not = _COULD_NOT.search(text)
     if could_not:
@@ -298,7 +298,8 @@ def parse_oom(text: str) -> OutOfMemory | None:
                            free_bytes=int(could_not.group(4)))
     allocating = _ALLOCATING.search(text)
     if allocating:
-        return OutOfMemory("runtime", _space(text), requested_bytes=int(allocating.group(1)))
+        return OutOfMemory("runtime", _space(text),
+                           requested_bytes=int(allocating.group(1) or allocating.group(2)))
     if re.search(r"RESOURCE_EXHAUSTED|Resource exhausted", text) and \
             re.search(r"memory|HBM|hbm|allocat", text):
         return OutOfMemory("runtime", _space(text))
