@@ -17,8 +17,9 @@ it):
   alone when the process enabled faulthandler itself (it writes where that asked).
 
 Each capture is one message on the reporter's own connection (or datagram), at most
-``MAX_LAST_WORDS`` bytes, sent without blocking; at the exit a queue that is full is
-retried for at most ``EXIT_WAIT`` seconds. Nothing here raises into the process.
+``MAX_LAST_WORDS`` bytes, sent without blocking; at the end (an uncaught exception, the
+exit) a queue that is full is retried for at most ``EXIT_WAIT`` seconds in all, a
+worker thread's exception is not waited for. Nothing here raises into the process.
 
 A process killed by SIGKILL (the kernel's OOM killer, a preemption) or ended by
 ``os._exit`` runs none of this: it has no last words, and the agent says so.
@@ -42,7 +43,10 @@ from typing import Any
 
 from tpumon.instrument.protocol import FATAL_HEADER, LAST_WORDS_HEADER, MAX_LAST_WORDS
 
-EXIT_WAIT = 0.1  # seconds the exit may wait for room in a full queue
+#: Seconds the process's end may wait in all (the exception's message and the exit's
+#: together) for room in a full queue: with the last send and the interpreter's own
+#: teardown, the exit stays within ~100 ms of what it takes without (bench/reporters.py).
+EXIT_WAIT = 0.09
 MESSAGE_CHARS = 32768  # an exception's message (XLA's OOM report with its table: ~10 KiB)
 TRACEBACK_CHARS = 16384  # the formatted traceback, its innermost end kept
 _LIBRARIES = tuple(os.path.join(p, "") for p in {
@@ -64,6 +68,7 @@ class LastWords:
         self._previous_hook: Any = None
         self._previous_thread_hook: Any = None
         self._pipe: tuple[int, int] | None = None  # (read end, write end) of faulthandler's
+        self._wait_left = EXIT_WAIT  # what the end may still wait for a full queue
 
     def install(self) -> None:
         """Chain onto sys.excepthook, threading.excepthook and atexit, and give
@@ -76,7 +81,7 @@ class LastWords:
             self._thread_hook
         atexit.register(self._at_exit)
         self._arm_faulthandler()
-        self._send(_encode({"kind": "armed", "fatal": self._pipe is not None}))
+        self._send(_encode({"kind": "armed", "fatal": self._pipe is not None}), wait=False)
 
     def uninstall(self) -> None:
         """Undo :meth:`install`, where nothing chained on after us (a hook installed after
@@ -139,7 +144,7 @@ class LastWords:
             try:
                 name = getattr(args.thread, "name", None)
                 self._send(_encode(describe(args.exc_type, args.exc_value, args.exc_traceback,
-                                            "thread_exception", thread=name)))
+                                            "thread_exception", thread=name)), wait=False)
             except Exception:  # noqa: BLE001
                 pass
         self._previous_thread_hook(args)
@@ -148,18 +153,24 @@ class LastWords:
         if not self._installed or os.getpid() != self._pid:
             return  # a forked child's exit is not the job's
         try:
-            self._send(_encode({"kind": "exit", "status": 1 if self._failed else None}),
-                       wait=EXIT_WAIT)
+            self._send(_encode({"kind": "exit", "status": 1 if self._failed else None}))
         except Exception:  # noqa: BLE001
             pass
 
-    def _send(self, payload: bytes, wait: float = EXIT_WAIT) -> None:
-        """Send now; while a connection's queue is full, retry for at most ``wait``."""
-        deadline = time.monotonic() + wait
-        while not self._sender.send(payload, count=False):
-            if not self._sender.connected or time.monotonic() >= deadline:
-                return
-            time.sleep(0.005)
+    def _send(self, payload: bytes, wait: bool = True) -> None:
+        """Send now; while a connection's queue is full and ``wait``, retry within what is
+        left of EXIT_WAIT (shared by every message of the end)."""
+        started = time.monotonic()
+        deadline = started + (self._wait_left if wait else 0.0)
+        try:
+            while not self._sender.send(payload, count=False):
+                left = deadline - time.monotonic()
+                if not self._sender.connected or left <= 0:
+                    return
+                time.sleep(min(0.005, left))
+        finally:
+            if wait:
+                self._wait_left = max(0.0, self._wait_left - (time.monotonic() - started))
 
 
 def describe(kind: type[BaseException], value: BaseException | None,
