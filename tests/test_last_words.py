@@ -233,6 +233,20 @@ def test_a_worker_threads_exception_is_heard_and_the_process_goes_on(tmp_path, r
         "thread_exception", "loader", "ZeroDivisionError", True)
 
 
+def test_a_forked_childs_crash_is_not_the_jobs_last_words(tmp_path, receiver):
+    """A data loader's worker (forked) dies of SIGABRT; the job goes on and exits: its
+    end is an exit, not the child's signal (the child has no faulthandler of ours)."""
+    body = ("import os\npid = os.fork()\nif pid == 0:\n    os.abort()\n"
+            "print('child', os.waitpid(pid, 0)[1] & 0x7f, flush=True)\n")
+    job = run_job(tmp_path, body, receiver.path)
+    assert job.returncode == 0 and "child 6" in job.stdout, job.stderr
+    [words] = wait_for(lambda: [w for w in receiver.poll().last_words.values() if w.exited]
+                       or None, 5)
+    assert (words.kind, words.exited, words.fatal_armed) == (None, True, True)
+    time.sleep(0.3)
+    assert all(w.kind != "fatal" for w in receiver.poll().last_words.values())
+
+
 def test_no_agent_costs_the_exit_nothing_and_raises_nothing(tmp_path):
     body = "raise SystemExit(0)\n"
     started = time.monotonic()

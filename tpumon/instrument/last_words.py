@@ -81,6 +81,8 @@ class LastWords:
             self._thread_hook
         atexit.register(self._at_exit)
         self._arm_faulthandler()
+        if self._pipe is not None:
+            os.register_at_fork(after_in_child=self._in_forked_child)
         self._send(_encode({"kind": "armed", "fatal": self._pipe is not None}), wait=False)
 
     def uninstall(self) -> None:
@@ -98,6 +100,18 @@ class LastWords:
             faulthandler.disable()
             for fd in self._pipe:
                 os.close(fd)
+            self._pipe = None
+
+    def _in_forked_child(self) -> None:
+        """A forked child (a data loader's worker) is not the job: its fatal signal must
+        not reach the job's pipe, so faulthandler is off in it, as before the reporter."""
+        if self._pipe is not None and os.getpid() != self._pid:
+            try:
+                faulthandler.disable()
+                for fd in self._pipe:
+                    os.close(fd)
+            except OSError:
+                pass
             self._pipe = None
 
     def on_connect(self, sock: socket.socket) -> None:
