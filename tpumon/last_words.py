@@ -38,6 +38,9 @@ from tpumon.units import format_bytes
 TEXT_CHARS = 16384  # an exception's message kept (the OOM report's table included)
 TRACEBACK_CHARS = 8192  # the traceback kept, its innermost end
 LINE_CHARS = 240  # what a one-line summary shows of a message
+#: what the status document shows of them (an hour's ends, up to 64, each at most ~6 KiB);
+#: the parsed fields carry the rest
+SHOWN_MESSAGE_CHARS, SHOWN_TRACEBACK_CHARS = 4096, 2048
 ALLOCATIONS_KEPT = 8
 KINDS = ("armed", "exception", "thread_exception", "exit", "fatal")
 _CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
@@ -165,7 +168,11 @@ class LastWords:
                 "(SIGKILL, os._exit, or a signal Python does not catch)")
 
     def to_json(self) -> dict[str, Any]:
+        """For /api/status: every field, the message's start and the traceback's
+        innermost end shortened (SHOWN_*), and the one-line summary."""
         doc = asdict(self)
+        doc["message"] = self.message[:SHOWN_MESSAGE_CHARS]
+        doc["traceback"] = self.traceback[-SHOWN_TRACEBACK_CHARS:]
         doc["summary"] = self.describe()
         return doc
 

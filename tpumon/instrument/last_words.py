@@ -55,13 +55,12 @@ _HERE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class LastWords:
-    """Chains onto the process's ends for one reporter; ``send(payload) -> bool`` sends
-    one message and ``sender`` (a :class:`ReportSender`) is asked for a connection to pass
-    the fatal-signal pipe on."""
+    """Chains onto the process's ends for one reporter. ``sender`` is its
+    :class:`~tpumon.instrument.transport.ReportSender`: each capture is one message on it,
+    and its connection (``on_connect``) is where the fatal-signal pipe is handed over."""
 
-    def __init__(self, sender: Any, framework: str) -> None:
+    def __init__(self, sender: Any) -> None:
         self._sender = sender
-        self._framework = framework
         self._pid = os.getpid()
         self._failed = False  # an uncaught exception in the main thread: exit status 1
         self._installed = False

@@ -32,6 +32,10 @@ class Reporter:
     flooding the agent: a reporter's connection queues ~150 reports, and an agent of an
     earlier version, reached by datagrams, only a handful for every sender together
     (net.unix.max_dgram_qlen, 10 by default). Trends need steady sampling, not every step.
+
+    ``last_words`` (on by default) also sends how the process ends: an uncaught exception,
+    a fatal signal, the exit (tpumon.instrument.last_words), so that the agent can say
+    what a job died of; ``close()`` takes those hooks off again.
     """
 
     framework = "python"
@@ -65,7 +69,7 @@ class Reporter:
         #: the process's end (exceptions, exit, fatal signals), sent as it happens
         self._last_words: LastWords | None = None
         if last_words:
-            self._last_words = LastWords(self._sender, self.framework)
+            self._last_words = LastWords(self._sender)
             self._sender.on_connect = self._last_words.on_connect
             self._last_words.install()
 
