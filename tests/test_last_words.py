@@ -284,3 +284,49 @@ def test_a_message_never_exceeds_its_bound():
                        "traceback": "\u2603" * 100000})
     assert len(payload) <= MAX_LAST_WORDS
     assert parse_message(payload).type == "E"
+
+
+def test_descriptors_passed_to_the_agent_are_pipes_kept_once_or_closed(tmp_path, receiver):
+    """A reporter may hand the agent one pipe per connection (faulthandler's); anything
+    else passed (a file as the pipe: the connection is closed, a pipe with a report) is
+    closed at once, and the pipe is read and closed when its connection ends: the agent's
+    descriptors come back to what they were."""
+    import array
+
+    from tpumon.instrument.protocol import FATAL_HEADER, connection_path
+
+    def open_fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    def connected() -> socket.socket:
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        conn.connect(connection_path(str(receiver.path)))
+        return conn
+
+    def passing(conn: socket.socket, data: bytes, fd: int) -> None:
+        conn.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))])
+
+    receiver.poll()
+    before = open_fds()
+    with open(tmp_path / "f", "w") as f, connected() as bad:
+        passing(bad, FATAL_HEADER, f.fileno())  # not a pipe: the connection is closed
+        receiver.poll()
+        assert bad.recv(16) == b""
+    read, write = os.pipe()
+    with connected() as conn:
+        passing(conn, b'{"v": 1, "step": 1, "framework": "x", "time": 1}', read)  # on a report
+        receiver.poll()
+        assert os.getpid() in receiver.poll().processes  # the report counts, the pipe not
+        os.close(read)
+        read2, write2 = os.pipe()
+        passing(conn, FATAL_HEADER, read2)
+        os.close(read2)
+        os.write(write2, b"Fatal Python error: Aborted\n\nCurrent thread 0x1 (most recent "
+                         b'call first):\n  File "/job/train.py", line 5 in main\n')
+        receiver.poll()
+        assert receiver.poll().last_words == {}  # read only when the connection ends
+    words = wait_for(lambda: receiver.poll().last_words.get(os.getpid()), 5)
+    assert words.describe() == "killed by SIGABRT at train.py:5 in main (faulthandler's traceback)"
+    os.close(write)
+    os.close(write2)
+    assert open_fds() == before

@@ -199,7 +199,8 @@ def parse_message(data: bytes) -> LastWords | None:
     inlet read it from faulthandler's pipe); None when it is not one."""
     try:
         if data.startswith(FATAL_HEADER):
-            return parse_fatal(data[len(FATAL_HEADER):].decode(errors="replace"))
+            text = data[len(FATAL_HEADER):].decode(errors="replace")
+            return parse_fatal(text) if text.strip() else None
         if not data.startswith(LAST_WORDS_HEADER):
             return None
         doc = json.loads(data[len(LAST_WORDS_HEADER):])

@@ -59,8 +59,9 @@ ACCEPTS_PER_TURN = 64
 CONNECTIONS_PER_USER = 64  # a user's processes heard at once are 32 (reporter.USER_SLOTS)
 CONNECTIONS_MAX = 512
 QUEUE_LENGTH_FILE = Path("/proc/sys/net/unix/max_dgram_qlen")
-#: What may start a message on a connection: a report, a snapshot, last words
-STARTS = (b"{", PART, LAST_WORDS_HEADER, FATAL_HEADER)
+#: What may start a message on a connection: a report, a snapshot, last words. (A fatal
+#: signal's words come only from the pipe a reporter passed: never as a message.)
+STARTS = (b"{", PART, LAST_WORDS_HEADER)
 _FD = array.array("i").itemsize
 
 
@@ -406,6 +407,10 @@ class ReporterInlet:
                     MAX_SNAPSHOT_DATAGRAM, space, socket.MSG_DONTWAIT)
             except OSError:  # none waiting (EAGAIN), or a transient error
                 return taken
+            if data.startswith(FATAL_HEADER):  # only read from a pipe, never sent
+                with self._lock:
+                    self._dropped["malformed"] += 1
+                continue
             batch.append(Arrival(data, ancillary, flags, self.datagram_reply(address)))
         return reads
 
