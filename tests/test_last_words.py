@@ -164,6 +164,21 @@ def test_an_xla_oom_in_the_last_words_makes_the_end_an_hbm_oom():
                                                        "Python does not catch)")
 
 
+def test_sigkill_has_no_last_words_and_the_kernels_word_stands():
+    from tpumon.sources.kernel_log import OomKill
+
+    view = JobView(pid=7, time=0.0, framework="jax")
+    kill = OomKill(7, 0.0, "Killed process 7 (python)")
+    silent = parse_message(message({"kind": "armed", "fatal": True}))
+    cause, evidence = judge(view, kill, 1.0, silent)
+    assert cause == "host_oom"
+    assert evidence.startswith("the kernel killed pid 7 for memory: Killed process 7 (python); "
+                               "no last words")
+    said_oom = parse_message(message({"kind": "exception", "type": "E",
+                                      "message": "Out of memory allocating 8 bytes."}))
+    assert judge(view, kill, 1.0, said_oom)[0] == "host_oom"  # the kernel's word first
+
+
 def test_known_issues_match_on_what_the_process_said():
     cpu = "RuntimeError: Expected XLA tensor. Got: torch.FloatTensor"
     older = "RuntimeError: Input tensor is not an XLA tensor: torch.FloatTensor"
