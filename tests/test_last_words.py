@@ -143,6 +143,7 @@ def test_an_exception_then_the_exit_keeps_the_exception_with_the_status():
         "exception", "ValueError", True, 1, True)
     assert merge(armed, exited).describe() == "exited through Python's exit handlers (status 1)"
     assert not armed.said and armed.describe().startswith("no last words")
+    assert merge(words, armed) == armed  # a new process under the same pid: afresh
 
 
 def test_an_xla_oom_in_the_last_words_makes_the_end_an_hbm_oom():

@@ -179,8 +179,10 @@ class LastWords:
 
 def merge(before: LastWords | None, words: LastWords) -> LastWords:
     """A process's last words so far with a new message: an exception is kept over an
-    exit that follows it (the exit adds its status), and a fatal signal over both."""
-    if before is None:
+    exit that follows it (the exit adds its status), and a fatal signal over both. A
+    reporter starting ("armed") begins afresh: a pid reused by a new process must not
+    inherit the words of the one before."""
+    if before is None or not words.said:
         return words
     if words.kind is None:  # "armed", or "exit"
         return replace(before, armed=before.armed or words.armed,
