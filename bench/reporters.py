@@ -339,6 +339,42 @@ def last_words_step_cost(calls: int = 20000, rounds: int = 5) -> None:
         listener.kill()
 
 
+def last_words_loop_cost(steps: int = 10000) -> None:
+    """A real JAX loop (when importable) with a reporter with the last words and one
+    without, their steps interleaved one by one with bare ones."""
+    try:
+        from tpumon.instrument import JaxReporter
+        step_fn = jax_loop()
+    except ImportError:
+        return
+    path = os.path.join(tempfile.mkdtemp(), "r.sock")
+    listener = drain(path)
+    try:
+        for i in range(200):
+            step_fn(i)
+        print(f"\n## JAX (CPU) loop, {steps:,} steps of each kind interleaved: median step")
+        print("| reporter | bare | last_words=False | last words on |")
+        print("|---|---|---|---|")
+        for label, interval in (("defaults", 0.05), ("every step", 0.0)):
+            reporters = {False: JaxReporter(socket=path, min_interval=interval,
+                                            last_words=False),
+                         True: JaxReporter(socket=path, min_interval=interval)}
+            times: dict[object, list[float]] = {"bare": [], False: [], True: []}
+            for i in range(3 * steps):
+                kind = ("bare", False, True)[i % 3]
+                t0 = time.perf_counter()
+                step_fn(i)
+                if kind != "bare":
+                    reporters[kind].step(i)
+                times[kind].append(time.perf_counter() - t0)
+            for reporter in reporters.values():
+                reporter.close()
+            print(f"| {label} | " + " | ".join(f"{statistics.median(times[k]) * 1e6:.1f} us"
+                                              for k in ("bare", False, True)) + " |")
+    finally:
+        listener.kill()
+
+
 EXITING = """
 import sys, time
 sys.path.insert(0, sys.argv[2])
@@ -402,6 +438,7 @@ def exit_delay(runs: int = 21) -> None:
 if __name__ == "__main__":
     if sys.argv[1:] == ["last-words"]:
         last_words_step_cost()
+        last_words_loop_cost()
         exit_delay()
         sys.exit(0)
     base_reporter()
@@ -409,4 +446,5 @@ if __name__ == "__main__":
     frameworks()
     jax_many_arrays()
     last_words_step_cost()
+    last_words_loop_cost()
     exit_delay()
