@@ -249,6 +249,19 @@ def test_a_worker_threads_exception_is_heard_and_the_process_goes_on(tmp_path, r
         "thread_exception", "loader", "ZeroDivisionError", True)
 
 
+@pytest.mark.parametrize("body,signal", [
+    ("import ctypes\nctypes.string_at(0)\n", "SIGSEGV"),
+    ("import os, signal\nos.kill(os.getpid(), signal.SIGBUS)\n", "SIGBUS"),
+])
+def test_a_fatal_signal_is_heard_through_the_pipe(tmp_path, receiver, body, signal):
+    job = run_job(tmp_path, body, receiver.path)
+    assert job.returncode < 0  # still dies of its signal
+    words = wait_for(lambda: next((w for w in receiver.poll().last_words.values()
+                                   if w.kind == "fatal"), None), 5)
+    assert words.type == signal and words.frame is not None and words.frame.line
+    assert "users atexit ran" not in job.stdout  # nothing in Python runs after one
+
+
 def test_a_forked_childs_crash_is_not_the_jobs_last_words(tmp_path, receiver):
     """A data loader's worker (forked) dies of SIGABRT; the job goes on and exits: its
     end is an exit, not the child's signal (the child has no faulthandler of ours)."""
