@@ -187,6 +187,11 @@ def test_known_issues_match_on_what_the_process_said():
         issue = known_issue_said("torch_xla", "2.9.0", text)
         assert issue is not None and "move the model" in issue.fix
     assert known_issue_said("jax", "0.10.2", cpu) is None
+    # torch_xla 2.9, SPMD on 4 CPU devices: a second mark_sharding of a sharded tensor
+    twice = ("RuntimeError: Check failed: false: Existing annotation must be cleared first: "
+             "goo.gle/debugonly")
+    issue = known_issue_said("torch_xla", "2.9.0", twice)
+    assert issue is not None and "xs.clear_sharding(t)" in issue.fix
     out_of_memory = "RESOURCE_EXHAUSTED: Out of memory allocating 1099511627776 bytes."
     old = known_issue_said("torch_xla", "2.6.0", out_of_memory)
     assert old is not None and old.link.endswith("/8809")

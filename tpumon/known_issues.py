@@ -86,6 +86,14 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         fix="move the model (and its inputs) to the XLA device first, "
             "model.to(torch_xla.device()), then mark the sharding",
         link="https://github.com/pytorch/xla/issues/8532"),
+    KnownIssue(
+        framework="torch_xla", introduced=None, fixed=None, cause="last_words",
+        said=r"Existing (?:sharding )?annotation,?.{0,80}must be cleared",
+        symptom="xs.mark_sharding on a tensor already sharded another way (a sharding is "
+                "not replaced, only a replicated one is)",
+        fix="clear it first, xs.clear_sharding(t), then mark the new sharding; or mark a "
+            "clone",
+        link="https://github.com/pytorch/xla/pull/5513"),
 )
 
 
