@@ -243,6 +243,16 @@ def test_the_users_hooks_still_run_and_the_exception_is_heard(tmp_path, receiver
     assert len(words.message) <= 16384  # 200 KB said, a 64 KiB message sent, 16 KiB kept
 
 
+def test_an_exception_whose_message_cannot_be_read_is_still_heard(tmp_path, receiver):
+    body = ("class Odd(Exception):\n    def __str__(self):\n        raise ValueError('no')\n"
+            "raise Odd()\n")
+    job = run_job(tmp_path, body, receiver.path)
+    assert job.returncode == 1 and "users excepthook ran" in job.stdout
+    [words] = wait_for(lambda: list(receiver.poll().last_words.values()) or None, 5)
+    assert (words.kind, words.type) == ("exception", "Odd"), words
+    assert words.message == "<the exception's message could not be read>"
+
+
 def test_a_worker_threads_exception_is_heard_and_the_process_goes_on(tmp_path, receiver):
     body = ("t = threading.Thread(target=lambda: 1 / 0, name='loader')\nt.start()\nt.join()\n"
             "print('main went on', flush=True)\n")

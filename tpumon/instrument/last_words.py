@@ -195,16 +195,29 @@ def describe(kind: type[BaseException], value: BaseException | None,
     frames = traceback.extract_tb(tb) if tb is not None else []
     user = next((f for f in reversed(frames) if _users(f.filename)),
                 frames[-1] if frames else None)
-    text = "".join(traceback.format_exception(kind, value, tb))
+    try:
+        text = "".join(traceback.format_exception(kind, value, tb))
+    except Exception:  # noqa: BLE001 - an exception that cannot be formatted still counts
+        text = ""
     return {
         "kind": what, "thread": thread,
         "type": name if module in ("builtins", "__main__") else f"{module}.{name}",
-        "message": str(value)[:MESSAGE_CHARS] if value is not None else "",
+        "message": _text(value)[:MESSAGE_CHARS],
         "frame": None if user is None else {
             "file": user.filename, "line": user.lineno, "function": user.name,
             "code": (user.line or "")[:200]},
         "traceback": text[-TRACEBACK_CHARS:],
     }
+
+
+def _text(value: object) -> str:
+    """An exception's message; a ``__str__`` that raises gives a placeholder."""
+    if value is None:
+        return ""
+    try:
+        return str(value)
+    except Exception:  # noqa: BLE001
+        return "<the exception's message could not be read>"
 
 
 def _users(filename: str) -> bool:

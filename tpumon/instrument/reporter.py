@@ -71,7 +71,12 @@ class Reporter:
         if last_words:
             self._last_words = LastWords(self._sender)
             self._sender.on_connect = self._last_words.on_connect
-            self._last_words.install()
+            try:
+                self._last_words.install()
+            except Exception:  # noqa: BLE001 - never break the job: no last words then
+                self._last_words.uninstall()
+                self._last_words = None
+                self._sender.on_connect = None
 
     @property
     def sent(self) -> int:
