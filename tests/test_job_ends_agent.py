@@ -226,13 +226,15 @@ def test_a_jobs_last_words_reach_the_store_export_and_report(tmp_path):
     """A real reporting process dies of an XLA out-of-memory error (its real TPU wording,
     https://github.com/erfanzar/EasyDeL/issues/166) beside the simulated healthy job: the
     end is hbm_oom with the program's need and its largest allocation, and the same words
-    are what `tpumon export --around-end` names and `tpumon report` shows."""
+    are what `tpumon export --around-end` names and `tpumon report` shows. (The simulator
+    runs at real time: the end of a process that holds no chip is dated on the wall clock,
+    and the samples kept for it are the simulated chips' of the hour before.)"""
     from pathlib import Path
 
     socket_path, state = tmp_path / "r.sock", tmp_path / "state"
     wording = (Path(__file__).parent / "fixtures" / "last_words" /
                "easydel_166_compile.txt").read_text()
-    agent = AgentProcess(tmp_path, state, "--scenario", "healthy", "--acceleration", "60",
+    agent = AgentProcess(tmp_path, state, "--scenario", "healthy", "--acceleration", "1",
                          "--reporter-socket", str(socket_path))
     try:
         code = (REPORTING_JOB + "for step in range(1, 31):\n    r.step(step)\n"
