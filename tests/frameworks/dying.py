@@ -17,7 +17,6 @@ import sys
 import threading
 import time
 
-import loop_args  # noqa: F401 - tests/frameworks on the path, as for the other loops
 
 TORCH_WAYS = ("torch-oom", "mark-sharding-cpu")
 
