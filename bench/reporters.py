@@ -16,11 +16,17 @@
    time of the bare loop, and what ``reporter.step()`` adds to it, with the defaults and
    when it reports at every step; bare and reported steps are interleaved one by one, so
    drift in the loop's own speed falls on both alike.
+5. Last words (issue 41): ``Reporter.step()`` with the end's capture installed and
+   without (``last_words=False``), calls interleaved; and what the capture adds to a
+   process's exit (from the last line of its code to its parent's ``wait()``), a normal
+   exit and an uncaught exception, against the same without it, runs interleaved, and
+   with an agent whose queue is full (accepts, never reads): at most ``EXIT_WAIT``.
 """
 
 from __future__ import annotations
 
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -299,8 +305,146 @@ def agent_side() -> None:
               f"{cpu / max(received, 1) * 1e6:.0f} us | {after[2] - before[2]} |")
 
 
+def last_words_step_cost(calls: int = 20000, rounds: int = 5) -> None:
+    """Reporter.step() with the last words installed and without, interleaved call by
+    call, both reporting at every step and with the defaults, to an agent side draining."""
+    from tpumon.instrument import Reporter
+
+    path = os.path.join(tempfile.mkdtemp(), "r.sock")
+    listener = drain(path)
+    print("\n## Reporter.step() with last words installed and without (median of "
+          f"{calls:,} calls each, interleaved; {rounds} rounds)")
+    print("| case | last_words=False | last_words=True (default) |")
+    print("|---|---|---|")
+    try:
+        for label, interval in (("report every step (min_interval=0)", 0.0),
+                                ("defaults (at most 20 reports/s)", 0.05)):
+            cells = []
+            for _ in range(rounds):
+                without = Reporter(socket=path, min_interval=interval, last_words=False)
+                with_words = Reporter(socket=path, min_interval=interval)
+                times: dict[bool, list[float]] = {False: [], True: []}
+                for i in range(2 * calls):
+                    words = bool(i % 2)
+                    reporter = with_words if words else without
+                    t0 = time.perf_counter()
+                    reporter.step(i)
+                    times[words].append(time.perf_counter() - t0)
+                with_words.close()
+                without.close()
+                cells.append((us(times[False]), us(times[True])))
+            print(f"| {label} | {' / '.join(c[0] for c in cells)} | "
+                  f"{' / '.join(c[1] for c in cells)} |")
+    finally:
+        listener.kill()
+
+
+def last_words_loop_cost(steps: int = 10000) -> None:
+    """A real JAX loop (when importable) with a reporter with the last words and one
+    without, their steps interleaved one by one with bare ones."""
+    try:
+        from tpumon.instrument import JaxReporter
+        step_fn = jax_loop()
+    except ImportError:
+        return
+    path = os.path.join(tempfile.mkdtemp(), "r.sock")
+    listener = drain(path)
+    try:
+        for i in range(200):
+            step_fn(i)
+        print(f"\n## JAX (CPU) loop, {steps:,} steps of each kind interleaved: median step")
+        print("| reporter | bare | last_words=False | last words on |")
+        print("|---|---|---|---|")
+        for label, interval in (("defaults", 0.05), ("every step", 0.0)):
+            reporters = {False: JaxReporter(socket=path, min_interval=interval,
+                                            last_words=False),
+                         True: JaxReporter(socket=path, min_interval=interval)}
+            times: dict[object, list[float]] = {"bare": [], False: [], True: []}
+            for i in range(3 * steps):
+                kind = ("bare", False, True)[i % 3]
+                t0 = time.perf_counter()
+                step_fn(i)
+                if kind != "bare":
+                    reporters[kind].step(i)
+                times[kind].append(time.perf_counter() - t0)
+            for reporter in reporters.values():
+                reporter.close()
+            print(f"| {label} | " + " | ".join(f"{statistics.median(times[k]) * 1e6:.1f} us"
+                                              for k in ("bare", False, True)) + " |")
+    finally:
+        listener.kill()
+
+
+EXITING = """
+import sys, time
+sys.path.insert(0, sys.argv[2])
+from tpumon.instrument import Reporter
+r = Reporter(socket=sys.argv[1], last_words=sys.argv[3] != "off")
+for i in range(5):
+    r.step(i)
+if sys.argv[4] == "full":  # an agent that never reads: its queue full first
+    while r._sender.send(b"x" * 60000, count=False):
+        pass
+print(time.time(), flush=True)
+if sys.argv[4] in ("raise", "full"):
+    raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 1099511627776 bytes.")
+"""
+
+
+def exit_delay(runs: int = 21) -> None:
+    """From the last line of a process's code to its parent's wait(): with the last words
+    and without, runs interleaved, to an agent side draining (and one never reading)."""
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+    path = os.path.join(tempfile.mkdtemp(), "r.sock")
+    listener = drain(path)
+
+    def one(words: str, how: str, where: str) -> float:
+        proc = subprocess.Popen([sys.executable, "-c", EXITING, where, root, words, how],
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        said = float(proc.stdout.readline())
+        proc.wait()
+        return time.time() - said
+
+    print(f"\n## Exit: last line of code to the parent's wait(), median of {runs} runs each "
+          "(interleaved), to an agent side draining")
+    print("| exit | last_words=False | last words on | added |")
+    print("|---|---|---|---|")
+    try:
+        for how in ("normal", "raise"):
+            times: dict[str, list[float]] = {"off": [], "on": []}
+            for _ in range(runs):
+                for words in ("off", "on"):
+                    times[words].append(one(words, how, path))
+            off, on = statistics.median(times["off"]), statistics.median(times["on"])
+            print(f"| {how} | {off * 1e3:.1f} ms | {on * 1e3:.1f} ms | "
+                  f"{(on - off) * 1e3:+.1f} ms |")
+    finally:
+        listener.kill()
+    from tpumon.instrument.protocol import connection_path
+    deaf_path = os.path.join(tempfile.mkdtemp(), "r.sock")
+    deaf = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    deaf.bind(connection_path(deaf_path))
+    deaf.listen(16)
+    try:
+        times = {words: [one(words, "full", deaf_path) for _ in range(max(runs // 3, 3))]
+                 for words in ("off", "on")}
+    finally:
+        deaf.close()
+    off, on = statistics.median(times["off"]), statistics.median(times["on"])
+    print(f"| raise, the agent's queue full (never read) | {off * 1e3:.1f} ms | "
+          f"{on * 1e3:.1f} ms | {(on - off) * 1e3:+.1f} ms |")
+
+
 if __name__ == "__main__":
+    if sys.argv[1:] == ["last-words"]:
+        last_words_step_cost()
+        last_words_loop_cost()
+        exit_delay()
+        sys.exit(0)
     base_reporter()
     agent_side()
     frameworks()
     jax_many_arrays()
+    last_words_step_cost()
+    last_words_loop_cost()
+    exit_delay()

@@ -308,3 +308,49 @@ def test_a_reporting_process_of_an_untrusted_user_that_holds_nothing_is_no_job()
     holder.wait()
     [end] = feed(tracker, holder, {"0": 8 * GiB}, owners=False, trusted={1234})
     assert end.pid == holder.pid
+
+
+def test_the_last_words_reach_every_sink_escaped_for_it():
+    """An XLA OOM said by the process names the end (hbm_oom with the program's need and its
+    largest allocation) where memory looked far from full; the words are the process's:
+    a mention, an escape sequence and a newline in them act in no sink."""
+    from tpumon.instrument.protocol import LAST_WORDS_HEADER
+    from tpumon.last_words import parse_message
+    from tpumon.notify.alerts import Alert
+    from tpumon.notify.outbox import Event
+    from tpumon.notify.pagerduty import PagerDutyChannel
+    from tpumon.notify.slack import SlackChannel
+    from tpumon.untrusted_text import for_log, for_terminal
+
+    text = (Path(__file__).parent / "fixtures" / "last_words" / "easydel_166_compile.txt"
+            ).read_text()
+    words = parse_message(LAST_WORDS_HEADER + json.dumps({
+        "kind": "exception", "type": "XlaRuntimeError <!channel>", "message": text,
+        "frame": {"file": "/job/\x1b]0;x\x07mo\ndel.py", "line": 212}}).encode())
+    tracker, job = JobEndTracker(), sleeper()
+    processes = reporting(job.pid, 1200)
+    now = time.time()
+    tracker.update(now, reading(now, {"0": 8 * GiB}), {"0": job.pid}, processes, {}, {},
+                   host(), {})
+    job.kill()
+    job.wait()
+    [end] = tracker.update(now + 1, reading(now + 1, {"0": 8 * GiB}), {}, processes, {}, {},
+                           host(), {}, last_words={job.pid: words})
+    assert end.cause == "hbm_oom"
+    assert "the program needed 63.80 GiB of 30.75 GiB of hbm; largest: f32[32,4096,4096] " \
+        "2.00 GiB at attention_module.py:1059 (dot_general) (XlaRuntimeError <!channel> at " \
+        in end.summary()
+    assert end.stored().summary == end.summary()  # `tpumon report`, export --around-end
+    doc = end.to_json()
+    assert doc["last_words"]["oom"]["allocations"][0]["source"] == "attention_module.py:1059"
+    assert "\x1b" not in json.dumps(doc) and "\x07" not in json.dumps(doc)
+    alert = Alert("TPUMonJobEnded", "critical", "key", "vm", "", "", "", f"pid {end.pid}",
+                  end.summary())
+    event = Event(1, "slack", "trigger", alert, now, now, 0)
+    slack = SlackChannel("http://x", ("critical",)).requests([event])
+    body = slack[0][1]
+    assert "<!channel>" not in json.dumps(body) and "&lt;!channel&gt;" in body["text"]
+    page = PagerDutyChannel("http://x", "k" * 32, ("critical",)).requests([event])
+    summary = page[0][1]["payload"]["summary"]
+    assert len(summary) <= 1024 and not any(ord(c) < 32 for c in summary)
+    assert "\n" not in for_log(end.summary()) and "\x1b" not in for_terminal(end.summary())

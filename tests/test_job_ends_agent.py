@@ -220,3 +220,48 @@ def test_a_job_that_pauses_for_a_checkpoint_has_not_ended(tmp_path):
         assert (end["pid"], end["step"], end["cause"]) == (job.pid, 40, "exited"), end
     finally:
         assert agent.stop() == 0
+
+
+def test_a_jobs_last_words_reach_the_store_export_and_report(tmp_path):
+    """A real reporting process dies of an XLA out-of-memory error (its real TPU wording,
+    https://github.com/erfanzar/EasyDeL/issues/166) beside the simulated healthy job: the
+    end is hbm_oom with the program's need and its largest allocation, and the same words
+    are what `tpumon export --around-end` names and `tpumon report` shows. (The simulator
+    runs at real time: the end of a process that holds no chip is dated on the wall clock,
+    and the samples kept for it are the simulated chips' of the hour before.)"""
+    from pathlib import Path
+
+    socket_path, state = tmp_path / "r.sock", tmp_path / "state"
+    wording = (Path(__file__).parent / "fixtures" / "last_words" /
+               "easydel_166_compile.txt").read_text()
+    agent = AgentProcess(tmp_path, state, "--scenario", "healthy", "--acceleration", "1",
+                         "--reporter-socket", str(socket_path))
+    try:
+        code = (REPORTING_JOB + "for step in range(1, 31):\n    r.step(step)\n"
+                "    time.sleep(0.05)\n"
+                "class XlaRuntimeError(Exception):\n    pass\n"
+                f"raise XlaRuntimeError({wording!r})\n")
+        job = subprocess.run([sys.executable, "-c", code, str(socket_path)], timeout=60,
+                             capture_output=True, text=True)
+        assert job.returncode == 1 and "XlaRuntimeError" in job.stderr
+        [end] = wait_for(lambda: ended(agent), 30)
+        assert end["cause"] == "hbm_oom", end
+        detail = ("the program needed 63.80 GiB of 30.75 GiB of hbm; largest: f32[32,4096,4096] "
+                  "2.00 GiB at attention_module.py:1059 (dot_general) (XlaRuntimeError at "
+                  "<string>:")
+        assert detail in end["summary"] and detail in agent.log()
+        assert end["last_words"]["oom"]["program_bytes"] == round(63.80 * 2**30)
+        time.sleep(2)  # the store's writer takes the end
+    finally:
+        assert agent.stop() == 0
+    evidence = subprocess.run([*TPUMON, "export", "--state-dir", str(state), "--around-end",
+                               "-o", str(tmp_path / "end.csv")], capture_output=True,
+                              text=True, timeout=60, env=clean_env())
+    assert evidence.returncode == 0, evidence.stderr
+    assert detail in evidence.stderr
+    page = subprocess.run([*TPUMON, "report", "--state-dir", str(state), "-o",
+                           str(tmp_path / "out")], capture_output=True, text=True, timeout=300,
+                          env=clean_env())
+    assert page.returncode == 0, page.stderr
+    html = "".join(p.read_text() for p in (tmp_path / "out").glob("*.html"))
+    assert detail.replace("<string>", "&lt;string&gt;") in html

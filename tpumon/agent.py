@@ -31,6 +31,7 @@ from tpumon.sources.pod_resources import PodAssignment
 from tpumon.sources.tpu_runtime import TpuRuntimeSource
 from tpumon.notify.alerts import AlertLog
 from tpumon.job_ends import JobEndTracker
+from tpumon.last_words import LastWords
 from tpumon.processes import (ChipClaims, ProcessState, ProcessTracker, growing_chips,
                               trusted_uids, with_hbm_growth)
 from tpumon.sources.reporter import ReporterSocket
@@ -184,7 +185,8 @@ class Agent(Component):
         assessments = self._detect(samples, owners)
         log_verdict_changes(self.state.snapshot.assessments, assessments)
         processes = with_hbm_growth(processes, attributed, growing_chips(assessments))
-        self._notice_ends(runtime, owners, attributed, processes, assessments, host)
+        self._notice_ends(runtime, owners, attributed, processes, assessments, host,
+                          reported.last_words if reported is not None else {})
         if self._leak_snapshots is not None:
             self._leak_snapshots.update(assessments, attributed, processes, time.time())
         previous = self.state.snapshot
@@ -217,14 +219,16 @@ class Agent(Component):
 
     def _notice_ends(self, runtime: RuntimeReading | None, owners: Mapping[str, int],
                      attributed: Mapping[str, int], processes: Mapping[int, ProcessState],
-                     assessments: Mapping[str, Assessment], host: HostSample | None) -> None:
-        """Jobs that ended since the last poll: one log line each (docs/job-ends.md)."""
+                     assessments: Mapping[str, Assessment], host: HostSample | None,
+                     last_words: Mapping[int, LastWords]) -> None:
+        """Jobs that ended since the last poll: one log line each (docs/job-ends.md), with
+        what each said as it ended where its reporter heard it."""
         kills = (self._kernel.poll() if self._kernel is not None else None) or {}
         alerts = {name: d.alert for name, d in self._detectors.items()}
         trusted = trusted_uids(self._reporter_socket.allowed_uids
                                if self._reporter_socket else ())
         for end in self._ends.update(time.time(), runtime, owners, processes, assessments,
-                                     alerts, host, kills, attributed, trusted):
+                                     alerts, host, kills, attributed, trusted, last_words):
             log.warning("%s", end.summary())
             if self._store is not None:
                 self._unstored_ends.append(end.stored())

@@ -17,6 +17,13 @@ is named from that last view, never more certain than it allows:
 
 When the detector had raised a leak with a forecast on one of the job's chips, the end says
 how the forecast compared: "forecast at 02:14 UTC for step 61,100; died at step 61,234".
+
+A process whose reporter heard its end has last words (tpumon.last_words): an XLA
+out-of-memory error makes the cause ``hbm_oom`` whatever the last poll saw, with the
+program's need and its largest allocation; any other exception, or a fatal signal, is
+told with its type, message and the innermost frame of the user's code; a reporter that
+heard nothing (SIGKILL, ``os._exit``) says so, and the kernel's word stands. A known
+issue of the process's framework release that matches what it said is named with its fix.
 """
 
 from __future__ import annotations
@@ -28,6 +35,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Collection, Mapping
 
 from tpumon.detect import Assessment
+from tpumon.known_issues import KnownIssue, known_issue_said
+from tpumon.last_words import LastWords
 from tpumon.processes import ProcessState
 from tpumon.samples import HostSample, RuntimeReading
 from tpumon.sources.chips import start_time
@@ -94,6 +103,7 @@ class JobView:
     #: the identity of its one end. None where it could not be read.
     start: int | None = None
     uid: int | None = None  # its owner, from its reports or /proc
+    framework_version: str | None = None  # from its reports: known issues are matched on it
 
 
 @dataclass(frozen=True)
@@ -104,6 +114,7 @@ class JobEnd:
     view: JobView
     cause: str
     evidence: str
+    last_words: LastWords | None = None  # what the process said as it ended, if heard
 
     @property
     def pid(self) -> int:
@@ -127,13 +138,24 @@ class JobEnd:
                 "after " + time.strftime("%H:%M UTC", time.gmtime(last)))
         return f"forecast at {at} for {target}; died at {died}"
 
+    def known_issue(self) -> KnownIssue | None:
+        """A known issue of the process's framework release that its last words match."""
+        words = self.last_words
+        if words is None or not words.said or self.view.framework is None:
+            return None
+        return known_issue_said(self.view.framework, self.view.framework_version,
+                                words.text())
+
     def summary(self) -> str:
         """One line for the log, status and notifications."""
         who = f"pid {self.pid}" + (f" ({self.view.framework})" if self.view.framework else "")
         at = f" at step {self.view.step:,}" if self.view.step is not None else ""
         text = f"training job {who} ended{at}: {self.cause} ({self.evidence})"
         compared = self.forecast_comparison()
-        return f"{text}; {compared}" if compared else text
+        if compared:
+            text += f"; {compared}"
+        known = self.known_issue()
+        return f"{text}; {known.text()}" if known else text
 
     def stored(self) -> StoredEnd:
         """As the history store keeps it, dated on the samples' clock (the evidence kept
@@ -143,8 +165,11 @@ class JobEnd:
 
     def to_json(self) -> dict[str, Any]:
         v = self.view
+        known = self.known_issue()
         return {"time": self.time, "pid": self.pid, "cause": self.cause,
                 "evidence": self.evidence, "summary": self.summary(),
+                "last_words": self.last_words.to_json() if self.last_words else None,
+                "known_issue": known.text() if known else None,
                 "framework": v.framework, "step": v.step, "steps_per_second": v.steps_per_second,
                 "last_seen": v.time, "host_available_bytes": v.host_available_bytes,
                 "forecast": self.forecast_comparison(),
@@ -171,18 +196,20 @@ class JobEndTracker:
                processes: Mapping[int, ProcessState], assessments: Mapping[str, Assessment],
                alerts: Mapping[str, Mapping[str, Any] | None], host: HostSample | None,
                kills: Mapping[int, OomKill], attributed: Mapping[str, int] | None = None,
-               trusted: Collection[int] | None = None) -> list[JobEnd]:
+               trusted: Collection[int] | None = None,
+               last_words: Mapping[int, LastWords] | None = None) -> list[JobEnd]:
         """``owners``: chip -> pid holding its device (from /proc); ``attributed``: chip ->
         the reporting pid that drives it (adds evidence, never holds a job alive);
         ``trusted``: the uids whose reporting processes are jobs without holding a chip
-        (None: every uid's)."""
+        (None: every uid's); ``last_words``: pid -> what its reporter heard it say."""
         holders = _holders(owners, processes, trusted)
         for chip, reading in (runtime.chips if runtime is not None else {}).items():
             self._peaks.setdefault(chip, deque(maxlen=PEAK_POLLS)).append(reading.hbm_used_bytes)
         ended = [pid for pid in self._views
                  if self._ended(pid, holders, runtime, processes)]
-        ends = [self._end(now, _latest_step(self._views.pop(pid), processes), kills)
-                for pid in ended]
+        words = last_words or {}
+        ends = [self._end(now, _latest_step(self._views.pop(pid), processes), kills,
+                          words.get(pid)) for pid in ended]
         for pid in [p for p in self._views if p not in holders]:
             del self._views[pid]  # alive, holding nothing any more: not an end we can see
         driven = _chips_by_pid(attributed or {})
@@ -215,12 +242,13 @@ class JobEndTracker:
         death) is no job, and a process whose end was raised is never watched again."""
         return (start is not None or pid_alive(pid)) and (pid, start) not in self._done
 
-    def _end(self, now: float, view: JobView, kills: Mapping[int, OomKill]) -> JobEnd:
+    def _end(self, now: float, view: JobView, kills: Mapping[int, OomKill],
+             words: LastWords | None = None) -> JobEnd:
         self._done[(view.pid, view.start)] = None
         while len(self._done) > ENDED_KEPT:
             del self._done[next(iter(self._done))]
-        cause, evidence = judge(view, kills.get(view.pid), self.interval)
-        end = JobEnd(now, view, cause, evidence)
+        cause, evidence = judge(view, kills.get(view.pid), self.interval, words)
+        end = JobEnd(now, view, cause, evidence, words)
         self.recent.append(end)
         self.totals[cause] += 1
         return end
@@ -251,7 +279,8 @@ class JobEndTracker:
             reading_time=reading_time,
             host_available_bytes=host.memory_available_bytes if host else None,
             host_total_bytes=host.memory_total_bytes if host else None, owned=owned,
-            start=start, uid=report.uid if report else before.uid if before else _uid(pid))
+            start=start, uid=report.uid if report else before.uid if before else _uid(pid),
+            framework_version=report.framework_version if report else None)
 
 
 def _latest_step(view: JobView, processes: Mapping[int, ProcessState]) -> JobView:
@@ -303,8 +332,25 @@ def _chip(chip: str, reading: Any, a: Assessment | None, peak: int) -> ChipAtEnd
                      a.predicted_oom_time if a else None, a.predicted_oom_step if a else None)
 
 
-def judge(view: JobView, kill: OomKill | None, interval: float) -> tuple[str, str]:
-    """The likely cause of the end, and the evidence in words."""
+def judge(view: JobView, kill: OomKill | None, interval: float,
+          words: LastWords | None = None) -> tuple[str, str]:
+    """The likely cause of the end, and the evidence in words: the kernel's word first,
+    then what the process said (an XLA OOM), then the last view of its memory."""
+    cause, evidence = _judge_memory(view, kill, interval)
+    if words is None or not words.armed:
+        return cause, evidence  # a reporter of an earlier version, or none
+    if not words.said:
+        return cause, f"{evidence}; {words.describe()}"
+    if words.oom is not None and kill is None:
+        said = words.oom.describe()
+        raised = f"{words.type}" + (f" at {words.frame.describe()}" if words.frame else "")
+        seen = f"; {evidence}" if cause == "hbm_oom" else ""
+        return "hbm_oom", f"{said} ({raised}){seen}"
+    return cause, f"{evidence}; {words.describe()}"
+
+
+def _judge_memory(view: JobView, kill: OomKill | None, interval: float) -> tuple[str, str]:
+    """The cause and evidence from the kernel's log and the last view of memory."""
     if kill is not None:
         return "host_oom", f"the kernel killed pid {view.pid} for memory: {kill.line}"
     hbm = _hbm_evidence(view, interval)

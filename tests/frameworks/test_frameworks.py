@@ -10,7 +10,6 @@ a loop fed a new shape every few steps recompiles, a clean loop does neither.
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import urllib.request
@@ -21,7 +20,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
-from tools import clean_env, free_port, wait_for  # noqa: E402
+from real_agent import real_agent  # noqa: E402
+from tools import wait_for  # noqa: E402
 
 #: Steps per run: enough reports (at most 20 a second) for a trend after warm-up. A
 #: recompiling run is slow per step (a compile every 10 steps), so it needs fewer. JAX's
@@ -40,20 +40,8 @@ pytestmark = pytest.mark.timeout(480)
 @pytest.fixture
 def agent(tmp_path):
     """`tpumon agent` on this CPU machine: reporter socket on, history store off."""
-    socket_path = tmp_path / "reporter.sock"
-    env = clean_env()
-    env.update(TPUMON_REPORTER_SOCKET=str(socket_path), TPUMON_STORE_STATE_DIR="")
-    log_path = tmp_path / "agent.log"
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "tpumon", "agent", "--listen-address",
-                                 "127.0.0.1:0", "--poll-interval", "0.2", "--runtime-ports",
-                                 str(free_port())], stderr=log, env=env)
-    url = wait_for(lambda: re.search(r"serving metrics on (http://\S+)/metrics",
-                                     log_path.read_text()), 60).group(1)
-    yield url, socket_path
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(20) == 0
-    assert "Traceback" not in log_path.read_text()
+    with real_agent(tmp_path) as (url, socket_path, _):
+        yield url, socket_path
 
 
 def train(framework: str, socket_path: Path, *flags: str) -> int:

@@ -41,11 +41,12 @@ class JaxReporter(Reporter):
     live_module = "tpumon.instrument.live_jax"
 
     def __init__(self, every: int = 1, socket: str | None = None, min_interval: float = 0.05,
-                 track_sites: bool | None = None, count_budget: float = 10e-6) -> None:
+                 track_sites: bool | None = None, count_budget: float = 10e-6,
+                 last_words: bool = True) -> None:
         import jax
         import jax.monitoring
 
-        super().__init__(every, socket, min_interval, track_sites)
+        super().__init__(every, socket, min_interval, track_sites, last_words)
         self._jax = jax
         self._compiles = 0
         jax.monitoring.register_event_duration_secs_listener(self._on_duration)

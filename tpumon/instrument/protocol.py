@@ -35,6 +35,15 @@ and the reporter answers, at step boundaries, with two snapshot messages ``steps
 
     TPUMON-SNAPSHOT-REQUEST 1 <id> <steps> <sites 0|1>
     TPUMON-SNAPSHOT 1 <id> <part 0|1>\n{...snapshot JSON...}
+
+A process's last words (an uncaught exception, its exit, docs/job-ends.md) are one message
+each, at most ``MAX_LAST_WORDS`` bytes, on the same connection::
+
+    TPUMON-LAST-WORDS 1\n{"kind": "armed" | "exception" | "thread_exception" | "exit", ...}
+
+and ``TPUMON-FATAL 1`` with one descriptor (``SCM_RIGHTS``): the read end of the pipe
+that faulthandler writes a fatal signal's traceback into; the agent reads it when the
+connection closes.
 """
 
 from __future__ import annotations
@@ -51,6 +60,11 @@ REQUEST = "TPUMON-SNAPSHOT-REQUEST"
 PART = b"TPUMON-SNAPSHOT "
 _REQUEST = re.compile(rf"{REQUEST} 1 ([0-9a-f]{{8,32}}) ([0-9]{{1,7}}) ([01])\Z")
 _PART = re.compile(rb"TPUMON-SNAPSHOT 1 ([0-9a-f]{8,32}) ([01])\Z")
+#: A process's last words (tpumon.instrument.last_words): the header, then one JSON object
+LAST_WORDS_HEADER = b"TPUMON-LAST-WORDS 1\n"
+#: ... and the message that passes the agent the read end of faulthandler's pipe
+FATAL_HEADER = b"TPUMON-FATAL 1\n"
+MAX_LAST_WORDS = 65536
 DEFAULT_SOCKET = "/run/tpumon/reporter.sock"
 SOCKET_ENV = "TPUMON_REPORTER_SOCKET"
 TRACK_SITES_ENV = "TPUMON_TRACK_SITES"

@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 from tpumon.instrument.protocol import PROTOCOL_VERSION, parse_request, socket_path
+from tpumon.instrument.last_words import LastWords
 from tpumon.instrument.snapshot import Snapshot, track_sites_setting
 from tpumon.instrument.snapshot_job import SnapshotJob
 from tpumon.instrument.transport import ReportSender
@@ -31,6 +32,10 @@ class Reporter:
     flooding the agent: a reporter's connection queues ~150 reports, and an agent of an
     earlier version, reached by datagrams, only a handful for every sender together
     (net.unix.max_dgram_qlen, 10 by default). Trends need steady sampling, not every step.
+
+    ``last_words`` (on by default) also sends how the process ends: an uncaught exception,
+    a fatal signal, the exit (tpumon.instrument.last_words), so that the agent can say
+    what a job died of; ``close()`` takes those hooks off again.
     """
 
     framework = "python"
@@ -40,7 +45,8 @@ class Reporter:
     live_module: str | None = None
 
     def __init__(self, every: int = 1, socket: str | None = None,
-                 min_interval: float = 0.05, track_sites: bool | None = None) -> None:
+                 min_interval: float = 0.05, track_sites: bool | None = None,
+                 last_words: bool = True) -> None:
         self.every = max(int(every), 1)
         self.min_interval = min_interval
         self.last_sent_step: int | None = None
@@ -60,6 +66,17 @@ class Reporter:
             type(self).take_snapshot is Reporter.take_snapshot else "true"
         self.track_sites = track_sites_setting(track_sites)
         self._tracker: Any = None  # the live module's SiteTracker, made on first use
+        #: the process's end (exceptions, exit, fatal signals), sent as it happens
+        self._last_words: LastWords | None = None
+        if last_words:
+            self._last_words = LastWords(self._sender)
+            self._sender.on_connect = self._last_words.on_connect
+            try:
+                self._last_words.install()
+            except Exception:  # noqa: BLE001 - never break the job: no last words then
+                self._last_words.uninstall()
+                self._last_words = None
+                self._sender.on_connect = None
 
     @property
     def sent(self) -> int:
@@ -181,6 +198,9 @@ class Reporter:
             return None
 
     def close(self) -> None:
+        if self._last_words is not None:
+            self._last_words.uninstall()
+            self._last_words = None
         self._sender.close()
         if self._statm is not None:
             os.close(self._statm)

@@ -44,13 +44,14 @@ class TorchXlaReporter(Reporter):
     live_module = "tpumon.instrument.live_torch_xla"
 
     def __init__(self, every: int = 1, socket: str | None = None, min_interval: float = 0.05,
-                 device: Any = None, track_sites: bool | None = None) -> None:
+                 device: Any = None, track_sites: bool | None = None,
+                 last_words: bool = True) -> None:
         import torch_xla
         import torch_xla.core.xla_model as xm
         import torch_xla.debug.metrics as met
         import torch_xla.runtime as xr
 
-        super().__init__(every, socket, min_interval, track_sites)
+        super().__init__(every, socket, min_interval, track_sites, last_words)
         self._counter = met.counter_value
         self._xm = xm
         self._device = device if device is not None else torch_xla.device()

@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+from typing import Callable
 
 from tpumon.instrument.protocol import connection_path
 
@@ -41,6 +42,8 @@ class ReportSender:
         self._datagrams: socket.socket | None = None
         self._retry_at = 0.0
         self._held: bytes | None = None  # a request read off a connection as it closed
+        #: called with each new connection (the last words hand the agent a pipe on it)
+        self.on_connect: Callable[[socket.socket], None] | None = None
         self._connect()
 
     @property
@@ -48,22 +51,27 @@ class ReportSender:
         """Whether reports go over a connection (else as datagrams)."""
         return self._connection is not None
 
-    def send(self, payload: bytes) -> bool:
-        """True if the kernel took the report; False (and counted) otherwise."""
+    @property
+    def connection(self) -> socket.socket | None:
+        return self._connection
+
+    def send(self, payload: bytes, count: bool = True) -> bool:
+        """True if the kernel took the message; False (and counted) otherwise. ``count``
+        False: not counted in ``sent`` or ``dropped`` (last words, not reports)."""
         if self._connection is not None:
             try:
                 self._connection.send(payload, _SEND)
-                self.sent += 1
+                self.sent += count
                 return True
             except BlockingIOError:  # our own queue is full: the agent is far behind
-                self.dropped += 1
+                self.dropped += count
                 return False
             except OSError:  # the agent closed it (restarted, or refused us): datagrams
                 self._disconnect()
         elif time.monotonic() >= self._retry_at:
             self._connect()
-            return self.send(payload)
-        return self._send_datagram(payload)
+            return self.send(payload, count)
+        return self._send_datagram(payload, count)
 
     def receive(self) -> bytes | None:
         """The next request the agent sent us, if any (non-blocking)."""
@@ -101,6 +109,11 @@ class ReportSender:
                 sock.close()
             return
         self._connection = sock
+        if self.on_connect is not None:
+            try:
+                self.on_connect(sock)
+            except Exception:  # noqa: BLE001 - never raise into the training loop
+                pass
 
     def _disconnect(self) -> None:
         """Close the connection, keeping a request the agent sent before it went."""
@@ -113,13 +126,13 @@ class ReportSender:
             self._connection = None
         self._retry_at = time.monotonic() + RETRY_SECONDS
 
-    def _send_datagram(self, payload: bytes) -> bool:
+    def _send_datagram(self, payload: bytes, count: bool = True) -> bool:
         try:
             self._datagram_socket().sendto(payload, self.path)
         except OSError:  # no agent, its queue full, permission: dropped, by design
-            self.dropped += 1
+            self.dropped += count
             return False
-        self.sent += 1
+        self.sent += count
         return True
 
     def _datagram_socket(self) -> socket.socket:

@@ -29,8 +29,10 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Collection, Mapping, NamedTuple
 
-from tpumon.instrument.protocol import (MAX_DATAGRAM, PART, PROTOCOL_VERSION, connection_path,
-                                       encode_request, parse_part)
+from tpumon.instrument.protocol import (FATAL_HEADER, LAST_WORDS_HEADER, MAX_DATAGRAM, PART,
+                                       PROTOCOL_VERSION, connection_path, encode_request,
+                                       parse_part)
+from tpumon.last_words import LastWords, merge, parse_message
 from tpumon.sources.reporter_inlet import Arrival, Reply, ReporterInlet, sender
 # bench/overhead.py reads the queue length from here
 from tpumon.sources.reporter_inlet import kernel_queue_length as kernel_queue_length
@@ -47,6 +49,7 @@ SILENT_MAX_SECONDS = 86400.0  # ... and even while alive (a pid reused, a job pa
 RATE_WINDOW_SECONDS = 120.0
 PENDING_POINTS = 4096  # per process between two polls; beyond, the oldest go
 USER_SLOTS = 32  # processes of one user heard at once (a VM has at most 8 chips)
+WORDS_KEPT = 512  # processes whose last words are kept (the oldest go first)
 NO_DEVICES: Mapping[str, Mapping[str, int | None]] = MappingProxyType({})  # shared: read-only
 
 
@@ -201,6 +204,8 @@ class ReporterReading:
     reports_total: int
     dropped_total: Mapping[str, int]
     snapshots: Mapping[int, SnapshotResult] = field(default_factory=dict)  # latest, per pid
+    #: what each process said as it ended (tpumon.last_words), kept until it is forgotten
+    last_words: Mapping[int, LastWords] = field(default_factory=dict)
 
 
 class ReporterSocket:
@@ -226,6 +231,7 @@ class ReporterSocket:
         self._inbox_by_user: dict[int, int] = {}
         self._replies: dict[int, Reply] = {}  # pid -> where a request to it goes
         self._requests = SnapshotRequests()  # under the lock: the HTTP thread asks too
+        self._words: dict[int, LastWords] = {}  # pid -> its last words (the poll thread's)
         self._inlet: ReporterInlet | None = None
 
     def start(self) -> None:
@@ -270,7 +276,8 @@ class ReporterSocket:
             snapshots = dict(self._requests.results)
         processes = {pid: r._replace(steps_per_second=self._rate(pid), exited=pid in exited)
                      for pid, r in self._latest.items()}
-        return ReporterReading(processes, points, self._reports, dropped, snapshots)
+        return ReporterReading(processes, points, self._reports, dropped, snapshots,
+                               dict(self._words))
 
     def request_snapshot(self, pid: int, steps: int, reason: str,
                          sites: bool = True) -> SnapshotResult:
@@ -347,6 +354,9 @@ class ReporterSocket:
             if data.startswith(PART):
                 self._answer(pid, data, received)
                 return
+            if data.startswith((LAST_WORDS_HEADER, FATAL_HEADER)):
+                self._keep_words(pid, data)
+                return
             if len(data) > MAX_DATAGRAM:
                 raise InvalidReport("oversized")
             report = parse_report(data, pid, uid, received)
@@ -355,6 +365,16 @@ class ReporterSocket:
             return
         if self._record(report) and arrival.reply is not None:
             self._replies[pid] = arrival.reply
+
+    def _keep_words(self, pid: int, data: bytes) -> None:
+        """A process's last words, merged with what it said before (an exception, then
+        its exit); at most WORDS_KEPT processes' (the oldest go)."""
+        words = parse_message(data)
+        if words is None:
+            raise InvalidReport("malformed")
+        self._words[pid] = merge(self._words.pop(pid, None), words)
+        while len(self._words) > WORDS_KEPT:
+            del self._words[next(iter(self._words))]
 
     def _answer(self, pid: int, data: bytes, received: float) -> None:
         """One of a process's two snapshots for an open request."""
@@ -392,6 +412,7 @@ class ReporterSocket:
         self._steps.pop(pid, None)
         self._replies.pop(pid, None)
         self._points.pop(pid, None)
+        self._words.pop(pid, None)
 
     def _record(self, report: ProcessReport) -> bool:
         """Keep a valid report: the process's latest, its step for the rate, its counts."""

@@ -31,9 +31,12 @@ from filling between polls.
 
 from __future__ import annotations
 
+import array
 import logging
+import os
 import selectors
 import socket
+import stat
 import struct
 import threading
 import time
@@ -41,7 +44,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Callable, Collection, NamedTuple, Protocol
 
-from tpumon.instrument.protocol import MAX_SNAPSHOT_DATAGRAM, PART
+from tpumon.instrument.protocol import (FATAL_HEADER, LAST_WORDS_HEADER, MAX_LAST_WORDS,
+                                       MAX_SNAPSHOT_DATAGRAM, PART)
 from tpumon.signals import Stop
 from tpumon.private_paths import bind_with_mode
 
@@ -55,6 +59,10 @@ ACCEPTS_PER_TURN = 64
 CONNECTIONS_PER_USER = 64  # a user's processes heard at once are 32 (reporter.USER_SLOTS)
 CONNECTIONS_MAX = 512
 QUEUE_LENGTH_FILE = Path("/proc/sys/net/unix/max_dgram_qlen")
+#: What may start a message on a connection: a report, a snapshot, last words. (A fatal
+#: signal's words come only from the pipe a reporter passed: never as a message.)
+STARTS = (b"{", PART, LAST_WORDS_HEADER)
+_FD = array.array("i").itemsize
 
 
 class Reply(Protocol):
@@ -80,6 +88,32 @@ class Connection:
     def __init__(self, sock: socket.socket, uid: int) -> None:
         self.sock = sock
         self.uid = uid
+        #: the read end of the reporter's faulthandler pipe, and the credentials of the
+        #: message that passed it (tpumon.instrument.last_words): read as the connection ends
+        self.fatal_pipe: int | None = None
+        self.fatal_ancillary: list = []
+
+    def take_pipe(self, fd: int, ancillary: list) -> None:
+        """Keep a faulthandler pipe (one per connection: a new one replaces the last)."""
+        self.close_pipe()
+        self.fatal_pipe, self.fatal_ancillary = fd, ancillary
+
+    def close_pipe(self) -> None:
+        if self.fatal_pipe is not None:
+            os.close(self.fatal_pipe)
+            self.fatal_pipe = None
+
+    def fatal_words(self) -> Arrival | None:
+        """What faulthandler wrote into the pipe before the process died, as a message
+        (at most MAX_LAST_WORDS bytes); None when it wrote nothing."""
+        if self.fatal_pipe is None:
+            return None
+        try:
+            data = os.read(self.fatal_pipe, MAX_LAST_WORDS - len(FATAL_HEADER))
+        except OSError:  # nothing written (EAGAIN)
+            data = b""
+        self.close_pipe()
+        return Arrival(FATAL_HEADER + data, self.fatal_ancillary, 0, None) if data else None
 
     def send(self, payload: bytes) -> None:
         self.sock.send(payload, _SEND)  # a closed socket raises OSError too
@@ -92,6 +126,22 @@ class Arrival(NamedTuple):
     ancillary: list
     flags: int
     reply: Reply | None
+
+
+def passed_fds(ancillary: list) -> list[int]:
+    """The descriptors a message carried (SCM_RIGHTS), now open in the agent."""
+    fds: list[int] = []
+    for level, kind, value in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.extend(array.array("i", value[:len(value) - len(value) % _FD]))
+    return fds
+
+
+def is_pipe(fd: int) -> bool:
+    try:
+        return stat.S_ISFIFO(os.fstat(fd).st_mode)
+    except OSError:
+        return False
 
 
 def sender(ancillary: list) -> tuple[int, int]:
@@ -261,6 +311,7 @@ class ReporterInlet:
         self._datagrams = self._listener = None
         for connection in [c for mine in self._connections.values() for c in mine]:
             connection.sock.close()
+            connection.close_pipe()
         self._connections.clear()
 
     def take_waiting(self) -> None:
@@ -356,6 +407,10 @@ class ReporterInlet:
                     MAX_SNAPSHOT_DATAGRAM, space, socket.MSG_DONTWAIT)
             except OSError:  # none waiting (EAGAIN), or a transient error
                 return taken
+            if data.startswith(FATAL_HEADER):  # only read from a pipe, never sent
+                with self._lock:
+                    self._dropped["malformed"] += 1
+                continue
             batch.append(Arrival(data, ancillary, flags, self.datagram_reply(address)))
         return reads
 
@@ -365,7 +420,9 @@ class ReporterInlet:
         connection."""
         if connection in self._paused or connection.sock.fileno() < 0:
             return 0  # paused or closed since the select that found it ready
-        space = socket.CMSG_SPACE(CREDS.size)
+        # room for the credentials and one descriptor (a faulthandler pipe); more are
+        # closed by the kernel (MSG_CTRUNC)
+        space = socket.CMSG_SPACE(CREDS.size) + socket.CMSG_SPACE(_FD)
         for taken in range(reads):
             try:
                 data, ancillary, flags, _ = connection.sock.recvmsg(
@@ -373,12 +430,21 @@ class ReporterInlet:
             except BlockingIOError:
                 return taken
             except OSError:
-                data, flags = b"", 0
-            if not data:  # the reporter closed it (or the kernel did)
+                data, flags, ancillary = b"", 0, []
+            fds = passed_fds(ancillary)
+            if fds and data == FATAL_HEADER and len(fds) == 1 and is_pipe(fds[0]):
+                connection.take_pipe(fds[0], ancillary)
+                continue
+            for fd in fds:  # a descriptor with anything else: not kept
+                os.close(fd)
+            if not data:  # the reporter closed it (or the kernel did): it may have died
+                words = connection.fatal_words()
+                if words is not None:
+                    batch.append(words)
                 self._close(connection, None)
                 return taken
-            bad = "oversized" if flags & _MSG_TRUNC else None if data[:1] == b"{" or \
-                data.startswith(PART) else "malformed"
+            bad = "oversized" if flags & _MSG_TRUNC else None if data.startswith(STARTS) \
+                else "malformed"
             if bad:
                 self._close(connection, bad)
                 return taken
@@ -423,6 +489,7 @@ class ReporterInlet:
             self._selector.unregister(connection.sock)
         self._connections.get(connection.uid, set()).discard(connection)
         connection.sock.close()
+        connection.close_pipe()
 
     def _pause(self, users: Collection[int]) -> None:
         """Stop reading these users' connections until :meth:`resume`."""
