@@ -20,8 +20,8 @@ GiB = 2**30
     (1.5 * 2**20, {"signed": True}, "+1.5 MiB"),
     (-0.01, {"signed": True}, "0 B"),  # never "-0 B"
     (-0.0, {}, "0 B"),
-    (31.7 * GiB, {"compact": True}, "31.7Gi"),
-    (4200, {"compact": True, "signed": True}, "+4.1Ki"),
+    (31.7 * GiB, {}, "31.70 GiB"),  # watch too: it once wrote "31.7Gi"
+    (4200, {"signed": True}, "+4.1 KiB"),
     (None, {}, "-"),
 ])
 def test_format_bytes(value, kwargs, text):

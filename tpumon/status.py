@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from tpumon import __version__
+from tpumon.describe import time_to_oom
 from tpumon.detect.counts import Cause
 from tpumon.processes import ProcessState
 from tpumon.notify.health import NotifierHealth
@@ -45,6 +46,8 @@ def _assessment(snap: PollState, chip: str) -> dict[str, Any]:
         "growth_bytes_per_hour": a.slope_bytes_per_hour,
         "growth_bytes_per_step": a.slope_bytes_per_step,
         "predicted_oom_time": a.predicted_oom_time,
+        # from the assessment's own moment: every view of this poll shows the same figure
+        "time_to_oom_seconds": time_to_oom(a),
         "predicted_oom_step": a.predicted_oom_step,
         "evidence_window_seconds": a.window_seconds,
     }

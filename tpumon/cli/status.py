@@ -22,9 +22,9 @@ from tpumon.client import (AgentClient, AgentError, AgentUnreachable, ClientAuth
                            StatusDocument)
 from tpumon.cli.slice_view import show_slice, slice_options
 from tpumon.config import Config, load_config, parse_listen_address, reachable_host
-from tpumon.describe import describe_growth
+from tpumon.describe import describe_growth, oom_cell
 from tpumon.logs import setup_logging
-from tpumon.units import format_bytes, format_hours
+from tpumon.units import format_bytes
 from tpumon.untrusted_text import for_terminal as shown
 
 
@@ -32,14 +32,9 @@ def format_pct(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.1f} %"
 
 
-def format_eta(chip: Any, now: float) -> str:
-    """Time to OOM whenever the floor grows, whatever the verdict (an 'ok' chip with a
-    slow leak has a forecast too); '-' when it does not grow. ``now`` is the document's
-    time: the clock the forecast is on."""
-    oom = chip.get("predicted_oom_time")
-    if oom is None or not (chip.get("growth_bytes_per_hour") or 0) > 0:
-        return "-"
-    return format_hours(oom - now)
+def format_eta(chip: Any) -> str:
+    """The chip's 'OOM in' cell, as every view writes it (:func:`tpumon.describe.oom_cell`)."""
+    return oom_cell(chip.get("time_to_oom_seconds"), chip.get("growth_bytes_per_hour"))
 
 
 #: The verdicts a person must see first: the page in red, the warning in yellow.
@@ -65,7 +60,7 @@ def render_table(doc: dict[str, Any], console: Console) -> None:
         table.add_row(shown(chip["chip"]), used, format_pct(chip["duty_cycle"]), verdict,
                       describe_growth(chip.get("growth_bytes_per_step"),
                                       chip.get("growth_bytes_per_hour")),
-                      format_eta(chip, doc["time"]), owner)
+                      format_eta(chip), owner)
     console.print(table)
     for chip in doc["chips"]:
         if chip.get("reason"):

@@ -35,7 +35,7 @@ from typing import Iterator, NamedTuple
 
 import numpy as np
 
-from tpumon.describe import describe_growth
+from tpumon.describe import describe_growth, describe_oom, describe_time_left
 from tpumon.detect import jumps as level_shifts
 from tpumon.detect.floors import FloorHistory, group_by_bucket
 from tpumon.detect.forecast_band import oom_band
@@ -810,9 +810,12 @@ class ChipDetector:
             if not_yet:
                 return _Said(*not_yet, common)
             job.leaking = True
-        per = describe_growth(rate / steps_per_second if steps_per_second else None, rate * 3600)
+        # the reason gives the assessment's own figures (its slope, its forecast), as every
+        # view that shows them beside it does (tpumon.describe)
+        per = describe_growth(common.get("slope_bytes_per_step"),
+                              common["slope_bytes_per_second"] * 3600)
         growth = stairs.describe() if stairs else f"floor grows {per}"
-        return _Said(Verdict.LEAK, f"{growth}; OOM in {tto / 3600:.1f} h", common)
+        return _Said(Verdict.LEAK, f"{growth}; {describe_oom(tto)}", common)
 
     def _not_a_leak_yet(self, job: _Job, tto: float, window: float,
                         stairs: Staircase | None) -> tuple[Verdict, str] | None:
@@ -833,9 +836,10 @@ class ChipDetector:
                                     self._envelope, self._jump_threshold(job)):
                 return Verdict.OK, _PENDING
         if tto > self.settings.horizon_seconds:
-            return Verdict.OK, f"slow growth: OOM would take {tto / 3600:.0f} h"
+            return Verdict.OK, f"slow growth: OOM would take {describe_time_left(tto)}"
         if tto > self.settings.max_extrapolation * window:
-            return Verdict.GROWING, (f"growing: HBM full in {tto / 3600:.1f} h at this rate, "
+            return Verdict.GROWING, (f"growing: HBM full in {describe_time_left(tto)} at "
+                                     "this rate, "
                                      f"on {window / 3600:.1f} h of evidence (a cache may yet "
                                      "settle)")
         return None

@@ -18,9 +18,11 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Iterable, Mapping
 
 from tpumon.detect import Assessment, Verdict, describe_growth
+from tpumon.describe import time_to_oom
 from tpumon.detect.forecast_band import BAND_LABEL
 from tpumon.notify.settings import AlertSettings
 from tpumon.state import PollState
+from tpumon.units import format_hours
 
 log = logging.getLogger("tpumon.notify")
 
@@ -87,18 +89,6 @@ class Alert:
         if self.slice and self.name in SLICE_WIDE:
             return f"tpumon/slice/{self.slice}/{self.name}"
         return self.key
-
-
-def describe_duration(seconds: float) -> str:
-    """'45 min', '3 h 12 min', '2.5 d': how long until an OOM reads at 3 a.m."""
-    if seconds < 60:
-        return f"{max(seconds, 0.0):.0f} s"
-    minutes = round(max(seconds, 0.0) / 60)
-    if minutes < 60:
-        return f"{minutes} min"
-    if minutes < 48 * 60:
-        return "%d h %d min" % divmod(minutes, 60)
-    return f"{minutes / 1440:.1f} d"
 
 
 def describe_band(a: Assessment, now: float) -> str:
@@ -175,16 +165,17 @@ def _chip_alerts(snap: PollState, chip: str, a: Assessment, now: float,
                "cause": cause.code if cause else None, "cause_text": cause.text if cause else None}
     if a.verdict is Verdict.LEAK:
         growth = describe_growth(a.slope_bytes_per_step, a.slope_bytes_per_hour)
-        eta = None if a.predicted_oom_time is None else a.predicted_oom_time - now
+        # from the assessment's moment, as every other view of this poll says it
+        eta = time_to_oom(a)
         details["time_to_oom_seconds"] = eta
         at_step = "" if a.predicted_oom_step is None else f" (~step {a.predicted_oom_step:,.0f})"
         band = describe_band(a, now)
-        oom = "" if eta is None else f"; OOM in {describe_duration(eta)}{at_step}{band}"
+        oom = "" if eta is None else f"; OOM in {format_hours(eta)}{at_step}{band}"
         yield _alert(snap, LEAK, f"chip {chip}", f"HBM leak on chip {chip}: floor grows "
                      f"{growth}{oom}", details, settings, chip)
         if eta is not None and eta <= settings.oom_horizon_seconds:
             yield _alert(snap, OOM, f"chip {chip}", f"OOM forecast on chip {chip} in "
-                         f"{describe_duration(eta)}{at_step}{band}: floor grows {growth}",
+                         f"{format_hours(eta)}{at_step}{band}: floor grows {growth}",
                          details, settings, chip)
     if high:
         details = {**details, "hbm_used_ratio": ratio}
@@ -221,7 +212,7 @@ def _stalls(snap: PollState, settings: AlertSettings) -> Iterable[Alert]:
         if held > 0:
             yield _alert(snap, STALLED, f"pid {pid}", f"training process {pid} "
                          f"({state.report.framework}) stuck at step {state.report.step} for "
-                         f"{describe_duration(silent)} while its chips hold "
+                         f"{format_hours(silent)} while its chips hold "
                          f"{held / 2**30:.1f} GiB",
                          {"pid": pid, "uid": state.report.uid, "step": state.report.step,
                           "silent_seconds": silent, "hbm_held_bytes": held,
