@@ -36,13 +36,17 @@ def describe_oom(seconds: float | None) -> str:
     return "" if seconds is None else f"OOM in {describe_time_left(seconds)}"
 
 
-def time_to_oom(a: Any) -> float | None:
+def time_to_oom(a: Any, now: float | None = None) -> float | None:
     """Seconds from an assessment's own moment (the end of its evidence window) to its
     forecast OOM; None without a forecast. ``a`` is an
-    :class:`~tpumon.detect.Assessment` (anything with its fields)."""
+    :class:`~tpumon.detect.Assessment` (anything with its fields). Every forecast the
+    detector makes has its window; one made without (by hand) is counted from ``now``,
+    where given."""
     oom, start, width = a.predicted_oom_time, a.window_start, a.window_seconds
-    if oom is None or start is None or width is None:
+    if oom is None:
         return None
+    if start is None or width is None:
+        return None if now is None else max(oom - now, 0.0)
     return max(oom - (start + width), 0.0)
 
 
@@ -53,6 +57,19 @@ def oom_cell(seconds: float | None, growth_per_hour: float | None) -> str:
     if seconds is None or not (growth_per_hour or 0) > 0:
         return "-"
     return describe_time_left(seconds)
+
+
+def chip_time_to_oom(chip: Mapping[str, Any], doc_time: float | None) -> float | None:
+    """A status document chip's time to OOM: the agent's own figure
+    (``time_to_oom_seconds``), or, from an agent older than it, the forecast less the
+    document's time."""
+    left = chip.get("time_to_oom_seconds")
+    if isinstance(left, (int, float)):
+        return float(left)
+    oom = chip.get("predicted_oom_time")
+    if isinstance(oom, (int, float)) and isinstance(doc_time, (int, float)):
+        return max(oom - doc_time, 0.0)
+    return None
 
 
 #: How a verdict reads in a count of chips, in the order a summary lists them.

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from tpumon.client import AgentError, ClientAuth
-from tpumon.describe import describe_time_left, summarize_verdicts
+from tpumon.describe import chip_time_to_oom, describe_time_left, summarize_verdicts
 from tpumon.identity import fetch_metadata_attribute, parse_worker_endpoints
 
 MAX_STATUS_BYTES = 16 * 2**20  # a status document of hundreds of chips is well under this
@@ -220,8 +220,8 @@ def _chip_rows(document: Mapping[str, Any]) -> list[ChipRow]:
     rows = []
     for chip in document.get("chips", []):
         # the agent's own figure for this poll, as its status and pages show it
-        left = chip.get("time_to_oom_seconds")
-        eta = left if chip.get("verdict") == "leak" and isinstance(left, (int, float)) and \
+        left = chip_time_to_oom(chip, document.get("time"))
+        eta = left if chip.get("verdict") == "leak" and left is not None and \
             math.isfinite(left) else None
         rows.append(ChipRow(str(ident.get("worker", "")), str(ident.get("host", "")),
                             str(chip.get("chip")), bool(chip.get("up")),

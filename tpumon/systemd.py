@@ -99,7 +99,8 @@ def status_line(snap: PollState, store: StoreHealth | None = None) -> str:
     parts = [f"{answered} chip(s) polled" if answered else "no TPU runtime answering"]
     if leaking:
         first = snap.assessments[leaking[0]]
-        oom = describe_oom(time_to_oom(first))  # as every view of this poll says it
+        now = snap.runtime.time if snap.runtime is not None else snap.time
+        oom = describe_oom(time_to_oom(first, now))  # as every view of this poll says it
         eta = f", chip {leaking[0]} {oom}" if oom else ""
         parts.append(f"{len(leaking)} leaking{eta}")
     down = [h.name for h in snap.health if not h.up and h.name != "tpu_runtime"]

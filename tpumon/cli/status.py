@@ -22,7 +22,7 @@ from tpumon.client import (AgentClient, AgentError, AgentUnreachable, ClientAuth
                            StatusDocument)
 from tpumon.cli.slice_view import show_slice, slice_options
 from tpumon.config import Config, load_config, parse_listen_address, reachable_host
-from tpumon.describe import describe_growth, oom_cell
+from tpumon.describe import chip_time_to_oom, describe_growth, oom_cell
 from tpumon.logs import setup_logging
 from tpumon.units import format_bytes
 from tpumon.untrusted_text import for_terminal as shown
@@ -32,9 +32,10 @@ def format_pct(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.1f} %"
 
 
-def format_eta(chip: Any) -> str:
-    """The chip's 'OOM in' cell, as every view writes it (:func:`tpumon.describe.oom_cell`)."""
-    return oom_cell(chip.get("time_to_oom_seconds"), chip.get("growth_bytes_per_hour"))
+def format_eta(chip: Any, doc_time: float | None) -> str:
+    """The chip's 'OOM in' cell, as every view writes it (:func:`tpumon.describe.oom_cell`);
+    ``doc_time`` is the document's, for an older agent's chips that lack the figure."""
+    return oom_cell(chip_time_to_oom(chip, doc_time), chip.get("growth_bytes_per_hour"))
 
 
 #: The verdicts a person must see first: the page in red, the warning in yellow.
@@ -60,7 +61,7 @@ def render_table(doc: dict[str, Any], console: Console) -> None:
         table.add_row(shown(chip["chip"]), used, format_pct(chip["duty_cycle"]), verdict,
                       describe_growth(chip.get("growth_bytes_per_step"),
                                       chip.get("growth_bytes_per_hour")),
-                      format_eta(chip), owner)
+                      format_eta(chip, doc["time"]), owner)
     console.print(table)
     for chip in doc["chips"]:
         if chip.get("reason"):

@@ -61,14 +61,14 @@ def _hbm(chip: dict[str, Any]) -> RenderableType:
     return table
 
 
-def _cells(chip: dict[str, Any]) -> dict[str, RenderableType]:
+def _cells(chip: dict[str, Any], now: float) -> dict[str, RenderableType]:
     verdict = chip.get("verdict") or "-"
     return {"Chip": shown(chip["chip"]), "HBM used": _hbm(chip),
             "Floor": format_bytes(chip.get("floor_bytes")),
             # the figures `status`, the index page and /report show, written alike
             "Growth": describe_growth(chip.get("growth_bytes_per_step"),
                                       chip.get("growth_bytes_per_hour")),
-            "OOM in": format_eta(chip),
+            "OOM in": format_eta(chip, now),
             "Verdict": _line(VERDICT_SHORT.get(verdict, verdict), VERDICT_STYLE.get(verdict, "")),
             "Duty": format_pct(chip["duty_cycle"]).replace(" ", "")}
 
@@ -76,7 +76,7 @@ def _cells(chip: dict[str, Any]) -> dict[str, RenderableType]:
 def chip_table(doc: dict[str, Any], width: int = 80) -> Table:
     """One row per chip: HBM bar, OOM in, verdict, growth, floor, duty cycle; the last columns are left out, in that order, until the table fits
     ``width`` without cutting a cell short."""
-    rows = [_cells(chip) for chip in doc["chips"]]
+    rows = [_cells(chip, doc["time"]) for chip in doc["chips"]]
     for count in range(len(COLUMNS), 1, -1):
         table = Table(box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0), show_edge=False)
         for name in COLUMNS[:count]:

@@ -166,7 +166,7 @@ def _chip_alerts(snap: PollState, chip: str, a: Assessment, now: float,
     if a.verdict is Verdict.LEAK:
         growth = describe_growth(a.slope_bytes_per_step, a.slope_bytes_per_hour)
         # from the assessment's moment, as every other view of this poll says it
-        eta = time_to_oom(a)
+        eta = time_to_oom(a, now)
         details["time_to_oom_seconds"] = eta
         at_step = "" if a.predicted_oom_step is None else f" (~step {a.predicted_oom_step:,.0f})"
         band = describe_band(a, now)
