@@ -217,6 +217,7 @@ class JobView:
 _UNFITTED = (Verdict.INSUFFICIENT_DATA, Verdict.WARMING_UP)
 _GROWTH = (Verdict.GROWING, Verdict.LEAK)
 _PENDING = "a level shift is being confirmed"
+_RESUMING = "samples resume after a gap: a restarted job or the same one, told at the next floor"
 
 #: What a leak alert keeps of the assessment that raised it.
 _ALERT_FIELDS = ("predicted_oom_time", "predicted_oom_time_low", "predicted_oom_time_high",
@@ -328,7 +329,15 @@ class ChipDetector:
 
     @property
     def assessment(self) -> Assessment:
-        """What the detector says about the chip now."""
+        """What the detector says about the chip now. Between samples that resume after a
+        gap and the first floor after it, which tells a restarted job from the same one
+        going on (``_is_restart``), it does not know, and says so: the verdict from before
+        the gap would be raised and dropped a second later (an agent resumed from its
+        saved state raised 8 alerts of the last run's job, then said warming_up)."""
+        if self._after_break and self._job is not None:
+            return Assessment(Verdict.INSUFFICIENT_DATA, _RESUMING,
+                              total_bytes=self.total, job_start=self._job.start,
+                              restarts=self.restarts)
         if self._assessment is None:
             self._assessment = Assessment(self._said.verdict, self._said.reason,
                                           **self._said.fields)
