@@ -54,7 +54,7 @@ def _hbm(chip: dict[str, Any]) -> RenderableType:
     if not chip["up"]:
         return Text("no data", style="yellow")
     used, total = chip["hbm_used_bytes"], chip["hbm_total_bytes"] or 0
-    bar = ProgressBar(total=total or 1, completed=used, width=10,
+    bar = ProgressBar(total=total or 1, completed=used, width=6,
                       complete_style="red" if total and used / total > 0.9 else "cyan")
     table = Table.grid(padding=(0, 1))
     table.add_row(bar, f"{format_bytes(used)}/{format_bytes(total)}")
