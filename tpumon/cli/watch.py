@@ -173,9 +173,8 @@ def agent_feed(client: AgentClient) -> Callable[[], tuple[dict[str, Any] | None,
 def command(config_path: str | None, runtime_ports: str | None, agent: str | None,
             auth: ClientAuth, direct: bool, interval: float, slice_: bool,
             **slice_opts: Any) -> None:
-    """Live full-screen view of every chip: HBM bar, floor, growth per step and per hour,
-    time to OOM, verdict, duty cycle, and the training processes' step, step rate and live
-    tensors. Reads the local agent; with none running, a protected one
+    """Live full-screen view of every chip: HBM bar, floor, growth, time to OOM, verdict,
+    duty cycle, and the training processes' step, step rate and live tensors. Reads the local agent; with none running, a protected one
     (exporter.web_config_file, without --agent-* options) or --direct, polls the runtime
     itself. An agent named with --agent is waited for while it does not answer.
 
