@@ -118,6 +118,7 @@ def _process(pid: int, state: ProcessState) -> dict[str, Any]:
     return {"pid": pid, "uid": r.uid, "framework": r.framework, "rank": r.rank,
             "step": r.step, "steps_per_second": r.steps_per_second, "live_tensors": r.live,
             "live_tensors_per_step": state.live.per_step, "verdict": state.verdict,
+            "verdict_reason": state.verdict_reason,
             "compiles_cached": r.compiles_cached, "compiles_uncached": r.compiles_uncached,
             "recompiling": state.compiles.growing, "rss_bytes": r.rss,
             "rss_growth_bytes_per_step": state.rss.per_step, "host_verdict": state.host_verdict,

@@ -138,6 +138,9 @@ def render_processes(processes: list[dict[str, Any]], console: Console) -> None:
                       f"{p['step']:,}", rate, live, _rss_cell(p), compiles, _process_verdict(p))
     console.print(table)
     for p in processes:
+        if p.get("verdict_reason") and not p.get("exited"):
+            console.print(shown(f"pid {p['pid']}: {p['verdict']}: {p['verdict_reason']}"),
+                          highlight=False)
         if p["diagnosis"]:
             console.print(shown(f"pid {p['pid']}: {p['diagnosis']}"), highlight=False)
         line = snapshot_line(p.get("tensor_snapshot"))
