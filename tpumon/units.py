@@ -59,6 +59,15 @@ def utc(t: float, seconds: bool = False) -> str:
     return time.strftime("%Y-%m-%d %H:%M" + (":%S" if seconds else ""), time.gmtime(t)) + " UTC"
 
 
+def clock(t: float, reference: float) -> str:
+    """A moment near ``reference`` as a page says it: '22:49 UTC' on the same day, with
+    its date where it is not ('11-30 00:57 UTC'): a forecast made at 22:49 for 00:57 read
+    as earlier than the forecast."""
+    day = time.strftime("%Y-%m-%d", time.gmtime(reference))
+    fmt = "%H:%M UTC" if time.strftime("%Y-%m-%d", time.gmtime(t)) == day else "%m-%d %H:%M UTC"
+    return time.strftime(fmt, time.gmtime(t))
+
+
 def format_span(start: float, end: float, seconds: bool = False) -> str:
     """'<start> to <end>', or just '<start>' when both read the same: an interval is shown
     only when it has width."""

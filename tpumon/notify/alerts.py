@@ -22,7 +22,7 @@ from tpumon.describe import time_to_oom
 from tpumon.detect.forecast_band import BAND_LABEL
 from tpumon.notify.settings import AlertSettings
 from tpumon.state import PollState
-from tpumon.units import format_hours
+from tpumon.units import format_hours, utc
 
 log = logging.getLogger("tpumon.notify")
 
@@ -224,7 +224,8 @@ def _ends(snap: PollState, settings: AlertSettings) -> Iterable[Alert]:
     process (pid and start time, or when it ended where the start could not be read), so
     a later job under a reused pid is another, and one process's end is one key."""
     for end in snap.job_ends:
-        alert = _alert(snap, ENDED, f"pid {end.pid} at {end.time:.0f}", end.summary(),
+        alert = _alert(snap, ENDED, f"pid {end.pid} at {utc(end.time, seconds=True)}",
+                       end.summary(),
                        {"pid": end.pid, "uid": end.view.uid, "cause": end.cause,
                         "step": end.view.step, "evidence": end.evidence,
                         "forecast": end.forecast_comparison()}, settings)
