@@ -74,8 +74,9 @@ def _cells(chip: dict[str, Any], now: float) -> dict[str, RenderableType]:
 
 
 def chip_table(doc: dict[str, Any], width: int = 80) -> Table:
-    """One row per chip: HBM bar, OOM in, verdict, growth, floor, duty cycle; the last columns are left out, in that order, until the table fits
-    ``width`` without cutting a cell short."""
+    """One row per chip: HBM bar, OOM in, verdict, growth, floor, duty cycle (sizes and
+    growth as every view writes them); the last columns are left out, in that order, until
+    the table fits ``width`` without cutting a cell short."""
     rows = [_cells(chip, doc["time"]) for chip in doc["chips"]]
     for count in range(len(COLUMNS), 1, -1):
         table = Table(box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0), show_edge=False)
@@ -174,9 +175,10 @@ def command(config_path: str | None, runtime_ports: str | None, agent: str | Non
             auth: ClientAuth, direct: bool, interval: float, slice_: bool,
             **slice_opts: Any) -> None:
     """Live full-screen view of every chip: HBM bar, floor, growth, time to OOM, verdict,
-    duty cycle, and the training processes' step, step rate and live tensors. Reads the local agent; with none running, a protected one
-    (exporter.web_config_file, without --agent-* options) or --direct, polls the runtime
-    itself. An agent named with --agent is waited for while it does not answer.
+    duty cycle, and the training processes' step, step rate and live tensors. Reads the
+    local agent; with none running, a protected one (exporter.web_config_file, without
+    --agent-* options) or --direct, polls the runtime itself. An agent named with --agent
+    is waited for while it does not answer.
 
     Fits the terminal, 80 columns and up: where it is narrower than every column needs,
     duty cycle, growth per hour, floor and growth per step are left out, in that order.
