@@ -122,6 +122,18 @@ def test_step_change_is_reported_not_paged():
         assert d.assessment.verdict is Verdict.STEP_CHANGE, (seed, d.assessment.reason)
 
 
+def test_a_rise_being_confirmed_forecasts_no_oom():
+    """While a rise waits to be confirmed as a jump, the verdict is ok: its rate is no
+    forecast, and `status` read `ok` beside "OOM in 4.5 h" (issue 43)."""
+    arrays, _ = scenario_series("step-change", 8, seed=1)
+    d = ChipDetector()
+    d.log = []
+    d.update(*arrays)
+    pending = [a for _, _, a in d.log if a.reason == "a level shift is being confirmed"]
+    assert pending  # the scenario's jump is held back for a while
+    assert all(a.verdict is Verdict.OK and a.predicted_oom_time is None for a in pending)
+
+
 # ---------------------------------------------------------------- leaks
 
 def test_linear_leak_alerts_early_with_an_accurate_forecast():

@@ -812,12 +812,15 @@ class ChipDetector:
         ``stairs`` when the growth is a staircase alone (the reason describes it)."""
         headroom = max((self.total or 0.0) - job.transient - level, 0.0)
         tto = headroom / rate
+        fit_only = common
         common = dict(common, **oom_forecast(b.start, b.last_step, tto, window,
                                              steps_per_second))
         if not job.leaking:  # hysteresis: a leak stays one while growth stays significant
             not_yet = self._not_a_leak_yet(job, tto, window, stairs)
             if not_yet:
-                return _Said(*not_yet, common)
+                # a rise not yet confirmed as a jump is no rate to forecast with: 'ok' beside
+                # "OOM in 4.5 h" told two stories (issue 43); the other verdicts say theirs
+                return _Said(*not_yet, fit_only if not_yet[1] == _PENDING else common)
             job.leaking = True
         # the reason gives the assessment's own figures (its slope, its forecast), as every
         # view that shows them beside it does (tpumon.describe)
