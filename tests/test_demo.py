@@ -71,6 +71,10 @@ def test_two_demo_runs_then_export_and_analyze(tmp_path):
     for chip in series:
         assert chip["verdict"] == "leak", chip
         assert chip["restarts"] == 1, chip
+    # the table says it too, as the README promises (only --format json did)
+    table = run("analyze", str(tmp_path / "demo.csv"))
+    assert table.returncode == 0, table.stderr
+    assert table.stdout.count("\n  1 restart (") == 4, table.stdout
 
 
 def check_a_resumed_start_raises_nothing_it_drops(log: str) -> None:
