@@ -182,7 +182,7 @@ def test_status_slice_from_metadata_on_a_slice_of_loopback_addresses(servers):
         metadata.close()
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0].strip() == ("v4-32 slice my-tpu: 3 workers, 6 chips; 3 leaking, first "
+    assert lines[0].strip() == ("v4-32 slice my-tpu: 3 workers, 6 chips; 3 leaking, 3 ok, first "
                                 "OOM w-0 chip 0 in 2.0 h; 1 worker not answering "
                                 "(127.0.0.4)")
     assert sum(" leak " in line for line in lines) == 3
@@ -243,7 +243,7 @@ def test_watch_slice_in_a_real_terminal(servers, tmp_path):
     term = Tmux(tmp_path, f"{sys.executable} -m tpumon watch --slice --peers "
                           f"{a.address},{b.address},{dead} --deadline 1 --interval 0.3")
     try:
-        summary = ("v4-32 slice my-tpu: 2 workers, 4 chips; 2 leaking, first OOM w-0 chip 0 "
+        summary = ("v4-32 slice my-tpu: 2 workers, 4 chips; 2 leaking, 2 ok, first OOM w-0 chip 0 "
                    "in 1.0 h; 1 worker not answering")
         # the summary wraps at 80 columns, between words
         screen = wait_for(lambda: (s := term.screen()) and summary in " ".join(s.split())
