@@ -92,3 +92,15 @@ def _status(doc: dict) -> str:
     console = Console(width=400, record=True, color_system=None)
     render_table(doc, console)
     return console.export_text()
+
+
+def test_a_report_on_chips_without_verdicts_does_not_say_no_leak():
+    """/report's title read "vm: no leak on 4 chips" while the chips warmed up or
+    collected their first floors."""
+    report = build_reports(columns("linear-leak", 0.5, 11), "trace", "test", 0.0)[0]
+    verdicts = sorted(c.verdict for c in report.chips)
+    assert set(verdicts) <= {"warming_up", "insufficient_data"}, verdicts
+    title = re.search(r"<h1>(.*?)</h1>", render_html(report, b"")).group(1)
+    assert "no leak" not in title, title
+    assert title.startswith(f"tpumon report: {HOST}: 4 chips: "), title
+    assert re.search(r"\d (warming up|collecting)", title), title
