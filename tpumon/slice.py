@@ -178,7 +178,7 @@ class ChipRow:
     verdict: str | None
     growth_bytes_per_step: float | None
     growth_bytes_per_hour: float | None
-    seconds_to_oom: float | None  # from the agent's own clock, for a leaking chip
+    seconds_to_oom: float | None  # the agent's own figure, wherever it forecasts one
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -221,8 +221,7 @@ def _chip_rows(document: Mapping[str, Any]) -> list[ChipRow]:
     for chip in document.get("chips", []):
         # the agent's own figure for this poll, as its status and pages show it
         left = chip_time_to_oom(chip, document.get("time"))
-        eta = left if chip.get("verdict") == "leak" and left is not None and \
-            math.isfinite(left) else None
+        eta = left if left is not None and math.isfinite(left) else None
         rows.append(ChipRow(str(ident.get("worker", "")), str(ident.get("host", "")),
                             str(chip.get("chip")), bool(chip.get("up")),
                             chip.get("hbm_used_bytes"), chip.get("hbm_total_bytes"),

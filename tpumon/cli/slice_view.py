@@ -16,7 +16,7 @@ from rich.text import Text
 
 from tpumon.client import ClientAuth
 from tpumon.config import Config, ConfigError, parse_listen_address
-from tpumon.describe import describe_growth, describe_time_left
+from tpumon.describe import describe_growth, oom_cell
 from tpumon.units import format_bytes
 from tpumon.slice import (ClientOptions, SliceError, SliceView, ask_all, build_view,
                           peers_from_metadata, peers_from_service,
@@ -86,7 +86,7 @@ def slice_table(view: SliceView) -> Table:
                 f" {100 * row.hbm_used_bytes / row.hbm_total_bytes:.0f} %"
                 if row.hbm_total_bytes else "")
         verdict = "[bold red]leak[/]" if row.verdict == "leak" else shown(row.verdict or "-")
-        eta = describe_time_left(row.seconds_to_oom)
+        eta = oom_cell(row.seconds_to_oom, row.growth_bytes_per_hour)  # as status shows it
         table.add_row(shown(row.worker or "?"), shown(row.chip), used,
                       describe_growth(row.growth_bytes_per_step, row.growth_bytes_per_hour),
                       verdict, eta)
