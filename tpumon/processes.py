@@ -72,8 +72,8 @@ class ProcessState:
         process whose verdict read ``unknown`` with no reason (issue 43)."""
         verdict = self.verdict
         if verdict == "unknown":
-            return ("it reports no live-tensor count (its framework's reporter sends step "
-                    "and RSS only: docs/reporters.md)")
+            return ("it reports no live-tensor count, so its tensors are not judged "
+                    "(docs/reporters.md: what each framework reports)")
         if verdict == "warming_up":
             return "too few reports of its live tensors yet for a trend"
         if verdict == "growing":
