@@ -235,11 +235,20 @@ def _ends(snap: PollState, settings: AlertSettings) -> Iterable[Alert]:
                       key=f"tpumon/{snap.identity.host}/{ENDED}/pid{end.pid}{started}")
 
 
-def _raise_after(alert: Alert) -> float:
-    """Seconds the alert's condition must hold before it is raised."""
-    if alert.name == LEAK and alert.details.get("tensors_pending"):
-        return SNAPSHOT_WAIT
-    return RAISE_AFTER.get(alert.name, 0.0)
+def _waits_for_snapshots(alert: Alert) -> bool:
+    """A leak warning waiting for its process's tensor snapshots (SNAPSHOT_WAIT at most)."""
+    return alert.name == LEAK and bool(alert.details.get("tensors_pending"))
+
+
+def _held_long_enough(alert: Alert, held: float, held_wall: float) -> bool:
+    """Whether an alert whose condition has held ``held`` seconds on the samples' clock
+    (``held_wall`` on the wall clock) is raised now. Hold-downs run on the clock of the
+    verdicts they hold back; the wait for tensor snapshots on the wall clock, as the
+    process's steps it waits for run (a simulated job's too: on the samples' clock a
+    simulation at 480x gave them a second)."""
+    if _waits_for_snapshots(alert):
+        return held_wall >= SNAPSHOT_WAIT
+    return held >= RAISE_AFTER.get(alert.name, 0.0)
 
 
 @dataclass(frozen=True)
@@ -310,16 +319,16 @@ class AlertTracker:
     def __init__(self, settings: AlertSettings, active: Mapping[str, Alert] | None = None) -> None:
         self.settings = settings
         self.active: dict[str, Alert] = dict(active or {})
-        self._pending: dict[str, float] = {}  # key -> since when its condition holds
+        # key -> since when its condition holds: on the samples' clock, on the wall clock
+        self._pending: dict[str, tuple[float, float]] = {}
         self._clearing: dict[str, float] = {}  # key -> since when an active one is false
         self._budget = UidBudget()
 
     def update(self, snap: PollState) -> list[Transition]:
         # hold-downs run on the clock of the verdicts and forecasts they hold back (the
-        # samples'; the wall clock on a TPU VM). On the wall clock a simulated leak at 60x
-        # waited its 10 min for tensor snapshots through 10 simulated hours, past its OOM:
-        # the leak warning never came in the demo (issue 43)
-        now = snap.samples_time
+        # samples'; the wall clock on a TPU VM), but for the wait for tensor snapshots
+        # (_held_long_enough)
+        now, wall = snap.samples_time, snap.time
         holding = evaluate(snap, self.settings)
         out: list[Transition] = []
         for key in list(self._pending):
@@ -330,8 +339,13 @@ class AlertTracker:
             if key in self.active:  # newest numbers, for the resolve's message
                 self.active[key] = replace(alert, raised=self.active[key].raised)
                 continue
-            since = self._pending.setdefault(key, now)
-            if now - since >= _raise_after(alert) and \
+            if key not in self._pending and _waits_for_snapshots(alert):
+                # said, so that a warning held back is not a warning missing: in the demo
+                # the journal had the OOM page and, for minutes, no word of the warning
+                log.info("alert %s on %s waits up to %s for its process's tensor snapshots",
+                         alert.name, alert.subject, format_hours(SNAPSHOT_WAIT))
+            since, since_wall = self._pending.setdefault(key, (now, wall))
+            if _held_long_enough(alert, now - since, wall - since_wall) and \
                     self._budget.allow(alert.details.get("uid"), now):
                 del self._pending[key]
                 alert = self.active[key] = replace(alert, raised=now)
