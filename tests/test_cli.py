@@ -47,6 +47,27 @@ def test_version_and_help():
         assert flag in agent_help
 
 
+@pytest.mark.slow
+def test_small_things_a_newcomer_meets():
+    """Issue 43: a mistyped command got no suggestion; `sim --list` pushed
+    irregular-staircase's description a column right; `analyze bad.png` named only CSV and
+    JSON Lines, though Parquet is read too."""
+    typo = run("stauts")
+    assert typo.returncode == 2 and "No such command 'stauts'. Did you mean 'status'?" in \
+        typo.stderr, typo.stderr
+    listed = run("sim", "--list").stdout.splitlines()
+    starts = {len(line) - len(line.split(maxsplit=1)[1]) for line in listed}
+    assert len(listed) > 10 and len(starts) == 1, listed  # one column for every description
+    assert any(line.startswith("irregular-staircase ") for line in listed)
+
+
+def test_a_binary_file_names_every_trace_format(tmp_path):
+    png = tmp_path / "bad.png"
+    png.write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff\xfe" * 20)
+    assert_one_line_error(run("analyze", str(png)), "bad.png", "not UTF-8 text",
+                          "CSV, JSON Lines, or Parquet")
+
+
 @pytest.mark.parametrize("content, fragments", [
     ("[agent]\npoll_intervall = 3\n", ["unknown key 'agent.poll_intervall'", "did you mean"]),
     ("[agent]\npoll_interval = 'x'\n", ["agent.poll_interval must be a number"]),

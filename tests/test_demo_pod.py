@@ -43,6 +43,10 @@ def test_demo_pod_starts_prints_where_to_look_and_stops(tmp_path):
         wait_for(scraped, 60, interval=1)  # 2 hosts x 4 chips, scraped by Prometheus
         rules = get(f"http://127.0.0.1:{prom_port}/api/v1/rules").decode()
         assert "TPUMonHBMLeakSuspected" in rules  # the shipped rules are loaded
+        # the alerts page it links is one this Prometheus serves (Debian's 2.42 answers
+        # /alerts with 404, /classic/alerts with the page)
+        link = re.search(r"Prometheus:\s+(\S+)", text).group(1)
+        assert get(link), link  # a 404 raises
     finally:
         demo.send_signal(signal.SIGINT)
         assert demo.wait(timeout=40) == 0

@@ -140,6 +140,9 @@ def test_landing_page_and_health(served):
     status, ctype, body = get(base + "/")
     assert status == 200 and "text/html" in ctype
     assert "href='/metrics'" in body and "worker=3" in body and "no data" in body
+    # it follows the polls by itself, and shows growth and time to OOM as status does
+    assert "<meta http-equiv='refresh' content='10'>" in body
+    assert "<th>growth</th><th>OOM in</th>" in body
     assert get(base + "/-/healthy")[:1] == (200,)
     assert get(base + "/nope")[0] == 404
 

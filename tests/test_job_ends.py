@@ -2,6 +2,7 @@
 view with the evidence, never for a job that is still running. Real processes and the real
 kernel log where the machine allows."""
 
+import calendar
 import json
 import os
 import subprocess
@@ -14,10 +15,15 @@ import pytest
 from tools import wait_for
 from tpumon.detect import Assessment, Verdict
 from tpumon.instrument.protocol import PROTOCOL_VERSION
-from tpumon.job_ends import JobEndTracker
+from tpumon.identity import Identity
+from tpumon.job_ends import JobEnd, JobEndTracker, JobView
+from tpumon.notify.alerts import evaluate
+from tpumon.notify.settings import AlertSettings
 from tpumon.processes import ProcessTracker
 from tpumon.samples import ChipSample, HostSample, RuntimeReading
+from tpumon.sources.chips import inventory_for
 from tpumon.sources.kernel_log import KernelLog, OomKill
+from tpumon.state import PollState
 from tpumon.sources.reporter import ReporterSocket, parse_report
 
 GiB = 2**30
@@ -134,6 +140,23 @@ def test_the_forecast_at_alert_time_is_compared_with_the_death():
                                          "(60,400-61,900); died at step 61,234")
     assert end.summary().endswith("; forecast at 08:00 UTC for step 61,100 (60,400-61,900); "
                                   "died at step 61,234")
+
+
+def test_a_forecast_across_midnight_is_dated_and_a_death_without_a_step_reads_well():
+    """A log line said "forecast at 22:49 UTC for 00:57 UTC; died at after 01:10 UTC"
+    (the OOM read as before the forecast) and its alert's subject was "pid 10494 at
+    1795894073"."""
+    made = calendar.timegm((2026, 11, 29, 22, 49, 0))
+    view = JobView(10494, made + 8500, forecast={"time": made,
+                                                 "predicted_oom_time": made + 7680},
+                   reading_time=made + 8460)
+    end = JobEnd(made + 8500, view, "hbm_oom", "chip 0 full")
+    assert end.forecast_comparison() == ("forecast at 22:49 UTC for 11-30 00:57 UTC; died "
+                                         "after 11-30 01:10 UTC (its last sample)")
+    snap = PollState(time=made + 8500, identity=Identity("h"),
+                     inventory=inventory_for("v4", 4), job_ends=(end,))
+    [alert] = evaluate(snap, AlertSettings()).values()
+    assert alert.subject == "pid 10494 at 2026-11-30 01:10:40 UTC", alert.subject
 
 
 def test_the_kernel_log_names_oom_kills_from_recorded_lines(tmp_path):

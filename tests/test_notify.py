@@ -75,7 +75,7 @@ def test_a_leak_warns_and_a_near_oom_is_critical():
                                     ("trigger", OOM, "chip 0")]
     oom = next(t.alert for t in got if t.alert.name == OOM)
     assert oom.severity == "critical" and oom.key == f"tpumon/{IDENT.host}/{OOM}/chip0"
-    assert "in 2 h 0 min (~step 48,200)" in oom.summary and "146.5 KiB/step" in oom.summary
+    assert "in 2.0 h (~step 48,200)" in oom.summary and "146.5 KiB/step" in oom.summary
     assert oom.details["time_to_oom_seconds"] == pytest.approx(7200)
     assert oom.dashboard == f"https://grafana.example/d/tpumon?var-host={IDENT.host}&var-chip=0"
     assert oom.where == f"{IDENT.host} (worker 3, slice llama-pod-a, v4-32)"
@@ -259,7 +259,7 @@ def test_slack_gets_one_line_a_message_naming_host_worker_chip_growth_eta_and_li
         assert len(api.requests) == 3  # three alerts raised together: three messages
         text = "\n".join(r.body["text"] for r in api.requests)
         for expected in (IDENT.host, "worker 3", "llama-pod-a", "chip 0", "chip 1", OOM, LEAK,
-                         "146.5 KiB/step", "OOM in 2 h", "grafana.example",
+                         "146.5 KiB/step", "OOM in 2.0 h", "grafana.example",
                          f"<http://{IDENT.host}:9847/report|Report>"):
             assert expected in text
         assert [len(r.body["blocks"]) for r in api.requests] == [1, 1, 1]
@@ -588,6 +588,6 @@ def test_a_leak_page_says_the_forecast_band_with_its_steps():
                 predicted_oom_time_high=now + 4 * 3600)
     alerts = evaluate(snap(now, {"0": a}), SETTINGS)
     page = next(al for al in alerts.values() if al.name == OOM)
-    assert "OOM forecast on chip 0 in 2 h 0 min (~step 48,200), 92% between 11-14 23:13 " \
+    assert "OOM forecast on chip 0 in 2.0 h (~step 48,200), 92% between 11-14 23:13 " \
         "and 11-15 02:13 UTC, step 47,000-49,900: floor grows" in page.summary, page.summary
     assert describe_band(leak(2.0, now), now) == ""  # no band, nothing said

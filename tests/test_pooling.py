@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 
+from tpumon.describe import describe_growth, describe_oom, time_to_oom
 from tpumon.detect import ChipDetector, Verdict
 from tpumon.detect.pooling import pool_jobs
 from tpumon.detect.replay import replay_columns
@@ -76,8 +77,14 @@ def test_chips_that_grow_alike_share_one_verdict_and_earlier_alerts():
     for d, c in zip(alone, cols.values(), strict=True):
         d.update(c.times, c.steps, c.used, c.total)
     assert all(r.verdict == "leak" for r in pooled)
-    assert all(r.assessment.reason.startswith(f"all 4 chips of host {HOST} grow ")
+    assert all(r.assessment.reason.startswith(f"all 4 chips of host {HOST} grow; this one ")
                for r in pooled)
+    # each chip's reason gives its own figures, the ones every view shows beside it (it
+    # once gave the job's median growth beside the chip's own in the table)
+    for r in pooled:
+        a = r.assessment
+        assert f"this one {describe_growth(a.slope_bytes_per_step, a.slope_bytes_per_hour)}; " \
+            f"{describe_oom(time_to_oom(a))}" in a.reason, a.reason
     own = [d.alert["time"] for d in alone]
     shared = [r.alert["time"] for r in pooled]
     assert all(s <= o for s, o in zip(shared, own, strict=True)) and shared != own

@@ -44,6 +44,20 @@ def test_a_live_count_that_rises_alone_is_growing_not_a_leak(tmp_path):
     assert "kept alive across steps" in told.diagnosis().text
 
 
+def test_a_process_without_a_live_count_says_why_its_verdict_is_unknown(tmp_path):
+    """The simulated process's verdict read `unknown` in `status`, with no reason."""
+    from rich.console import Console
+
+    from tpumon.cli.status import render_processes
+    from tpumon.status import _process
+
+    state = states(tmp_path, [(s, None, 1 << 30) for s in range(1, 50)])
+    assert state.verdict == "unknown" and "no live-tensor count" in state.verdict_reason
+    console = Console(width=200, record=True, color_system=None)
+    render_processes([{**_process(4242, state), "tensor_snapshot": None}], console)
+    assert "pid 4242: unknown: it reports no live-tensor count" in console.export_text()
+
+
 def test_a_live_count_and_rss_rising_together_is_a_leak(tmp_path):
     """On a CPU backend device buffers are host memory: both grow."""
     state = states(tmp_path, [(s, 100 + s, (1 << 30) + s * (1 << 20)) for s in range(1, 400)])

@@ -115,7 +115,7 @@ def test_report_of_a_leak_via_the_command_line(traces, tmp_path):
         assert f"forecast then: step {series['alert']['predicted_oom']['step']:,} (" in row
         assert "KiB/step" in row
     assert f"<td>{HOST}</td>" in html and "<td>1</td>" in html  # host and worker
-    assert "2 of 2 chips leak" in html and "tpumon 0." in html
+    assert "2 chips: 2 leaking" in html and "tpumon 0." in html
 
 
 @pytest.mark.e2e
@@ -124,7 +124,7 @@ def test_healthy_report_says_ok(reports):
     html = html_path.read_text()
     rows = summary_rows(html)
     assert len(rows) == 2 and all(">ok</span>" in row for row in rows)
-    assert ">leak</span>" not in html and "no leak on 2 chips" in html
+    assert ">leak</span>" not in html and "2 chips: no leak" in html
     assert all("never raised" in row for row in rows)
     assert png_size(png.read_bytes())[0] == 1400
     assert_self_contained(html)

@@ -89,7 +89,7 @@ def test_summary_names_the_slice_the_leak_and_the_first_oom():
     assert [(c.worker, c.chip) for c in view.chips[:5]] == \
         [("0", "0"), ("0", "1"), ("0", "2"), ("0", "3"), ("1", "0")]
     assert summary_line(view) == \
-        "v4-32 slice my-tpu: 4 workers, 16 chips; 16 leaking, first OOM w-3 chip 0 in 6 h 0 min"
+        "v4-32 slice my-tpu: 4 workers, 16 chips; 16 leaking, first OOM w-3 chip 0 in 6.0 h"
 
 
 def test_a_worker_that_does_not_answer_is_said_and_hides_nothing():
@@ -102,6 +102,19 @@ def test_a_worker_that_does_not_answer_is_said_and_hides_nothing():
     assert view.to_json()["workers"][1] == {"peer": "10.0.0.2", "url": "http://10.0.0.2:9847",
                                             "up": False, "error": "timed out",
                                             "identity": None}
+
+
+def test_a_slice_without_verdicts_is_not_called_leak_free():
+    """`status --slice` said "no leak" when all 16 chips were insufficient_data."""
+    answers = [WorkerAnswer(f"10.0.0.{w}", f"http://10.0.0.{w}:9847",
+                            status_doc(w, ["insufficient_data"] * 2 + ["warming_up"] * 2))
+               for w in range(4)]
+    line = summary_line(build_view(answers))
+    assert "no leak" not in line
+    assert line == "v4-32 slice my-tpu: 4 workers, 16 chips; 8 warming up, 8 collecting"
+    mixed = [WorkerAnswer("10.0.0.1", "http://10.0.0.1:9847",
+                          status_doc(1, ["ok", "insufficient_data"]))]
+    assert summary_line(build_view(mixed)).endswith("2 chips; 1 ok, 1 collecting")
 
 
 def test_peer_urls():
@@ -169,8 +182,8 @@ def test_status_slice_from_metadata_on_a_slice_of_loopback_addresses(servers):
         metadata.close()
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0].strip() == ("v4-32 slice my-tpu: 3 workers, 6 chips; 3 leaking, first "
-                                "OOM w-0 chip 0 in 2 h 0 min; 1 worker not answering "
+    assert lines[0].strip() == ("v4-32 slice my-tpu: 3 workers, 6 chips; 3 leaking, 3 ok, first "
+                                "OOM w-0 chip 0 in 2.0 h; 1 worker not answering "
                                 "(127.0.0.4)")
     assert sum(" leak " in line for line in lines) == 3
     assert any("127.0.0.4" in line and "no answer" in line for line in lines)
@@ -230,8 +243,8 @@ def test_watch_slice_in_a_real_terminal(servers, tmp_path):
     term = Tmux(tmp_path, f"{sys.executable} -m tpumon watch --slice --peers "
                           f"{a.address},{b.address},{dead} --deadline 1 --interval 0.3")
     try:
-        summary = ("v4-32 slice my-tpu: 2 workers, 4 chips; 2 leaking, first OOM w-0 chip 0 "
-                   "in 1 h 0 min; 1 worker not answering")
+        summary = ("v4-32 slice my-tpu: 2 workers, 4 chips; 2 leaking, 2 ok, first OOM w-0 chip 0 "
+                   "in 1.0 h; 1 worker not answering")
         # the summary wraps at 80 columns, between words
         screen = wait_for(lambda: (s := term.screen()) and summary in " ".join(s.split())
                           and s, 30)

@@ -271,6 +271,18 @@ def test_corrupt_database_is_moved_aside(tmp_path, caplog):
     db.close()
 
 
+def test_the_store_says_its_size_before_its_first_write(tmp_path):
+    """`status` 4 s after a start said "history.db (0 B)" where the log said 108.5 KiB."""
+    db = open_database(tmp_path, Retention())
+    with db.transaction():
+        db.add_samples(HOST, [("0", Sample(float(t), None, 1, 2)) for t in range(500)])
+    db.close()
+    reopened = open_database(tmp_path, Retention())
+    writer = StoreWriter(tmp_path, Retention(), reopened)
+    assert writer.health.size_bytes == reopened.size_bytes() > 0
+    reopened.close()
+
+
 @pytest.mark.slow
 def test_database_damaged_while_open_is_replaced(tmp_path, caplog):
     retention = Retention()

@@ -137,7 +137,7 @@ def test_status_line_names_the_nearest_oom():
     snap = PollState(time=1000.0, identity=Identity("h"), inventory=inventory_for("v4", 4),
                     runtime=RuntimeReading(1000.0, chips),
                     assessments={"2": leak, "0": Assessment(Verdict.OK, "flat")})
-    assert status_line(snap) == "4 chip(s) polled; 1 leaking, chip 2 OOM in 3 h 12 min"
+    assert status_line(snap) == "4 chip(s) polled; 1 leaking, chip 2 OOM in 3.2 h"
     # the store's health comes from the store, not from the poll state
     assert status_line(snap, StoreHealth("/x", up=True)) == status_line(snap)
     assert status_line(snap, StoreHealth("/x", up=False)).endswith(

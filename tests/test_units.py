@@ -4,7 +4,8 @@ import pytest
 
 from tpumon.detect import describe_growth
 from tpumon.report.render import size
-from tpumon.units import format_bytes, format_growth, format_span
+from tpumon.describe import describe_oom, summarize_verdicts
+from tpumon.units import format_bytes, format_growth, format_hours, format_span
 
 GiB = 2**30
 
@@ -20,8 +21,8 @@ GiB = 2**30
     (1.5 * 2**20, {"signed": True}, "+1.5 MiB"),
     (-0.01, {"signed": True}, "0 B"),  # never "-0 B"
     (-0.0, {}, "0 B"),
-    (31.7 * GiB, {"compact": True}, "31.7Gi"),
-    (4200, {"compact": True, "signed": True}, "+4.1Ki"),
+    (31.7 * GiB, {}, "31.70 GiB"),  # watch too: it once wrote "31.7Gi"
+    (4200, {"signed": True}, "+4.1 KiB"),
     (None, {}, "-"),
 ])
 def test_format_bytes(value, kwargs, text):
@@ -42,3 +43,22 @@ def test_an_interval_is_shown_only_when_it_has_width():
     assert format_span(t, t + 20) == "2025-11-25 13:23 UTC"
     assert format_span(t, t + 20, seconds=True) == "2025-11-25 13:23:20 to 13:23:40 UTC"
     assert format_span(t, t + 86400) == "2025-11-25 13:23 UTC to 2025-11-26 13:23 UTC"
+
+
+def test_a_summary_of_verdicts_says_only_what_is_known():
+    """/report's title read "no leak on 4 chips" while they warmed up or collected."""
+    assert summarize_verdicts(["ok"] * 4) == "4 chips: no leak"
+    assert summarize_verdicts(["ok", "ok", "step_change"]) == \
+        "3 chips: no leak (1 stepped up, 2 ok)"
+    assert summarize_verdicts(["warming_up", "warming_up", "insufficient_data",
+                               "insufficient_data"]) == "4 chips: 2 warming up, 2 collecting"
+    assert summarize_verdicts(["ok", "leak", None]) == "3 chips: 1 leaking, 1 ok, 1 no verdict"
+    assert summarize_verdicts(["leak"]) == "1 chip: 1 leaking"
+    assert "no leak" not in summarize_verdicts(["ok", "ok", "insufficient_data"])
+
+
+def test_one_time_to_oom_everywhere():
+    """The log once said "OOM in 4.4 h" and "in 4 h 23 min" in one second."""
+    assert [format_hours(s) for s in (30, 45 * 60, 4.4 * 3600, 3 * 86400)] == \
+        ["30 s", "45 min", "4.4 h", "3 d"]
+    assert describe_oom(4.4 * 3600) == "OOM in 4.4 h" and describe_oom(None) == ""

@@ -71,9 +71,11 @@ def test_watch_shows_every_chip_in_80_columns_without_flicker_and_quits_on_ctrl_
         assert all(len(line) <= COLUMNS for line in lines)
         assert "…" not in screen, screen  # nothing cut short at 80 columns
         header = next(line for line in lines if line.startswith("Chip"))
-        for column in ("HBM used", "Floor", "/step", "/hour", "OOM in", "Verdict", "Duty"):
+        for column in ("HBM used", "Floor", "Growth", "OOM in", "Verdict", "Duty"):
             assert column in header
-        rows = [line for line in lines if re.match(r"\s+[0-3]\s+\S+ \d+\.\dGi/\d+\.\dGi", line)]
+        # sizes as every other view writes them (it once wrote "31.7Gi" for "31.75 GiB")
+        rows = [line for line in lines
+                if re.match(r"\s+[0-3]\s+\S+ \d+\.\d\d GiB/\d+\.\d\d GiB", line)]
         assert len(rows) == 4, screen
         time.sleep(2)  # ~10 refreshes, recorded
         assert term.screen() != screen  # it is live: the clock and the step moved on
@@ -124,12 +126,12 @@ def test_watch_fits_80x24_with_a_leak_and_its_forecast(tmp_path):
                           "--interval 0.3", rows=24)
     try:
         screen = wait_for(lambda: (s := term.screen()) and re.search(
-            r"^\s+0 .* \d+\.\d h\s+leak\s+\+\d", s, re.M) and s, 120)
+            r"^\s+0 .* \d+\.\d h\s+leak\s+\d[\d.]* KiB/step", s, re.M) and s, 120)
         lines = screen.splitlines()
         assert all(len(line) <= COLUMNS for line in lines)
         assert "…" not in screen, screen
         header = next(line for line in lines if line.lstrip().startswith("Chip"))
-        for column in ("HBM used", "OOM in", "Verdict", "/step"):
+        for column in ("HBM used", "OOM in", "Verdict", "Growth"):
             assert column in header, header
         term.quit()
     finally:

@@ -75,8 +75,7 @@ def forecast_text(a: Assessment) -> str:
         return ""
     growth = describe_growth(a.slope_bytes_per_step, a.slope_bytes_per_hour)
     at_step = "" if a.predicted_oom_step is None else f" at step ~{a.predicted_oom_step:,.0f}"
-    given = "floor grows" in a.reason or " grow " in a.reason  # "all 4 chips of ... grow"
-    said = "" if given else f"; floor grows {growth}"
+    said = "" if growth in a.reason else f"; floor grows {growth}"
     return f"{said}; OOM{at_step} ({utc(a.predicted_oom_time)})"
 
 

@@ -29,7 +29,6 @@ issue of the process's framework release that matches what it said is named with
 from __future__ import annotations
 
 import os
-import time
 from collections import Counter, deque
 from dataclasses import dataclass, field, replace
 from typing import Any, Collection, Mapping
@@ -43,6 +42,7 @@ from tpumon.sources.chips import start_time
 from tpumon.sources.kernel_log import OomKill
 from tpumon.sources.reporter import pid_alive
 from tpumon.store.database import StoredEnd
+from tpumon.units import clock
 
 CAUSES = ("hbm_oom", "host_oom", "exited", "unknown")
 NEAR_FULL = 0.95        # of a chip's HBM at the last poll: an OOM is the likely end
@@ -126,17 +126,18 @@ class JobEnd:
         f = self.view.forecast
         if not f or f.get("predicted_oom_time") is None:
             return None
-        at = time.strftime("%H:%M UTC", time.gmtime(f["time"]))
+        made = f["time"]
+        at = clock(made, made)
         step = f.get("predicted_oom_step")
-        target = f"step {step:,.0f}" if step is not None else time.strftime(
-            "%H:%M UTC", time.gmtime(f["predicted_oom_time"]))
+        # times beside the forecast's own carry their date where they leave its day
+        target = f"step {step:,.0f}" if step is not None else clock(f["predicted_oom_time"], made)
         low, high = f.get("predicted_oom_step_low"), f.get("predicted_oom_step_high")
         if step is not None and low is not None and high is not None and high > low:
             target += f" ({low:,.0f}-{high:,.0f})"
         last = self.view.reading_time or self.time  # on the forecast's clock
-        died = (f"step {self.view.step:,}" if self.view.step is not None else
-                "after " + time.strftime("%H:%M UTC", time.gmtime(last)))
-        return f"forecast at {at} for {target}; died at {died}"
+        died = (f"at step {self.view.step:,}" if self.view.step is not None else
+                f"after {clock(last, made)} (its last sample)")
+        return f"forecast at {at} for {target}; died {died}"
 
     def known_issue(self) -> KnownIssue | None:
         """A known issue of the process's framework release that its last words match."""

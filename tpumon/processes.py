@@ -67,6 +67,20 @@ class ProcessState:
         return "ok" if self.live.per_step is not None else "warming_up"
 
     @property
+    def verdict_reason(self) -> str | None:
+        """Why :attr:`verdict` is what it is where the word alone does not say: a
+        process whose verdict read ``unknown`` with no reason (issue 43)."""
+        verdict = self.verdict
+        if verdict == "unknown":
+            return ("it reports no live-tensor count, so its tensors are not judged "
+                    "(docs/reporters.md: what each framework reports)")
+        if verdict == "warming_up":
+            return "too few reports of its live tensors yet for a trend"
+        if verdict == "growing":
+            return "its live tensors grow; no memory grows with them (yet)"
+        return None
+
+    @property
     def host_verdict(self) -> str:
         """``leak`` when the RSS grows steadily over steps, else as :attr:`verdict`."""
         if self.report.rss is None:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from tpumon.client import AgentError, ClientAuth
+from tpumon.describe import chip_time_to_oom, describe_time_left, summarize_verdicts
 from tpumon.identity import fetch_metadata_attribute, parse_worker_endpoints
 
 MAX_STATUS_BYTES = 16 * 2**20  # a status document of hundreds of chips is well under this
@@ -177,7 +178,7 @@ class ChipRow:
     verdict: str | None
     growth_bytes_per_step: float | None
     growth_bytes_per_hour: float | None
-    seconds_to_oom: float | None  # from the agent's own clock, for a leaking chip
+    seconds_to_oom: float | None  # the agent's own figure, wherever it forecasts one
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -216,12 +217,11 @@ class SliceView:
 
 def _chip_rows(document: Mapping[str, Any]) -> list[ChipRow]:
     ident = document.get("identity") or {}
-    now = document.get("time")
     rows = []
     for chip in document.get("chips", []):
-        oom = chip.get("predicted_oom_time")
-        eta = oom - now if chip.get("verdict") == "leak" and oom is not None and \
-            now is not None and math.isfinite(oom) else None
+        # the agent's own figure for this poll, as its status and pages show it
+        left = chip_time_to_oom(chip, document.get("time"))
+        eta = left if left is not None and math.isfinite(left) else None
         rows.append(ChipRow(str(ident.get("worker", "")), str(ident.get("host", "")),
                             str(chip.get("chip")), bool(chip.get("up")),
                             chip.get("hbm_used_bytes"), chip.get("hbm_total_bytes"),
@@ -254,25 +254,20 @@ def build_view(answers: list[WorkerAnswer]) -> SliceView:
                      next((a for a in accelerators if a), ""), seen)
 
 
-def describe_seconds(seconds: float) -> str:
-    """'45 min', '3 h 12 min', '2.5 d'."""
-    from tpumon.notify.alerts import describe_duration
-
-    return describe_duration(seconds)
-
-
 def summary_line(view: SliceView) -> str:
     """'v4-32 slice my-tpu: 4 workers, 16 chips; 16 leaking, first OOM w-2 chip 1 in
     3 h 12 min; 1 worker not answering (10.0.0.4)'."""
     name = " ".join(p for p in (view.accelerator_type, "slice", view.slice) if p)
     answered = len(view.answers) - len(view.missing)
     line = f"{name}: {answered} workers, {len(view.chips)} chips"
-    leaking = view.leaking()
-    line += f"; {len(leaking)} leaking" if leaking else "; no leak"
+    # what the chips' verdicts add up to, saying what is not known yet (never "no leak"
+    # over chips still warming up or collecting)
+    if view.chips:
+        line += "; " + summarize_verdicts(c.verdict for c in view.chips).partition(": ")[2]
     first = view.first_oom()
     if first is not None and first.seconds_to_oom is not None:
         line += (f", first OOM w-{first.worker or '?'} chip {first.chip} in "
-                 f"{describe_seconds(first.seconds_to_oom)}")
+                 f"{describe_time_left(first.seconds_to_oom)}")
     if view.missing:
         line += (f"; {len(view.missing)} worker{'s' if len(view.missing) > 1 else ''} not "
                  f"answering ({', '.join(a.peer for a in view.missing)})")

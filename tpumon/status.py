@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from tpumon import __version__
+from tpumon.describe import time_to_oom
 from tpumon.detect.counts import Cause
 from tpumon.processes import ProcessState
 from tpumon.notify.health import NotifierHealth
@@ -45,6 +46,8 @@ def _assessment(snap: PollState, chip: str) -> dict[str, Any]:
         "growth_bytes_per_hour": a.slope_bytes_per_hour,
         "growth_bytes_per_step": a.slope_bytes_per_step,
         "predicted_oom_time": a.predicted_oom_time,
+        # from the assessment's own moment: every view of this poll shows the same figure
+        "time_to_oom_seconds": time_to_oom(a),
         "predicted_oom_step": a.predicted_oom_step,
         "evidence_window_seconds": a.window_seconds,
     }
@@ -115,6 +118,7 @@ def _process(pid: int, state: ProcessState) -> dict[str, Any]:
     return {"pid": pid, "uid": r.uid, "framework": r.framework, "rank": r.rank,
             "step": r.step, "steps_per_second": r.steps_per_second, "live_tensors": r.live,
             "live_tensors_per_step": state.live.per_step, "verdict": state.verdict,
+            "verdict_reason": state.verdict_reason,
             "compiles_cached": r.compiles_cached, "compiles_uncached": r.compiles_uncached,
             "recompiling": state.compiles.growing, "rss_bytes": r.rss,
             "rss_growth_bytes_per_step": state.rss.per_step, "host_verdict": state.host_verdict,

@@ -17,7 +17,7 @@ import time
 from typing import Callable, Mapping
 
 from tpumon.detect import Verdict
-from tpumon.notify.alerts import describe_duration
+from tpumon.describe import describe_oom, time_to_oom
 from tpumon.state import PollState
 from tpumon.store.writer import StoreHealth
 
@@ -100,8 +100,8 @@ def status_line(snap: PollState, store: StoreHealth | None = None) -> str:
     if leaking:
         first = snap.assessments[leaking[0]]
         now = snap.runtime.time if snap.runtime is not None else snap.time
-        eta = "" if first.predicted_oom_time is None else \
-            f", chip {leaking[0]} OOM in {describe_duration(first.predicted_oom_time - now)}"
+        oom = describe_oom(time_to_oom(first, now))  # as every view of this poll says it
+        eta = f", chip {leaking[0]} {oom}" if oom else ""
         parts.append(f"{len(leaking)} leaking{eta}")
     down = [h.name for h in snap.health if not h.up and h.name != "tpu_runtime"]
     if down:

@@ -269,8 +269,8 @@ def _text_only(name: str) -> Iterator[None]:
     try:
         yield
     except UnicodeDecodeError:
-        raise TraceFormatError(name, None, "not UTF-8 text (a trace is CSV or JSON Lines)") \
-            from None
+        raise TraceFormatError(name, None, "not UTF-8 text (a trace is CSV, JSON Lines, "
+                               "or Parquet named .parquet)") from None
 
 
 def _resolve_format(format: str | None, name: str) -> str:

@@ -13,21 +13,20 @@ import time
 UNITS = (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10))
 
 
-def format_bytes(value: float | None, signed: bool = False, compact: bool = False) -> str:
+def format_bytes(value: float | None, signed: bool = False) -> str:
     """'31.75 GiB', '812.3 MiB', '118.7 KiB', '512 B'; '+1.2 MiB' with ``signed``; '-' for
-    None. ``compact`` drops the space and the B for narrow columns: '31.7Gi', '4.1Ki'."""
+    None. The one way: ``watch``'s narrow columns write it so too (issue 43: '31.7Gi' there
+    and '31.75 GiB' everywhere else)."""
     if value is None or math.isnan(value):
         return "-"
     magnitude = abs(value)
     unit, scale = next(((u, s) for u, s in UNITS if magnitude >= s), ("B", 1))
-    decimals = 0 if unit == "B" else 1 if compact or unit in ("KiB", "MiB") else 2
+    decimals = 0 if unit == "B" else 1 if unit in ("KiB", "MiB") else 2
     text = f"{magnitude / scale:,.{decimals}f}"
     if float(text.replace(",", "")) == 0:
         sign = ""
     else:
         sign = "-" if value < 0 else "+" if signed else ""
-    if compact:
-        return f"{sign}{text}{unit[:-1] if unit != 'B' else 'B'}"
     return f"{sign}{text} {unit}"
 
 
@@ -42,8 +41,12 @@ def format_growth(bytes_per_step: float | None, bytes_per_hour: float | None,
 
 
 def format_hours(seconds: float) -> str:
-    """A time to come: '45 min', '5.3 h', '12 d'."""
+    """A span of time, to come or gone: '40 s', '45 min', '5.3 h', '12 d'. The one way
+    every view writes a time to OOM (the log once said 'OOM in 4.4 h' and 'in 4 h 23 min'
+    in one second)."""
     seconds = max(seconds, 0.0)
+    if seconds < 60:
+        return f"{seconds:.0f} s"
     if seconds < 3600:
         return f"{seconds / 60:.0f} min"
     if seconds < 48 * 3600:
@@ -54,6 +57,15 @@ def format_hours(seconds: float) -> str:
 def utc(t: float, seconds: bool = False) -> str:
     """'2026-11-25 13:21 UTC'."""
     return time.strftime("%Y-%m-%d %H:%M" + (":%S" if seconds else ""), time.gmtime(t)) + " UTC"
+
+
+def clock(t: float, reference: float) -> str:
+    """A moment near ``reference`` as a page says it: '22:49 UTC' on the same day, with
+    its date where it is not ('11-30 00:57 UTC'): a forecast made at 22:49 for 00:57 read
+    as earlier than the forecast."""
+    day = time.strftime("%Y-%m-%d", time.gmtime(reference))
+    fmt = "%H:%M UTC" if time.strftime("%Y-%m-%d", time.gmtime(t)) == day else "%m-%d %H:%M UTC"
+    return time.strftime(fmt, time.gmtime(t))
 
 
 def format_span(start: float, end: float, seconds: bool = False) -> str:

@@ -12,6 +12,7 @@ once and printed as a single ``Error: ...`` line with exit status 1, never a tra
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import os
 
@@ -24,8 +25,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "agent": ("agent", "Poll every TPU chip's HBM, detect slow leaks, serve Prometheus "
                        "metrics until SIGTERM."),
     "status": ("status", "Show each chip's HBM, duty cycle, owner and leak verdict."),
-    "watch": ("watch", "Live full-screen view of every chip: HBM bar, floor, growth per step "
-                       "and per hour, time to OOM, verdict, duty cycle, and the training "
+    "watch": ("watch", "Live full-screen view of every chip: HBM bar, floor, growth, time to "
+                       "OOM, verdict, duty cycle, and the training "
                        "processes' step, step rate and live tensors."),
     "snapshot": ("snapshot", "Diff two live-tensor snapshots of a training process: what "
                              "grew, by shape, dtype and creation site, and how much of the "
@@ -75,6 +76,17 @@ class TpumonGroup(click.Group):
         command: click.Command = importlib.import_module(
             f"tpumon.cli.{COMMANDS[cmd_name][0]}").command
         return command
+
+    def resolve_command(self, ctx: click.Context, args: list[str]
+                        ) -> tuple[str | None, click.Command | None, list[str]]:
+        """A mistyped command gets the nearest names ('tpumon stauts': "Did you mean
+        'status'?"), one usage line as click writes any other error."""
+        name = args[0] if args else ""
+        if name and not name.startswith("-") and name not in COMMANDS:
+            near = difflib.get_close_matches(name, list(COMMANDS), n=2, cutoff=0.6)
+            hint = f" Did you mean {' or '.join(repr(n) for n in near)}?" if near else ""
+            ctx.fail(f"No such command {name!r}.{hint}")
+        return super().resolve_command(ctx, args)
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         """The commands and their summaries, without importing any of them."""

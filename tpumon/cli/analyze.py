@@ -65,7 +65,8 @@ def post_mortem(r: SeriesResult) -> str | None:
 
 def render_table(results: list[SeriesResult], console: Console) -> None:
     """One row per series, in 80 columns: host (cut in the middle, so the worker shows),
-    chip, verdict, growth, alert and OOM forecast; then each series' reason."""
+    chip, verdict, growth, alert and OOM forecast; then each series' reason, its restarts
+    (a job restarted in the trace) and the alert's post-mortem."""
     table = Table(title="tpumon analyze (times UTC)", title_justify="left",
                   box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     table.add_column("Host", no_wrap=True, max_width=HOST_WIDTH)
@@ -85,6 +86,10 @@ def render_table(results: list[SeriesResult], console: Console) -> None:
         # one line each, never wrapped mid-sentence (a pipe's console is 80 wide)
         console.print(f"{r.host} chip {r.chip}: {r.assessment.reason}", highlight=False,
                       soft_wrap=True)
+        if r.assessment.restarts:  # what --format json says as "restarts"
+            n = r.assessment.restarts
+            console.print(f"  {n} restart{'s' if n != 1 else ''} (the trend starts afresh at "
+                          "each)", highlight=False, soft_wrap=True)
         said = post_mortem(r)
         if said:
             console.print(f"  {said}", highlight=False, soft_wrap=True)

@@ -125,10 +125,11 @@ def command(config_path: str | None, scenario: str | None, chips: int | None,
     from tpumon.sim.workload import SCENARIOS, Workload
 
     if list_scenarios:
-        for name, spec in SCENARIOS.items():
-            click.echo(f"{name:18} {spec.description}")
-        for name, (description, _) in SLICE_SCENARIOS.items():
-            click.echo(f"{name:18} {description}")
+        listed = [(name, spec.description) for name, spec in SCENARIOS.items()] + \
+            [(name, description) for name, (description, _) in SLICE_SCENARIOS.items()]
+        width = max(len(name) for name, _ in listed)  # the longest name sets the column
+        for name, description in listed:
+            click.echo(f"{name:{width}}  {description}")
         return
     config = load_config(config_path, {
         "simulator.scenario": scenario, "simulator.chips": chips,

@@ -16,9 +16,10 @@ from rich.text import Text
 
 from tpumon.client import ClientAuth
 from tpumon.config import Config, ConfigError, parse_listen_address
-from tpumon.describe import describe_growth
+from tpumon.describe import describe_growth, oom_cell
+from tpumon.units import format_bytes
 from tpumon.slice import (ClientOptions, SliceError, SliceView, ask_all, build_view,
-                          describe_seconds, peers_from_metadata, peers_from_service,
+                          peers_from_metadata, peers_from_service,
                           split_peers, summary_line)
 from tpumon.untrusted_text import for_terminal as shown
 
@@ -81,11 +82,11 @@ def slice_table(view: SliceView) -> Table:
                          no_wrap=True)
     for row in view.chips:
         used = "[yellow]no data[/]" if not row.up or row.hbm_used_bytes is None else \
-            f"{row.hbm_used_bytes / 2**30:.2f} GiB" + (
+            format_bytes(row.hbm_used_bytes) + (
                 f" {100 * row.hbm_used_bytes / row.hbm_total_bytes:.0f} %"
                 if row.hbm_total_bytes else "")
         verdict = "[bold red]leak[/]" if row.verdict == "leak" else shown(row.verdict or "-")
-        eta = "-" if row.seconds_to_oom is None else describe_seconds(row.seconds_to_oom)
+        eta = oom_cell(row.seconds_to_oom, row.growth_bytes_per_hour)  # as status shows it
         table.add_row(shown(row.worker or "?"), shown(row.chip), used,
                       describe_growth(row.growth_bytes_per_step, row.growth_bytes_per_hour),
                       verdict, eta)

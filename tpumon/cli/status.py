@@ -22,9 +22,9 @@ from tpumon.client import (AgentClient, AgentError, AgentUnreachable, ClientAuth
                            StatusDocument)
 from tpumon.cli.slice_view import show_slice, slice_options
 from tpumon.config import Config, load_config, parse_listen_address, reachable_host
-from tpumon.describe import describe_growth
+from tpumon.describe import chip_time_to_oom, describe_growth, oom_cell
 from tpumon.logs import setup_logging
-from tpumon.units import format_bytes, format_hours
+from tpumon.units import format_bytes
 from tpumon.untrusted_text import for_terminal as shown
 
 
@@ -32,14 +32,10 @@ def format_pct(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.1f} %"
 
 
-def format_eta(chip: Any, now: float) -> str:
-    """Time to OOM whenever the floor grows, whatever the verdict (an 'ok' chip with a
-    slow leak has a forecast too); '-' when it does not grow. ``now`` is the document's
-    time: the clock the forecast is on."""
-    oom = chip.get("predicted_oom_time")
-    if oom is None or not (chip.get("growth_bytes_per_hour") or 0) > 0:
-        return "-"
-    return format_hours(oom - now)
+def format_eta(chip: Any, doc_time: float | None) -> str:
+    """The chip's 'OOM in' cell, as every view writes it (:func:`tpumon.describe.oom_cell`);
+    ``doc_time`` is the document's, for an older agent's chips that lack the figure."""
+    return oom_cell(chip_time_to_oom(chip, doc_time), chip.get("growth_bytes_per_hour"))
 
 
 #: The verdicts a person must see first: the page in red, the warning in yellow.
@@ -142,6 +138,9 @@ def render_processes(processes: list[dict[str, Any]], console: Console) -> None:
                       f"{p['step']:,}", rate, live, _rss_cell(p), compiles, _process_verdict(p))
     console.print(table)
     for p in processes:
+        if p.get("verdict_reason") and not p.get("exited"):
+            console.print(shown(f"pid {p['pid']}: {p['verdict']}: {p['verdict_reason']}"),
+                          highlight=False)
         if p["diagnosis"]:
             console.print(shown(f"pid {p['pid']}: {p['diagnosis']}"), highlight=False)
         line = snapshot_line(p.get("tensor_snapshot"))

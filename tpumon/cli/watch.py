@@ -36,6 +36,7 @@ from tpumon.client import AgentClient, AgentError, ClientAuth
 from tpumon.config import load_config
 from tpumon.logs import setup_logging
 from tpumon.status import status_document
+from tpumon.describe import describe_growth
 from tpumon.units import format_bytes
 from tpumon.untrusted_text import for_terminal as shown
 
@@ -45,45 +46,37 @@ VERDICT_STYLE = {"leak": "bold red", "growing": "yellow", "step_change": "yellow
 VERDICT_SHORT = {"warming_up": "warm-up", "insufficient_data": "no trend",
                  "step_change": "step chg"}  # 80 columns; `tpumon status` has the reasons
 # Chip-table columns, most important first: dropped from the end until the table fits.
-COLUMNS = ("Chip", "HBM used", "OOM in", "Verdict", "/step", "Floor", "/hour", "Duty")
-RIGHT = {"Chip", "Floor", "/step", "/hour", "OOM in", "Duty"}
-
-
-def _size(value: float | None) -> str:
-    """Bytes in the fewest characters that still read well: 31.7Gi, 812.0Mi, 4.1Ki."""
-    return format_bytes(value, compact=True)
-
-
-def _growth(value: float | None, per: str) -> str:
-    return "-" if value is None else f"{format_bytes(value, signed=True, compact=True)}/{per}"
+COLUMNS = ("Chip", "HBM used", "OOM in", "Verdict", "Growth", "Floor", "Duty")
+RIGHT = {"Chip", "Floor", "Growth", "OOM in", "Duty"}
 
 
 def _hbm(chip: dict[str, Any]) -> RenderableType:
     if not chip["up"]:
         return Text("no data", style="yellow")
     used, total = chip["hbm_used_bytes"], chip["hbm_total_bytes"] or 0
-    bar = ProgressBar(total=total or 1, completed=used, width=10,
+    bar = ProgressBar(total=total or 1, completed=used, width=6,
                       complete_style="red" if total and used / total > 0.9 else "cyan")
     table = Table.grid(padding=(0, 1))
-    table.add_row(bar, f"{_size(used)}/{_size(total)}")
+    table.add_row(bar, f"{format_bytes(used)}/{format_bytes(total)}")
     return table
 
 
 def _cells(chip: dict[str, Any], now: float) -> dict[str, RenderableType]:
     verdict = chip.get("verdict") or "-"
     return {"Chip": shown(chip["chip"]), "HBM used": _hbm(chip),
-            "Floor": _size(chip.get("floor_bytes")),
-            "/step": _growth(chip.get("growth_bytes_per_step"), "st"),
-            "/hour": _growth(chip.get("growth_bytes_per_hour"), "h"),
+            "Floor": format_bytes(chip.get("floor_bytes")),
+            # the figures `status`, the index page and /report show, written alike
+            "Growth": describe_growth(chip.get("growth_bytes_per_step"),
+                                      chip.get("growth_bytes_per_hour")),
             "OOM in": format_eta(chip, now),
             "Verdict": _line(VERDICT_SHORT.get(verdict, verdict), VERDICT_STYLE.get(verdict, "")),
             "Duty": format_pct(chip["duty_cycle"]).replace(" ", "")}
 
 
 def chip_table(doc: dict[str, Any], width: int = 80) -> Table:
-    """One row per chip: HBM bar, OOM in, verdict, growth per step, floor, growth per hour,
-    duty cycle; the last columns are left out, in that order, until the table fits
-    ``width`` without cutting a cell short."""
+    """One row per chip: HBM bar, OOM in, verdict, growth, floor, duty cycle (sizes and
+    growth as every view writes them); the last columns are left out, in that order, until
+    the table fits ``width`` without cutting a cell short."""
     rows = [_cells(chip, doc["time"]) for chip in doc["chips"]]
     for count in range(len(COLUMNS), 1, -1):
         table = Table(box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0), show_edge=False)
@@ -181,11 +174,11 @@ def agent_feed(client: AgentClient) -> Callable[[], tuple[dict[str, Any] | None,
 def command(config_path: str | None, runtime_ports: str | None, agent: str | None,
             auth: ClientAuth, direct: bool, interval: float, slice_: bool,
             **slice_opts: Any) -> None:
-    """Live full-screen view of every chip: HBM bar, floor, growth per step and per hour,
-    time to OOM, verdict, duty cycle, and the training processes' step, step rate and live
-    tensors. Reads the local agent; with none running, a protected one
-    (exporter.web_config_file, without --agent-* options) or --direct, polls the runtime
-    itself. An agent named with --agent is waited for while it does not answer.
+    """Live full-screen view of every chip: HBM bar, floor, growth, time to OOM, verdict,
+    duty cycle, and the training processes' step, step rate and live tensors. Reads the
+    local agent; with none running, a protected one (exporter.web_config_file, without
+    --agent-* options) or --direct, polls the runtime itself. An agent named with --agent
+    is waited for while it does not answer.
 
     Fits the terminal, 80 columns and up: where it is narrower than every column needs,
     duty cycle, growth per hour, floor and growth per step are left out, in that order.

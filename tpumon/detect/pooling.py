@@ -10,7 +10,8 @@ chips' median rate, its interval's lower end at most twice it: a healthy chip wh
 still fills, at a quarter of a one-rank leak's rate, does not join it at that rate). It
 then gets the job's rate and its own forecast (its floor, its largest transient, its
 capacity). So the chips of a job that grow alike get one verdict,
-and the reason says so ("all 16 chips of job 4242 grow 39.1 KiB/step"); chips that do not
+and the reason says so ("all 16 chips of job 4242 grow; this one 39.1 KiB/step", each
+chip's own figures, as every view shows them beside it); chips that do not
 keep their own.
 
 A job's leak may be a staircase (jumps that keep coming, ``Assessment.level_jumps`` of a
@@ -42,6 +43,7 @@ from tpumon.detect.detector import (Assessment, Verdict, describe_growth, oom_fo
                                     slope_fields)
 from tpumon.detect.jumps import Jump
 from tpumon.detect.robust import median
+from tpumon.describe import describe_oom, time_to_oom
 
 
 def pool_jobs(assessments: Mapping[str, Assessment],
@@ -83,7 +85,6 @@ class JobLeak:
         self.job, self.leaks, self.rate = job, leaks, rate
         self.leaking, self.chips = leaking, chips
         self._interval: tuple[float, float] | None = None
-        self._growth: str | None = None
 
     def interval(self) -> tuple[float, float]:
         """The slowest and the fastest of the leaks' intervals: a joined chip's."""
@@ -92,20 +93,17 @@ class JobLeak:
                               max(b.slope_bytes_per_second_high or self.rate for b in self.leaks))
         return self._interval
 
-    def growth(self) -> str:
-        """The leaks' growth as people read it (per step and per hour)."""
-        if self._growth is None:
-            self._growth = _growth(list(self.leaks), self.rate)
-        return self._growth
-
     def assessment(self, a: Assessment) -> Assessment:
         """A chip's pooled assessment, its pooled verdict being leak: the job's rate if its
         own verdict is not leak; the reason says how many of the job's chips leak."""
         if a.verdict is not Verdict.LEAK:
             a = _joined(a, self.rate, self.interval())
         if self.leaking == self.chips:
-            return dataclasses.replace(a, reason=f"all {self.chips} chips of {self.job} grow "
-                                       f"{self.growth()}; {_oom_in(a)}")
+            # the chip's own figures, as the views show them beside the reason; the job's
+            # median rate is what it forecasts with only where it joined (_joined)
+            own = describe_growth(a.slope_bytes_per_step, a.slope_bytes_per_hour)
+            return dataclasses.replace(a, reason=f"all {self.chips} chips of {self.job} grow; "
+                                       f"this one {own}; {_oom_in(a)}")
         return dataclasses.replace(
             a, reason=f"{a.reason} ({self.leaking} of {self.chips} chips of {self.job})")
 
@@ -202,7 +200,8 @@ def _joined(a: Assessment, rate: float, interval: tuple[float, float]) -> Assess
                             a.window_seconds, steps_per_second)
     fields: dict = {**forecast, **slope_fields(rate, slowest, fastest, steps_per_second)}
     joined = dataclasses.replace(a, verdict=Verdict.LEAK, **fields)
-    growth = _growth([joined], rate)
+    # its own figures, as every view shows them beside the reason (tpumon.describe)
+    growth = describe_growth(joined.slope_bytes_per_step, joined.slope_bytes_per_hour)
     how = f"grows {growth} like the job's leaking chips" if _may_join(a) else \
         f"rose in the same jumps as the job's leaking chips ({growth})"
     return dataclasses.replace(joined, reason=f"floor {how}; {_oom_in(joined)}")
@@ -219,16 +218,8 @@ def _steps_per_second(a: Assessment) -> float | None:
     return None
 
 
-def _growth(leaks: list[Assessment], rate: float) -> str:
-    per_step = [a.slope_bytes_per_step for a in leaks if a.slope_bytes_per_step]
-    return describe_growth(median(np.array(per_step)) if per_step else None, rate * 3600)
-
-
 def _oom_in(a: Assessment) -> str:
-    if a.predicted_oom_time is None or a.window_start is None or a.window_seconds is None:
-        return "no OOM forecast"
-    hours = (a.predicted_oom_time - a.window_start - a.window_seconds) / 3600
-    return f"OOM in {hours:.1f} h"
+    return describe_oom(time_to_oom(a)) or "no OOM forecast"
 
 
 class JobPool:

@@ -39,6 +39,7 @@ from tpumon.exporters.exposition import metrics_app as exposition_app
 from tpumon.exporters.report_page import Answer
 from tpumon.exporters.webconfig import LiveWebConfig, protect
 from tpumon.state import PollState
+from tpumon.describe import describe_growth, oom_cell, time_to_oom
 from tpumon.units import format_bytes
 from tpumon.status import NO_READERS, Readers, status_document
 
@@ -110,6 +111,10 @@ class _Handler(WSGIRequestHandler):
         pass
 
 
+#: How often the index page reloads itself: it follows the polls like ``tpumon watch``.
+REFRESH_SECONDS = 10
+
+
 @functools.cache
 def _templates() -> jinja2.Environment:
     """Made at the first page asked for: jinja2 is ~1.9 MiB of RSS that an agent only
@@ -126,14 +131,18 @@ def landing_page(snap: PollState) -> str:
     for chip in snap.chips():
         sample = snap.runtime.chips.get(chip) if snap.runtime else None
         a = snap.assessments.get(chip)
-        row = {"chip": chip, "hbm": None, "verdict": f"{a.verdict.value}: {a.reason}" if a else ""}
+        row = {"chip": chip, "hbm": None, "verdict": f"{a.verdict.value}: {a.reason}" if a else "",
+               # the same figures, written by the same functions, as status and /report
+               "growth": describe_growth(a.slope_bytes_per_step, a.slope_bytes_per_hour)
+               if a else "-",
+               "oom": oom_cell(time_to_oom(a), a.slope_bytes_per_hour) if a else "-"}
         if sample is not None:
             total = sample.hbm_total_bytes or 0
             row["hbm"] = f"{format_bytes(sample.hbm_used_bytes)} / {format_bytes(total)}"
             row["used"] = f"{100 * sample.hbm_used_bytes / total:.1f} %" if total else "?"
         chips.append(row)
     return _templates().get_template("index.html.j2").render(
-        version=__version__, chips=chips, sources=snap.health,
+        version=__version__, chips=chips, sources=snap.health, refresh_seconds=REFRESH_SECONDS,
         identity=[(k, v) for k, v in snap.identity.labels().items() if v])  # known ones only
 
 

@@ -18,9 +18,11 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Iterable, Mapping
 
 from tpumon.detect import Assessment, Verdict, describe_growth
+from tpumon.describe import time_to_oom
 from tpumon.detect.forecast_band import BAND_LABEL
 from tpumon.notify.settings import AlertSettings
 from tpumon.state import PollState
+from tpumon.units import format_hours, utc
 
 log = logging.getLogger("tpumon.notify")
 
@@ -87,18 +89,6 @@ class Alert:
         if self.slice and self.name in SLICE_WIDE:
             return f"tpumon/slice/{self.slice}/{self.name}"
         return self.key
-
-
-def describe_duration(seconds: float) -> str:
-    """'45 min', '3 h 12 min', '2.5 d': how long until an OOM reads at 3 a.m."""
-    if seconds < 60:
-        return f"{max(seconds, 0.0):.0f} s"
-    minutes = round(max(seconds, 0.0) / 60)
-    if minutes < 60:
-        return f"{minutes} min"
-    if minutes < 48 * 60:
-        return "%d h %d min" % divmod(minutes, 60)
-    return f"{minutes / 1440:.1f} d"
 
 
 def describe_band(a: Assessment, now: float) -> str:
@@ -175,16 +165,17 @@ def _chip_alerts(snap: PollState, chip: str, a: Assessment, now: float,
                "cause": cause.code if cause else None, "cause_text": cause.text if cause else None}
     if a.verdict is Verdict.LEAK:
         growth = describe_growth(a.slope_bytes_per_step, a.slope_bytes_per_hour)
-        eta = None if a.predicted_oom_time is None else a.predicted_oom_time - now
+        # from the assessment's moment, as every other view of this poll says it
+        eta = time_to_oom(a, now)
         details["time_to_oom_seconds"] = eta
         at_step = "" if a.predicted_oom_step is None else f" (~step {a.predicted_oom_step:,.0f})"
         band = describe_band(a, now)
-        oom = "" if eta is None else f"; OOM in {describe_duration(eta)}{at_step}{band}"
+        oom = "" if eta is None else f"; OOM in {format_hours(eta)}{at_step}{band}"
         yield _alert(snap, LEAK, f"chip {chip}", f"HBM leak on chip {chip}: floor grows "
                      f"{growth}{oom}", details, settings, chip)
         if eta is not None and eta <= settings.oom_horizon_seconds:
             yield _alert(snap, OOM, f"chip {chip}", f"OOM forecast on chip {chip} in "
-                         f"{describe_duration(eta)}{at_step}{band}: floor grows {growth}",
+                         f"{format_hours(eta)}{at_step}{band}: floor grows {growth}",
                          details, settings, chip)
     if high:
         details = {**details, "hbm_used_ratio": ratio}
@@ -221,7 +212,7 @@ def _stalls(snap: PollState, settings: AlertSettings) -> Iterable[Alert]:
         if held > 0:
             yield _alert(snap, STALLED, f"pid {pid}", f"training process {pid} "
                          f"({state.report.framework}) stuck at step {state.report.step} for "
-                         f"{describe_duration(silent)} while its chips hold "
+                         f"{format_hours(silent)} while its chips hold "
                          f"{held / 2**30:.1f} GiB",
                          {"pid": pid, "uid": state.report.uid, "step": state.report.step,
                           "silent_seconds": silent, "hbm_held_bytes": held,
@@ -233,7 +224,8 @@ def _ends(snap: PollState, settings: AlertSettings) -> Iterable[Alert]:
     process (pid and start time, or when it ended where the start could not be read), so
     a later job under a reused pid is another, and one process's end is one key."""
     for end in snap.job_ends:
-        alert = _alert(snap, ENDED, f"pid {end.pid} at {end.time:.0f}", end.summary(),
+        alert = _alert(snap, ENDED, f"pid {end.pid} at {utc(end.time, seconds=True)}",
+                       end.summary(),
                        {"pid": end.pid, "uid": end.view.uid, "cause": end.cause,
                         "step": end.view.step, "evidence": end.evidence,
                         "forecast": end.forecast_comparison()}, settings)
@@ -243,11 +235,20 @@ def _ends(snap: PollState, settings: AlertSettings) -> Iterable[Alert]:
                       key=f"tpumon/{snap.identity.host}/{ENDED}/pid{end.pid}{started}")
 
 
-def _raise_after(alert: Alert) -> float:
-    """Seconds the alert's condition must hold before it is raised."""
-    if alert.name == LEAK and alert.details.get("tensors_pending"):
-        return SNAPSHOT_WAIT
-    return RAISE_AFTER.get(alert.name, 0.0)
+def _waits_for_snapshots(alert: Alert) -> bool:
+    """A leak warning waiting for its process's tensor snapshots (SNAPSHOT_WAIT at most)."""
+    return alert.name == LEAK and bool(alert.details.get("tensors_pending"))
+
+
+def _held_long_enough(alert: Alert, held: float, held_wall: float) -> bool:
+    """Whether an alert whose condition has held ``held`` seconds on the samples' clock
+    (``held_wall`` on the wall clock) is raised now. Hold-downs run on the clock of the
+    verdicts they hold back; the wait for tensor snapshots on the wall clock, as the
+    process's steps it waits for run (a simulated job's too: on the samples' clock a
+    simulation at 480x gave them a second)."""
+    if _waits_for_snapshots(alert):
+        return held_wall >= SNAPSHOT_WAIT
+    return held >= RAISE_AFTER.get(alert.name, 0.0)
 
 
 @dataclass(frozen=True)
@@ -318,12 +319,16 @@ class AlertTracker:
     def __init__(self, settings: AlertSettings, active: Mapping[str, Alert] | None = None) -> None:
         self.settings = settings
         self.active: dict[str, Alert] = dict(active or {})
-        self._pending: dict[str, float] = {}  # key -> since when its condition holds
+        # key -> since when its condition holds: on the samples' clock, on the wall clock
+        self._pending: dict[str, tuple[float, float]] = {}
         self._clearing: dict[str, float] = {}  # key -> since when an active one is false
         self._budget = UidBudget()
 
     def update(self, snap: PollState) -> list[Transition]:
-        now = snap.time
+        # hold-downs run on the clock of the verdicts and forecasts they hold back (the
+        # samples'; the wall clock on a TPU VM), but for the wait for tensor snapshots
+        # (_held_long_enough)
+        now, wall = snap.samples_time, snap.time
         holding = evaluate(snap, self.settings)
         out: list[Transition] = []
         for key in list(self._pending):
@@ -334,8 +339,13 @@ class AlertTracker:
             if key in self.active:  # newest numbers, for the resolve's message
                 self.active[key] = replace(alert, raised=self.active[key].raised)
                 continue
-            since = self._pending.setdefault(key, now)
-            if now - since >= _raise_after(alert) and \
+            if key not in self._pending and _waits_for_snapshots(alert):
+                # said, so that a warning held back is not a warning missing: in the demo
+                # the journal had the OOM page and, for minutes, no word of the warning
+                log.info("alert %s on %s waits up to %s for its process's tensor snapshots",
+                         alert.name, alert.subject, format_hours(SNAPSHOT_WAIT))
+            since, since_wall = self._pending.setdefault(key, (now, wall))
+            if _held_long_enough(alert, now - since, wall - since_wall) and \
                     self._budget.allow(alert.details.get("uid"), now):
                 del self._pending[key]
                 alert = self.active[key] = replace(alert, raised=now)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from tpumon.notify.alerts import describe_duration
+from tpumon.units import format_hours
 from tpumon.notify.outbox import Event
 from tpumon.untrusted_text import for_slack
 
@@ -65,7 +65,7 @@ class SlackChannel:
         name, where, subject = for_slack(a.name), for_slack(a.where), for_slack(a.subject)
         if event.action == "resolve":
             return (f"{icon} *Resolved* {name} on {where}, {subject} (active for "
-                    f"{describe_duration(event.raised - a.raised)})")
+                    f"{format_hours(event.raised - a.raised)})")
         text = f"{icon} *{name}* ({a.severity}) on {where}: {for_slack(a.summary)}."
         if a.details.get("cause_text"):
             text += f" Likely cause: {for_slack(str(a.details['cause_text']))}."

@@ -9,6 +9,7 @@ from typing import Any
 
 import jinja2
 
+from tpumon.describe import summarize_verdicts
 from tpumon.detect.forecast_band import BAND_LABEL
 from tpumon.detect.replay import describe_forecast
 from tpumon.report.data import ChipReport, HostReport
@@ -24,10 +25,9 @@ _TEMPLATES = jinja2.Environment(loader=jinja2.PackageLoader("tpumon.report", "te
 
 def render_html(report: HostReport, png: bytes) -> str:
     """The host's report page; ``png`` is :func:`~tpumon.report.render.render_png`'s."""
-    leaks = [c for c in report.chips if c.verdict == "leak"]
-    n = len(report.chips)
-    headline = (f"{len(leaks)} of {n} chips leak" if leaks
-                else f"no leak on {n} chip{'s' if n != 1 else ''}")
+    # what is known, as every view sums chips up: never "no leak" over chips still warming
+    # up or collecting
+    headline = summarize_verdicts(c.verdict for c in report.chips)
     return _TEMPLATES.get_template("report.html.j2").render(
         title=f"tpumon report: {report.host}", headline=headline, host=report.host,
         ends=_ends(report),

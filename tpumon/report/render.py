@@ -20,6 +20,7 @@ from matplotlib.ticker import MaxNLocator
 
 from tpumon.detect.forecast_band import BAND_LABEL
 from tpumon.report.data import ChipReport, Forecast, HostReport
+from tpumon.describe import describe_growth, describe_oom, time_to_oom
 from tpumon.units import format_bytes, format_span, utc
 
 GiB = 2**30
@@ -62,13 +63,15 @@ def size(b: float, signed: bool = False) -> str:
 
 
 def per_step(r: ChipReport) -> str | None:
+    """The growth per step, as every view writes it (tpumon.describe)."""
     s = r.assessment.slope_bytes_per_step
-    return None if s is None else f"{size(s, signed=True)}/step"
+    return None if s is None else describe_growth(s, None)
 
 
 def per_hour(r: ChipReport) -> str | None:
+    """The growth per hour, as every view writes it where steps are not known."""
     s = r.assessment.slope_bytes_per_hour
-    return None if s is None else f"{size(s, signed=True)}/h"
+    return None if s is None else describe_growth(None, s)
 
 
 def step_text(step: float | None) -> str:
@@ -81,8 +84,8 @@ def oom_text(r: ChipReport) -> str | None:
     if f is None:
         return None
     at = step_text(f.step)
-    return f"OOM in {(f.time - f.now) / 3600:.1f} h" + (f" at {at}" if at else "") + \
-        f" ({utc(f.time)})"
+    oom = describe_oom(time_to_oom(r.assessment)) or describe_oom(f.time - f.now)
+    return oom + (f" at {at}" if at else "") + f" ({utc(f.time)})"
 
 
 def panel_title(r: ChipReport) -> str:
