@@ -12,7 +12,6 @@ once and printed as a single ``Error: ...`` line with exit status 1, never a tra
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import os
 
@@ -83,6 +82,8 @@ class TpumonGroup(click.Group):
         'status'?"), one usage line as click writes any other error."""
         name = args[0] if args else ""
         if name and not name.startswith("-") and name not in COMMANDS:
+            import difflib  # on a mistyped command only: the agent never loads it
+
             near = difflib.get_close_matches(name, list(COMMANDS), n=2, cutoff=0.6)
             hint = f" Did you mean {' or '.join(repr(n) for n in near)}?" if near else ""
             ctx.fail(f"No such command {name!r}.{hint}")
