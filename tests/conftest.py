@@ -26,3 +26,14 @@ def runtime_servers():
     yield start
     for server in started:
         server.stop()
+
+
+@pytest.fixture
+def receiver(tmp_path):
+    """The agent's reporter socket on a temporary path, started (stopped after the test)."""
+    from tpumon.sources.reporter import ReporterSocket
+
+    r = ReporterSocket(tmp_path / "r.sock")
+    r.start()
+    yield r
+    r.stop()

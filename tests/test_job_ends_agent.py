@@ -30,6 +30,15 @@ def ended(agent: AgentProcess) -> list[dict]:
     return json.loads(agent.get("/api/status"))["job_ends"]
 
 
+def export_around_end(state, out) -> subprocess.CompletedProcess:
+    """`tpumon export --around-end` of the store in ``state`` into ``out``, succeeded."""
+    evidence = subprocess.run([*TPUMON, "export", "--state-dir", str(state), "--around-end",
+                               "-o", str(out)], capture_output=True, text=True, timeout=60,
+                              env=clean_env())
+    assert evidence.returncode == 0, evidence.stderr
+    return evidence
+
+
 def test_the_simulated_jobs_hbm_oom_is_named_compared_and_told_once(tmp_path):
     with FakeAlertAPI("slack") as slack, FakeAlertAPI("pagerduty") as pagerduty:
         env = {"TPUMON_SLACK_WEBHOOK_URL": slack.url,
@@ -65,10 +74,7 @@ def test_the_simulated_jobs_hbm_oom_is_named_compared_and_told_once(tmp_path):
             assert len(ended(agent)) == 1  # the dead job's silence is not another end
         finally:
             assert agent.stop() == 0
-        evidence = subprocess.run([*TPUMON, "export", "--state-dir", str(state), "--around-end",
-                                   "-o", str(tmp_path / "end.csv")], capture_output=True,
-                                  text=True, timeout=60, env=clean_env())
-        assert evidence.returncode == 0, evidence.stderr
+        evidence = export_around_end(state, tmp_path / "end.csv")
         assert f"ended at step {end['step']:,}: hbm_oom" in evidence.stderr
         rows = (tmp_path / "end.csv").read_text().splitlines()[1:]
         assert {r.split(",")[2] for r in rows} == {"0", "1", "2", "3"}  # every chip's hour
@@ -254,10 +260,7 @@ def test_a_jobs_last_words_reach_the_store_export_and_report(tmp_path):
         time.sleep(2)  # the store's writer takes the end
     finally:
         assert agent.stop() == 0
-    evidence = subprocess.run([*TPUMON, "export", "--state-dir", str(state), "--around-end",
-                               "-o", str(tmp_path / "end.csv")], capture_output=True,
-                              text=True, timeout=60, env=clean_env())
-    assert evidence.returncode == 0, evidence.stderr
+    evidence = export_around_end(state, tmp_path / "end.csv")
     assert detail in evidence.stderr
     page = subprocess.run([*TPUMON, "report", "--state-dir", str(state), "-o",
                            str(tmp_path / "out")], capture_output=True, text=True, timeout=300,

@@ -217,14 +217,6 @@ def run_job(tmp_path, body: str, socket_path: Path) -> subprocess.CompletedProce
                           text=True, timeout=60, env=env)
 
 
-@pytest.fixture
-def receiver(tmp_path):
-    r = ReporterSocket(tmp_path / "r.sock")
-    r.start()
-    yield r
-    r.stop()
-
-
 def heard(r: ReporterSocket, pid: int) -> LastWords:
     return wait_for(lambda: r.poll().last_words.get(pid), 5)
 

@@ -45,14 +45,6 @@ class LeakyReporter(FakeReporter):
         self.tracking = False
 
 
-@pytest.fixture
-def receiver(tmp_path):
-    r = ReporterSocket(tmp_path / "r.sock")
-    r.start()
-    yield r
-    r.stop()
-
-
 def heard(r: ReporterSocket, pid: int = os.getpid()):
     return wait_for(lambda: r.poll().processes.get(pid), 5)
 
