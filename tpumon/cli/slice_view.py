@@ -38,7 +38,7 @@ def slice_options(command: Callable) -> Callable:
             click.option("--agent-port", type=click.IntRange(1, 65535), default=None,
                          help="With --slice: the agents' port where a peer gives none "
                               "[default: exporter.listen_address's, 9847]."),
-            click.option("--deadline", type=click.FloatRange(min=0.1), default=1.5,
+            click.option("--deadline", type=click.FloatRange(min=0.1), default=1.0,
                          show_default=True,
                          help="With --slice: seconds to wait for the agents' answers; an "
                               "agent that has not answered by then is shown late."),
@@ -97,7 +97,7 @@ def slice_table(view: SliceView) -> Table:
 
 def problems(view: SliceView) -> list[str]:
     """Why each worker that did not answer did not ('down: connection refused', 'late: no
-    answer within 1.5 s'), as Rich markup (what the worker answered is shown, not
+    answer within 1 s'), as Rich markup (what the worker answered is shown, not
     obeyed)."""
     return [shown(f"{a.url}: {a.state}: {a.error}") for a in view.missing]
 
