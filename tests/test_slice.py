@@ -102,7 +102,8 @@ def test_a_worker_that_does_not_answer_is_said_and_hides_nothing():
     assert summary_line(view) == ("v4-32 slice my-tpu: 1 of 2 workers answered, 2 chips; "
                                   "no leak; 1 late (10.0.0.2)")
     assert view.to_json()["workers"][1] == {"peer": "10.0.0.2", "url": "http://10.0.0.2:9847",
-                                            "up": False, "error": "no answer within 1 s",
+                                            "up": False, "state": "late",
+                                            "error": "no answer within 1 s",
                                             "identity": None}
 
 

@@ -257,7 +257,7 @@ class SliceView:
         return {"slice": self.slice, "accelerator_type": self.accelerator_type,
                 "summary": summary_line(self),
                 "workers": [{"peer": a.peer, "url": a.url, "up": a.document is not None,
-                             "error": a.error,
+                             "state": a.state, "error": a.error,
                              "identity": (a.document or {}).get("identity")}
                             for a in self.answers],
                 "chips": [c.to_json() for c in self.chips]}
