@@ -58,6 +58,39 @@ def timed(argv: list[str], runs: int) -> tuple[float, float, str]:
     return statistics.median(wall), statistics.median(cpu), first
 
 
+#: One refresh of `watch --slice`, as its loop makes it (the agents asked, the frame drawn
+#: on an 80-column screen), timed in one process: median of the rounds after the first.
+WATCH_ROUNDS = """
+import io, statistics, sys, time
+from rich.console import Console
+from tpumon.cli.slice_view import slice_reader, watch_frame
+from tpumon.client import ClientAuth
+from tpumon.config import load_config
+opts = dict(tls=False, peers=sys.argv[1], service=None, agent_port=None,
+            deadline=float(sys.argv[2]))
+read = slice_reader(load_config(None), opts, ClientAuth())
+times = []
+for _ in range(int(sys.argv[3]) + 1):
+    began = time.perf_counter()
+    Console(file=io.StringIO(), width=80).print(watch_frame(read()))
+    times.append(time.perf_counter() - began)
+print(f"{statistics.median(times[1:]):.3f}")
+"""
+
+
+def watch_refresh(hosts: int, down: int, slow: int, runs: int, deadline: float) -> float:
+    spec = FleetSpec.spread(hosts, free_port(), down, slow, seed=44, slow_seconds=30.0)
+    fleet = AgentFleet(spec)
+    try:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TPUMON_")}
+        result = subprocess.run([sys.executable, "-c", WATCH_ROUNDS, ",".join(spec.peers()),
+                                 str(deadline), str(runs)], env={**env, "PYTHONPATH": str(ROOT)},
+                                capture_output=True, text=True, check=True, timeout=300)
+        return float(result.stdout)
+    finally:
+        fleet.close()
+
+
 def measure(hosts: int, down: int, slow: int, runs: int, deadline: float,
             fmt: str) -> tuple[float, float, str]:
     spec = FleetSpec.spread(hosts, free_port(), down, slow, seed=44, slow_seconds=30.0)
@@ -90,6 +123,9 @@ def main() -> None:
             shown = first if fmt == "table" else "(JSON)"
             print(f"| {hosts} | {down} / {slow} | {fmt} | {wall:.2f} s | {cpu:.2f} s | "
                   f"{shown} |")
+    refresh = watch_refresh(args.hosts, tenth, tenth, args.runs, args.deadline)
+    print(f"\nwatch --slice, {args.hosts} workers, {tenth} down and {tenth} slow: one refresh "
+          f"(asked and drawn) {refresh:.2f} s, median of {args.runs}")
     # On paper: each answering worker costs the command the same CPU (its answer read, its
     # rows built and written): the slope between the two all-up sizes; the rest is fixed
     # (start-up, imports). Answers are read on the asking threads while the deadline runs,

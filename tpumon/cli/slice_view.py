@@ -122,13 +122,16 @@ def watch_slice(config: Config, opts: dict[str, Any], auth: ClientAuth,
     try:
         with Live(console=Console(), screen=True, auto_refresh=False) as live:
             while True:
-                header = Text(f"tpumon watch --slice  {time.strftime('%H:%M:%S')}  "
-                              "(Ctrl-C to quit)", style="bold")
-                view = read()
-                lines = [Text.from_markup(line, style="yellow") for line in problems(view)]
-                live.update(Group(header, Text.from_markup(shown(summary_line(view))),
-                                  slice_table(view), *lines),
-                            refresh=True)
+                live.update(watch_frame(read()), refresh=True)
                 time.sleep(interval)
     except KeyboardInterrupt:
         pass
+
+
+def watch_frame(view: SliceView) -> Group:
+    """One screen of `watch --slice` (bench/slice_fanout.py times a refresh with it)."""
+    header = Text(f"tpumon watch --slice  {time.strftime('%H:%M:%S')}  (Ctrl-C to quit)",
+                  style="bold")
+    lines = [Text.from_markup(line, style="yellow") for line in problems(view)]
+    return Group(header, Text.from_markup(shown(summary_line(view))), slice_table(view),
+                 *lines)
