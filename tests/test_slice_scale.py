@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
+import sys
 import threading
 import time
 
@@ -19,6 +20,7 @@ from tpumon.sim.agents import AgentFleet, FleetSpec
 from tpumon.slice import ClientOptions, ask_all
 
 HOSTS, DOWN, SLOW, LEAKING = 256, 26, 26, 8
+SIM_AGENTS = [sys.executable, "-m", "tpumon.sim.agents"]
 
 
 @pytest.fixture
@@ -120,3 +122,35 @@ def test_a_peer_that_trickles_its_answer_does_not_hold_the_command():
     assert took < 10, f"held by the trickling peer: {took:.1f} s"
     [worker] = json.loads(result.stdout)["workers"]
     assert (worker["state"], worker["error"]) == ("late", "no answer within 1 s"), worker
+
+
+@pytest.mark.e2e
+def test_the_simulated_agents_command():
+    """`python -m tpumon.sim.agents` prints the --peers list and serves until SIGTERM;
+    bad input is one line."""
+    port = free_port()
+    fleet = subprocess.Popen([*SIM_AGENTS, "--hosts", "6",
+                              "--down", "1", "--slow", "2", "--leaking", "2", "--port",
+                              str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, env=clean_env())
+    try:
+        peers = fleet.stdout.readline().strip()
+        assert peers.split(",") == [f"127.0.0.{k}:{port}" for k in range(1, 7)], peers
+        result, _ = run_slice("--peers", peers, "--format", "json", "--deadline", "1")
+        assert result.returncode == 0, result.stderr
+        states = [w["state"] for w in json.loads(result.stdout)["workers"]]
+        assert sorted(states) == ["down", "late", "late", "up", "up", "up"], states
+        # the port is taken now: one line naming the address
+        taken = subprocess.run([*SIM_AGENTS, "--hosts", "1",
+                                "--port", str(port)], capture_output=True, text=True,
+                               env=clean_env(), timeout=30)
+        assert taken.returncode == 2 and "Traceback" not in taken.stderr, taken.stderr
+        assert taken.stderr.strip() == (f"python -m tpumon.sim.agents: cannot serve worker 0 "
+                                        f"on 127.0.0.1:{port}: Address already in use")
+    finally:
+        fleet.terminate()
+        assert fleet.wait(timeout=30) == 0
+    bad = subprocess.run([*SIM_AGENTS, "--hosts", "4", "--down",
+                          "5"], capture_output=True, text=True, env=clean_env(), timeout=30)
+    assert bad.returncode == 2 and bad.stderr.strip() == \
+        "python -m tpumon.sim.agents: 5 down and 0 slow of 4 workers", bad.stderr

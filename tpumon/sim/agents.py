@@ -148,7 +148,11 @@ class AgentFleet:
             def log_message(self, format: str, *args: object) -> None:
                 pass
 
-        httpd = _Server((address, spec.port), Handler)
+        try:
+            httpd = _Server((address, spec.port), Handler)
+        except OSError as exc:
+            raise OSError(f"cannot serve worker {worker} on {address}:{spec.port}: "
+                          f"{exc.strerror or exc}") from None
         self._servers.append(httpd)
         threading.Thread(target=httpd.serve_forever, name=f"sim-agent-{worker}",
                          daemon=True).start()
