@@ -42,9 +42,10 @@ def run_slice(*args: str, timeout: float = 60) -> tuple[subprocess.CompletedProc
 @pytest.mark.e2e
 def test_256_peers_some_down_some_slow(fleet):
     peers = ",".join(fleet.peers())
-    result, took = run_slice("--peers", peers, "--format", "json", "--deadline", "1")
+    # a deadline generous for a loaded 2-core VM (every up agent must make it), far short of
+    # the slow agents' 30 s: they are not waited on
+    result, took = run_slice("--peers", peers, "--format", "json", "--deadline", "5")
     assert result.returncode == 0, result.stderr
-    # not waited on: the slow agents answer after 30 s (generous for a loaded 2-core VM)
     assert took < 15, f"waited for the slow peers? {took:.1f} s"
     doc = json.loads(result.stdout)
     answered = HOSTS - DOWN - SLOW
@@ -60,14 +61,14 @@ def test_256_peers_some_down_some_slow(fleet):
         if worker in fleet.down:
             assert state == "down" and "refused" in error.lower(), (peer, error)
         elif worker in fleet.slow:
-            assert (state, error) == ("late", "no answer within 1 s"), (peer, error)
+            assert (state, error) == ("late", "no answer within 5 s"), (peer, error)
         else:
             assert (state, error) == ("up", None), (peer, error)
     assert len(doc["chips"]) == 4 * answered
     assert {c["worker"] for c in doc["chips"]} == \
         {str(w) for w in range(HOSTS) if w not in fleet.down | fleet.slow}
 
-    result, took = run_slice("--peers", peers)  # the table: every missing peer a row
+    result, took = run_slice("--peers", peers, "--deadline", "5")  # every missing one a row
     assert result.returncode == 0 and took < 15, (took, result.stderr)
     lines = result.stdout.splitlines()
     assert lines[0].startswith(f"v4-2048 slice pod-sim: {answered} of {HOSTS} workers")
@@ -78,6 +79,7 @@ def test_256_peers_some_down_some_slow(fleet):
             assert sum(line.startswith(f"http://{peer}: {state}: ") for line in lines) == 1
 
 
+@pytest.mark.slow
 def test_requests_in_flight_are_bounded():
     """32 agents that each take 0.2 s, 8 asked at a time: at least 4 rounds of 0.2 s (a
     lower bound: a busy host cannot make it shorter)."""
@@ -136,7 +138,7 @@ def test_the_simulated_agents_command():
     try:
         peers = fleet.stdout.readline().strip()
         assert peers.split(",") == [f"127.0.0.{k}:{port}" for k in range(1, 7)], peers
-        result, _ = run_slice("--peers", peers, "--format", "json", "--deadline", "1")
+        result, _ = run_slice("--peers", peers, "--format", "json", "--deadline", "5")
         assert result.returncode == 0, result.stderr
         states = [w["state"] for w in json.loads(result.stdout)["workers"]]
         assert sorted(states) == ["down", "late", "late", "up", "up", "up"], states
