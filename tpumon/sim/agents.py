@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import selectors
 import signal
 import socketserver
 import threading
@@ -115,11 +116,16 @@ class _Server(ThreadingHTTPServer):
 
 
 class AgentFleet:
-    """Every worker of ``spec`` that is not down, served until :meth:`close`."""
+    """Every worker of ``spec`` that is not down, served until :meth:`close`: one thread
+    waits on every listening socket and hands each connection to its server (a thread per
+    request, as ThreadingHTTPServer does), not a serve_forever thread per server, whose
+    hundreds of polling loops starved the answers of a 1,024-worker fleet."""
 
     def __init__(self, spec: FleetSpec) -> None:
         self.spec = spec
         self._servers: list[_Server] = []
+        self._selector = selectors.DefaultSelector()
+        self._stop = threading.Event()
         try:
             for worker, address in enumerate(spec.addresses):
                 if worker not in spec.down:
@@ -127,6 +133,8 @@ class AgentFleet:
         except BaseException:
             self.close()
             raise
+        self._thread = threading.Thread(target=self._accept, name="sim-agents", daemon=True)
+        self._thread.start()
 
     def _serve(self, worker: int, address: str) -> None:
         spec = self.spec
@@ -154,17 +162,18 @@ class AgentFleet:
             raise OSError(f"cannot serve worker {worker} on {address}:{spec.port}: "
                           f"{exc.strerror or exc}") from None
         self._servers.append(httpd)
-        threading.Thread(target=httpd.serve_forever, name=f"sim-agent-{worker}",
-                         daemon=True).start()
+        self._selector.register(httpd.socket, selectors.EVENT_READ, httpd)
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            for key, _ in self._selector.select(timeout=0.2):
+                key.data.handle_request()  # ready: accepts without blocking
 
     def close(self) -> None:
-        """Stop every server at once: each shutdown waits out its poll interval (0.5 s),
-        which one after another is minutes for hundreds."""
-        stoppers = [threading.Thread(target=s.shutdown, daemon=True) for s in self._servers]
-        for t in stoppers:
-            t.start()
-        for t in stoppers:
-            t.join()
+        self._stop.set()
+        if hasattr(self, "_thread"):
+            self._thread.join()
+        self._selector.close()
         for s in self._servers:
             s.server_close()
         self._servers.clear()
