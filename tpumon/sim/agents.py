@@ -109,6 +109,7 @@ class _Server(ThreadingHTTPServer):
 
     daemon_threads = True
     request_queue_size = 64  # the CLI asks them all at once
+    timeout = 0  # handle_request() never waits: the fleet's selector said it is ready
 
     def server_bind(self) -> None:
         socketserver.TCPServer.server_bind(self)
