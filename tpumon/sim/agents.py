@@ -119,8 +119,8 @@ class _Server(ThreadingHTTPServer):
 class AgentFleet:
     """Every worker of ``spec`` that is not down, served until :meth:`close`: one thread
     waits on every listening socket and hands each connection to its server (a thread per
-    request, as ThreadingHTTPServer does), not a serve_forever thread per server, whose
-    hundreds of polling loops starved the answers of a 1,024-worker fleet."""
+    request, as ThreadingHTTPServer does), not a serve_forever thread per server: with
+    those, a 1,024-worker fleet did not answer in time on a 2-core VM (docs/benchmarks.md)."""
 
     def __init__(self, spec: FleetSpec) -> None:
         self.spec = spec
