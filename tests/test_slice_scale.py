@@ -7,6 +7,7 @@ down peer; the number of requests in flight is bounded; a peer that trickles its
 from __future__ import annotations
 
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -15,7 +16,7 @@ import time
 
 import pytest
 
-from tools import TPUMON, clean_env, free_port
+from tools import TPUMON, clean_env, free_port, wait_for
 from tpumon.sim.agents import AgentFleet, FleetSpec
 from tpumon.slice import ClientOptions, ask_all
 
@@ -156,3 +157,31 @@ def test_the_simulated_agents_command():
                           "5"], capture_output=True, text=True, env=clean_env(), timeout=30)
     assert bad.returncode == 2 and bad.stderr.strip() == \
         "python -m tpumon.sim.agents: 5 down and 0 slow of 4 workers", bad.stderr
+
+
+@pytest.mark.e2e
+def test_watch_slice_at_256_peers_in_a_real_terminal(fleet, tmp_path):
+    """The same fleet in `watch --slice`: the count line on an 80-column screen, redrawn
+    every round though the slow agents never answer in time, and Ctrl-C quits at once."""
+    from test_watch import Tmux
+
+    peers = tmp_path / "peers"
+    peers.write_text(",".join(fleet.peers()))
+    term = Tmux(tmp_path, f'{sys.executable} -m tpumon watch --slice --peers "$(cat {peers})" '
+                          "--deadline 5 --interval 0.2")
+    try:
+        answered = HOSTS - DOWN - SLOW
+        summary = (f"v4-2048 slice pod-sim: {answered} of {HOSTS} workers answered, "
+                   f"{4 * answered} chips;")
+        first = wait_for(lambda: (s := term.screen()) and summary in " ".join(s.split())
+                         and s, 60)
+        assert f"{DOWN} down, {SLOW} late" in " ".join(first.split()), first
+        clock = re.compile(r"\d\d:\d\d:\d\d")
+        drawn_at = clock.search(first).group()
+        # a later round: the clock in the header moves on (each round waits the 5 s deadline)
+        wait_for(lambda: (m := clock.search(term.screen())) and m.group() != drawn_at, 30)
+        began = time.monotonic()
+        term.quit()
+        assert time.monotonic() - began < 15, "Ctrl-C waited for the slow agents"
+    finally:
+        term.close()
