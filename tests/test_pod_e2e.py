@@ -171,8 +171,9 @@ def test_a_slice_wide_leak_seen_as_one_slice(tmp_path, processes):
         assert len(doc["chips"]) == 16 and {c["verdict"] for c in doc["chips"]} == {"leak"}
         assert {(c["worker"], c["chip"]) for c in doc["chips"]} == \
             {(str(w), str(c)) for w in range(HOSTS) for c in range(4)}
-        assert re.fullmatch(rf"v4-32 slice {SLICE}: 4 workers, 16 chips; 16 leaking, first "
-                            r"OOM w-\d chip \d in \d+\.\d h", doc["summary"]), doc["summary"]
+        assert re.fullmatch(rf"v4-32 slice {SLICE}: 4 of 4 workers answered, 16 chips; "
+                            r"16 leaking, first OOM w-\d chip \d in \d+\.\d h", doc["summary"]), \
+            doc["summary"]
 
         # One PagerDuty incident for the slice, though every agent pages.
         def every_host_paged():

@@ -39,9 +39,10 @@ def slice_options(command: Callable) -> Callable:
             click.option("--agent-port", type=click.IntRange(1, 65535), default=None,
                          help="With --slice: the agents' port where a peer gives none "
                               "[default: exporter.listen_address's, 9847]."),
-            click.option("--deadline", type=click.FloatRange(min=0.1), default=3.0,
+            click.option("--deadline", type=click.FloatRange(min=0.1), default=1.0,
                          show_default=True,
-                         help="With --slice: seconds to wait for the agents' answers."),
+                         help="With --slice: seconds to wait for the agents' answers; an "
+                              "agent that has not answered by then is shown late."),
             click.option("--tls", is_flag=True,
                          help="With --slice: the agents serve HTTPS (implied by "
                               "--agent-ca-file and --agent-cert-file)."))):
@@ -91,14 +92,15 @@ def slice_table(view: SliceView) -> Table:
                       describe_growth(row.growth_bytes_per_step, row.growth_bytes_per_hour),
                       verdict, eta)
     for answer in view.missing:  # the peer where its HBM would be: the widest cell
-        table.add_row("?", "-", shown(answer.peer), "-", "[yellow]no answer[/]", "-")
+        table.add_row("?", "-", shown(answer.peer), "-", f"[yellow]{answer.state}[/]", "-")
     return table
 
 
 def problems(view: SliceView) -> list[str]:
-    """Why each worker that did not answer did not, as Rich markup (what the worker
-    answered is shown, not obeyed)."""
-    return [shown(f"{a.url}: not answering: {a.error}") for a in view.missing]
+    """Why each worker that did not answer did not ('down: connection refused', 'late: no
+    answer within 1 s'), as Rich markup (what the worker answered is shown, not
+    obeyed)."""
+    return [shown(f"{a.url}: {a.state}: {a.error}") for a in view.missing]
 
 
 def show_slice(config: Config, fmt: str, opts: dict[str, Any], auth: ClientAuth) -> None:
@@ -121,13 +123,16 @@ def watch_slice(config: Config, opts: dict[str, Any], auth: ClientAuth,
     try:
         with Live(console=Console(), screen=True, auto_refresh=False) as live:
             while True:
-                header = Text(f"tpumon watch --slice  {time.strftime('%H:%M:%S')}  "
-                              "(Ctrl-C to quit)", style="bold")
-                view = read()
-                lines = [Text.from_markup(line, style="yellow") for line in problems(view)]
-                live.update(Group(header, Text.from_markup(shown(summary_line(view))),
-                                  slice_table(view), *lines),
-                            refresh=True)
+                live.update(watch_frame(read()), refresh=True)
                 time.sleep(interval)
     except KeyboardInterrupt:
         pass
+
+
+def watch_frame(view: SliceView) -> Group:
+    """One screen of `watch --slice` (bench/slice_fanout.py times a refresh with it)."""
+    header = Text(f"tpumon watch --slice  {time.strftime('%H:%M:%S')}  (Ctrl-C to quit)",
+                  style="bold")
+    lines = [Text.from_markup(line, style="yellow") for line in problems(view)]
+    return Group(header, Text.from_markup(shown(summary_line(view))), slice_table(view),
+                 *lines)
