@@ -113,7 +113,7 @@ def test_a_slice_without_verdicts_is_not_called_leak_free():
                for w in range(4)]
     line = summary_line(build_view(answers))
     assert "no leak" not in line
-    assert line == "v4-32 slice my-tpu: 4 workers, 16 chips; 8 warming up, 8 collecting"
+    assert line == "v4-32 slice my-tpu: 4 of 4 workers answered, 16 chips; 8 warming up, 8 collecting"
     mixed = [WorkerAnswer("10.0.0.1", "http://10.0.0.1:9847",
                           status_doc(1, ["ok", "insufficient_data"]))]
     assert summary_line(build_view(mixed)).endswith("2 chips; 1 ok, 1 collecting")
