@@ -260,6 +260,8 @@ def test_a_slice_wide_leak_seen_as_one_slice(tmp_path, processes):
         assert result.returncode == 0, result.stderr
         from_prom = {(s["host"], s["chip"]): s for s in json.loads(result.stdout)["series"]}
 
+        held: dict = {}
+
         def victoria_replay() -> dict | None:
             """The same replay from VictoriaMetrics, once remote_write has brought it
             every sample of the span."""
@@ -267,10 +269,16 @@ def test_a_slice_wide_leak_seen_as_one_slice(tmp_path, processes):
                          "--format", "json")
             assert result.returncode == 0, result.stderr
             series = {(s["host"], s["chip"]): s for s in json.loads(result.stdout)["series"]}
-            held = {k: s["samples"] for k, s in series.items()}
-            return series if held == {k: s["samples"] for k, s in from_prom.items()} else None
-        from_victoria = bounded("VictoriaMetrics to hold the span's samples Prometheus holds",
-                                victoria_replay, 60, processes, interval=2)
+            held.update(got={k: s["samples"] for k, s in series.items()})
+            return series if held["got"] == {k: s["samples"] for k, s in from_prom.items()} \
+                else None
+        try:
+            from_victoria = bounded("VictoriaMetrics to hold the span's samples Prometheus "
+                                    "holds", victoria_replay, 120, processes, interval=2)
+        except AssertionError as exc:
+            raise AssertionError(f"samples per chip in VictoriaMetrics {held.get('got')}, in "
+                                 f"Prometheus { {k: s['samples'] for k, s in from_prom.items()} }"
+                                 f"\n{exc}") from None
         assert from_victoria == from_prom
         traces, seen = tmp_path / "traces", tmp_path / "scraped"  # a file per host: a slice
         traces.mkdir()

@@ -54,7 +54,8 @@ def test_256_peers_some_down_some_slow(fleet):
     assert 0 < leaking < LEAKING  # some of the leaking workers do not answer
     assert doc["summary"].startswith(
         f"v4-2048 slice pod-sim: {answered} of {HOSTS} workers answered, {4 * answered} "
-        f"chips; {4 * leaking} leaking, first OOM w-"), doc["summary"]
+        f"chips; {4 * leaking} leaking, {4 * (answered - leaking)} ok, first OOM w-"), \
+        doc["summary"]
     assert f"; {DOWN} down, {SLOW} late (" in doc["summary"], doc["summary"]
     states = {w["peer"]: (w["state"], w["error"]) for w in doc["workers"]}
     for worker, peer in enumerate(fleet.peers()):
