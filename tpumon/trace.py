@@ -27,13 +27,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from itertools import chain
 from operator import itemgetter
-from typing import IO, TYPE_CHECKING, Any, NamedTuple, Union
+from typing import IO, TYPE_CHECKING, Any, NamedTuple, Protocol, Union
 
 if TYPE_CHECKING:
     import numpy as np  # imported where used: the agent reads no traces
 
-__all__ = ["TraceRow", "TraceFormatError", "SeriesColumns", "read_trace", "read_trace_columns",
-           "write_trace", "COLUMNS"]
+    from tpumon.trace_spill import Spill
+
+__all__ = ["TraceRow", "TraceFormatError", "SeriesColumns", "SeriesSource", "read_trace",
+           "read_trace_columns", "spill_trace", "write_trace", "COLUMNS"]
 
 #: Column order used when writing; readers must not depend on it.
 COLUMNS = ("time", "host", "chip", "step", "hbm_used_bytes", "hbm_total_bytes")
@@ -104,6 +106,25 @@ class SeriesColumns(NamedTuple):
     used: np.ndarray   #: int64, hbm_used_bytes
     total: np.ndarray  #: int64, hbm_total_bytes
 
+    @property
+    def samples(self) -> int:
+        """Rows of the series (as :class:`tpumon.trace_spill.SpilledSeries` says)."""
+        return len(self.times)
+
+    def load(self) -> SeriesColumns:
+        """Itself: a series in memory, where a spilled one is read back (SeriesSource)."""
+        return self
+
+
+class SeriesSource(Protocol):
+    """A series as the replay takes it: in memory (SeriesColumns) or in a spill file
+    (:class:`tpumon.trace_spill.SpilledSeries`), its arrays read when replayed."""
+
+    @property
+    def samples(self) -> int: ...
+
+    def load(self) -> SeriesColumns: ...
+
 
 def read_trace(path: PathOrFile, *, format: str | None = None) -> Iterator[TraceRow]:
     """Yield the rows of a trace file, validating as it goes.
@@ -168,6 +189,61 @@ def read_trace_columns(path: PathOrFile, *,
     if _resolve_format(format, _stream_name(path)) == "parquet":
         raise TraceFormatError(_stream_name(path), None, "Parquet is read from a file only")
     return _parsed_columns(path, format)
+
+
+def spill_trace(path: PathOrFile, spill: Spill, *, format: str | None = None,
+                read: Callable[[int], None] | None = None) -> None:
+    """Add a trace's series to ``spill`` (as its next file) table by table: what
+    :func:`read_trace_columns` returns, in bounded memory whatever the trace's length.
+
+    Same arguments, validation and errors as :func:`read_trace_columns`, and a series that
+    an earlier file of the spill holds is an error. ``read`` is told the rows of each table
+    as it is added. A file that pyarrow does not take as is, stdin and open text files are
+    read whole by the validating parser, as there (their memory is not bounded).
+    """
+    from tpumon import trace_columns, trace_spill
+
+    name = _stream_name(path)
+    spill.start_file()
+    try:
+        if isinstance(path, (str, os.PathLike)) and name != "-" and _rereadable(name):
+            fmt = _resolve_format(format, name)
+            try:
+                _spill_tables(name, fmt, spill, read)
+                return
+            except trace_columns.NeedsStrictParser as exc:
+                if fmt == "parquet":
+                    raise TraceFormatError(name, None, str(exc)) from None
+                spill.drop_file()
+        if _resolve_format(format, name) == "parquet":
+            raise TraceFormatError(name, None, "Parquet is read from a file only")
+        columns = _parsed_columns(path, format)
+        spill.add(columns)
+        if read is not None:
+            read(sum(c.samples for c in columns.values()))
+    except trace_spill.SeriesAgain as exc:
+        raise TraceFormatError(name, None, f"host {exc.key[0]!r} chip {exc.key[1]!r} is also "
+                               "in an earlier file of the directory") from None
+
+
+def _spill_tables(name: str, fmt: str, spill: Spill, read: Callable[[int], None] | None) -> None:
+    """:func:`spill_trace` of a file that pyarrow reads (NeedsStrictParser if not)."""
+    from tpumon import trace_columns, trace_spill
+
+    first_row = 0
+    with trace_columns.small_pages():
+        for table in trace_columns.read_tables(name, fmt):
+            columns = trace_columns.series_columns(table, first_row)
+            try:
+                spill.add(columns)
+            except trace_spill.TimeWentBack as exc:
+                row = first_row + trace_columns.first_row_of(table, exc.key) + 1
+                raise trace_columns.NeedsStrictParser(
+                    f"row {row}: time {exc.time:.3f} is earlier than {exc.last:.3f} earlier "
+                    "in its series (times of a series must not go back)") from None
+            first_row += len(table)
+            if read is not None:
+                read(len(table))
 
 
 def _rereadable(name: str) -> bool:
