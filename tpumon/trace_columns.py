@@ -105,9 +105,10 @@ def read_table(path: str, fmt: str) -> pa.Table:
 TABLE_ROWS = 2_000_000
 
 
-def read_tables(path: str, fmt: str, rows: int = TABLE_ROWS) -> Iterator[pa.Table]:
+def read_tables(path: str, fmt: str, rows: int | None = None) -> Iterator[pa.Table]:
     """The file as consecutive tables of the contract's columns, of about ``rows`` rows
-    each (Parquet by its batches, CSV and JSON Lines by pyarrow's streaming readers), with
+    each (default TABLE_ROWS; Parquet by its batches, CSV and JSON Lines by pyarrow's
+    streaming readers, each table as soon as it has that many rows), with
     the same checks as :func:`read_table`: what a trace of any length is read in, in
     bounded memory. NeedsStrictParser as there, possibly after some tables were given."""
     import pyarrow as pa
@@ -115,7 +116,7 @@ def read_tables(path: str, fmt: str, rows: int = TABLE_ROWS) -> Iterator[pa.Tabl
     readers = {"csv": _stream_csv, "jsonl": _stream_jsonl, "parquet": _stream_parquet}
     with open(path, "rb") as file:
         try:
-            yield from _gathered(readers[fmt](file), rows)
+            yield from _gathered(readers[fmt](file), rows or TABLE_ROWS)
         except (pa.ArrowException, ValueError) as exc:
             raise NeedsStrictParser(str(exc).splitlines()[0] if str(exc) else
                                     type(exc).__name__) from None
