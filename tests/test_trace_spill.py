@@ -44,7 +44,7 @@ def traces(tmp_path_factory):
 def small_tables(monkeypatch):
     """Tables of a few hundred rows: every series spans many of them."""
     monkeypatch.setattr(trace_columns, "TABLE_ROWS", 300)
-    monkeypatch.setattr(trace_columns, "_BLOCK_BYTES", 8192)
+    monkeypatch.setattr(trace_columns, "_STREAM_BLOCK_BYTES", 8192)
     monkeypatch.setattr(trace_columns, "_PARQUET_BATCH_ROWS", 128)
 
 

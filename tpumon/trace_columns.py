@@ -101,8 +101,16 @@ def read_table(path: str, fmt: str) -> pa.Table:
 
 #: Rows gathered into one table by :func:`read_tables` before it is handed on: tens of MiB
 #: of columns, so that memory stays bounded whatever the trace's length, and large enough
-#: that each series gets a long run of rows from each (few chunks to read back).
-TABLE_ROWS = 2_000_000
+#: that each series gets a long run of rows from each (few chunks to read back). With
+#: 2M, a 50M-row CSV peaked at 0.55 GiB of RSS, with 1M at 0.34 GiB, as fast.
+TABLE_ROWS = 1_000_000
+
+#: Bytes of CSV or JSON Lines parsed per block by :func:`read_tables`' streaming readers:
+#: pyarrow's default. The 16 MiB blocks of :func:`read_table` made the streaming reader's
+#: peak RSS 0.7 GiB on a 10M-row CSV (its blocks, freed in turn, were not given back to
+#: the system), 1 MiB blocks 0.11 GiB, at the same speed (bench/analyze_speed.py). Its
+#: default memory pool too (mimalloc): the C library's held more.
+_STREAM_BLOCK_BYTES = 1 << 20
 
 
 def read_tables(path: str, fmt: str, rows: int | None = None) -> Iterator[pa.Table]:
@@ -187,7 +195,7 @@ class ShortLines:
         self.closed = True
 
 
-def _csv_options() -> tuple[pcsv.ReadOptions, pcsv.ConvertOptions]:
+def _csv_options(block: int) -> tuple[pcsv.ReadOptions, pcsv.ConvertOptions]:
     import pyarrow as pa
     import pyarrow.csv as pcsv
 
@@ -196,9 +204,7 @@ def _csv_options() -> tuple[pcsv.ReadOptions, pcsv.ConvertOptions]:
                  chip=pa.dictionary(pa.int32(), pa.string()))  # a few names, many rows
     convert = pcsv.ConvertOptions(column_types=types, null_values=[""],
                                   strings_can_be_null=False, quoted_strings_can_be_null=False)
-    # blocks of 16 MiB, not pyarrow's 1 MiB: a few chunks per column, so the per-chunk
-    # dictionaries of names unify and the columns join in a fraction of the time
-    return pcsv.ReadOptions(block_size=_BLOCK_BYTES), convert
+    return pcsv.ReadOptions(block_size=block), convert
 
 
 def _read_csv(file: BinaryIO) -> pa.Table:
@@ -207,7 +213,9 @@ def _read_csv(file: BinaryIO) -> pa.Table:
 
     from tpumon.trace import MAX_LINE_CHARS
 
-    read, convert = _csv_options()
+    # blocks of 16 MiB, not pyarrow's 1 MiB: a few chunks per column, so the per-chunk
+    # dictionaries of names unify and the columns join in a fraction of the time
+    read, convert = _csv_options(_BLOCK_BYTES)
     bounded = ShortLines(file, MAX_LINE_CHARS)
     try:
         # the C library's allocator, not pyarrow's default (mimalloc): on this project's VM,
@@ -228,11 +236,10 @@ def _stream_csv(file: BinaryIO) -> Iterator[pa.Table]:
 
     from tpumon.trace import MAX_LINE_CHARS
 
-    read, convert = _csv_options()
+    read, convert = _csv_options(_STREAM_BLOCK_BYTES)
     bounded = ShortLines(file, MAX_LINE_CHARS)
     try:
-        with pcsv.open_csv(bounded, read_options=read, convert_options=convert,
-                           memory_pool=pa.system_memory_pool()) as reader:
+        with pcsv.open_csv(bounded, read_options=read, convert_options=convert) as reader:
             for batch in reader:
                 if bounded.refused:
                     break
@@ -315,10 +322,10 @@ class ObjectLines(ShortLines):
         return returns == paired + data.endswith(b"\r")
 
 
-def _jsonl_options() -> tuple[pjson.ReadOptions, pjson.ParseOptions]:
+def _jsonl_options(block: int) -> tuple[pjson.ReadOptions, pjson.ParseOptions]:
     import pyarrow.json as pjson
 
-    return (pjson.ReadOptions(block_size=_BLOCK_BYTES),
+    return (pjson.ReadOptions(block_size=block),
             pjson.ParseOptions(explicit_schema=arrow_schema(),
                                unexpected_field_behavior="error"))
 
@@ -334,7 +341,7 @@ def _read_jsonl(file: BinaryIO) -> pa.Table:
     import pyarrow as pa
     import pyarrow.json as pjson
 
-    read, parse = _jsonl_options()
+    read, parse = _jsonl_options(_BLOCK_BYTES)
     lines = ObjectLines(file, _longest_line())
     try:
         table = pjson.read_json(lines, read_options=read, parse_options=parse,
@@ -350,12 +357,11 @@ def _stream_jsonl(file: BinaryIO) -> Iterator[pa.Table]:
     import pyarrow as pa
     import pyarrow.json as pjson
 
-    read, parse = _jsonl_options()
+    read, parse = _jsonl_options(_STREAM_BLOCK_BYTES)
     lines = ObjectLines(file, _longest_line())
     rows = 0
     try:
-        with pjson.open_json(lines, read_options=read, parse_options=parse,
-                             memory_pool=pa.system_memory_pool()) as reader:
+        with pjson.open_json(lines, read_options=read, parse_options=parse) as reader:
             for batch in reader:
                 if lines.refused:
                     break
