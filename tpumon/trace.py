@@ -232,7 +232,7 @@ def _spill_tables(name: str, fmt: str, spill: Spill, read: Callable[[int], None]
 
     first_row = 0
     with trace_columns.small_pages():
-        for table in trace_columns.read_tables(name, fmt):
+        for table in trace_columns.read_ahead(trace_columns.read_tables(name, fmt)):
             columns = trace_columns.series_columns(table, first_row)
             try:
                 spill.add(columns)

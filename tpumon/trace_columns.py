@@ -130,6 +130,54 @@ def read_tables(path: str, fmt: str, rows: int | None = None) -> Iterator[pa.Tab
                                     type(exc).__name__) from None
 
 
+def read_ahead(items: Iterator[T]) -> Iterator[T]:
+    """``items``, the next one made on a thread of its own while the caller works on this
+    one (one ahead: memory stays bounded), an exception raised where the caller takes the
+    item. A trace's parse (pyarrow) and the grouping of the table before (numpy) both let
+    go of the GIL: on two cores, the second was otherwise idle while a trace was read."""
+    import queue
+    import threading
+
+    ahead: queue.Queue[tuple[bool, Any]] = queue.Queue(maxsize=1)
+    stop = threading.Event()
+
+    def make() -> None:
+        try:
+            for item in items:
+                while not stop.is_set():
+                    try:
+                        ahead.put((True, item), timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            ahead.put((False, None))
+        except BaseException as exc:  # noqa: BLE001 - raised again in the caller's thread
+            ahead.put((False, exc))
+
+    thread = threading.Thread(target=make, name="tpumon-trace-read", daemon=True)
+    thread.start()
+    try:
+        while True:
+            more, item = ahead.get()
+            if not more:
+                if item is not None:
+                    raise item
+                return
+            yield item
+    finally:
+        stop.set()
+        while thread.is_alive():  # let a blocked put go, so the thread sees ``stop``
+            try:
+                ahead.get(timeout=0.1)
+            except queue.Empty:
+                pass
+        close = getattr(items, "close", None)
+        if close is not None:
+            close()
+
+
 def _gathered(tables: Iterator[pa.Table], rows: int) -> Iterator[pa.Table]:
     """Consecutive small tables joined (without copying) into ones of at least ``rows``."""
     import pyarrow as pa
