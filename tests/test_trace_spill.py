@@ -127,3 +127,38 @@ def test_an_error_in_a_later_table_is_the_whole_traces(tmp_path, small_tables, f
     assert str(spilled.value) == str(whole.value)
     line = at + 1 + (fmt == "csv")  # CSV's lines count the header
     assert f"{path}:{line}:" in str(spilled.value) or f"row {line}:" in str(spilled.value)
+
+
+def test_a_file_pyarrow_refuses_late_is_read_again_by_the_strict_parser(tmp_path, small_tables):
+    """A name with spaces around it far into a CSV (the strict parser strips them; the
+    vectorized checks do not decide): the tables spilled before are dropped and the file is
+    read whole by the validating parser, with the same results."""
+    rows = _rows()
+    at = len(rows) * 2 // 3
+    r = rows[at]
+    rows[at] = r.__class__(r.time, f" {r.host} ", r.chip, r.step, r.hbm_used_bytes,
+                           r.hbm_total_bytes)
+    path = tmp_path / "spaces.csv"
+    write_trace(rows, path)
+    expected = _json(replay_columns(read_path(str(path))))
+    with spilled_path(str(path)) as series:
+        assert len(series) == 6
+        assert _json(replay_columns(series)) == expected
+
+
+def test_read_ahead_gives_every_item_and_the_error_where_it_is_taken():
+    from tpumon.trace_columns import read_ahead
+
+    assert list(read_ahead(iter(range(100)))) == list(range(100))
+
+    def failing():
+        yield 1
+        raise ValueError("bad block")
+
+    got = read_ahead(failing())
+    assert next(got) == 1
+    with pytest.raises(ValueError, match="bad block"):
+        next(got)
+    endless = read_ahead(iter(int, 1))  # never ends: a caller that stops must not hang
+    assert next(endless) == 0
+    endless.close()

@@ -22,6 +22,9 @@ from typing import TYPE_CHECKING, Any, BinaryIO, NamedTuple, TypeVar
 import numpy as np
 
 if TYPE_CHECKING:
+    import queue
+    import threading
+
     import pyarrow as pa
     import pyarrow.csv as pcsv
     import pyarrow.json as pjson
@@ -140,23 +143,8 @@ def read_ahead(items: Iterator[T]) -> Iterator[T]:
 
     ahead: queue.Queue[tuple[bool, Any]] = queue.Queue(maxsize=1)
     stop = threading.Event()
-
-    def make() -> None:
-        try:
-            for item in items:
-                while not stop.is_set():
-                    try:
-                        ahead.put((True, item), timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
-                    return
-            ahead.put((False, None))
-        except BaseException as exc:  # noqa: BLE001 - raised again in the caller's thread
-            ahead.put((False, exc))
-
-    thread = threading.Thread(target=make, name="tpumon-trace-read", daemon=True)
+    thread = threading.Thread(target=_make, args=(items, ahead, stop),
+                              name="tpumon-trace-read", daemon=True)
     thread.start()
     try:
         while True:
@@ -176,6 +164,27 @@ def read_ahead(items: Iterator[T]) -> Iterator[T]:
         close = getattr(items, "close", None)
         if close is not None:
             close()
+
+
+def _make(items: Iterator[Any], ahead: queue.Queue[tuple[bool, Any]],
+          stop: threading.Event) -> None:
+    """:func:`read_ahead`'s thread: each item (True, item), then (False, None), or (False,
+    the exception) where making one failed; stops at ``stop``, at the latest an item on."""
+    import queue
+
+    try:
+        for item in items:
+            while not stop.is_set():
+                try:
+                    ahead.put((True, item), timeout=0.1)
+                    break
+                except queue.Full:
+                    continue
+            if stop.is_set():
+                return
+        ahead.put((False, None))
+    except BaseException as exc:  # noqa: BLE001 - raised again in the caller's thread
+        ahead.put((False, exc))
 
 
 def _gathered(tables: Iterator[pa.Table], rows: int) -> Iterator[pa.Table]:
@@ -526,7 +535,7 @@ def series_columns(table: pa.Table, first_row: int = 0) -> dict[tuple[str, str],
         used = _numbers(table, "hbm_used_bytes", np.int64, first_row)
         total = _numbers(table, "hbm_total_bytes", np.int64, first_row)
         steps = _numbers(table, "step", np.float64, first_row, nulls_allowed=True)  # NaN
-        _check_values(times, steps, used, total, first_row)  # a bad value is named before a bad name
+        _check_values(times, steps, used, total, first_row)  # named before a bad name
         groups = grouping.result()
         if groups.order is not None:
             order = groups.order

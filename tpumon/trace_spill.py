@@ -15,7 +15,8 @@ a sample (the four columns in the dtypes the replay takes, so the values are the
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, BinaryIO
+from io import FileIO
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -66,12 +67,12 @@ class SpilledSeries:
             for offset, rows in self._chunks:
                 file.seek(offset)
                 for column in columns:
-                    _read_into(file, memoryview(column[at:at + rows]).cast("B"))
+                    _read_into(file, column[at:at + rows].data.cast("B"))
                 at += rows
         return SeriesColumns(*columns)
 
 
-def _read_into(file: BinaryIO, into: memoryview) -> None:
+def _read_into(file: FileIO, into: memoryview) -> None:
     done = 0
     while done < len(into):
         got = file.readinto(into[done:])
@@ -117,7 +118,7 @@ class Spill:
             spilled = self.series[key]
             spilled._chunks.append((self._file.tell(), rows))
             for column, dtype in zip(c, _DTYPES, strict=True):
-                self._file.write(memoryview(np.ascontiguousarray(column, dtype)).cast("B"))
+                self._file.write(np.ascontiguousarray(column, dtype).data.cast("B"))
             spilled.samples += rows
             spilled.last_time = float(c.times[-1])
 
