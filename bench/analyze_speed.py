@@ -10,9 +10,11 @@ is analyzed by this tree's ``analyze_path`` and by the baseline's (``git archive
 subprocess, alternating, median CPU seconds of ``--runs`` runs. CPU time, not wall time:
 the machine is shared, and CPU time is what one core's throughput means (pyarrow's reader
 threads and the forked workers that replay jobs in parallel are counted too; wall time is
-shown beside it). The table says whether both gave the same verdicts, alerts,
-forecasts and reasons (they differ where the detector itself changed, not where the
-reader did).
+shown beside it), and peak RSS (median of the runs; the larger of the process's and of
+its largest forked worker's: ``ru_maxrss``). The table says whether both gave the same
+verdicts, alerts, forecasts and reasons (they differ where the detector itself changed,
+not where the reader did). Issue 44's figure: ``--rows 50000000`` (about 3.5 GiB of CSV
+under TMPDIR, and as much again while this tree's spill file exists).
 
 The corpus is built once from the simulator (about 1M rows) and multiplied: each copy is
 another host of the slice, its times shifted by a few seconds, so every series is replayed
@@ -77,7 +79,10 @@ results = [r for p in paths for r in analyze(p, **kwargs)]
 cpu = time.process_time() + children() - start
 wall = time.perf_counter() - wall
 import tpumon
-print(json.dumps({"tree": tpumon.__file__, "cpu": cpu, "wall": wall,
+rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # bytes (Linux: KiB)
+workers_rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024  # the largest
+print(json.dumps({"tree": tpumon.__file__, "cpu": cpu, "wall": wall, "rss": rss,
+                  "workers_rss": workers_rss,
                   "samples": sum(r.samples for r in results),
                   "digest": [[r.host, r.chip, r.verdict,
                               r.alert and [r.alert["time"], r.alert["step"],
@@ -169,6 +174,7 @@ def measure(tree: str, paths: list[str]) -> dict:
 def compare(label: str, paths: list[str], trees: dict[str, str], runs: int) -> list[str]:
     cpu: dict[str, list[float]] = {name: [] for name in trees}
     wall: dict[str, list[float]] = {name: [] for name in trees}
+    rss: dict[str, list[int]] = {name: [] for name in trees}
     digests: dict[str, list] = {}
     samples = 0
     for _ in range(runs):
@@ -177,15 +183,18 @@ def compare(label: str, paths: list[str], trees: dict[str, str], runs: int) -> l
             assert got["tree"].startswith(os.path.realpath(tree)), got["tree"]
             cpu[name].append(got["cpu"])
             wall[name].append(got["wall"])
+            rss[name].append(max(got["rss"], got["workers_rss"]))
             digests[name], samples = got["digest"], got["samples"]
     load = os.getloadavg()[0]  # the machine is shared: say how busy it was
     same = len({json.dumps(d) for d in digests.values()}) == 1
     rates = {name: samples / statistics.median(c) for name, c in cpu.items()}
     walls = {name: samples / statistics.median(c) for name, c in wall.items()}
     base, new = rates["baseline"], rates["this tree"]
+    peak = {name: statistics.median(r) / 2**30 for name, r in rss.items()}
     return [f"| {label} | {samples:,} | {base:,.0f} ({walls['baseline']:,.0f}) | "
             f"{new:,.0f} ({walls['this tree']:,.0f}) | {new / base:.2f}x "
             f"({walls['this tree'] / walls['baseline']:.2f}x) | "
+            f"{peak['baseline']:.2f} | {peak['this tree']:.2f} | "
             f"{'same' if same else 'different'} | {load:.1f} |"]
 
 
@@ -220,8 +229,9 @@ def main() -> int:
         trees = {"baseline": baseline_tree(args.baseline_ref, tempfile.mkdtemp(dir=tmp)),
                  "this tree": ROOT}
         lines = ["| trace | samples | baseline samples/s, CPU (wall) | this tree samples/s, "
-                 "CPU (wall) | ratio, CPU (wall) | results | load after |",
-                 "|---|---|---|---|---|---|---|"]
+                 "CPU (wall) | ratio, CPU (wall) | baseline peak RSS, GiB | this tree peak "
+                 "RSS, GiB | results | load after |",
+                 "|---|---|---|---|---|---|---|---|---|"]
         if not args.only_slice:
             lines += compare("one large CSV", [big_path], trees, args.runs)
             lines += compare(f"{len(small)} small CSVs", sorted(small), trees, args.runs)

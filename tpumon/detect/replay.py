@@ -222,8 +222,10 @@ def analyze_path(path: str, settings: DetectorSettings | None = None,
                  workers: int = 1) -> list[SeriesResult]:
     """``analyze_file`` of a trace file, or of every trace file (.csv, .jsonl, .parquet) in a
     directory, in name order: a slice recorded one file per host, its chips pooled as one
-    job. A series in two files is an error. ``workers``: as in :func:`replay_columns`."""
-    return replay_columns(read_path(path), settings, workers)
+    job. A series in two files is an error. ``workers``: as in :func:`replay_columns`.
+    In bounded memory, whatever the trace's length (:func:`spilled_path`)."""
+    with spilled_path(path) as series:
+        return replay_columns(series, settings, workers)
 
 
 def trace_files(path: str) -> list[str]:
