@@ -110,6 +110,11 @@ def command(trace: str | None, fmt: str, prometheus: str | None, slice_name: str
     first moment the leak alert would have fired, with the forecast made then. Same code
     and defaults as the agent.
 
+    A trace of any length is read in bounded memory: its series are kept in a temporary
+    file (32 bytes a sample, under $TMPDIR) and replayed one at a time. A CSV or JSON Lines
+    file that needs the validating parser (names with spaces around them, say), or stdin, is
+    read whole in memory.
+
     A malformed file stops with one line naming the line number and the problem, and
     prints nothing on stdout; samples that use more HBM than their chip has are read, and
     counted in a line on stderr. With --prometheus URL --slice NAME, replays every chip of
