@@ -162,3 +162,31 @@ def test_read_ahead_gives_every_item_and_the_error_where_it_is_taken():
     endless = read_ahead(iter(int, 1))  # never ends: a caller that stops must not hang
     assert next(endless) == 0
     endless.close()
+
+
+def test_a_full_disk_under_the_spill_is_one_line_naming_it(traces, monkeypatch):
+    """The spill file's write failing (ENOSPC) is the command's one error line, naming the
+    spill file and TMPDIR, not the trace; nothing on stdout, no traceback."""
+    import errno
+    import io
+
+    from tpumon import trace_spill
+
+    def full(self, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    class Full(io.FileIO):
+        write = full
+
+    real_open = open
+
+    def spill_open(path, mode="r", *args, **kwargs):
+        return Full(path, mode) if mode == "wb" else real_open(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(trace_spill, "open", spill_open, raising=False)
+    result = CliRunner().invoke(main, ["analyze", "--format", "json", str(traces["csv"])])
+    assert result.exit_code == 1
+    assert result.stdout == ""
+    (line,) = result.stderr.strip().splitlines()
+    assert "No space left on device" in line and "TMPDIR" in line
+    assert str(traces["csv"]) not in line and "tpumon-analyze-" in line

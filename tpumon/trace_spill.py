@@ -15,6 +15,8 @@ a sample (the four columns in the dtypes the replay takes, so the values are the
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from io import FileIO
 from typing import TYPE_CHECKING
 
@@ -116,12 +118,25 @@ class Spill:
             if not rows:
                 continue
             spilled = self.series[key]
-            spilled._chunks.append((self._file.tell(), rows))
-            for column, dtype in zip(c, _DTYPES, strict=True):
-                self._file.write(np.ascontiguousarray(column, dtype).data.cast("B"))
+            with self._writing():
+                spilled._chunks.append((self._file.tell(), rows))
+                for column, dtype in zip(c, _DTYPES, strict=True):
+                    self._file.write(np.ascontiguousarray(column, dtype).data.cast("B"))
             spilled.samples += rows
             spilled.last_time = float(c.times[-1])
 
     def close(self) -> None:
         """Done adding: what was written is there for :meth:`SpilledSeries.load`."""
-        self._file.close()
+        with self._writing():
+            self._file.close()
+
+    @contextmanager
+    def _writing(self) -> Iterator[None]:
+        """An OSError while writing (a full disk) names this file and says what it is: the
+        trace is not at fault, and TMPDIR can put it elsewhere."""
+        try:
+            yield
+        except OSError as exc:
+            raise OSError(exc.errno, f"{exc.strerror or exc} (the temporary file of the "
+                          "trace's series: set TMPDIR to a disk with room, 32 bytes a "
+                          "sample)", self.path) from None

@@ -137,8 +137,9 @@ def command(trace: str | None, fmt: str, prometheus: str | None, slice_name: str
             results = _replay(series, progress)
     except TraceFormatError as exc:
         raise click.ClickException(str(exc)) from None
-    except OSError as exc:
-        raise click.ClickException(f"{trace}: {exc.strerror or exc}") from None
+    except OSError as exc:  # the trace's, or the spill file's (a full disk: names it)
+        raise click.ClickException(f"{exc.filename or trace}: {exc.strerror or exc}") \
+            from None
     if not results:  # like `report` and `export`: nothing selected is an error
         raise click.ClickException(f"{trace}: no samples to analyze (only a header?)")
     _print(results, fmt)
