@@ -4,10 +4,11 @@ The format is a public contract (docs: shared spec, contracts section 1): CSV
 with a header (column order free, unknown columns ignored) or JSON Lines with
 the same keys. Traces of long runs hold millions of rows, so read_trace and
 the writer stream (nothing held but one row and the last time of each
-(host, chip) series), and read_trace_columns, which ``analyze`` uses, parses
-in one pass straight into numpy arrays per series. Parsing is the cost of
-``analyze``: the CSV reader has a fast path for the common row; see
-bench/trace_read.py.
+(host, chip) series); read_trace_columns (``report``) parses in one pass
+straight into numpy arrays per series, and spill_trace (``analyze``) does the
+same a table at a time into a temporary file (tpumon.trace_spill), so that a
+trace of any length is read in bounded memory. The CSV row parser has a fast
+path for the common row; see bench/trace_read.py.
 
 The reader is strict on purpose. A trace is evidence that a person will act
 on ("chip 3 leaks 40 KB per step"), so a malformed value must stop the
@@ -165,7 +166,8 @@ def _parquet_rows(path: PathOrFile) -> Iterator[TraceRow]:
 
 def read_trace_columns(path: PathOrFile, *,
                        format: str | None = None) -> dict[tuple[str, str], SeriesColumns]:
-    """Read a whole trace into arrays per (host, chip) series: what ``analyze`` replays.
+    """Read a whole trace into arrays per (host, chip) series (``report``; ``analyze``
+    reads through :func:`spill_trace`, in bounded memory).
 
     Same arguments, same validation and same errors as :func:`read_trace`, and Parquet
     (``.parquet``) too. The dict is in order of first appearance, and a series' arrays hold

@@ -368,7 +368,8 @@ def job_name(host: str) -> str:
 
 
 def analyze_file(path: str, settings: DetectorSettings | None = None) -> list[SeriesResult]:
-    """Read a trace (CSV or JSON Lines) into per-series arrays and replay each series.
+    """Read a trace (CSV, JSON Lines or Parquet) into per-series arrays, whole, and replay
+    each series (:func:`analyze_path` reads in bounded memory, for a file too).
 
     Raises TraceFormatError (with the line number) before any result exists, so a caller
     prints all or nothing.
