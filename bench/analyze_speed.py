@@ -10,9 +10,11 @@ is analyzed by this tree's ``analyze_path`` and by the baseline's (``git archive
 subprocess, alternating, median CPU seconds of ``--runs`` runs. CPU time, not wall time:
 the machine is shared, and CPU time is what one core's throughput means (pyarrow's reader
 threads and the forked workers that replay jobs in parallel are counted too; wall time is
-shown beside it). The table says whether both gave the same verdicts, alerts,
-forecasts and reasons (they differ where the detector itself changed, not where the
-reader did).
+shown beside it), and peak RSS (median of the runs; the larger of the process's and of
+its largest forked worker's: VmHWM, ``ru_maxrss``). The table says whether both gave the same
+verdicts, alerts, forecasts and reasons (they differ where the detector itself changed,
+not where the reader did). Issue 44's figure: ``--rows 50000000`` (about 3.5 GiB of CSV
+under TMPDIR, and as much again while this tree's spill file exists).
 
 The corpus is built once from the simulator (about 1M rows) and multiplied: each copy is
 another host of the slice, its times shifted by a few seconds, so every series is replayed
@@ -77,7 +79,13 @@ results = [r for p in paths for r in analyze(p, **kwargs)]
 cpu = time.process_time() + children() - start
 wall = time.perf_counter() - wall
 import tpumon
-print(json.dumps({"tree": tpumon.__file__, "cpu": cpu, "wall": wall,
+# this process's own peak: VmHWM, not ru_maxrss, which execve carries over from the
+# forking process (the benchmark, holding the corpus: 2.5 GiB at 50M rows)
+rss = next(int(line.split()[1]) * 1024 for line in open("/proc/self/status")
+           if line.startswith("VmHWM:"))
+workers_rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024  # the largest
+print(json.dumps({"tree": tpumon.__file__, "cpu": cpu, "wall": wall, "rss": rss,
+                  "workers_rss": workers_rss,
                   "samples": sum(r.samples for r in results),
                   "digest": [[r.host, r.chip, r.verdict,
                               r.alert and [r.alert["time"], r.alert["step"],
@@ -169,6 +177,7 @@ def measure(tree: str, paths: list[str]) -> dict:
 def compare(label: str, paths: list[str], trees: dict[str, str], runs: int) -> list[str]:
     cpu: dict[str, list[float]] = {name: [] for name in trees}
     wall: dict[str, list[float]] = {name: [] for name in trees}
+    rss: dict[str, list[int]] = {name: [] for name in trees}
     digests: dict[str, list] = {}
     samples = 0
     for _ in range(runs):
@@ -177,15 +186,18 @@ def compare(label: str, paths: list[str], trees: dict[str, str], runs: int) -> l
             assert got["tree"].startswith(os.path.realpath(tree)), got["tree"]
             cpu[name].append(got["cpu"])
             wall[name].append(got["wall"])
+            rss[name].append(max(got["rss"], got["workers_rss"]))
             digests[name], samples = got["digest"], got["samples"]
     load = os.getloadavg()[0]  # the machine is shared: say how busy it was
     same = len({json.dumps(d) for d in digests.values()}) == 1
     rates = {name: samples / statistics.median(c) for name, c in cpu.items()}
     walls = {name: samples / statistics.median(c) for name, c in wall.items()}
     base, new = rates["baseline"], rates["this tree"]
+    peak = {name: statistics.median(r) / 2**30 for name, r in rss.items()}
     return [f"| {label} | {samples:,} | {base:,.0f} ({walls['baseline']:,.0f}) | "
             f"{new:,.0f} ({walls['this tree']:,.0f}) | {new / base:.2f}x "
             f"({walls['this tree'] / walls['baseline']:.2f}x) | "
+            f"{peak['baseline']:.2f} | {peak['this tree']:.2f} | "
             f"{'same' if same else 'different'} | {load:.1f} |"]
 
 
@@ -196,6 +208,8 @@ def main() -> int:
     parser.add_argument("--baseline-ref", default="main")
     parser.add_argument("--slice-rows", type=int, default=SLICE_ROWS)
     parser.add_argument("--only-slice", action="store_true")
+    parser.add_argument("--only-large", action="store_true",
+                        help="the one large CSV alone (issue 44's 50M rows: --rows 50000000)")
     parser.add_argument("--jsonl-rows", type=int, default=2_000_000)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -204,31 +218,37 @@ def main() -> int:
         big_path = os.path.join(tmp, "slice.csv")
         pcsv.write_csv(big, big_path)
         slice_path = os.path.join(tmp, "one-slice.csv")
-        one = one_slice(big.slice(0, min(args.rows, args.slice_rows)))
+        one = one_slice(big.slice(0, 0 if args.only_large else min(args.rows, args.slice_rows)))
         pcsv.write_csv(one, slice_path)
         chips = len(set(zip(one.column("host").to_pylist(), one.column("chip").to_pylist(),
                             strict=True)))
         jsonl_path = os.path.join(tmp, "trace.jsonl")
-        jsonl_rows = 0 if args.only_slice else min(args.jsonl_rows, args.rows)
+        jsonl_rows = 0 if args.only_slice or args.only_large else min(args.jsonl_rows,
+                                                                      args.rows)
         if jsonl_rows:
             write_jsonl(big.slice(0, jsonl_rows), jsonl_path)
-        small = [] if args.only_slice else write_small(
+        small = [] if args.only_slice or args.only_large else write_small(
             big.slice(0, min(args.rows, 4_000_000)), os.path.join(tmp, "small"))
-        print(f"corpus written in {time.perf_counter() - start:.0f} s: {len(big):,} rows in "
+        rows = len(big)
+        del big, one  # the corpus is on disk: the measured processes need the memory
+        print(f"corpus written in {time.perf_counter() - start:.0f} s: {rows:,} rows in "
               f"one file; {len(small)} files of one host and {SMALL_HOURS:.0f} h; a slice of "
               f"{chips} chips", file=sys.stderr)
         trees = {"baseline": baseline_tree(args.baseline_ref, tempfile.mkdtemp(dir=tmp)),
                  "this tree": ROOT}
         lines = ["| trace | samples | baseline samples/s, CPU (wall) | this tree samples/s, "
-                 "CPU (wall) | ratio, CPU (wall) | results | load after |",
-                 "|---|---|---|---|---|---|---|"]
+                 "CPU (wall) | ratio, CPU (wall) | baseline peak RSS, GiB | this tree peak "
+                 "RSS, GiB | results | load after |",
+                 "|---|---|---|---|---|---|---|---|---|"]
         if not args.only_slice:
             lines += compare("one large CSV", [big_path], trees, args.runs)
-            lines += compare(f"{len(small)} small CSVs", sorted(small), trees, args.runs)
+            if small:
+                lines += compare(f"{len(small)} small CSVs", sorted(small), trees, args.runs)
         if jsonl_rows:
             lines += compare("one JSON Lines trace", [jsonl_path], trees, args.runs)
-        lines += compare(f"one slice of {chips} chips, one job (CSV)", [slice_path], trees,
-                         args.runs)
+        if not args.only_large:
+            lines += compare(f"one slice of {chips} chips, one job (CSV)", [slice_path],
+                             trees, args.runs)
     print(f"`analyze` end to end, CPU time, median of {args.runs} runs each, baseline = "
           f"`{args.baseline_ref}`:\n")
     print("\n".join(lines))

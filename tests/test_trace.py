@@ -646,9 +646,9 @@ def test_large_tables_group_on_a_second_thread_with_the_same_results(tmp_path, m
     threads = []
     groups = trace_columns._series_groups
 
-    def recorded(table):
+    def recorded(table, *rest):
         threads.append(threading.current_thread().name)
-        return groups(table)
+        return groups(table, *rest)
 
     monkeypatch.setattr(trace_columns, "_series_groups", recorded)
     monkeypatch.setattr(trace_columns, "_THREADED_ROWS", 0)

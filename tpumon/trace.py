@@ -4,10 +4,11 @@ The format is a public contract (docs: shared spec, contracts section 1): CSV
 with a header (column order free, unknown columns ignored) or JSON Lines with
 the same keys. Traces of long runs hold millions of rows, so read_trace and
 the writer stream (nothing held but one row and the last time of each
-(host, chip) series), and read_trace_columns, which ``analyze`` uses, parses
-in one pass straight into numpy arrays per series. Parsing is the cost of
-``analyze``: the CSV reader has a fast path for the common row; see
-bench/trace_read.py.
+(host, chip) series); read_trace_columns (``report``) parses in one pass
+straight into numpy arrays per series, and spill_trace (``analyze``) does the
+same a table at a time into a temporary file (tpumon.trace_spill), so that a
+trace of any length is read in bounded memory. The CSV row parser has a fast
+path for the common row; see bench/trace_read.py.
 
 The reader is strict on purpose. A trace is evidence that a person will act
 on ("chip 3 leaks 40 KB per step"), so a malformed value must stop the
@@ -27,13 +28,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from itertools import chain
 from operator import itemgetter
-from typing import IO, TYPE_CHECKING, Any, NamedTuple, Union
+from typing import IO, TYPE_CHECKING, Any, NamedTuple, Protocol, Union
 
 if TYPE_CHECKING:
     import numpy as np  # imported where used: the agent reads no traces
 
-__all__ = ["TraceRow", "TraceFormatError", "SeriesColumns", "read_trace", "read_trace_columns",
-           "write_trace", "COLUMNS"]
+    from tpumon.trace_spill import Spill
+
+__all__ = ["TraceRow", "TraceFormatError", "SeriesColumns", "SeriesSource", "read_trace",
+           "read_trace_columns", "spill_trace", "write_trace", "COLUMNS"]
 
 #: Column order used when writing; readers must not depend on it.
 COLUMNS = ("time", "host", "chip", "step", "hbm_used_bytes", "hbm_total_bytes")
@@ -104,6 +107,25 @@ class SeriesColumns(NamedTuple):
     used: np.ndarray   #: int64, hbm_used_bytes
     total: np.ndarray  #: int64, hbm_total_bytes
 
+    @property
+    def samples(self) -> int:
+        """Rows of the series (as :class:`tpumon.trace_spill.SpilledSeries` says)."""
+        return len(self.times)
+
+    def load(self) -> SeriesColumns:
+        """Itself: a series in memory, where a spilled one is read back (SeriesSource)."""
+        return self
+
+
+class SeriesSource(Protocol):
+    """A series as the replay takes it: in memory (SeriesColumns) or in a spill file
+    (:class:`tpumon.trace_spill.SpilledSeries`), its arrays read when replayed."""
+
+    @property
+    def samples(self) -> int: ...
+
+    def load(self) -> SeriesColumns: ...
+
 
 def read_trace(path: PathOrFile, *, format: str | None = None) -> Iterator[TraceRow]:
     """Yield the rows of a trace file, validating as it goes.
@@ -144,7 +166,8 @@ def _parquet_rows(path: PathOrFile) -> Iterator[TraceRow]:
 
 def read_trace_columns(path: PathOrFile, *,
                        format: str | None = None) -> dict[tuple[str, str], SeriesColumns]:
-    """Read a whole trace into arrays per (host, chip) series: what ``analyze`` replays.
+    """Read a whole trace into arrays per (host, chip) series (``report``; ``analyze``
+    reads through :func:`spill_trace`, in bounded memory).
 
     Same arguments, same validation and same errors as :func:`read_trace`, and Parquet
     (``.parquet``) too. The dict is in order of first appearance, and a series' arrays hold
@@ -168,6 +191,61 @@ def read_trace_columns(path: PathOrFile, *,
     if _resolve_format(format, _stream_name(path)) == "parquet":
         raise TraceFormatError(_stream_name(path), None, "Parquet is read from a file only")
     return _parsed_columns(path, format)
+
+
+def spill_trace(path: PathOrFile, spill: Spill, *, format: str | None = None,
+                read: Callable[[int], None] | None = None) -> None:
+    """Add a trace's series to ``spill`` (as its next file) table by table: what
+    :func:`read_trace_columns` returns, in bounded memory whatever the trace's length.
+
+    Same arguments, validation and errors as :func:`read_trace_columns`, and a series that
+    an earlier file of the spill holds is an error. ``read`` is told the rows of each table
+    as it is added. A file that pyarrow does not take as is, stdin and open text files are
+    read whole by the validating parser, as there (their memory is not bounded).
+    """
+    from tpumon import trace_columns, trace_spill
+
+    name = _stream_name(path)
+    spill.start_file()
+    try:
+        if isinstance(path, (str, os.PathLike)) and name != "-" and _rereadable(name):
+            fmt = _resolve_format(format, name)
+            try:
+                _spill_tables(name, fmt, spill, read)
+                return
+            except trace_columns.NeedsStrictParser as exc:
+                if fmt == "parquet":
+                    raise TraceFormatError(name, None, str(exc)) from None
+                spill.drop_file()
+        if _resolve_format(format, name) == "parquet":
+            raise TraceFormatError(name, None, "Parquet is read from a file only")
+        columns = _parsed_columns(path, format)
+        spill.add(columns)
+        if read is not None:
+            read(sum(c.samples for c in columns.values()))
+    except trace_spill.SeriesAgain as exc:
+        raise TraceFormatError(name, None, f"host {exc.key[0]!r} chip {exc.key[1]!r} is also "
+                               "in an earlier file of the directory") from None
+
+
+def _spill_tables(name: str, fmt: str, spill: Spill, read: Callable[[int], None] | None) -> None:
+    """:func:`spill_trace` of a file that pyarrow reads (NeedsStrictParser if not)."""
+    from tpumon import trace_columns, trace_spill
+
+    first_row = 0
+    with trace_columns.small_pages():
+        for table in trace_columns.read_ahead(trace_columns.read_tables(name, fmt)):
+            columns = trace_columns.series_columns(table, first_row)
+            try:
+                spill.add(columns)
+            except trace_spill.TimeWentBack as exc:
+                row = first_row + trace_columns.first_row_of(table, exc.key) + 1
+                raise trace_columns.NeedsStrictParser(
+                    f"row {row}: time {exc.time:.3f} is earlier than {exc.last:.3f} earlier "
+                    "in its series (times of a series must not go back)") from None
+            first_row += len(table)
+            if read is not None:
+                read(len(table))
 
 
 def _rereadable(name: str) -> bool:

@@ -22,7 +22,12 @@ from typing import TYPE_CHECKING, Any, BinaryIO, NamedTuple, TypeVar
 import numpy as np
 
 if TYPE_CHECKING:
+    import queue
+    import threading
+
     import pyarrow as pa
+    import pyarrow.csv as pcsv
+    import pyarrow.json as pjson
 
     from tpumon.trace import SeriesColumns
 
@@ -31,6 +36,13 @@ _STEP_LIMIT = 2**53
 
 #: Bytes of CSV parsed per block (a row may not be longer: such a file takes the strict parser).
 _BLOCK_BYTES = 16 << 20
+
+#: Rows of a Parquet trace read at a time by :func:`read_tables`, row group by row group:
+#: one ``iter_batches`` over the whole file held more the longer the file (0.41 GiB of
+#: peak RSS at 2M rows, 0.64 GiB at 9.5M, read alone), one per row group did not (0.17,
+#: 0.20 GiB). A row group is then the most held at once: a file written as one huge
+#: group is read as one.
+_PARQUET_BATCH_ROWS = 1 << 18
 
 _NAME_COLUMNS = ("host", "chip")
 _NUMBER_COLUMNS = ("time", "step", "hbm_used_bytes", "hbm_total_bytes")
@@ -94,6 +106,107 @@ def read_table(path: str, fmt: str) -> pa.Table:
                                     type(exc).__name__) from None
 
 
+#: Rows gathered into one table by :func:`read_tables` before it is handed on: tens of MiB
+#: of columns, so that memory stays bounded whatever the trace's length, and large enough
+#: that each series gets a long run of rows from each (few chunks to read back). With
+#: 2M, a 50M-row CSV peaked at 0.55 GiB of RSS, with 1M at 0.34 GiB, as fast.
+TABLE_ROWS = 1_000_000
+
+#: Bytes of CSV or JSON Lines parsed per block by :func:`read_tables`' streaming readers:
+#: pyarrow's default. The 16 MiB blocks of :func:`read_table` made the streaming reader's
+#: peak RSS 0.7 GiB on a 10M-row CSV (its blocks, freed in turn, were not given back to
+#: the system), 1 MiB blocks 0.11 GiB, at the same speed (bench/analyze_speed.py). Its
+#: default memory pool too (mimalloc): the C library's held more.
+_STREAM_BLOCK_BYTES = 1 << 20
+
+
+def read_tables(path: str, fmt: str, rows: int | None = None) -> Iterator[pa.Table]:
+    """The file as consecutive tables of the contract's columns, of about ``rows`` rows
+    each (default TABLE_ROWS; Parquet by its batches, CSV and JSON Lines by pyarrow's
+    streaming readers, each table as soon as it has that many rows), with
+    the same checks as :func:`read_table`: what a trace of any length is read in, in
+    bounded memory. NeedsStrictParser as there, possibly after some tables were given."""
+    import pyarrow as pa
+
+    readers = {"csv": _stream_csv, "jsonl": _stream_jsonl, "parquet": _stream_parquet}
+    with open(path, "rb") as file:
+        try:
+            yield from _gathered(readers[fmt](file), rows or TABLE_ROWS)
+        except (pa.ArrowException, ValueError) as exc:
+            raise NeedsStrictParser(str(exc).splitlines()[0] if str(exc) else
+                                    type(exc).__name__) from None
+
+
+def read_ahead(items: Iterator[T]) -> Iterator[T]:
+    """``items``, the next one made on a thread of its own while the caller works on this
+    one (one ahead: memory stays bounded), an exception raised where the caller takes the
+    item. A trace's parse (pyarrow) and the grouping of the table before (numpy) both let
+    go of the GIL: on two cores, the second was otherwise idle while a trace was read."""
+    import queue
+    import threading
+
+    ahead: queue.Queue[tuple[bool, Any]] = queue.Queue(maxsize=1)
+    stop = threading.Event()
+    thread = threading.Thread(target=_make, args=(items, ahead, stop),
+                              name="tpumon-trace-read", daemon=True)
+    thread.start()
+    try:
+        while True:
+            more, item = ahead.get()
+            if not more:
+                if item is not None:
+                    raise item
+                return
+            yield item
+    finally:
+        stop.set()
+        while thread.is_alive():  # let a blocked put go, so the thread sees ``stop``
+            try:
+                ahead.get(timeout=0.1)
+            except queue.Empty:
+                pass
+        close = getattr(items, "close", None)
+        if close is not None:
+            close()
+
+
+def _make(items: Iterator[Any], ahead: queue.Queue[tuple[bool, Any]],
+          stop: threading.Event) -> None:
+    """:func:`read_ahead`'s thread: each item (True, item), then (False, None), or (False,
+    the exception) where making one failed; stops at ``stop``, at the latest an item on."""
+    import queue
+
+    try:
+        for item in items:
+            while not stop.is_set():
+                try:
+                    ahead.put((True, item), timeout=0.1)
+                    break
+                except queue.Full:
+                    continue
+            if stop.is_set():
+                return
+        ahead.put((False, None))
+    except BaseException as exc:  # noqa: BLE001 - raised again in the caller's thread
+        ahead.put((False, exc))
+
+
+def _gathered(tables: Iterator[pa.Table], rows: int) -> Iterator[pa.Table]:
+    """Consecutive small tables joined (without copying) into ones of at least ``rows``."""
+    import pyarrow as pa
+
+    held: list[pa.Table] = []
+    count = 0
+    for table in tables:
+        held.append(table)
+        count += len(table)
+        if count >= rows:
+            yield pa.concat_tables(held, promote_options="permissive")
+            held, count = [], 0
+    if held:
+        yield pa.concat_tables(held, promote_options="permissive")
+
+
 class ShortLines:
     """A binary file read as pyarrow's CSV reader reads it (``read(size)``, from its I/O
     thread, blocks ahead of its parsers) that ends at the first line of ``longest`` bytes
@@ -143,32 +256,64 @@ class ShortLines:
         self.closed = True
 
 
+def _csv_options(block: int) -> tuple[pcsv.ReadOptions, pcsv.ConvertOptions]:
+    import pyarrow as pa
+    import pyarrow.csv as pcsv
+
+    types = {field.name: field.type for field in arrow_schema()}
+    types.update(host=pa.dictionary(pa.int32(), pa.string()),
+                 chip=pa.dictionary(pa.int32(), pa.string()))  # a few names, many rows
+    convert = pcsv.ConvertOptions(column_types=types, null_values=[""],
+                                  strings_can_be_null=False, quoted_strings_can_be_null=False)
+    return pcsv.ReadOptions(block_size=block), convert
+
+
 def _read_csv(file: BinaryIO) -> pa.Table:
     import pyarrow as pa
     import pyarrow.csv as pcsv
 
     from tpumon.trace import MAX_LINE_CHARS
 
-    schema = arrow_schema()
-    types = {field.name: field.type for field in schema}
-    types.update(host=pa.dictionary(pa.int32(), pa.string()),
-                 chip=pa.dictionary(pa.int32(), pa.string()))  # a few names, many rows
-    convert = pcsv.ConvertOptions(column_types=types, null_values=[""],
-                                  strings_can_be_null=False, quoted_strings_can_be_null=False)
+    # blocks of 16 MiB, not pyarrow's 1 MiB: a few chunks per column, so the per-chunk
+    # dictionaries of names unify and the columns join in a fraction of the time
+    read, convert = _csv_options(_BLOCK_BYTES)
     bounded = ShortLines(file, MAX_LINE_CHARS)
     try:
-        # blocks of 16 MiB, not pyarrow's 1 MiB: a few chunks per column, so the per-chunk
-        # dictionaries of names unify and the columns join in a fraction of the time; the C
-        # library's allocator, not pyarrow's default (mimalloc): on this project's VM,
+        # the C library's allocator, not pyarrow's default (mimalloc): on this project's VM,
         # mimalloc's handling of the parse's short-lived blocks cost 0.5-0.8 s more of
         # kernel time on an 8M-row file (bench/analyze_speed.py)
-        table = pcsv.read_csv(bounded, read_options=pcsv.ReadOptions(block_size=_BLOCK_BYTES),
-                              convert_options=convert, memory_pool=pa.system_memory_pool())
+        table = pcsv.read_csv(bounded, read_options=read, convert_options=convert,
+                              memory_pool=pa.system_memory_pool())
     finally:
         if bounded.refused:  # what pyarrow made of the rest (a cut row) does not count
             raise NeedsStrictParser(f"a line of {MAX_LINE_CHARS:,} bytes or more")
+    return _csv_checked(table)
+
+
+def _stream_csv(file: BinaryIO) -> Iterator[pa.Table]:
+    """:func:`_read_csv` a block at a time (pyarrow's streaming reader)."""
+    import pyarrow as pa
+    import pyarrow.csv as pcsv
+
+    from tpumon.trace import MAX_LINE_CHARS
+
+    read, convert = _csv_options(_STREAM_BLOCK_BYTES)
+    bounded = ShortLines(file, MAX_LINE_CHARS)
+    try:
+        with pcsv.open_csv(bounded, read_options=read, convert_options=convert) as reader:
+            for batch in reader:
+                if bounded.refused:
+                    break
+                yield _csv_checked(pa.Table.from_batches([batch]))
+    finally:
+        if bounded.refused:
+            raise NeedsStrictParser(f"a line of {MAX_LINE_CHARS:,} bytes or more")
+
+
+def _csv_checked(table: pa.Table) -> pa.Table:
+    """The contract's columns of a CSV table, once the strict parser would take it as is."""
     names = table.column_names
-    if any(names.count(c) > 1 for c in types):
+    if any(names.count(c) > 1 for c in arrow_schema().names):
         raise NeedsStrictParser("a column appears twice in the header")
     if any(str(t) in ("binary", "large_binary") for t in table.schema.types):
         raise NeedsStrictParser("not UTF-8 text")  # an unknown column that is not text
@@ -238,6 +383,14 @@ class ObjectLines(ShortLines):
         return returns == paired + data.endswith(b"\r")
 
 
+def _jsonl_options(block: int) -> tuple[pjson.ReadOptions, pjson.ParseOptions]:
+    import pyarrow.json as pjson
+
+    return (pjson.ReadOptions(block_size=block),
+            pjson.ParseOptions(explicit_schema=arrow_schema(),
+                               unexpected_field_behavior="error"))
+
+
 def _read_jsonl(file: BinaryIO) -> pa.Table:
     """JSON Lines through pyarrow, where pyarrow's reader and Python's ``json`` (the strict
     parser) must take the same rows: only the contract's six keys (an unknown one could
@@ -247,24 +400,61 @@ def _read_jsonl(file: BinaryIO) -> pa.Table:
     Anything else (blank lines too) is read by the strict parser, which reads it the same
     way or names the line."""
     import pyarrow as pa
-    import pyarrow.compute as pc
     import pyarrow.json as pjson
 
+    read, parse = _jsonl_options(_BLOCK_BYTES)
+    lines = ObjectLines(file, _longest_line())
+    try:
+        table = pjson.read_json(lines, read_options=read, parse_options=parse,
+                                memory_pool=pa.system_memory_pool())
+    finally:
+        _refused(lines)
+    _one_object_a_line(len(table), lines)
+    return _jsonl_checked(table)
+
+
+def _stream_jsonl(file: BinaryIO) -> Iterator[pa.Table]:
+    """:func:`_read_jsonl` a block at a time (pyarrow's streaming reader)."""
+    import pyarrow as pa
+    import pyarrow.json as pjson
+
+    read, parse = _jsonl_options(_STREAM_BLOCK_BYTES)
+    lines = ObjectLines(file, _longest_line())
+    rows = 0
+    try:
+        with pjson.open_json(lines, read_options=read, parse_options=parse) as reader:
+            for batch in reader:
+                if lines.refused:
+                    break
+                rows += len(batch)
+                yield _jsonl_checked(pa.Table.from_batches([batch]))
+    finally:
+        _refused(lines)
+    _one_object_a_line(rows, lines)
+
+
+def _longest_line() -> int:
     from tpumon.trace import MAX_LINE_CHARS
 
-    lines = ObjectLines(file, MAX_LINE_CHARS)
-    try:
-        table = pjson.read_json(
-            lines, read_options=pjson.ReadOptions(block_size=_BLOCK_BYTES),
-            parse_options=pjson.ParseOptions(explicit_schema=arrow_schema(),
-                                             unexpected_field_behavior="error"),
-            memory_pool=pa.system_memory_pool())
-    finally:
-        if lines.refused:  # a line too long, or one that is not an object
-            raise NeedsStrictParser("a line that is not one JSON object of at most "
-                                    f"{MAX_LINE_CHARS:,} bytes")
-    if len(table) != lines.lines:
+    return MAX_LINE_CHARS
+
+
+def _refused(lines: ObjectLines) -> None:
+    """A line too long, or one that is not an object: the strict parser's to read."""
+    if lines.refused:
+        raise NeedsStrictParser("a line that is not one JSON object of at most "
+                                f"{_longest_line():,} bytes")
+
+
+def _one_object_a_line(rows: int, lines: ObjectLines) -> None:
+    if rows != lines.lines:
         raise NeedsStrictParser("not one JSON object on each line")
+
+
+def _jsonl_checked(table: pa.Table) -> pa.Table:
+    """A JSON Lines table whose names are UTF-8 and dictionary-encoded, as from CSV."""
+    import pyarrow.compute as pc
+
     if pc.any(pc.equal(table.column("time"), 0)).as_py():
         # pyarrow reads the integer -0 as -0.0, json as 0 (+0.0): a zero's sign is the
         # strict parser's to give
@@ -290,10 +480,29 @@ def _valid_names(column: pa.ChunkedArray) -> pa.ChunkedArray:
 
 
 def _read_parquet(file: BinaryIO) -> pa.Table:
+    import pyarrow.parquet as pq
+
+    return _parquet_checked(pq.read_table(file))
+
+
+def _stream_parquet(file: BinaryIO) -> Iterator[pa.Table]:
+    """:func:`_read_parquet` a batch at a time (row groups, read in their batches)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    table = pq.read_table(file)
+    with pq.ParquetFile(file) as parquet:
+        if parquet.metadata.num_rows == 0:  # no batch at all: its columns are still checked
+            yield _parquet_checked(parquet.schema_arrow.empty_table())
+            return
+        for group in range(parquet.num_row_groups):  # one at a time: see _PARQUET_BATCH_ROWS
+            for batch in parquet.iter_batches(batch_size=_PARQUET_BATCH_ROWS,
+                                              row_groups=[group]):
+                yield _parquet_checked(pa.Table.from_batches([batch]))
+
+
+def _parquet_checked(table: pa.Table) -> pa.Table:
+    import pyarrow as pa
+
     missing = [c for c in _REQUIRED if c not in table.column_names]
     if missing:
         raise NeedsStrictParser("missing required column " + ", ".join(map(repr, missing)))
@@ -316,28 +525,30 @@ def _select(table: pa.Table) -> pa.Table:
     return table.select(list(arrow_schema().names))
 
 
-def series_columns(table: pa.Table) -> dict[tuple[str, str], SeriesColumns]:
+def series_columns(table: pa.Table, first_row: int = 0) -> dict[tuple[str, str], SeriesColumns]:
     """Per (host, chip) series arrays of a table, in order of first appearance, each in file
-    order; NeedsStrictParser (saying which row) for any value the contract refuses."""
+    order; NeedsStrictParser (saying which row) for any value the contract refuses.
+    ``first_row``: the table's first row's index in its file (a part of a longer trace),
+    for the row numbers said."""
     from tpumon.trace import SeriesColumns
 
     with _helper(len(table)) as helper:
         # the grouping (names, sort) beside the numbers' conversion and checks: both are
         # numpy and pyarrow work that lets go of the GIL, and a large trace's second core
         # is otherwise idle between the parse and the replay
-        grouping = helper.submit(_series_groups, table)
-        times = _numbers(table, "time", np.float64)
-        used = _numbers(table, "hbm_used_bytes", np.int64)
-        total = _numbers(table, "hbm_total_bytes", np.int64)
-        steps = _numbers(table, "step", np.float64, nulls_allowed=True)  # null -> NaN
-        _check_values(times, steps, used, total)  # a bad value is named before a bad name
+        grouping = helper.submit(_series_groups, table, first_row)
+        times = _numbers(table, "time", np.float64, first_row)
+        used = _numbers(table, "hbm_used_bytes", np.int64, first_row)
+        total = _numbers(table, "hbm_total_bytes", np.int64, first_row)
+        steps = _numbers(table, "step", np.float64, first_row, nulls_allowed=True)  # NaN
+        _check_values(times, steps, used, total, first_row)  # named before a bad name
         groups = grouping.result()
         if groups.order is not None:
             order = groups.order
             ahead = [helper.submit(a.take, order) for a in (times, steps)]
             used, total = used.take(order), total.take(order)
             times, steps = (f.result() for f in ahead)
-    _check_times(times, groups)
+    _check_times(times, groups, first_row)
     return {key: SeriesColumns(times[a:b], steps[a:b], used[a:b], total[a:b])
             for key, a, b in zip(groups.names, groups.starts, groups.ends, strict=True)}
 
@@ -381,9 +592,9 @@ class _Groups(NamedTuple):
     ends: list[int]
 
 
-def _series_groups(table: pa.Table) -> _Groups:
-    host_codes, hosts = _dictionary(table.column("host"))
-    chip_codes, chips = _dictionary(table.column("chip"))
+def _series_groups(table: pa.Table, first_row: int = 0) -> _Groups:
+    host_codes, hosts = _dictionary(table.column("host"), first_row)
+    chip_codes, chips = _dictionary(table.column("chip"), first_row)
     for name, values in (("host", hosts), ("chip", chips)):
         for value in values:
             if not value or value.strip() != value:
@@ -411,13 +622,14 @@ def _series_groups(table: pa.Table) -> _Groups:
     return _Groups(names, order, starts.tolist(), ends.tolist())
 
 
-def _numbers(table: pa.Table, column: str, dtype: type,
+def _numbers(table: pa.Table, column: str, dtype: type, first_row: int,
              nulls_allowed: bool = False) -> np.ndarray:
     """A column as one numpy array of ``dtype``, nulls as NaN where allowed. Written chunk
     by chunk into one array: joining the chunks first, then converting, would make two."""
     values = table.column(column)
     if values.null_count and not nulls_allowed:
-        raise NeedsStrictParser(f"row {_first(values.is_null()) + 1}: column {column!r} is empty")
+        raise NeedsStrictParser(f"row {first_row + _first(values.is_null()) + 1}: column "
+                                f"{column!r} is empty")
     out: np.ndarray = np.empty(len(values), dtype)
     at = 0
     for chunk in values.chunks:
@@ -432,7 +644,7 @@ def _first(mask: pa.ChunkedArray | np.ndarray) -> int:
 
 
 def _check_values(times: np.ndarray, steps: np.ndarray, used: np.ndarray,
-                  total: np.ndarray) -> None:
+                  total: np.ndarray, first_row: int) -> None:
     """The contract's tests on values, all rows at once; the first failing row is named."""
     bad = [(~np.isfinite(times), "column 'time' is not a finite number"),
            (used < 0, "column 'hbm_used_bytes' is negative"),
@@ -440,15 +652,15 @@ def _check_values(times: np.ndarray, steps: np.ndarray, used: np.ndarray,
            ((steps < 0) | (steps >= _STEP_LIMIT), "column 'step' is out of range")]
     for mask, message in bad:
         if mask.any():
-            raise NeedsStrictParser(f"row {_first(mask) + 1}: {message}")
+            raise NeedsStrictParser(f"row {first_row + _first(mask) + 1}: {message}")
 
 
-def _dictionary(column: pa.ChunkedArray) -> tuple[np.ndarray, list[str]]:
+def _dictionary(column: pa.ChunkedArray, first_row: int) -> tuple[np.ndarray, list[str]]:
     """Row codes and the distinct values of a string column (one dictionary for all chunks)."""
     import pyarrow as pa
 
     if column.null_count:
-        raise NeedsStrictParser(f"row {_first(column.is_null()) + 1}: an empty name")
+        raise NeedsStrictParser(f"row {first_row + _first(column.is_null()) + 1}: an empty name")
     if not pa.types.is_dictionary(column.type):
         column = column.dictionary_encode()
     encoded = column.unify_dictionaries().combine_chunks() if column.num_chunks else \
@@ -456,7 +668,16 @@ def _dictionary(column: pa.ChunkedArray) -> tuple[np.ndarray, list[str]]:
     return encoded.indices.to_numpy(zero_copy_only=False), encoded.dictionary.to_pylist()
 
 
-def _check_times(times: np.ndarray, groups: _Groups) -> None:
+def first_row_of(table: pa.Table, key: tuple[str, str]) -> int:
+    """The index of a series' first row in a table (to name a row in an error)."""
+    import pyarrow.compute as pc
+
+    mine = pc.and_(pc.equal(table.column("host").cast("string"), key[0]),
+                   pc.equal(table.column("chip").cast("string"), key[1]))
+    return _first(mine)
+
+
+def _check_times(times: np.ndarray, groups: _Groups, first_row: int) -> None:
     """Times of each series must not go back."""
     if len(times) < 2:
         return
@@ -467,7 +688,7 @@ def _check_times(times: np.ndarray, groups: _Groups) -> None:
     if back.any():
         i = _first(back) + 1
         row = i if groups.order is None else int(groups.order[i])
-        raise NeedsStrictParser(f"row {row + 1}: time {times[i]:.3f} is earlier than "
+        raise NeedsStrictParser(f"row {first_row + row + 1}: time {times[i]:.3f} is earlier than "
                                 f"{times[i - 1]:.3f} earlier in its series (times of a series "
                                 "must not go back)")
 

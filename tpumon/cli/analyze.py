@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 
 import click
 from rich import box
@@ -16,9 +18,9 @@ from tpumon.cli.progress import bars
 from tpumon.cli.prometheus_source import (check_prometheus_options, prometheus_options,
                                           prometheus_rows)
 from tpumon.detect import describe_growth
-from tpumon.detect.replay import (SeriesResult, describe_forecast, read_path, replay_columns,
-                                   trace_files, usable_cores)
-from tpumon.trace import SeriesColumns, TraceFormatError
+from tpumon.detect.replay import (SeriesResult, describe_forecast, replay_columns,
+                                   spilled_path, trace_files, usable_cores)
+from tpumon.trace import SeriesSource, TraceFormatError
 
 #: Widest host name shown: the table fits 80 columns with every other column full.
 HOST_WIDTH = 18
@@ -113,6 +115,11 @@ def command(trace: str | None, fmt: str, prometheus: str | None, slice_name: str
     first moment the leak alert would have fired, with the forecast made then. Same code
     and defaults as the agent.
 
+    A trace of any length is read in bounded memory: its series are kept in a temporary
+    file (32 bytes a sample, under $TMPDIR) and replayed one at a time. A CSV or JSON Lines
+    file that needs the validating parser (names with spaces around them, say), or stdin, is
+    read whole in memory.
+
     A malformed file stops with one line naming the line number and the problem, and
     prints nothing on stdout; samples that use more HBM than their chip has are read, and
     counted in a line on stderr. With --prometheus URL --slice NAME, replays every chip of
@@ -131,30 +138,40 @@ def command(trace: str | None, fmt: str, prometheus: str | None, slice_name: str
     if trace is None:
         raise click.UsageError("give a TRACE file, or --prometheus URL --slice NAME")
     try:
-        with bars() as progress:
-            results = _replay(_read(trace, progress), progress)
+        with bars() as progress, _read(trace, progress) as series:
+            results = _replay(series, progress)
     except TraceFormatError as exc:
         raise click.ClickException(str(exc)) from None
-    except OSError as exc:
-        raise click.ClickException(f"{trace}: {exc.strerror or exc}") from None
+    except OSError as exc:  # the trace's, or the spill file's (a full disk: names it)
+        raise click.ClickException(f"{exc.filename or trace}: {exc.strerror or exc}") \
+            from None
     if not results:  # like `report` and `export`: nothing selected is an error
         raise click.ClickException(f"{trace}: no samples to analyze (only a header?)")
     _print(results, fmt)
 
 
-def _read(trace: str, progress: Progress) -> dict[tuple[str, str], SeriesColumns]:
+@contextmanager
+def _read(trace: str, progress: Progress) -> Iterator[dict[tuple[str, str], SeriesSource]]:
+    """The trace's series, spilled to a temporary file while the context lasts (bounded
+    memory); a bar that pulses (the rows to come are not known) and counts the rows."""
     files = len(trace_files(trace))
-    # one file is read in one go: a bar that pulses until it is in
-    task = progress.add_task(f"reading {files:,} trace file{'s' * (files != 1)}",
-                             total=files if files > 1 else None)
-    columns = read_path(trace, read=lambda n: progress.advance(task, n))
-    progress.update(task, total=files, completed=files)
-    return columns
+    what = f"reading {files:,} trace file{'s' * (files != 1)}"
+    task = progress.add_task(what, total=None)
+    rows = 0
+
+    def read(n: int) -> None:
+        nonlocal rows
+        rows += n
+        progress.update(task, description=f"{what}: {rows:,} samples")
+
+    with spilled_path(trace, read=read) as series:
+        progress.update(task, total=1, completed=1)
+        yield dict(series)
 
 
-def _replay(columns: dict[tuple[str, str], SeriesColumns],
+def _replay(columns: Mapping[tuple[str, str], SeriesSource],
             progress: Progress) -> list[SeriesResult]:
-    samples = sum(len(c.times) for c in columns.values())
+    samples = sum(c.samples for c in columns.values())
     task = progress.add_task(f"replaying {samples:,} samples", total=samples)
     return replay_columns(columns, workers=usable_cores(),
                           replayed=lambda n: progress.advance(task, n))

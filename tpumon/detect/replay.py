@@ -14,6 +14,9 @@ import os
 import re
 import time
 from dataclasses import dataclass
+import tempfile
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
@@ -21,7 +24,9 @@ import numpy as np
 from tpumon.detect.detector import (Assessment, ChipDetector, DetectorSettings, Verdict,
                                     leak_alert)
 from tpumon.detect.pooling import JobPool, pool_job
-from tpumon.trace import SeriesColumns, TraceFormatError, read_trace_columns
+from tpumon.trace_spill import Spill, SpilledSeries
+from tpumon.trace import (SeriesColumns, SeriesSource, TraceFormatError, read_trace_columns,
+                          spill_trace)
 
 
 def _opt(value: float | None, digits: int | None = None) -> float | int | None:
@@ -174,8 +179,10 @@ class _ChipRun(NamedTuple):
     growing: dict | None = None
 
 
-def _run_chip(c: SeriesColumns, settings: DetectorSettings | None, log: bool) -> _ChipRun:
-    """Run one detector over one series' arrays (the agent's code path, in one batch)."""
+def _run_chip(series: SeriesSource, settings: DetectorSettings | None, log: bool) -> _ChipRun:
+    """Run one detector over one series' arrays (the agent's code path, in one batch); a
+    spilled series is read for it, and let go of after."""
+    c = series.load()
     detector = ChipDetector(settings)
     if log:
         detector.log = []
@@ -183,11 +190,12 @@ def _run_chip(c: SeriesColumns, settings: DetectorSettings | None, log: bool) ->
     return _ChipRun(detector.assessment, detector.alert, detector.log, detector.growing)
 
 
-def _result(host: str, chip: str, c: SeriesColumns, assessment: Assessment,
+def _result(host: str, chip: str, series: SeriesSource, assessment: Assessment,
             alert: dict | None, growing: dict | None) -> SeriesResult:
     """A series' outcome: its verdict and alert, where HBM filled after the alert, the
     samples over capacity, and its first warning (its own, or the alert if earlier: a chip
     that joins its job's leak warns when it pages)."""
+    c = series.load()
     if alert is not None and (growing is None or alert["time"] < growing["time"]):
         growing = {"time": alert["time"], "step": alert["step"]}
     return SeriesResult(host, chip, len(c.times), assessment, alert,
@@ -214,8 +222,10 @@ def analyze_path(path: str, settings: DetectorSettings | None = None,
                  workers: int = 1) -> list[SeriesResult]:
     """``analyze_file`` of a trace file, or of every trace file (.csv, .jsonl, .parquet) in a
     directory, in name order: a slice recorded one file per host, its chips pooled as one
-    job. A series in two files is an error. ``workers``: as in :func:`replay_columns`."""
-    return replay_columns(read_path(path), settings, workers)
+    job. A series in two files is an error. ``workers``: as in :func:`replay_columns`.
+    In bounded memory, whatever the trace's length (:func:`spilled_path`)."""
+    with spilled_path(path) as series:
+        return replay_columns(series, settings, workers)
 
 
 def trace_files(path: str) -> list[str]:
@@ -224,6 +234,24 @@ def trace_files(path: str) -> list[str]:
         return [path]
     return [os.path.join(path, n) for n in sorted(os.listdir(path))
             if n.lower().endswith(TRACE_SUFFIXES)]
+
+
+@contextmanager
+def spilled_path(path: str, read: Advance | None = None) -> Iterator[dict[tuple[str, str],
+                                                                          SpilledSeries]]:
+    """The series of a trace file or of a directory's trace files (``trace_files``), as
+    :func:`read_path` gives them, but kept in a temporary spill file (under TMPDIR, 32
+    bytes a sample) for as long as the context lasts, each read back when replayed: a
+    trace of any length in bounded memory (:mod:`tpumon.trace_spill`). ``read`` is told
+    the rows of each part of a file as it is read."""
+    with tempfile.TemporaryDirectory(prefix="tpumon-analyze-") as directory:
+        spill = Spill(directory)
+        try:
+            for file in trace_files(path):
+                spill_trace(file, spill, read=read)
+        finally:
+            spill.close()
+        yield spill.series
 
 
 def read_path(path: str, read: Advance | None = None) -> dict[tuple[str, str], SeriesColumns]:
@@ -245,17 +273,21 @@ def read_path(path: str, read: Advance | None = None) -> dict[tuple[str, str], S
 TRACE_SUFFIXES = (".csv", ".jsonl", ".parquet")
 
 
-def replay_job(job: str, series: list[tuple[str, str, SeriesColumns]],
+def replay_job(job: str, series: Sequence[tuple[str, str, SeriesSource]],
                settings: DetectorSettings | None = None) -> list[SeriesResult]:
     """Replay the chips of one job, each on its own detector, and share their evidence
     (:mod:`tpumon.detect.pooling`) at every moment one of their assessments changed: what
     the agent does at every poll, as pooled verdicts change only at those moments. A chip's
-    alert is the first moment its pooled verdict was ``leak``."""
+    alert is the first moment its pooled verdict was ``leak``. The chips' series are read
+    one at a time (a spilled one again where its results need it)."""
+    if len(series) == 1:  # read once for its run and its results
+        host, chip, c = series[0]
+        series = [(host, chip, c.load())]
     runs = [_run_chip(c, settings, log=len(series) > 1) for _, _, c in series]
     return _job_results(job, series, runs)
 
 
-def _job_results(job: str, series: list[tuple[str, str, SeriesColumns]],
+def _job_results(job: str, series: Sequence[tuple[str, str, SeriesSource]],
                  runs: Sequence[_ChipRun]) -> list[SeriesResult]:
     """The results of a job's chips from their detectors' runs, pooled if several."""
     if len(series) == 1:
@@ -281,7 +313,7 @@ class Pooling:
     alerts: dict[int, dict]
 
 
-def replay_pooling(job: str, logs: Sequence[Said], columns: Sequence[SeriesColumns],
+def replay_pooling(job: str, logs: Sequence[Said], columns: Sequence[SeriesSource],
                    timelines: bool = True) -> Pooling:
     """The pooled verdicts and alerts of a job's chips, from their detectors' logs; the
     verdicts only with ``timelines`` (``tpumon report`` draws them, ``analyze`` does not).
@@ -314,11 +346,11 @@ def replay_pooling(job: str, logs: Sequence[Said], columns: Sequence[SeriesColum
 
 
 def _alert(alerts: dict[int, dict], moment: float, chips: list[int], pool: JobPool,
-           columns: Sequence[SeriesColumns]) -> None:
+           columns: Sequence[SeriesSource]) -> None:
     """The alerts of ``chips``, whose pooled verdict turned leak at ``moment``."""
     shared = pool.shared(len(pool.leaking()))
     for i in chips:
-        c = columns[i]
+        c = columns[i].load()
         at = max(int(np.searchsorted(c.times, moment, side="right")) - 1, 0)
         a = pool.chips[i]
         alerts[i] = leak_alert(moment, float(c.steps[at]),
@@ -336,7 +368,8 @@ def job_name(host: str) -> str:
 
 
 def analyze_file(path: str, settings: DetectorSettings | None = None) -> list[SeriesResult]:
-    """Read a trace (CSV or JSON Lines) into per-series arrays and replay each series.
+    """Read a trace (CSV, JSON Lines or Parquet) into per-series arrays, whole, and replay
+    each series (:func:`analyze_path` reads in bounded memory, for a file too).
 
     Raises TraceFormatError (with the line number) before any result exists, so a caller
     prints all or nothing.
@@ -344,7 +377,7 @@ def analyze_file(path: str, settings: DetectorSettings | None = None) -> list[Se
     return replay_columns(read_trace_columns(path), settings)
 
 
-def replay_columns(columns: dict[tuple[str, str], SeriesColumns],
+def replay_columns(columns: Mapping[tuple[str, str], SeriesSource],
                    settings: DetectorSettings | None = None,
                    workers: int = 1, replayed: Advance | None = None) -> list[SeriesResult]:
     """Replay every series, the chips of each job (slice, or host) together, in the
@@ -352,8 +385,9 @@ def replay_columns(columns: dict[tuple[str, str], SeriesColumns],
     replayed by that many forked processes (``tpumon analyze`` uses every usable core):
     the same results, as each job is replayed whole by one detector per chip wherever it
     runs. Only a command-line process forks; the agent (threads) replays in itself.
-    ``replayed`` is told the samples of each job or chip as its replay ends."""
-    jobs: dict[str, list[tuple[str, str, SeriesColumns]]] = {}
+    ``replayed`` is told the samples of each job or chip as its replay ends. A series may
+    be spilled (:func:`spilled_path`): each is then read when it is replayed."""
+    jobs: dict[str, list[tuple[str, str, SeriesSource]]] = {}
     for (host, chip), c in columns.items():
         jobs.setdefault(job_name(host), []).append((host, chip, c))
     by_key = {(r.host, r.chip): r for r in _replay_jobs(list(jobs.items()), settings, workers,
@@ -365,7 +399,7 @@ def replay_columns(columns: dict[tuple[str, str], SeriesColumns],
 #: saves (a 2-core VM replays about 2M samples a second per core).
 PARALLEL_MIN_SAMPLES = 1_000_000
 
-Jobs = list[tuple[str, list[tuple[str, str, SeriesColumns]]]]
+Jobs = list[tuple[str, list[tuple[str, str, SeriesSource]]]]
 
 #: A worker's task: a job replayed whole (its index, None), or one chip of a job too large
 #: for one worker (job index, chip index), pooled afterwards by the parent.
@@ -387,7 +421,7 @@ def _ignore(_: int) -> None:
 
 def _replay_jobs(jobs: Jobs, settings: DetectorSettings | None, workers: int,
                  replayed: Advance) -> list[SeriesResult]:
-    sizes = [sum(len(c.times) for _, _, c in series) for _, series in jobs]
+    sizes = [sum(c.samples for _, _, c in series) for _, series in jobs]
     tasks = _tasks(jobs, sizes, workers)
     if workers < 2 or len(tasks) < 2 or sum(sizes) < PARALLEL_MIN_SAMPLES or \
             "fork" not in multiprocessing.get_all_start_methods():
@@ -404,7 +438,7 @@ def _replay_jobs(jobs: Jobs, settings: DetectorSettings | None, workers: int,
             for (j, i), done in zip(tasks, pool.imap(_replay_forked, tasks, chunksize=1),
                                     strict=True):
                 outputs.append(done)
-                replayed(sizes[j] if i is None else len(jobs[j][1][i][2].times))
+                replayed(sizes[j] if i is None else jobs[j][1][i][2].samples)
     finally:
         _FORKED = None
     whole: dict[int, list[SeriesResult]] = {}
@@ -432,7 +466,7 @@ def _tasks(jobs: Jobs, sizes: list[int], workers: int) -> list[_Task]:
         if sizes[j] <= share or len(series) == 1:
             tasks.append((sizes[j], (j, None)))
         else:
-            tasks += [(len(c.times), (j, i)) for i, (_, _, c) in enumerate(series)]
+            tasks += [(c.samples, (j, i)) for i, (_, _, c) in enumerate(series)]
     return [task for _, task in sorted(tasks, key=lambda t: -t[0])]
 
 
