@@ -13,7 +13,7 @@ scraping them. Checked, each wait bounded and saying what it waited for:
   time). `report --prometheus` draws the slice's heatmap with no empty column;
 - the same `analyze --prometheus` pointed at VictoriaMetrics, which Prometheus feeds by
   `remote_write` (a store that scales out, with Prometheus' query API), gives the same
-  replay: samples, verdicts and alerts identical.
+  replay: the same samples, verdicts and alerts.
 
 Time runs 240x; the agents poll every 0.2 s (48 simulated seconds apart) and Prometheus
 scrapes every 0.1 s, so every poll has two scrapes to be seen by (a scrape missed on a
@@ -267,7 +267,9 @@ def test_a_slice_wide_leak_seen_as_one_slice(tmp_path, processes):
             every sample of the span."""
             result = run("analyze", "--prometheus", victoria, "--slice", SLICE, *span,
                          "--format", "json")
-            assert result.returncode == 0, result.stderr
+            if result.returncode != 0:  # e.g. nothing written yet: said if it never comes
+                held.update(got=result.stderr.strip())
+                return None
             series = {(s["host"], s["chip"]): s for s in json.loads(result.stdout)["series"]}
             held.update(got={k: s["samples"] for k, s in series.items()})
             return series if held["got"] == {k: s["samples"] for k, s in from_prom.items()} \
@@ -276,10 +278,21 @@ def test_a_slice_wide_leak_seen_as_one_slice(tmp_path, processes):
             from_victoria = bounded("VictoriaMetrics to hold the span's samples Prometheus "
                                     "holds", victoria_replay, 120, processes, interval=2)
         except AssertionError as exc:
-            raise AssertionError(f"samples per chip in VictoriaMetrics {held.get('got')}, in "
+            written = get(f"{victoria}/metrics")  # what remote_write brought it
+            rows = re.findall(r"^vm_rows_inserted_total\{type=\"promremotewrite\"\} \S+",
+                              written, re.M)
+            raise AssertionError(f"{rows}; samples per chip in VictoriaMetrics "
+                                 f"{held.get('got')}, in "
                                  f"Prometheus { {k: s['samples'] for k, s in from_prom.items()} }"
                                  f"\n{exc}") from None
-        assert from_victoria == from_prom
+        # VictoriaMetrics keeps a value to about 16 significant digits: the agent's clock
+        # (1.8e9 s) comes back within a microsecond, so the fitted figures may differ in
+        # their last digits; the verdicts and the alerts are the replay's
+        for key, prom in from_prom.items():
+            got = from_victoria[key]
+            assert got["verdict"] == prom["verdict"], (key, got["verdict"], prom["verdict"])
+            assert (got["alert"]["time"], got["alert"]["step"]) == pytest.approx(
+                (prom["alert"]["time"], prom["alert"]["step"]), abs=0.001), (key, got, prom)
         traces, seen = tmp_path / "traces", tmp_path / "scraped"  # a file per host: a slice
         traces.mkdir()
         seen.mkdir()
