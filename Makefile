@@ -100,6 +100,7 @@ bench: system-deps-bench venv
 	$(BIN)/python bench/hostile.py
 	$(BIN)/python bench/mention_spam.py
 	$(BIN)/python bench/slice_fanout.py
+	$(BIN)/python bench/prometheus_pod.py
 	@if [ -x .venv-frameworks/bin/python ]; then .venv-frameworks/bin/python bench/reporters.py \
 	&& .venv-frameworks/bin/python bench/snapshot.py; \
 	else echo "(make test-frameworks first for the PyTorch/XLA and JAX loop overhead and snapshots)"; fi
