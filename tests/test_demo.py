@@ -124,8 +124,9 @@ def check_one_number(agent: AgentProcess) -> None:
         row = next(line for line in table.stdout.splitlines() if re.match(r"\W*0\W", line))
         assert f" {growth} " in row and f" {left} " in row, (row, before["reason"])
         assert f"chip 0: leak: {before['reason']}" in table.stdout
-        cells = re.search(r"<tr><td>0</td>.*?</tr>", page, re.S).group()
-        assert f"<td class='nowrap'>{growth}</td><td class='nowrap'>{left}</td>" in cells, cells
+        cells = re.search(r"<tr><td data-label='chip'>0</td>.*?</tr>", page, re.S).group()
+        assert (f"<td data-label='growth' class='nowrap'>{growth}</td><td data-label='OOM in' "
+                f"class='nowrap'>{left}</td>") in cells, cells
         return
     raise AssertionError(f"the assessment never held still across the reads: {seen}")
 
@@ -151,7 +152,7 @@ def check_the_pages_agree(agent: AgentProcess) -> None:
 
 
 def index_verdicts(page: str) -> list[str]:
-    return re.findall(r"<td>(\w+): ", page)
+    return re.findall(r"<td data-label='leak detector'>(\w+): ", page)
 
 
 def check_the_log_says_so(agent: AgentProcess) -> None:
