@@ -39,6 +39,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 from test_grafana import queries  # noqa: E402  (the dashboard's queries as Grafana sends them)
+from tools import free_port  # noqa: E402
 
 SLICE = "bench-pod"
 HBM_TOTAL = 34_359_738_368  # v4: 32 GiB a chip
@@ -47,8 +48,7 @@ MOVING = re.compile(r'^(tpumon_hbm_(?:used|floor)_bytes)\{(.*chip="(\d+)".*)\} \
 
 def capture_exposition(python: str) -> str:
     """A real simulated agent's /metrics after 20 s of polls."""
-    with socket_port() as port:
-        pass
+    port = free_port()
     agent = subprocess.Popen([python, "-m", "tpumon", "agent", "--simulate",
                               "--listen-address", f"127.0.0.1:{port}", "--poll-interval", "1"],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
@@ -58,19 +58,6 @@ def capture_exposition(python: str) -> str:
     finally:
         agent.terminate()
         agent.wait(15)
-
-
-class socket_port:  # noqa: N801 - a context manager read as a value
-    """A free loopback port (closed again on entry's exit)."""
-
-    def __enter__(self) -> int:
-        import socket
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        return self.sock.getsockname()[1]
-
-    def __exit__(self, *exc: object) -> None:
-        self.sock.close()
 
 
 def get(url: str, timeout: float = 60.0) -> str:
@@ -213,8 +200,7 @@ def main() -> None:
     server = serve([worker_lines(exposition, w) for w in range(args.workers)], began)
     with tempfile.TemporaryDirectory(prefix="tpumon-prom-pod-") as tmp:
         config = prometheus_config(Path(tmp), args.workers, server.server_address[1])
-        with socket_port() as port:
-            pass
+        port = free_port()
         prom = f"http://127.0.0.1:{port}"
         proc = subprocess.Popen([binary, f"--config.file={config}",
                                  f"--storage.tsdb.path={tmp}/data",
