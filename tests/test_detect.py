@@ -850,3 +850,23 @@ def test_a_transient_seen_once_does_not_shrink_the_headroom():
         plain.assessment.predicted_oom_time, abs=1800)
     assert thrice.assessment.transient_bytes > 8 * GB
     assert thrice.assessment.predicted_oom_time < once.assessment.predicted_oom_time - 3600
+
+
+def test_a_cache_that_filled_after_a_step_and_a_held_buffer_does_not_page():
+    """A step change of 1.6 GB at 1.9 h, a buffer of 1.1 GB held 6.0-6.5 h, then a cache of
+    4.1 GB filling from 7 h (time constant 35 min): bench/false_alarms.py's holds+cache chip
+    1. A line fitted through the window (flat, then the fill) grew fast enough to page, and
+    it paged at 7.9 h, with the floors of the last 40 minutes flat. Growth that has slowed
+    in the window's last eighth to under the window's rate is no leak yet: ``growing``
+    while it does, and the chip never pages."""
+    t, s, u, total = _stairs_and_holds([(1.87, 1.60 * GB)], [(6.0, 6.53, 1.08 * GB)], 10.0, 1)
+    h = (t - T0) / 3600
+    u = u + 4.06 * GB * np.where(h > 6.99, 1 - np.exp(-(h - 6.99) / 0.59), 0.0)
+    d = ChipDetector()
+    d.log = []
+    d.update(t, s, u, total)
+    assert d.alert is None, d.alert
+    said = {a.verdict for _, _, a in d.log}
+    assert Verdict.LEAK not in said and Verdict.GROWING in said, said
+    stalled = [a.reason for _, _, a in d.log if "grew more slowly" in a.reason]
+    assert stalled, [a.reason for _, _, a in d.log][-10:]

@@ -157,6 +157,7 @@ class _Job:
     # threshold) is news on a floor counted flat: it is refit at once
     growing: bool = False
     slope: float = 0.0  # continuous trend (bytes/s) at the last fit: jumps are found around it
+    window_floors: np.ndarray | None = None  # the last fit's floors (rows as history.window)
     leaking: bool = False
     # the last few floors (one envelope): a restart is a floor far below all of them
     last_floors: list[float] = field(default_factory=list)
@@ -688,6 +689,7 @@ class ChipDetector:
         data, fit, recent = self._window_fit(job, start, now)
         if fit is None:
             return _Said(Verdict.INSUFFICIENT_DATA, "too few floors", base)
+        job.window_floors = data
         first = data.item(0, 0)
         window = now - first
         in_window = [j for j in job.jumps if j.time >= first]
@@ -816,7 +818,7 @@ class ChipDetector:
         common = dict(common, **oom_forecast(b.start, b.last_step, tto, window,
                                              steps_per_second))
         if not job.leaking:  # hysteresis: a leak stays one while growth stays significant
-            not_yet = self._not_a_leak_yet(job, tto, window, stairs)
+            not_yet = self._not_a_leak_yet(job, tto, window, stairs, rate)
             if not_yet:
                 # a rise not yet confirmed as a jump is no rate to forecast with: 'ok' beside
                 # "OOM in 4.5 h" told two stories (issue 43); the other verdicts say theirs
@@ -830,7 +832,7 @@ class ChipDetector:
         return _Said(Verdict.LEAK, f"{growth}; {describe_oom(tto)}", common)
 
     def _not_a_leak_yet(self, job: _Job, tto: float, window: float,
-                        stairs: Staircase | None) -> tuple[Verdict, str] | None:
+                        stairs: Staircase | None, rate: float) -> tuple[Verdict, str] | None:
         """What growth that would OOM in ``tto`` seconds is while it is not (yet) a leak,
         and why; None if it is a leak. Growth that would fill HBM within the horizon, on
         too little evidence yet to page for (it may still be a cache that settles), is
@@ -854,7 +856,29 @@ class ChipDetector:
                                      "this rate, "
                                      f"on {window / 3600:.1f} h of evidence (a cache may yet "
                                      "settle)")
+        if stairs is None:
+            stalled = self._stalled(job, rate)
+            if stalled:
+                return Verdict.GROWING, (f"growing: HBM full in {describe_time_left(tto)} at "
+                                         "this rate, but the floor grew more slowly in the "
+                                         f"last {stalled} (a cache may have filled)")
         return None
+
+    def _stalled(self, job: _Job, rate: float) -> str | None:
+        """How long the floor has grown slower than ``rate`` (the window's), when it has:
+        the last eighth of the window's floors (12 at least) grow significantly slower (Sen's
+        95 % interval under it). A cache that filled at the end of a long flat window fits
+        a line through the window, and the floors since it filled are flat; a leak's go
+        on growing at its rate."""
+        data = job.window_floors
+        if data is None or data.shape[1] < 24:
+            return None
+        k = max(12, data.shape[1] // 8)
+        t, y = data[0, -k:], job.corrected(data[:, -k:])
+        sen = PairwiseSlopes(t, y).sen()
+        if sen is None or sen[2] >= rate:
+            return None
+        return describe_time_left(t[-1] - t[0])
 
     def _no_leak(self, job: _Job, common: dict, decelerating: bool) -> _Said:
         least = self._step_change_size()
