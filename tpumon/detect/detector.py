@@ -869,9 +869,11 @@ class ChipDetector:
         the last eighth of the window's floors (12 at least) grow significantly slower (Sen's
         95 % interval under it). A cache that filled at the end of a long flat window fits
         a line through the window, and the floors since it filled are flat; a leak's go
-        on growing at its rate."""
+        on growing at its rate. Not asked of a window with an upward level shift: a
+        staircase is flat between its stairs."""
         data = job.window_floors
-        if data is None or data.shape[1] < 24:
+        if data is None or data.shape[1] < 24 or any(
+                j.size > 0 and j.time >= data.item(0, 0) for j in job.jumps):
             return None
         k = max(12, data.shape[1] // 8)
         t, y = data[0, -k:], job.corrected(data[:, -k:])
