@@ -870,3 +870,35 @@ def test_a_cache_that_filled_after_a_step_and_a_held_buffer_does_not_page():
     assert Verdict.LEAK not in said and Verdict.GROWING in said, said
     stalled = [a.reason for _, _, a in d.log if "grew more slowly" in a.reason]
     assert stalled, [a.reason for _, _, a in d.log][-10:]
+
+
+def test_loading_at_step_0_is_warm_up_however_long_it_lasts():
+    """A process that loads for 18 minutes at step 0 on a plateau of 4 GB, then trains at
+    14 GB (steps from 1 on), with two step changes of 1 GB at 0.65 h and 2.2 h (bench/
+    nuisances.py seed 1's steps job 1000001, chip 2). Its warm-up used to end at 10 minutes,
+    on the plateau: the rise to training was a level shift of the trend, and with the two
+    step changes it made a staircase of 3 jumps that paged at 2.4 h. While the step has
+    not moved, the job is still loading: its trend starts in training, and two step
+    changes are two step changes."""
+    t, _, u, total = _synthetic(6.0, 4.0, 14 * GB, 0.0, 4 * GB, 0.1, 5e6, 0.0, 7)
+    h = (t - T0) / 3600
+    training = h >= 0.3
+    u = np.where(training, u, 4 * GB + np.random.default_rng(7).normal(0, 2e6, len(t)))
+    u = u + 0.96 * GB * (h >= 0.65) + 1.03 * GB * (h >= 2.2)
+    steps = np.where(training, np.floor((t - T0 - 0.3 * 3600) * 30.0) + 1, 0.0)
+    d = run((t, steps, u, total))
+    assert no_alert(d), d.assessment.reason
+    assert d.job is not None and d.job.trend_start is not None
+    assert d.job.trend_start >= T0 + 0.3 * 3600, (d.job.trend_start - T0) / 3600
+    assert d.assessment.verdict is Verdict.STEP_CHANGE, d.assessment.reason
+    assert len(d.job.jumps) == 2, [(j.time - T0) / 3600 for j in d.job.jumps]
+
+
+def test_steps_that_never_move_do_not_hold_the_trend_back_past_the_hour():
+    """A step counter that is known but stuck (a reporter that counts something else)
+    keeps the warm-up only up to its longest, an hour: a leak is still called."""
+    t, _, u, total = _synthetic(12.0, 15.0, 14 * GB, 0.25 * GB / 3600, 4 * GB, 0.1, 5e6, 0.0, 3)
+    d = run((t, np.zeros(len(t)), u, total))
+    assert d.job is not None and d.job.trend_start is not None
+    assert d.job.trend_start <= T0 + 1.1 * 3600, (d.job.trend_start - T0) / 3600
+    assert d.alert is not None, d.assessment.reason

@@ -142,6 +142,7 @@ class _Job:
     trend_start: float | None = None
     history: FloorHistory = field(default_factory=FloorHistory)
     warm_floors: list[float] = field(default_factory=list)
+    first_step: float = math.nan  # the job's first known step: no trend before it advances
     jumps: list[Jump] = field(default_factory=list)
     scanned: int = 0  # next boundary (index over all buckets appended) to scan for jumps
     longest_transient: int = 0  # buckets: the longest rise-and-return of the floor so far
@@ -490,12 +491,19 @@ class ChipDetector:
         return bool(job.last_floors) and b.floor < min(job.last_floors) - drop
 
     def _warm_up(self, job: _Job, b: _Bucket) -> None:
-        """Warm-up ends once it lasted ``warmup_seconds`` and the last two floors agree."""
+        """Warm-up ends once it lasted ``warmup_seconds``, the last two floors agree and,
+        where steps are known, the step has advanced: a process loading its weights and
+        compiling sits at step 0 on a plateau well under its training level, and the rise
+        when training starts, read as a level shift of the trend, began a staircase with
+        the job's next step changes."""
         job.warm_floors.append(b.floor)
+        if math.isnan(job.first_step):
+            job.first_step = b.first_step
         age = b.start - job.start
         recent = job.warm_floors[-2:]
         settled = len(recent) == 2 and max(recent) - min(recent) <= \
             self.settings.step_change_min_fraction * (self.total or 0.0)
+        settled = settled and not b.first_step <= job.first_step  # False when unknown (NaN)
         cfg = self.settings
         if age >= cfg.warmup_seconds and (settled or age >= cfg.warmup_max_seconds):
             job.trend_start = b.start
@@ -852,14 +860,14 @@ class ChipDetector:
         if tto > self.settings.horizon_seconds:
             return Verdict.OK, f"slow growth: OOM would take {describe_time_left(tto)}"
         if tto > self.settings.max_extrapolation * window:
-            return Verdict.GROWING, (f"growing: HBM full in {describe_time_left(tto)} at "
+            return Verdict.GROWING, (f"HBM full in {describe_time_left(tto)} at "
                                      "this rate, "
                                      f"on {window / 3600:.1f} h of evidence (a cache may yet "
                                      "settle)")
         if stairs is None:
             stalled = self._stalled(job, rate)
             if stalled:
-                return Verdict.GROWING, (f"growing: HBM full in {describe_time_left(tto)} at "
+                return Verdict.GROWING, (f"HBM full in {describe_time_left(tto)} at "
                                          "this rate, but the floor grew more slowly in the "
                                          f"last {stalled} (a cache may have filled)")
         return None
