@@ -7,6 +7,9 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 DEMO_ADDRESS ?= :9847
+DEMO_PORT = $(lastword $(subst :, ,$(DEMO_ADDRESS)))
+# tpumon status and watch ask 127.0.0.1:9847 unless told: on another port, the banner says so
+DEMO_AGENT = $(if $(filter 9847,$(DEMO_PORT)),, --agent http://127.0.0.1:$(DEMO_PORT))
 DEMO_SCENARIO ?= fast-leak
 DEMO_HOSTS ?= 4
 DEMO_POD_SCENARIO ?= slice-leak
@@ -52,7 +55,7 @@ demo: venv
 	@echo "  tpumon demo: a simulated TPU v4 VM (4 chips) running scenario '$(DEMO_SCENARIO)',"
 	@echo "  time accelerated 60x (times shown are simulated). The leak is called within two"
 	@echo "  minutes (under two simulated hours); the job runs out of HBM after about six:"
-	@echo "  watch '.venv/bin/tpumon status'. Metrics: http://localhost:$(lastword $(subst :, ,$(DEMO_ADDRESS)))/metrics"
+	@echo "  watch '.venv/bin/tpumon status$(DEMO_AGENT)'. Metrics: http://localhost:$(DEMO_PORT)/metrics"
 	@echo "  Try 'make demo DEMO_SCENARIO=healthy'; 'tpumon sim --list' lists scenarios. Ctrl-C stops."
 	@echo
 	@# the agent refuses a state directory others may write (docs/security.md); one made by

@@ -147,6 +147,41 @@ def test_slice_heatmap_rows_by_worker_then_chip_with_gaps_empty():
     assert render_slice_png(data, [], "slice pod").startswith(b"\x89PNG")
 
 
+def test_slice_picture_names_each_leaking_chip_beside_its_floors(monkeypatch):
+    """make demo-pod's picture: the legend of 16 leaking chips' floors lay on the panel,
+    over the floors of the first hours, and named them in 10 colours (two chips a
+    colour). It is beside the panel now, inside the picture, one colour a chip."""
+    from matplotlib.figure import Figure
+
+    from tpumon.report import slice_heatmap
+    from tpumon.report.data import build_reports, series_from_rows
+    from tpumon.sim.tracegen import generate_trace
+
+    rows = [row for w in range(4) for row in generate_trace(
+        "linear-leak", duration_s=6 * 3600, poll_interval_s=60.0, chips=4, seed=w,
+        host=f"pod-w-{w}")]
+    series = series_from_rows(rows)
+    reports = build_reports(series, "test", "0", 0.0)
+    assert sum(c.assessment.verdict.value == "leak" for r in reports for c in r.chips) == 16
+    drawn: list[Figure] = []
+
+    class Kept(Figure):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            drawn.append(self)
+
+    monkeypatch.setattr(slice_heatmap, "Figure", Kept)
+    slice_heatmap.render_slice_png(series, reports, "slice pod")
+    [figure] = drawn
+    [floors] = [axes for axes in figure.axes if axes.get_legend() is not None]
+    renderer = figure.canvas.get_renderer()
+    legend = floors.get_legend().get_window_extent(renderer)
+    panel, whole = floors.get_window_extent(renderer), figure.bbox
+    assert legend.x0 >= panel.x1 and legend.x1 <= whole.x1 and legend.y0 >= whole.y0
+    solid = [line for line in floors.get_lines() if line.get_linestyle() == "-"]
+    assert len(solid) == 16 and len({line.get_color() for line in solid}) == 16
+
+
 def test_slice_heatmap_fills_its_time_axis_at_any_poll_rate():
     """Fewer samples than columns (a minute's scrapes of hours of a slice, or a demo's
     accelerated time): every column between a chip's first and last sample is coloured;

@@ -367,3 +367,29 @@ def test_the_time_axis_reaches_the_forecast_oom():
     forecast = report.chips[0].forecast
     assert forecast is not None and forecast.time - report.end > 2 * (report.end - report.start)
     assert _x_end(report) > forecast.time
+
+
+def test_a_line_label_near_the_right_edge_is_written_on_its_left():
+    """The demo's job ended near the end of the data: its label "job ended: hbm_oom (step
+    27,959)", written rightwards from its line, was cut off at the panel's edge and hid
+    the "HBM 31.75 GiB" label there. A label that would run past the edge is written on
+    the left of its line; one with room keeps the right."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from tpumon.report.render import _top_labels
+
+    fig, ax = plt.subplots(figsize=(14, 3), dpi=100)
+    ax.set_xlim(0, 6.2)
+    _top_labels(ax, [(1.1, "leak alert 08:00, step 5,314", "red"),
+                     (5.73, "job ended: hbm_oom (step 27,959)", "black")], 6.2)
+    fig.canvas.draw()
+    panel = ax.get_window_extent()
+    texts = {t.get_text().strip(): t for t in ax.texts}
+    for text in texts.values():
+        box = text.get_window_extent()
+        assert panel.x0 <= box.x0 and box.x1 <= panel.x1, text.get_text()
+    assert texts["leak alert 08:00, step 5,314"].get_ha() == "left"
+    assert texts["job ended: hbm_oom (step 27,959)"].get_ha() == "right"
+    plt.close(fig)

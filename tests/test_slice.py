@@ -262,3 +262,29 @@ def test_watch_slice_in_a_real_terminal(servers, tmp_path):
         assert "Traceback" not in term.screen()
     finally:
         term.close()
+
+
+@pytest.mark.e2e
+def test_watch_slice_piped_prints_plain_frames(servers):
+    """`tpumon watch --slice | cat` printed nothing at all (a screen-mode Live without a
+    terminal), where `tpumon watch` piped prints a plain-text view every interval."""
+    a, b = (servers(status_doc(w, ["leak", "ok"], ooms=[1000 + 3600 * (w + 1), None]))
+            for w in range(2))
+    with subprocess.Popen([*TPUMON, "watch", "--slice", "--peers", f"{a.address},{b.address}",
+                           "--interval", "0.2"], stdout=subprocess.PIPE, text=True,
+                          env=clean_env()) as proc:
+        stop = threading.Timer(20, proc.kill)  # no frame in 20 s: its output ends
+        stop.start()
+        try:
+            lines: list[str] = []
+            while sum(line.startswith("tpumon watch --slice") for line in lines) < 2:
+                line = proc.stdout.readline()  # type: ignore[union-attr]
+                assert line, f"the output ended: {lines}"
+                lines.append(line.rstrip("\n"))
+        finally:
+            stop.cancel()
+            proc.kill()
+    assert "\x1b" not in "".join(lines)  # no escape sequences in a pipe
+    assert lines[1] == ("v4-32 slice my-tpu: 2 of 2 workers answered, 4 chips; 2 leaking, 2 ok, "
+                        "first OOM w-0 chip 0 in 1.0 h"), lines
+    assert sum(" leak " in line for line in lines) == 2, lines

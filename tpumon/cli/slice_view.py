@@ -4,6 +4,8 @@ and its live view (the slice logic itself is tpumon/slice.py)."""
 from __future__ import annotations
 
 import json
+import os
+import sys
 import time
 from typing import Any, Callable
 
@@ -118,15 +120,35 @@ def show_slice(config: Config, fmt: str, opts: dict[str, Any], auth: ClientAuth)
 
 def watch_slice(config: Config, opts: dict[str, Any], auth: ClientAuth,
                 interval: float) -> None:
-    """`tpumon watch --slice`: the slice's table redrawn in place until Ctrl-C."""
+    """`tpumon watch --slice`: the slice's table redrawn in place until Ctrl-C; without a
+    terminal (a pipe, a file), as plain text every interval, as `tpumon watch` prints."""
     read = slice_reader(config, opts, auth)
+    console = Console()
     try:
-        with Live(console=Console(), screen=True, auto_refresh=False) as live:
+        if not console.is_terminal:  # a screen-mode Live prints nothing there
+            _plain(read, interval)
+            return
+        with Live(console=console, screen=True, auto_refresh=False) as live:
             while True:
                 live.update(watch_frame(read()), refresh=True)
                 time.sleep(interval)
     except KeyboardInterrupt:
         pass
+
+
+def _plain(read: Callable[[], SliceView], interval: float) -> None:
+    """One frame per interval, each followed by a blank line and flushed, until
+    interrupted or the reader goes away (| head)."""
+    console = Console(no_color=True, force_terminal=False, soft_wrap=True, highlight=False)
+    try:
+        while True:
+            with console.capture() as captured:
+                console.print(watch_frame(read()))
+            sys.stdout.write(captured.get() + "\n")
+            sys.stdout.flush()
+            time.sleep(interval)
+    except BrokenPipeError:  # nothing left to flush to a reader that left
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def watch_frame(view: SliceView) -> Group:

@@ -346,16 +346,21 @@ def _oom_range(f) -> str:
 
 def _top_labels(ax, labels: list[tuple[float, str, str]], span_h: float) -> None:
     """Labels of vertical lines along the top of the panel, stacked where they would
-    overlap (about 0.6 % of the axis per character at this width)."""
+    overlap (about 0.6 % of the axis per character at this width); a label that would run
+    past the panel's right edge (a job that ended near the end of the data) is written on
+    the left of its line instead, not cut off."""
     placed: list[tuple[float, float, int]] = []  # (x from, x to, row)
     for x, text, colour in sorted(labels):
         width = (len(text) + 2) * 0.0062 * span_h
+        left = x + width > span_h and x - width >= 0
+        start = x - width if left else x
         row = 0
-        while any(r == row and a < x + width and x < b for a, b, r in placed):
+        while any(r == row and a < start + width and start < b for a, b, r in placed):
             row += 1
-        placed.append((x, x + width, row))
-        ax.text(x, 0.955 - 0.12 * row, " " + text, transform=ax.get_xaxis_transform(),
-                ha="left", va="top", fontsize=8.5, color=colour, fontweight="bold", zorder=10,
+        placed.append((start, start + width, row))
+        ax.text(x, 0.955 - 0.12 * row, text + " " if left else " " + text,
+                transform=ax.get_xaxis_transform(), ha="right" if left else "left",
+                va="top", fontsize=8.5, color=colour, fontweight="bold", zorder=10,
                 bbox=dict(boxstyle="square,pad=0.15", facecolor="white", edgecolor="none",
                           alpha=0.85))
 

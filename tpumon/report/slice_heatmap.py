@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Mapping
 
 import numpy as np
+from matplotlib import cm
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
@@ -23,6 +24,7 @@ BINS = 240  # time columns of the heatmap
 ROW_IN = 0.18  # inches per chip of the heatmap
 FLOORS_IN = 3.5  # inches of the floors panel under it (drawn when a chip leaks)
 DPI = 90
+LEGEND_ROWS = 20  # entries in a column of the floors' legend
 GiB = 2**30
 
 
@@ -69,7 +71,8 @@ def render_slice_png(series: Mapping[tuple[str, str], SeriesColumns],
                      reports: list[HostReport], title: str) -> bytes:
     keys, edges, ratios = heatmap(series)
     leaking = [c for r in reports for c in r.chips if c.assessment.verdict.value == "leak"]
-    figure = Figure(figsize=(14.0, 3.0 + ROW_IN * len(keys) + (FLOORS_IN if leaking else 0.0)))
+    figure = Figure(figsize=(14.0, 3.0 + ROW_IN * len(keys) + (FLOORS_IN if leaking else 0.0)),
+                    layout="constrained")  # room for the colour bar and the floors' legend
     FigureCanvasAgg(figure)
     grid = figure.add_gridspec(2 if leaking else 1, 1,
                                height_ratios=[max(2.0, ROW_IN * len(keys)),
@@ -84,6 +87,9 @@ def render_slice_png(series: Mapping[tuple[str, str], SeriesColumns],
     figure.colorbar(image, ax=ax, label="HBM used / capacity", fraction=0.03)
     if leaking:
         floors = figure.add_subplot(grid[1])
+        # 20 colours, not the default 10: sixteen chips drew in ten, and the legend named
+        # two chips of one colour
+        floors.set_prop_cycle(color=[cm.tab20(i) for i in range(20)])
         for chip in leaking:
             line, = floors.plot((chip.floor_times - edges[0]) / 3600, chip.floors / GiB,
                                 lw=1.2, label=f"{chip.host} chip {chip.chip}")
@@ -94,7 +100,9 @@ def render_slice_png(series: Mapping[tuple[str, str], SeriesColumns],
                             ls="--", lw=1, color=line.get_color())
         floors.set_ylabel("floor (GiB); dashed: to OOM")
         floors.set_xlabel("hours since the first sample")
-        floors.legend(fontsize=7, ncol=4, loc="upper left")
+        # beside the panel, not on it: inside, it covered the floors of the first hours
+        floors.legend(fontsize=7, ncol=math.ceil(len(leaking) / LEGEND_ROWS),
+                      loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=DPI)
     return buffer.getvalue()
