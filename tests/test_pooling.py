@@ -421,3 +421,41 @@ def test_chips_climbing_one_staircase_are_called_with_the_first_of_them():
     assert {chip: t for chip, (t, _) in agent.items()} == {chip: first for chip in replayed}
     for chip, (_, forecast) in agent.items():
         assert replayed[chip].alert["predicted_oom_time"] == forecast
+
+
+def test_a_job_end_holds_the_forecast_of_the_pooled_alert_that_was_raised():
+    """The leak alert that is logged and notified is a chip's first pooled leak, the
+    moment ``analyze`` gives; a job end compared the death with the chip's own first leak
+    instead, minutes later and another forecast ("forecast at 08:06 for step 28,050" on the
+    report beside "leak alert 08:00" with step 26,601)."""
+    from tpumon.agent import Agent, AgentInputs, OwnerScanner, Sample
+    from tpumon.exporters.prometheus import build_registry
+    from tpumon.identity import Identity
+    from tpumon.sources.chips import inventory_for
+    from tpumon.sources.tpu_runtime import TpuRuntimeSource
+    from tpumon.state import AgentState
+
+    cols = columns("linear-leak", 10, 11, leak_chip_spread=0.3)
+    replayed = {r.chip: r for r in replay_columns(cols)}
+    first_leak = min(r.alert["time"] for r in replayed.values())
+    detectors, last = {}, {}
+    for (_, chip), c in cols.items():
+        n = int(np.searchsorted(c.times, first_leak, side="right"))
+        detectors[chip] = ChipDetector()
+        detectors[chip].update(c.times[:n - 1], c.steps[:n - 1], c.used[:n - 1],
+                               c.total[:n - 1])
+        step = c.steps[n - 1]
+        last[chip] = Sample(c.times[n - 1], None if math.isnan(step) else int(step),
+                            c.used[n - 1], c.total[n - 1])
+    inventory = inventory_for("v4", 4)
+    state = AgentState(Identity(host="h"), inventory)
+    agent = Agent(AgentInputs(state, TpuRuntimeSource("127.0.0.1", [], 1.0, inventory),
+                              OwnerScanner(dict, 60), 1.0,
+                              build_registry(lambda: state.snapshot), detectors=detectors))
+    agent._detect(last, {chip: 7 for chip in detectors})
+    joined = [c for c, d in detectors.items() if d.alert is None]
+    assert joined  # some chips are leak only by their job's evidence
+    for chip, r in replayed.items():
+        held = agent._pooled_alerts[chip]
+        assert held["time"] == r.alert["time"] == first_leak
+        assert held["predicted_oom_time"] == r.alert["predicted_oom_time"]

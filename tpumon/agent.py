@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry, Histogram
 
 from tpumon.config import Config
 from tpumon.detect import Assessment, ChipDetector, DetectorSettings, Verdict, describe_growth
+from tpumon.detect.detector import leak_alert
 from tpumon.detect.pooling import pool_jobs
 from tpumon.identity import LABELS
 from tpumon.leak_snapshots import LeakSnapshots
@@ -129,6 +130,9 @@ class Agent(Component):
         self.state = state = inputs.state
         self._detector_settings = inputs.detector_settings
         self._detectors: dict[str, ChipDetector] = dict(inputs.detectors)
+        #: each chip's first pooled leak (its job's evidence shared): the alert that was
+        #: logged and notified, which a job end holds its forecast to
+        self._pooled_alerts: dict[str, dict] = {}
         self._holder: dict[str, int] = {}  # chip -> the last process seen holding it
         self._store = inputs.store
         self._checkpoint_interval = inputs.checkpoint_interval
@@ -223,7 +227,8 @@ class Agent(Component):
         """Jobs that ended since the last poll: one log line each (docs/job-ends.md), with
         what each said as it ended where its reporter heard it."""
         kills = (self._kernel.poll() if self._kernel is not None else None) or {}
-        alerts = {name: d.alert for name, d in self._detectors.items()}
+        alerts = {name: self._pooled_alerts.get(name) or d.alert
+                  for name, d in self._detectors.items()}
         trusted = trusted_uids(self._reporter_socket.allowed_uids
                                if self._reporter_socket else ())
         for end in self._ends.update(time.time(), runtime, owners, processes, assessments,
@@ -282,8 +287,14 @@ class Agent(Component):
         # the holder (a runtime that timed out, /proc under load) must not split the job
         # and flip its pooled verdicts back and forth
         self._holder.update(owners)
-        return pool_jobs({name: d.assessment for name, d in self._detectors.items()},
-                         {chip: f"process {pid}" for chip, pid in self._holder.items()})
+        pooled = pool_jobs({name: d.assessment for name, d in self._detectors.items()},
+                           {chip: f"process {pid}" for chip, pid in self._holder.items()})
+        for name, a in pooled.items():
+            s = samples.get(name)
+            if a.verdict is Verdict.LEAK and name not in self._pooled_alerts and s is not None:
+                self._pooled_alerts[name] = leak_alert(
+                    s.time, math.nan if s.step is None else s.step, a)
+        return pooled
 
     def run(self, stop: threading.Event,
             after_poll: Callable[[PollState], None] | None = None) -> None:
