@@ -43,7 +43,7 @@ from tpumon.untrusted_text import for_terminal as shown
 VERDICT_STYLE = {"leak": "bold red", "growing": "yellow", "step_change": "yellow",
                  "warming_up": "dim",
                  "insufficient_data": "dim", "ok": "green"}
-VERDICT_SHORT = {"warming_up": "warm-up", "insufficient_data": "no trend",
+VERDICT_SHORT = {"warming_up": "warm-up", "insufficient_data": "collecting",
                  "step_change": "step chg"}  # 80 columns; `tpumon status` has the reasons
 # Chip-table columns, most important first: dropped from the end until the table fits.
 COLUMNS = ("Chip", "HBM used", "OOM in", "Verdict", "Growth", "Floor", "Duty")
@@ -182,7 +182,7 @@ def command(config_path: str | None, runtime_ports: str | None, agent: str | Non
 
     Fits the terminal, 80 columns and up: where it is narrower than every column needs,
     duty cycle, growth per hour, floor and growth per step are left out, in that order.
-    Verdicts: ok, leak, warm-up (warming_up), no trend (insufficient_data: less than 30
+    Verdicts: ok, growing, leak, warm-up (warming_up), collecting (insufficient_data: under 30
     minutes of floors), step chg (step_change). Without a terminal (a pipe, a file) it
     prints the same view as plain text every interval. Ctrl-C quits. With --slice, every
     chip of the slice."""
