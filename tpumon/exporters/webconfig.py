@@ -49,9 +49,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 from tpumon.config import ConfigError
-from tpumon.exporters.webconfig_file import (CIPHERS_TLS12, CIPHERS_TLS13, CLIENT_AUTH,
-                                             TLS_VERSIONS, TLSSettings, WebConfig,
-                                             load_web_config)
+from tpumon.exporters.webconfig_file import TLSSettings, WebConfig, load_web_config
+from tpumon.exporters.webconfig_terms import (CIPHERS_TLS12, CIPHERS_TLS13, CLIENT_AUTH,
+                                              TLS_VERSIONS)
 
 __all__ = ["CIPHERS_TLS12", "CIPHERS_TLS13", "BasicAuth", "LiveWebConfig", "WebConfig",
            "build_ssl_context", "load_web_config", "protect"]
