@@ -290,10 +290,10 @@ class Agent(Component):
         pooled = pool_jobs({name: d.assessment for name, d in self._detectors.items()},
                            {chip: f"process {pid}" for chip, pid in self._holder.items()})
         for name, a in pooled.items():
-            s = samples.get(name)
-            if a.verdict is Verdict.LEAK and name not in self._pooled_alerts and s is not None:
+            now = samples.get(name)
+            if a.verdict is Verdict.LEAK and name not in self._pooled_alerts and now is not None:
                 self._pooled_alerts[name] = leak_alert(
-                    s.time, math.nan if s.step is None else s.step, a)
+                    now.time, math.nan if now.step is None else now.step, a)
         return pooled
 
     def run(self, stop: threading.Event,

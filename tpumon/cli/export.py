@@ -6,10 +6,7 @@ import contextlib
 import itertools
 import math
 import os
-import re
 import sys
-import time
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -18,37 +15,14 @@ import click
 from tpumon.cli.history_store import history_path, reading_history
 from tpumon.cli.options import config_option, history_selection, state_dir_option
 from tpumon.cli.progress import bars, counted
+from tpumon.cli.timespec import parse_when
 from tpumon.cli.prometheus_source import (check_prometheus_options, prometheus_options,
                                           prometheus_rows)
 from tpumon.store.database import HistoryDB
 from tpumon.store.export import end_rows, export_rows
 from tpumon.trace import TraceRow, write_trace
 
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 WRITABLE = {".csv": "csv", ".jsonl": "jsonl", ".parquet": "parquet"}  # suffix -> format
-
-
-def parse_when(text: str, option: str, now: float | None = None) -> float:
-    """Unix seconds, an ISO 8601 time (UTC unless it says otherwise), or an age such as
-    '90m', '6h', '2d' (that long before now)."""
-    now = time.time() if now is None else now
-    value = text.strip()
-    age = re.fullmatch(r"(\d+(?:\.\d+)?)([smhdw])", value)
-    if age:
-        return now - float(age.group(1)) * _UNITS[age.group(2)]
-    try:
-        return float(value)
-    except ValueError:
-        pass
-    try:
-        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        raise click.BadParameter(f"{text!r} is not a time: use Unix seconds, "
-                                 "2026-11-21T08:00 (UTC) or an age like 6h",
-                                 param_hint=option) from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=timezone.utc)
-    return moment.timestamp()
 
 
 def output_format(output: str) -> str:

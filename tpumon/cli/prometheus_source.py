@@ -9,6 +9,7 @@ from typing import Callable
 import click
 
 from tpumon.cli.progress import bars
+from tpumon.cli.timespec import parse_when
 from tpumon.trace import TraceRow
 
 DEFAULT_SINCE = "24h"
@@ -49,7 +50,6 @@ def prometheus_rows(url: str, slice_name: str, since: str | None, until: str | N
                     resolution: float | None) -> list[TraceRow]:
     """The slice's rows; one clear error (click) for any failure; a progress bar on a
     terminal while the chunks come in."""
-    from tpumon.cli.export import parse_when  # export itself takes these options
     from tpumon.prometheus_history import PrometheusError, queries, slice_rows
 
     now = time.time()

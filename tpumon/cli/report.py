@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from tpumon import __version__
-from tpumon.cli.export import parse_when
+from tpumon.cli.timespec import parse_when
 from tpumon.cli.history_store import history_path, reading_history
 from tpumon.cli.options import config_option, history_selection, state_dir_option
 from tpumon.cli.progress import bars

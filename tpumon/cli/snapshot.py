@@ -19,7 +19,8 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from tpumon.cli.options import agent_client_options, agent_option, config_option
-from tpumon.cli.status import agent_url, snapshot_line
+from tpumon.cli.agent_choice import agent_url
+from tpumon.cli.format import snapshot_line
 from tpumon.client import AgentClient, AgentError, ClientAuth
 from tpumon.config import load_config
 from tpumon.units import format_bytes

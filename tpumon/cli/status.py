@@ -16,26 +16,17 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from tpumon.cli.agent_choice import agent_to_ask, ask_agent
+from tpumon.cli.format import format_eta, format_pct, snapshot_line
 from tpumon.cli.options import (agent_client_options, agent_option, config_option,
                                 direct_option, ports_value, runtime_ports_option)
-from tpumon.client import (AgentClient, AgentError, AgentUnreachable, ClientAuth,
-                           StatusDocument)
+from tpumon.client import (ClientAuth)
 from tpumon.cli.slice_view import show_slice, slice_options
-from tpumon.config import Config, load_config, parse_listen_address, reachable_host
-from tpumon.describe import chip_time_to_oom, describe_growth, oom_cell
+from tpumon.config import Config, load_config
+from tpumon.describe import describe_growth
 from tpumon.logs import setup_logging
 from tpumon.units import format_bytes
 from tpumon.untrusted_text import for_terminal as shown
-
-
-def format_pct(value: float | None) -> str:
-    return "-" if value is None else f"{100 * value:.1f} %"
-
-
-def format_eta(chip: Any, doc_time: float | None) -> str:
-    """The chip's 'OOM in' cell, as every view writes it (:func:`tpumon.describe.oom_cell`);
-    ``doc_time`` is the document's, for an older agent's chips that lack the figure."""
-    return oom_cell(chip_time_to_oom(chip, doc_time), chip.get("growth_bytes_per_hour"))
 
 
 #: The verdicts a person must see first: the page in red, the warning in yellow.
@@ -173,66 +164,11 @@ def _process_verdict(p: dict[str, Any]) -> str:
     return verdict
 
 
-def snapshot_line(result: dict[str, Any] | None) -> str | None:
-    """One line on a process's live-tensor snapshot: what grew, or where the request is."""
-    if not result:
-        return None
-    why = f" ({result['reason']})" if result.get("reason") else ""
-    if result["pending"]:
-        return f"tensor snapshots of {result['steps']} steps requested{why}, waiting"
-    if result["error"]:
-        return f"tensor snapshot{why} failed: {result['error']}"
-    return (f"tensor snapshots, steps {result['from_step']:,} to {result['to_step']:,}{why}: "
-            f"{result['summary']}")
-
-
 def output_console() -> Console:
     """The terminal as it is; without one (a pipe, a file) wide enough that no cell is cut
     short ('insufficien…' was what a pipe read)."""
     console = Console()
     return console if console.is_terminal else Console(width=160)
-
-
-def agent_url(listen_address: str) -> str:
-    """Where the local agent serves, from its listen address (all interfaces -> loopback)."""
-    host, port = parse_listen_address(listen_address)
-    host = reachable_host(host)
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
-
-
-def agent_to_ask(config: Config, agent: str | None, direct: bool,
-                 auth: ClientAuth | None = None) -> AgentClient | None:
-    """The agent to ask, or None to read the runtime directly: with --direct, or when the
-    local agent serves behind exporter.web_config_file (TLS, passwords) and no --agent-*
-    client option says how to talk to it. That is said on stderr, so that verdicts built
-    from this command's own polls are not taken for the agent's."""
-    if direct:
-        return None
-    protected = config["exporter.web_config_file"]
-    if agent is None and protected and auth == ClientAuth():
-        click.echo(f"tpumon: the local agent is protected by {protected} "
-                   "(exporter.web_config_file); give --agent https://... with --agent-ca-file "
-                   "and --agent-user/--agent-password-file or --agent-cert-file to ask it. "
-                   "Reading the runtime directly, without the agent's history", err=True)
-        return None
-    try:
-        return AgentClient(agent or agent_url(config["exporter.listen_address"]), auth)
-    except AgentError as exc:
-        raise click.ClickException(str(exc)) from None
-
-
-def ask_agent(client: AgentClient, named: bool) -> StatusDocument | None:
-    """The agent's status document; None when the local agent (not one named with --agent)
-    does not answer, so the command reads the runtime instead. A named agent that cannot
-    be asked, or any agent that refuses, is a one-line error."""
-    try:
-        return client.status()
-    except AgentUnreachable as exc:
-        if named:
-            raise click.ClickException(str(exc)) from None
-        return None
-    except AgentError as exc:
-        raise click.ClickException(str(exc)) from None
 
 
 def from_runtime(config: Config) -> dict[str, Any]:

@@ -31,7 +31,8 @@ from tpumon.bootstrap import Assembly, build
 from tpumon.cli.options import (agent_client_options, agent_option, config_option,
                                 direct_option, ports_value, runtime_ports_option)
 from tpumon.cli.slice_view import slice_options, watch_slice
-from tpumon.cli.status import agent_to_ask, ask_agent, format_eta, format_pct
+from tpumon.cli.agent_choice import agent_to_ask, ask_agent
+from tpumon.cli.format import format_eta, format_pct
 from tpumon.client import AgentClient, AgentError, ClientAuth
 from tpumon.config import load_config
 from tpumon.logs import setup_logging
