@@ -377,3 +377,38 @@ def test_the_last_words_reach_every_sink_escaped_for_it():
     summary = page[0][1]["payload"]["summary"]
     assert len(summary) <= 1024 and not any(ord(c) < 32 for c in summary)
     assert "\n" not in for_log(end.summary()) and "\x1b" not in for_terminal(end.summary())
+
+
+def test_a_chip_whose_job_died_shows_no_forecast_for_it_until_it_is_read_again():
+    """After the demo's job ran out of memory, status and the summary page still said
+    "leak ... OOM in 26 min" for its chips, which no longer answered. The chip keeps its
+    last verdict, told as what it was, and no forecast; once the chip is read again (a new
+    job), the detector speaks for it."""
+    from tpumon.job_ends import ChipAtEnd
+    from tpumon.status import status_document
+
+    now = 1_800_000_000.0
+    a = Assessment(Verdict.LEAK, "floor grows 467.0 KiB/step; OOM in 26 min",
+                   floor_bytes=30 * GiB, slope_bytes_per_second=1e6,
+                   slope_bytes_per_step=467 * 1024, predicted_oom_time=now + 1560,
+                   predicted_oom_step=29_209, window_start=now - 7200, window_seconds=7200)
+    view = JobView(4242, now - 5, step=27_959,
+                   chips=(ChipAtEnd("0", 32 * GiB, 32 * GiB, "leak", 30 * GiB, 32 * GiB,
+                                    GiB, now + 1560, 29_209),))
+    end = JobEnd(now, view, "hbm_oom", "chip 0 full")
+    gone = PollState(time=now, identity=Identity("h"), inventory=inventory_for("v4", 4),
+                     assessments={"0": a}, job_ends=(end,))
+    [chip] = [c for c in status_document(gone)["chips"] if c["chip"] == "0"]
+    assert chip["verdict"] == "leak" and chip["time_to_oom_seconds"] is None
+    assert chip["predicted_oom_time"] is None and chip["growth_bytes_per_hour"] is None
+    assert chip["reason"] == ("job ended (hbm_oom) at step 27,959; before it: floor grows "
+                              "467.0 KiB/step; OOM in 26 min")
+    back = PollState(time=now, identity=Identity("h"), inventory=inventory_for("v4", 4),
+                     runtime=reading(now, {"0": 2 * GiB}), assessments={"0": a},
+                     job_ends=(end,))
+    [chip] = [c for c in status_document(back)["chips"] if c["chip"] == "0"]
+    assert chip["reason"] == a.reason and chip["time_to_oom_seconds"] is not None
+    from tpumon.exporters.http import landing_page
+
+    page = landing_page(gone)
+    assert "leak: job ended (hbm_oom) at step 27,959; before it:" in page

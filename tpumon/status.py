@@ -13,6 +13,7 @@ from typing import Any, Callable
 from tpumon import __version__
 from tpumon.describe import time_to_oom
 from tpumon.detect.counts import Cause
+from tpumon.job_ends import JobEnd
 from tpumon.processes import ProcessState
 from tpumon.notify.health import NotifierHealth
 from tpumon.state import PollState
@@ -33,12 +34,32 @@ class Readers:
 NO_READERS = Readers()  # a one-off status: no store, no notifier
 
 
-def _assessment(snap: PollState, chip: str) -> dict[str, Any]:
+def _ended(snap: PollState, chip: str) -> JobEnd | None:
+    """The latest job end on the chip, when nothing has been read from it since: the
+    detector's last word is then about a job that is gone."""
+    for end in reversed(snap.job_ends):
+        if any(c.chip == chip for c in end.view.chips):
+            return end
+    return None
+
+
+def _assessment(snap: PollState, chip: str, up: bool) -> dict[str, Any]:
     a = snap.assessments.get(chip)
     reported = {"step": snap.chip_steps.get(chip), "reporting_pid": snap.chip_processes.get(chip),
                 **_cause(snap.chip_cause(chip))}
     if a is None:
         return {"verdict": None, "reason": None, **reported}
+    end = None if up else _ended(snap, chip)
+    if end is not None:
+        # a forecast for a job that died is no forecast: "leak, OOM in 26 min" stayed on
+        # every view after the demo's job had run out of memory
+        step = f" at step {end.view.step:,}" if end.view.step is not None else ""
+        return {**reported, "verdict": a.verdict.value,
+                "reason": f"job ended ({end.cause}){step}; before it: {a.reason}",
+                "floor_bytes": a.floor_bytes, "growth_bytes_per_hour": None,
+                "growth_bytes_per_step": None, "predicted_oom_time": None,
+                "time_to_oom_seconds": None, "predicted_oom_step": None,
+                "evidence_window_seconds": a.window_seconds}
     return {**reported,
         "verdict": a.verdict.value,
         "reason": a.reason,
@@ -78,7 +99,7 @@ def status_document(snap: PollState, source: str = "agent",
             "owner_pid": pid,
             "owner_process": proc.name if proc else None,
             "owner_rss_bytes": proc.rss_bytes if proc else None,
-            **_assessment(snap, name),
+            **_assessment(snap, name, sample is not None),
         })
     host = snap.host
     store = None if readers.store is None else readers.store()

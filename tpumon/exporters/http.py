@@ -39,7 +39,7 @@ from tpumon.exporters.exposition import metrics_app as exposition_app
 from tpumon.exporters.report_page import Answer
 from tpumon.exporters.webconfig import LiveWebConfig, protect
 from tpumon.state import PollState
-from tpumon.describe import describe_growth, oom_cell, time_to_oom
+from tpumon.describe import describe_growth, oom_cell
 from tpumon.units import format_bytes
 from tpumon.status import NO_READERS, Readers, status_document
 
@@ -126,20 +126,22 @@ def _templates() -> jinja2.Environment:
 
 
 def landing_page(snap: PollState) -> str:
-    """A small human page like node_exporter's: who am I, what do I see, where are metrics."""
+    """A small human page like node_exporter's: who am I, what do I see, where are metrics.
+    Its chips are the status document's (a chip whose job ended shows no forecast there),
+    written by the same functions as status and /report."""
     chips = []
-    for chip in snap.chips():
-        sample = snap.runtime.chips.get(chip) if snap.runtime else None
-        a = snap.assessments.get(chip)
-        row = {"chip": chip, "hbm": None, "verdict": f"{a.verdict.value}: {a.reason}" if a else "",
-               # the same figures, written by the same functions, as status and /report
-               "growth": describe_growth(a.slope_bytes_per_step, a.slope_bytes_per_hour)
-               if a else "-",
-               "oom": oom_cell(time_to_oom(a), a.slope_bytes_per_hour) if a else "-"}
-        if sample is not None:
-            total = sample.hbm_total_bytes or 0
-            row["hbm"] = f"{format_bytes(sample.hbm_used_bytes)} / {format_bytes(total)}"
-            row["used"] = f"{100 * sample.hbm_used_bytes / total:.1f} %" if total else "?"
+    for c in status_document(snap)["chips"]:
+        said = c["verdict"] is not None
+        row = {"chip": c["chip"], "hbm": None,
+               "verdict": f"{c['verdict']}: {c['reason']}" if said else "",
+               "growth": describe_growth(c["growth_bytes_per_step"], c["growth_bytes_per_hour"])
+               if said else "-",
+               "oom": oom_cell(c["time_to_oom_seconds"], c["growth_bytes_per_hour"])
+               if said else "-"}
+        if c["up"]:
+            total = c["hbm_total_bytes"] or 0
+            row["hbm"] = f"{format_bytes(c['hbm_used_bytes'])} / {format_bytes(total)}"
+            row["used"] = f"{100 * c['hbm_used_bytes'] / total:.1f} %" if total else "?"
         chips.append(row)
     return _templates().get_template("index.html.j2").render(
         version=__version__, chips=chips, sources=snap.health, refresh_seconds=REFRESH_SECONDS,
