@@ -77,6 +77,10 @@ def test_every_simulated_host_has_its_identity_runtime_and_peers():
         assert [h.scenario for h in hosts] == ["healthy", "healthy", "linear-leak"]
         assert [h.simulator.samples.workload.leak_bytes_per_step_by_chip[0] > 0
                 for h in hosts] == [False, False, True]
+        # one SPMD program steps at one pace on every host (each drew its own, and one
+        # 1.3x slower than the rest fired TPUMonHostStepTimeOutlier in make demo-pod)
+        paces = {h.simulator.samples.workload.params.step_time_s for h in hosts}
+        assert len(paces) == 1, paces
     finally:
         for host in hosts:
             host.stop()

@@ -98,16 +98,22 @@ class SliceSpec:
 
 def start_slice(spec: SliceSpec, ports: list[int]) -> list[SimulatedHost]:
     """Start every host's runtime and metadata server; stops what started if one fails.
-    Each host has its own clock (its own agent is its reader) and seed (seed + worker)."""
+    Each host has its own clock (its own agent is its reader) and seed (seed + worker);
+    all step at worker 0's pace, as the hosts of one SPMD program do."""
     accelerator = accelerator_type(spec.chip_type, spec.chips, spec.hosts)
     addresses = [host_address(spec.base_address, k) for k in range(spec.hosts)]
     hosts: list[SimulatedHost] = []
+    pace: dict[str, tuple[float, float]] = {}  # worker 0's step time, once drawn
     try:
         for k, address in enumerate(addresses):
             clock = SimClock(spec.acceleration, max_lag=spec.max_lag)
             scenario = host_scenario(spec.scenario, k, spec.hosts)
+            # one SPMD program: every host steps at worker 0's pace (a host drawing its own
+            # ran 1.3x slower than the rest and fired TPUMonHostStepTimeOutlier)
             workload = Workload(scenario, chips=spec.chips, hbm_total_bytes=spec.hbm_total_bytes,
-                                seed=spec.seed + k, start_time=clock.now())
+                                seed=spec.seed + k, start_time=clock.now(), **pace)
+            step_time = workload.params.step_time_s
+            pace = pace or {"step_time_s": (step_time, step_time)}
             host = SimulatedHost(k, address, scenario,
                                  Simulator(workload, clock, address, list(ports), spec.chips))
             hosts.append(host)
