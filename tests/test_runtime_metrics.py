@@ -11,7 +11,7 @@ import pytest
 from fake_runtime import chips_metrics
 from prometheus_client.parser import text_string_to_metric_families
 from tpu_info.metrics import MetricName
-from tpumon.samples import Histogram
+from tpumon.samples import Distribution
 from tpumon.sim.runtime_entries import (buffer_attribute, device_attribute, distribution_entry,
                                         gauge_entry, hlo_attribute)
 from tpumon.sources.chips import inventory_for
@@ -164,11 +164,11 @@ def test_every_catalogue_metric_has_a_unit_suffix_and_a_tpu_info_name():
 
 
 def test_histogram_quantiles_interpolate_within_the_bucket():
-    h = Histogram((1.0, 2.0, 4.0), (0, 2, 2, 0), 6.0)
+    h = Distribution((1.0, 2.0, 4.0), (0, 2, 2, 0), 6.0)
     assert h.quantile(0.5) == pytest.approx(2.0)
     assert h.quantile(0.75) == pytest.approx(3.0)
-    assert Histogram((1.0,), (0, 0), 0.0).quantile(0.5) is None
-    assert Histogram((1.0,), (0, 3), 9.0).quantile(0.99) == 1.0  # overflow: its lower bound
+    assert Distribution((1.0,), (0, 0), 0.0).quantile(0.5) is None
+    assert Distribution((1.0,), (0, 3), 9.0).quantile(0.99) == 1.0  # overflow: its lower bound
 
 
 def test_exported_buckets_span_the_used_range_only_with_cumulative_counts():
@@ -177,8 +177,8 @@ def test_exported_buckets_span_the_used_range_only_with_cumulative_counts():
     from tpumon.identity import Identity
     from tpumon.samples import RuntimeReading, RuntimeSeries
     from tpumon.state import PollState
-    h = Histogram(tuple(2.0 ** i for i in range(10)), (0, 0, 0, 3, 0, 5, 0, 0, 0, 0, 0), 40.0)
-    empty = Histogram(h.bounds, (0,) * 11, 0.0)
+    h = Distribution(tuple(2.0 ** i for i in range(10)), (0, 0, 0, 3, 0, 5, 0, 0, 0, 0, 0), 40.0)
+    empty = Distribution(h.bounds, (0,) * 11, 0.0)
     series = (RuntimeSeries("tpumon_dcn_transfer_latency_seconds", ("8MiB",), histogram=h),
               RuntimeSeries("tpumon_dcn_transfer_latency_seconds", ("1KiB",), histogram=empty))
     snap = PollState(0.0, Identity("h", "0", "v4-8", "s"), inventory_for("v4", 1),

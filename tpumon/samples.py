@@ -23,8 +23,9 @@ class ChipSample:
 
 
 @dataclass(frozen=True, slots=True)
-class Histogram:
-    """A cumulative distribution in the family's base unit.
+class Distribution:
+    """A runtime distribution metric (tpu-info's word: bucket counts, as libtpu serves them)
+    in the family's base unit; exported as a Prometheus histogram.
 
     ``bounds`` are the finite buckets' upper bounds, increasing; ``counts`` has one entry
     more (the overflow bucket) and holds per-bucket (not cumulative) counts."""
@@ -37,11 +38,11 @@ class Histogram:
     def count(self) -> int:
         return sum(self.counts)
 
-    def merged(self, other: Histogram) -> Histogram | None:
+    def merged(self, other: Distribution) -> Distribution | None:
         """Both added up (ports or entries of one buffer size); None if the buckets differ."""
         if other.bounds != self.bounds:
             return None
-        return Histogram(self.bounds, tuple(a + b for a, b in zip(self.counts, other.counts,
+        return Distribution(self.bounds, tuple(a + b for a, b in zip(self.counts, other.counts,
                                                                    strict=True)),
                          self.sum + other.sum)
 
@@ -69,7 +70,7 @@ class RuntimeSeries:
     family: str
     labels: tuple[str, ...]
     value: float | None = None  # gauges
-    histogram: Histogram | None = None  # histograms
+    histogram: Distribution | None = None  # histograms
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,7 @@ from rich.table import Table
 from tpumon.bootstrap import build
 from tpumon.config import Config
 from tpumon.units import format_bytes
-from tpumon.samples import Histogram
+from tpumon.samples import Distribution
 from tpumon.sources.runtime_catalog import BY_RUNTIME_NAME, CATALOG, MetricSpec, find_spec
 from tpumon.sources.tpu_runtime import DUTY_CYCLE, TOTAL, USAGE
 from tpumon.state import PollState
@@ -69,7 +69,7 @@ def metric_document(snap: PollState, spec: MetricSpec) -> dict[str, Any]:
             "tpumon_metric": spec.family, "kind": spec.kind, "series": series}
 
 
-def _distribution(h: Histogram) -> dict[str, Any]:
+def _distribution(h: Distribution) -> dict[str, Any]:
     out: dict[str, Any] = {"count": h.count, "mean": h.sum / h.count if h.count else None}
     out.update({name: h.quantile(q) for name, q in PERCENTILES})
     return out

@@ -21,7 +21,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from tpumon.identity import LABELS
-from tpumon.samples import Histogram
+from tpumon.samples import Distribution
 from tpumon.sources.runtime_catalog import BY_RUNTIME_NAME, CATALOG
 from tpumon.sources.tpu_runtime import METRICS
 from tpumon.state import PollState
@@ -70,7 +70,7 @@ def _labels(values: tuple[str, ...]) -> list[str]:
     return [for_label(v) for v in values]
 
 
-def _buckets(h: Histogram) -> list[tuple[str, float]]:
+def _buckets(h: Distribution) -> list[tuple[str, float]]:
     """Cumulative (le, count) pairs, +Inf last, as the Prometheus text format wants them;
     only from the bucket below the first that holds anything to the last that does.
 

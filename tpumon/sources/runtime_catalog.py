@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from tpumon.sources.runtime_names import MetricName
 from tpu_info.proto import tpu_metric_service_pb2 as pb
 
-from tpumon.samples import Histogram
+from tpumon.samples import Distribution
 
 MAX_BUCKETS = 128  # finite buckets per distribution: bounds cardinality, whatever is sent
 MAX_LABEL = 64  # characters of a label value taken from the runtime (buffer size, core type)
@@ -153,7 +153,7 @@ def gauge_value(spec: MetricSpec, metric: pb.Metric) -> float | None:
     return value if math.isfinite(value) and value >= 0 else None
 
 
-def histogram_of(spec: MetricSpec, metric: pb.Metric) -> Histogram | None:
+def histogram_of(spec: MetricSpec, metric: pb.Metric) -> Distribution | None:
     """The entry's distribution with its bucket bounds in the base unit; None if it has no
     distribution or one whose buckets cannot be laid out (unknown options, too many
     buckets, negative counts, more counts than buckets)."""
@@ -170,7 +170,7 @@ def histogram_of(spec: MetricSpec, metric: pb.Metric) -> Histogram | None:
     total = sum(counts) * dist.mean * spec.scale
     if not math.isfinite(total):
         return None
-    return Histogram(_scaled(tuple(bounds), spec.scale), tuple(counts), total)
+    return Distribution(_scaled(tuple(bounds), spec.scale), tuple(counts), total)
 
 
 @functools.lru_cache(maxsize=64)

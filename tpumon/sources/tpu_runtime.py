@@ -31,7 +31,7 @@ from typing import Callable, Iterable
 from google.protobuf.message import Message
 from tpu_info.proto import tpu_metric_service_pb2 as pb
 
-from tpumon.samples import ChipSample, Histogram, RuntimeReading, RuntimeSeries, chip_sort_key
+from tpumon.samples import ChipSample, Distribution, RuntimeReading, RuntimeSeries, chip_sort_key
 from tpumon.sources.runtime_catalog import BY_RUNTIME_NAME, MetricSpec, entry_key, \
     gauge_value, histogram_of
 from tpumon.sources.chips import ChipInventory
@@ -49,7 +49,7 @@ DUTY_CYCLE = MetricName.DUTY_CYCLE_PCT.value
 METRICS = (USAGE, TOTAL, DUTY_CYCLE)
 
 # one readable entry of a catalogue metric: its spec, label values, gauge value or histogram
-_Entry = tuple[MetricSpec, tuple[str, ...], "float | Histogram"]
+_Entry = tuple[MetricSpec, tuple[str, ...], "float | Distribution"]
 
 _DIGITS = re.compile(r"[0-9]{1,18}")  # a device id as text: ASCII digits, within int64
 
@@ -305,7 +305,7 @@ class TpuRuntimeSource:
         out: list[_Entry] = []
         for metric in response.metric.metrics:
             key = entry_key(spec, metric)
-            value: float | Histogram | None = None if key is None else (
+            value: float | Distribution | None = None if key is None else (
                 gauge_value(spec, metric) if spec.kind == "gauge" else histogram_of(spec, metric))
             if key is None or value is None:
                 self.malformed_total += 1
@@ -328,11 +328,11 @@ class TpuRuntimeSource:
                 seen = merged.get(key)
                 if seen is None:
                     merged[key] = (RuntimeSeries(spec.family, labels, histogram=value)
-                                   if isinstance(value, Histogram) else
+                                   if isinstance(value, Distribution) else
                                    RuntimeSeries(spec.family, labels, value=value))
                     continue
                 both = seen.histogram.merged(value) if seen.histogram is not None and \
-                    isinstance(value, Histogram) else None
+                    isinstance(value, Distribution) else None
                 if both is None:
                     self.malformed_total += 1
                 else:
