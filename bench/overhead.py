@@ -48,7 +48,7 @@ import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
 from soak import MIB, report_loop  # bench/ is on sys.path when this runs as a script
-from tpumon.sources.reporter import kernel_queue_length
+from tpumon.sources.reports import kernel_queue_length
 # tests/tools.py, on the path through soak
 from tools import PROMETHEUS_HEADERS, Processes, free_port, ready, wait_for
 

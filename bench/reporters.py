@@ -281,7 +281,7 @@ print(r.sent, r.dropped)
 
 def agent_side() -> None:
     """The receiving thread's CPU time and wake-ups per transport (same run)."""
-    from tpumon.sources.reporter import ReporterSocket
+    from tpumon.sources.reports import ReporterSocket
 
     root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
     print("\n## The agent's receiving thread, one reporter at 10 reports/s for 20 s")

@@ -31,7 +31,7 @@ def runtime_servers():
 @pytest.fixture
 def receiver(tmp_path):
     """The agent's reporter socket on a temporary path, started (stopped after the test)."""
-    from tpumon.sources.reporter import ReporterSocket
+    from tpumon.sources.reports import ReporterSocket
 
     r = ReporterSocket(tmp_path / "r.sock")
     r.start()

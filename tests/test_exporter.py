@@ -21,7 +21,7 @@ from tpumon.exporters.prometheus import build_registry
 from tpumon.identity import Identity
 from tpumon.sources.chips import inventory_for
 from tpumon.sources.tpu_runtime import TpuRuntimeSource
-from tpumon.sources.reporter import ReporterSocket
+from tpumon.sources.reports import ReporterSocket
 from tpumon.state import AgentState
 from tpumon.store.database import Retention, open_database
 from tpumon.store.writer import StoreWriter

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from fake_alert_apis import FakeAlertAPI
 from tools import DENSE_POLLS, AgentProcess, FakeReporter, wait_for
 from tpumon.instrument.protocol import MAX_DATAGRAM, PROTOCOL_VERSION, connection_path
-from tpumon.sources.reporter import InvalidReport, parse_report
+from tpumon.sources.reports import InvalidReport, parse_report
 
 NEIGHBOUR = "tpumon-neighbour"
 

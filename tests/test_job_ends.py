@@ -24,7 +24,7 @@ from tpumon.samples import ChipSample, HostSample, RuntimeReading
 from tpumon.sources.chips import inventory_for
 from tpumon.sources.kernel_log import KernelLog, OomKill
 from tpumon.state import PollState
-from tpumon.sources.reporter import ReporterSocket, parse_report
+from tpumon.sources.reports import ReporterSocket, parse_report
 
 GiB = 2**30
 

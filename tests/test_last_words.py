@@ -21,7 +21,7 @@ from tpumon.job_ends import JobView, judge
 from tpumon.known_issues import known_issue_said
 from tpumon.last_words import (LastWords, OutOfMemory, merge, parse_fatal, parse_message,
                                parse_oom)
-from tpumon.sources.reporter import ReporterSocket
+from tpumon.sources.reports import ReporterSocket
 from tools import wait_for
 
 FIXTURES = Path(__file__).parent / "fixtures" / "last_words"

@@ -28,7 +28,7 @@ from tpumon.processes import ProcessState
 from tpumon.samples import ChipSample, HostSample, ProcessSample, RuntimeReading
 from tpumon.sources.chips import inventory_for
 from tpumon.sources.health import SourceHealth
-from tpumon.sources.reporter import ProcessReport, ReporterReading
+from tpumon.sources.reports import ProcessReport, ReporterReading
 from tpumon.state import PollState
 from tpumon.store.writer import StoreHealth
 

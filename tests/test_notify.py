@@ -27,7 +27,7 @@ from tpumon.processes import ProcessState
 from tpumon.samples import ChipSample, RuntimeReading
 from tpumon.sim.tracegen import generate_trace
 from tpumon.sources.chips import inventory_for
-from tpumon.sources.reporter import ProcessReport
+from tpumon.sources.reports import ProcessReport
 from tpumon.state import PollState
 
 GiB = 2**30
@@ -495,7 +495,7 @@ def _snapshot_pair(pid: int, steps: int, kept: int):
 
 
 def with_reporter(s: PollState, pid: int, result) -> PollState:
-    from tpumon.sources.reporter import ReporterReading
+    from tpumon.sources.reports import ReporterReading
     state = process(pid, s.time)
     state = ProcessState(state.report._replace(snapshots=True), state.live, state.compiles)
     reading = ReporterReading({pid: state.report}, {}, 1, {},

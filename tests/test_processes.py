@@ -13,7 +13,7 @@ from tools import wait_for
 from tpumon.instrument.protocol import PROTOCOL_VERSION
 from tpumon.known_issues import KNOWN_ISSUES, known_issue, parse_version
 from tpumon.processes import ProcessTracker, chip_processes, with_hbm_growth
-from tpumon.sources.reporter import ReporterSocket, parse_report
+from tpumon.sources.reports import ReporterSocket, parse_report
 
 
 def report(step: int, live: int | None, rss: int, framework: str = "torch_xla",

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from tools import FakeReporter, wait_for
 from tpumon.instrument import Reporter
 from tpumon.instrument.protocol import MAX_DATAGRAM, PROTOCOL_VERSION, connection_path
-from tpumon.sources.reporter import InvalidReport, ReporterSocket, parse_report
+from tpumon.sources.reports import InvalidReport, ReporterSocket, parse_report
 from tpumon.sources.reporter_inlet import (CONNECTIONS_PER_USER, READS_PER_TURN, Pacer,
                                            kernel_queue_length)
 

@@ -18,7 +18,7 @@ from tools import FakeReporter, wait_for
 from tpumon.exporters import snapshot_api
 from tpumon.instrument.protocol import encode_part, encode_request
 from tpumon.instrument.snapshot import make_snapshot
-from tpumon.sources.reporter import ReporterSocket
+from tpumon.sources.reports import ReporterSocket
 
 SITE = "train.py:88 (loss = model(x).mean())"
 

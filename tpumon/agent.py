@@ -35,7 +35,7 @@ from tpumon.job_ends import JobEndTracker
 from tpumon.last_words import LastWords
 from tpumon.processes import (ChipClaims, ProcessState, ProcessTracker, growing_chips,
                               trusted_uids, with_hbm_growth)
-from tpumon.sources.reporter import ReporterSocket
+from tpumon.sources.reports import ReporterSocket
 from tpumon.state import AgentState, PollState
 from tpumon.store.checkpoint import dump_detector
 from tpumon.store.database import Sample, StoredEnd

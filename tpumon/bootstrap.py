@@ -38,7 +38,7 @@ from tpumon.leak_snapshots import LeakSnapshots
 from tpumon.lifecycle import Lifecycle
 from tpumon.sources.kernel_log import KernelLog
 from tpumon.sources.pod_resources import open_pod_resources
-from tpumon.sources.reporter import ReporterSocket
+from tpumon.sources.reports import ReporterSocket
 from tpumon.sources.runtime_server import RuntimeTrust
 from tpumon.sources.tpu_runtime import TpuRuntimeSource
 from tpumon.state import AgentState

@@ -17,7 +17,7 @@ from tpumon.config import Config
 from tpumon.lifecycle import Component, take
 from tpumon.notify.alerts import AlertTracker
 from tpumon.notify.settings import AlertSettings
-from tpumon.sources.reporter import ReporterSocket
+from tpumon.sources.reports import ReporterSocket
 
 if TYPE_CHECKING:  # delivery code loads only where a channel is configured (bootstrap)
     from tpumon.notify.notifier import Channel, Notifier

@@ -40,7 +40,7 @@ from tpumon.processes import ProcessState
 from tpumon.samples import HostSample, RuntimeReading
 from tpumon.sources.chips import start_time
 from tpumon.sources.kernel_log import OomKill
-from tpumon.sources.reporter import pid_alive
+from tpumon.sources.reports import pid_alive
 from tpumon.store.database import StoredEnd
 from tpumon.units import clock
 

@@ -31,7 +31,7 @@ from tpumon.detect import Assessment, Verdict
 from tpumon.detect.counts import (Cause, CountSettings, CountTracker, CountTrend, diagnose,
                                   host_memory_cause)
 from tpumon.known_issues import known_issue
-from tpumon.sources.reporter import ProcessReport, ReporterReading
+from tpumon.sources.reports import ProcessReport, ReporterReading
 
 log = logging.getLogger("tpumon.processes")
 

@@ -24,7 +24,7 @@ from tpumon.sources.chips import ChipInventory
 from tpumon.sources.health import SourceHealth
 from tpumon.sources.pod_resources import PodAssignment
 from tpumon.processes import ProcessState
-from tpumon.sources.reporter import ReporterReading
+from tpumon.sources.reports import ReporterReading
 from tpumon.sources.runtime_server import RuntimeServer
 from tpumon.sources.snapshots import SnapshotResult
 
