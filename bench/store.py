@@ -110,7 +110,7 @@ def _agent(sim: Simulator, clock: ManualClock, store: StoreWriter | None) -> Age
     state = AgentState(Identity(host="bench-w-0"), inventory, history_points=64)
     source = TpuRuntimeSource("127.0.0.1", sim.ports, 1.0, inventory, clock=clock.now)
     return Agent(AgentInputs(state, source, OwnerScanner(dict, 60), 1.0,
-                             build_registry(lambda: state.snapshot), store=store,
+                             build_registry(lambda: state.current), store=store,
                              checkpoint_interval=1.0))
 
 

@@ -63,7 +63,7 @@ def make_agent(ports, inventory=V4x4, interval=1.0, timeout=5.0, **kw):
     """An agent on the given runtime ports (loopback), with its state and registry."""
     clock = kw.pop("clock", time.time)
     state = kw.pop("state", None) or AgentState(Identity(host="h"), inventory)
-    registry = build_registry(lambda: state.snapshot,
+    registry = build_registry(lambda: state.current,
                               notifier_health=kw.pop("notifier_health", None))
     source = TpuRuntimeSource("127.0.0.1", ports, timeout, inventory, clock=clock)
     agent = Agent(AgentInputs(state, source, OwnerScanner(dict, 60), interval, registry, **kw))
@@ -344,14 +344,14 @@ def test_wall_clock_jumps_neither_stall_nor_burst_the_polls(runtime_servers, mon
         thread.join(10)
     elapsed = time.monotonic() - started
     assert not thread.is_alive()
-    polls = a.state.snapshot.polls_total
+    polls = a.state.current.polls_total
     assert polls == len(seen) >= 24
     assert polls <= elapsed / interval + 2  # no burst of catch-up polls after a jump
     times = [t for _, t in seen]
     steps = np.diff(times)
     assert steps.min() < -3000 and steps.max() > 6000  # the jumps reached the samples
     assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")]
-    assessment = a.state.snapshot.assessments["0"]
+    assessment = a.state.current.assessments["0"]
     assert assessment.verdict is not Verdict.LEAK and assessment.restarts == 0
     a.source.close()
 
@@ -514,7 +514,7 @@ def test_scrapes_during_fast_polls_each_see_one_whole_poll():
     a = make_agent([server.port], interval=0.002)
     http = MetricsServer("127.0.0.1:0")
     host, port = http.start()
-    http.attach(a.registry, lambda: a.state.snapshot)
+    http.attach(a.registry, lambda: a.state.current)
     stop, loop_stop = threading.Event(), threading.Event()
     problems: list[str] = []
     seen: set[int] = set()
@@ -595,7 +595,7 @@ def test_a_slow_slack_is_a_network_failure_retried_while_polling_goes_on(runtime
         channel.min_interval = 0.0
         # The notifier reads the agent's published poll states, with a leak on chip 0.
         n = Notifier(
-            lambda: dataclasses.replace(state.snapshot, assessments={"0": leak}),
+            lambda: dataclasses.replace(state.current, assessments={"0": leak}),
             AlertTracker(AlertSettings()), Outbox(None), [channel], timeout=2.0,
             backoff_base=0.05)
         a = make_agent([server.port], inventory=inventory_for("v4", 1), interval=0.02,
@@ -606,8 +606,8 @@ def test_a_slow_slack_is_a_network_failure_retried_while_polling_goes_on(runtime
         n.start()
         try:
             assert api.delayed.wait(30), "no request reached slack"
-            held_from = a.state.snapshot.polls_total  # the first request is held now
-            wait_for(lambda: a.state.snapshot.polls_total >= held_from + 3, 30)
+            held_from = a.state.current.polls_total  # the first request is held now
+            wait_for(lambda: a.state.current.polls_total >= held_from + 3, 30)
             # ... and it still was when those polls were made (failures only grow):
             assert n.health().channels[0].failures_total.get("network", 0) == 0
             wait_for(lambda: n.health().channels[0].failures_total.get("network", 0) >= 2, 60)

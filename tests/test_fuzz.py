@@ -365,7 +365,7 @@ def test_any_runtime_answer_is_chips_and_a_count_of_unreadable_entries(scripted,
     runtime, source = scripted
     runtime.responses = answers
     state = AgentState(Identity(host="h"), source.inventory)
-    registry = build_registry(lambda: state.snapshot)
+    registry = build_registry(lambda: state.current)
     agent = Agent(AgentInputs(state, source, OwnerScanner(dict, 60), 1.0, registry))
     before = source.malformed_total
     snap = agent.poll_once()

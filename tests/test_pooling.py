@@ -122,7 +122,7 @@ def test_the_agent_keeps_a_job_together_through_a_poll_that_misses_its_process()
     state = AgentState(Identity(host="h"), inventory)
     agent = Agent(AgentInputs(state, TpuRuntimeSource("127.0.0.1", [], 1.0, inventory),
                               OwnerScanner(dict, 60), 1.0,
-                              build_registry(lambda: state.snapshot), detectors=detectors))
+                              build_registry(lambda: state.current), detectors=detectors))
     held = agent._detect({}, {chip: 7 for chip in detectors})
     assert all(a.verdict is Verdict.LEAK for a in held.values())
     missed = agent._detect({}, {})
@@ -451,7 +451,7 @@ def test_a_job_end_holds_the_forecast_of_the_pooled_alert_that_was_raised():
     state = AgentState(Identity(host="h"), inventory)
     agent = Agent(AgentInputs(state, TpuRuntimeSource("127.0.0.1", [], 1.0, inventory),
                               OwnerScanner(dict, 60), 1.0,
-                              build_registry(lambda: state.snapshot), detectors=detectors))
+                              build_registry(lambda: state.current), detectors=detectors))
     agent._detect(last, {chip: 7 for chip in detectors})
     joined = [c for c, d in detectors.items() if d.alert is None]
     assert joined  # some chips are leak only by their job's evidence

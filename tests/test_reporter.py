@@ -459,7 +459,7 @@ def test_the_agent_gives_each_chip_its_process_step(tmp_path, receiver, runtime_
     server = runtime_servers(chips_metrics({0: 2**30, 1: 2**31}))
     inventory = inventory_for("v4", 2)
     state = AgentState(Identity(host="h"), inventory)
-    registry = build_registry(lambda: state.snapshot)
+    registry = build_registry(lambda: state.current)
     store = StoreWriter(tmp_path, Retention(), open_database(tmp_path, Retention()))
     store.start()
     source = TpuRuntimeSource("127.0.0.1", [server.port], 1.0, inventory)

@@ -47,7 +47,7 @@ def simulated():
 
 def scrape(source):
     state = AgentState(IDENT, inventory_for("v4", 4))
-    registry = build_registry(lambda: state.snapshot)
+    registry = build_registry(lambda: state.current)
     Agent(AgentInputs(state, source, OwnerScanner(dict, 60), 1.0, registry)).poll_once()
     return generate_latest(registry).decode()
 

@@ -114,7 +114,7 @@ def test_agent_poll_loop_detects_a_leak_end_to_end(simulator):
     sim = simulator(workload, clock, chips=2)
     inventory = inventory_for("v4", 2)
     state = AgentState(Identity(host="t1v-n-9-w-0"), inventory)
-    registry = build_registry(lambda: state.snapshot)
+    registry = build_registry(lambda: state.current)
     source = TpuRuntimeSource("127.0.0.1", sim.ports, 1.0, inventory, clock=clock.now)
     agent = Agent(AgentInputs(state, source, OwnerScanner(dict, 60), 30.0, registry))
     verdicts = set()
@@ -126,7 +126,7 @@ def test_agent_poll_loop_detects_a_leak_end_to_end(simulator):
     assert {"warming_up", "insufficient_data", "leak"} <= verdicts
     text = generate_latest(registry).decode()
     assert 'tpumon_leak_verdict{accelerator_type="",chip="0",host="t1v-n-9-w-0",slice="",verdict="leak",worker=""} 1.0' in text
-    predicted = state.snapshot.assessments["0"].predicted_oom_time
+    predicted = state.current.assessments["0"].predicted_oom_time
     assert clock.t < predicted < workload.oom_time + 3600
 
 

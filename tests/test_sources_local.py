@@ -206,7 +206,7 @@ def test_agent_loop_polls_on_cadence_and_stops_promptly():
     state = AgentState(Identity(host="h"), inventory)
     runtime = TpuRuntimeSource("127.0.0.1", [free_port()], 0.2, inventory)
     agent = Agent(AgentInputs(state, runtime, OwnerScanner(dict, 60), 0.05,
-                              build_registry(lambda: state.snapshot)))
+                              build_registry(lambda: state.current)))
     stop = threading.Event()
     thread = threading.Thread(target=agent.run, args=(stop,))
     thread.start()
@@ -215,6 +215,6 @@ def test_agent_loop_polls_on_cadence_and_stops_promptly():
     started = time.monotonic()
     thread.join(timeout=5)
     assert not thread.is_alive() and time.monotonic() - started < 1
-    polls = state.snapshot.polls_total
+    polls = state.current.polls_total
     assert 6 <= polls <= 13, polls  # ~12 at 50 ms; no burst, no stall
-    assert state.snapshot.health[0].up is False  # nothing listens: reported, loop kept going
+    assert state.current.health[0].up is False  # nothing listens: reported, loop kept going

@@ -54,7 +54,7 @@ def test_restart_mid_run_resumes_verdict_slope_and_forecast(tmp_path):
         state = AgentState(Identity(host=HOST), inventory)
         source = TpuRuntimeSource("127.0.0.1", sim.ports, 1.0, inventory, clock=clock.now)
         agent = Agent(AgentInputs(state, source, OwnerScanner(dict, 60), 30.0,
-                                  build_registry(lambda: state.snapshot), detectors=detectors,
+                                  build_registry(lambda: state.current), detectors=detectors,
                                   store=writer, checkpoint_interval=checkpoint_interval))
         for _ in range(polls):
             snap = agent.poll_once()
@@ -69,7 +69,7 @@ def test_restart_mid_run_resumes_verdict_slope_and_forecast(tmp_path):
     try:
         first = life(125, checkpoint_interval=0.0)  # a checkpoint at every poll
         # the first life ended with a fitted trend: the checkpoint has something to carry
-        assert first.state.snapshot.assessments["0"].window_seconds > 1800
+        assert first.state.current.assessments["0"].window_seconds > 1800
         second = life(125, checkpoint_interval=3600.0)  # none in this life
     finally:
         sim.stop()
@@ -77,7 +77,7 @@ def test_restart_mid_run_resumes_verdict_slope_and_forecast(tmp_path):
         t, used, total = (np.array(c, dtype=float) for c in zip(*samples))
         reference = ChipDetector()
         reference.update(t, np.full(len(t), np.nan), used, total)
-        resumed = second.state.snapshot.assessments[chip]
+        resumed = second.state.current.assessments[chip]
         assert resumed == reference.assessment, chip
         assert second._detectors[chip].alert == reference.alert
     assert resumed.verdict is Verdict.LEAK and resumed.predicted_oom_time is not None
@@ -230,7 +230,7 @@ def test_a_stalled_disk_never_stalls_polling(tmp_path, runtime_servers):
     writer.start()
     source = TpuRuntimeSource("127.0.0.1", [server.port], 1.0, inventory)
     agent = Agent(AgentInputs(state, source, OwnerScanner(dict, 60), 0.05,
-                              build_registry(lambda: state.snapshot), store=writer))
+                              build_registry(lambda: state.current), store=writer))
     try:
         agent.poll_once()
         assert writer.flush()

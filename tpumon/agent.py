@@ -161,7 +161,7 @@ class Agent(Component):
         self._poll_seconds = Histogram(
             "tpumon_poll_duration_seconds", "Time taken by one poll of all sources.",
             labelnames=LABELS, buckets=POLL_BUCKETS, registry=inputs.registry,
-        ).labels(**state.snapshot.identity.labels())
+        ).labels(**state.current.identity.labels())
 
     def reload(self, config: Config, changed: frozenset[str]) -> frozenset[str]:
         """A new poll interval applies from the next tick."""
@@ -186,13 +186,13 @@ class Agent(Component):
         samples = self._samples(runtime, steps)
         self._polls += 1
         assessments = self._detect(samples, owners)
-        log_verdict_changes(self.state.snapshot.assessments, assessments)
+        log_verdict_changes(self.state.current.assessments, assessments)
         processes = with_hbm_growth(processes, attributed, growing_chips(assessments))
         self._notice_ends(runtime, owners, attributed, processes, assessments, host,
                           reported.last_words if reported is not None else {})
         if self._leak_snapshots is not None:
             self._leak_snapshots.update(assessments, attributed, processes, time.time())
-        previous = self.state.snapshot
+        previous = self.state.current
         wall = time.time()
         if runtime is not None:
             self._clock_offset = runtime.time - wall
@@ -266,7 +266,7 @@ class Agent(Component):
             self._next_checkpoint = time.monotonic() + self._checkpoint_interval
         ends, self._unstored_ends = tuple(self._unstored_ends), []
         if samples or checkpoints or ends:
-            store.submit(PollRecord(self.state.snapshot.identity.host,
+            store.submit(PollRecord(self.state.current.identity.host,
                                     tuple(samples.items()), checkpoints, ends))
 
     def _detect(self, samples: Mapping[str, Sample],

@@ -268,7 +268,7 @@ def open_notifier(config: Config, simulate: bool, state: AgentState,
     tracker = AlertTracker(AlertSettings.from_config(config), outbox.active())
     log.info("notifications to %s (%d alert(s) active from before)",
              ", ".join(c.name for c in channels), len(tracker.active))
-    return Notifier(lambda: state.snapshot, tracker, outbox, channels)
+    return Notifier(lambda: state.current, tracker, outbox, channels)
 
 
 def alert_tracker(config: Config, notifier: Notifier | None
@@ -440,7 +440,7 @@ def _assemble(config: Config, simulate: bool, env: Mapping[str, str], history: b
         components.add(Service("history store", store.stop, store.start))
     alert_log, tracker = alert_tracker(config, notifier)
     components.add(AlertThresholds(tracker))
-    registry = build_registry(lambda: state.snapshot,
+    registry = build_registry(lambda: state.current,
                               store_health=None if store is None else lambda: store.health,
                               notifier_health=None if notifier is None else notifier.health,
                               alert_settings=lambda: tracker.settings)

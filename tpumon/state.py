@@ -114,13 +114,13 @@ class AgentState:
     /api/status, the alert log) share with the poll loop."""
 
     def __init__(self, identity: Identity, inventory: ChipInventory) -> None:
-        self._snapshot = PollState(0.0, identity, inventory)
+        self._current = PollState(0.0, identity, inventory)
 
     @property
-    def snapshot(self) -> PollState:
+    def current(self) -> PollState:
         """The latest poll's state (published whole, so always one consistent poll)."""
-        return self._snapshot
+        return self._current
 
-    def publish(self, snapshot: PollState) -> None:
+    def publish(self, poll: PollState) -> None:
         """Make a poll's state visible (one reference swap: readers see one poll whole)."""
-        self._snapshot = snapshot
+        self._current = poll

@@ -99,7 +99,7 @@ def run_agent(config: Config, simulate: bool, stop: threading.Event,
         report = None if assembly.store is None else \
             ReportPage(assembly.store.state_dir, assembly.identity.host,
                        worker=assembly.identity.worker)
-        server.attach(assembly.registry, lambda: assembly.state.snapshot, report,
+        server.attach(assembly.registry, lambda: assembly.state.current, report,
                       None if assembly.reporters is None else
                       assembly.reporters.request_snapshot, assembly.readers())
         shown = f"[{host}]" if ":" in host else host
