@@ -33,7 +33,7 @@ from fake_alert_apis import FakeAlertAPI  # noqa: E402
 from tools import AgentProcess, FakeReporter  # noqa: E402
 
 from tpumon.store.database import HistoryDB, Retention, database_path  # noqa: E402
-from tpumon.store.export import export_rows  # noqa: E402
+from tpumon.store.trace_rows import export_rows  # noqa: E402
 
 DAY = 86400
 MIB = 2**20

@@ -52,7 +52,7 @@ from tpumon.sources.tpu_runtime import DUTY_CYCLE, TOTAL, USAGE, TpuRuntimeSourc
 from tpumon.state import AgentState
 from tpumon.status import status_document
 from tpumon.store.database import Retention, open_database
-from tpumon.store.export import export_rows
+from tpumon.store.trace_rows import export_rows
 from tpumon.store.writer import StoreWriter
 
 GiB = 2**30

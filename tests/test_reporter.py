@@ -452,7 +452,7 @@ def test_the_agent_gives_each_chip_its_process_step(tmp_path, receiver, runtime_
     from tpumon.sources.tpu_runtime import TpuRuntimeSource
     from tpumon.state import AgentState
     from tpumon.store.database import Retention, open_database
-    from tpumon.store.export import export_rows
+    from tpumon.store.trace_rows import export_rows
     from tpumon.store.writer import StoreWriter
 
     r = receiver()

@@ -19,7 +19,7 @@ from tpumon.cli.timespec import parse_when
 from tpumon.cli.prometheus_source import (check_prometheus_options, prometheus_options,
                                           prometheus_rows)
 from tpumon.store.database import HistoryDB
-from tpumon.store.export import end_rows, export_rows
+from tpumon.store.trace_rows import end_rows, export_rows
 from tpumon.trace import TraceRow, write_trace
 
 WRITABLE = {".csv": "csv", ".jsonl": "jsonl", ".parquet": "parquet"}  # suffix -> format

@@ -130,7 +130,7 @@ def _store_workers(path: Path) -> dict[str, str]:
 
 def _store_rows(path: Path, start: float, end: float, hosts: tuple[str, ...],
                 chips: tuple[str, ...]) -> list:
-    from tpumon.store.export import export_rows
+    from tpumon.store.trace_rows import export_rows
 
     with reading_history(path) as db:
         return list(export_rows(db, start, end, set(hosts), set(chips)))

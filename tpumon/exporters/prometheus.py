@@ -28,7 +28,7 @@ from prometheus_client.registry import Collector
 
 from tpumon import __version__, package_version
 from tpumon.detect import Verdict
-from tpumon.exporters.job_ends import job_end_metrics
+from tpumon.exporters.job_end_metrics import job_end_metrics
 from tpumon.exporters.pod_labels import PodLabels
 from tpumon.exporters.replay_metrics import replay_metrics
 from tpumon.exporters.runtime_families import RuntimeMetricsCollector
