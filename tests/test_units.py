@@ -62,3 +62,14 @@ def test_one_time_to_oom_everywhere():
     assert [format_hours(s) for s in (30, 45 * 60, 4.4 * 3600, 3 * 86400)] == \
         ["30 s", "45 min", "4.4 h", "3 d"]
     assert describe_oom(4.4 * 3600) == "OOM in 4.4 h" and describe_oom(None) == ""
+
+
+def test_a_range_is_written_in_one_unit():
+    """The report's 95 % interval read "+1,021.4 MiB to +1.01 GiB/h": two scales at a
+    glance. Both ends take the larger end's unit."""
+    from tpumon.units import format_byte_range
+
+    assert format_byte_range(1021.4 * 2**20, 1.01 * 2**30, signed=True) == \
+        ("+1.00 GiB", "+1.01 GiB")
+    assert format_byte_range(-300 * 2**10, 2 * 2**20, signed=True) == ("-0.3 MiB", "+2.0 MiB")
+    assert format_byte_range(512, 900) == ("512 B", "900 B")

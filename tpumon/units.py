@@ -13,14 +13,17 @@ import time
 UNITS = (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10))
 
 
-def format_bytes(value: float | None, signed: bool = False) -> str:
+def format_bytes(value: float | None, signed: bool = False,
+                 like: float | None = None) -> str:
     """'31.75 GiB', '812.3 MiB', '118.7 KiB', '512 B'; '+1.2 MiB' with ``signed``; '-' for
-    None. The one way: ``watch``'s narrow columns write it so too (issue 43: '31.7Gi' there
-    and '31.75 GiB' everywhere else)."""
+    None; in the unit ``like`` would be written in, when given (both ends of a range). The
+    one way: ``watch``'s narrow columns write it so too (issue 43: '31.7Gi' there and
+    '31.75 GiB' everywhere else)."""
     if value is None or math.isnan(value):
         return "-"
     magnitude = abs(value)
-    unit, scale = next(((u, s) for u, s in UNITS if magnitude >= s), ("B", 1))
+    sized = magnitude if like is None else abs(like)
+    unit, scale = next(((u, s) for u, s in UNITS if sized >= s), ("B", 1))
     decimals = 0 if unit == "B" else 1 if unit in ("KiB", "MiB") else 2
     text = f"{magnitude / scale:,.{decimals}f}"
     if float(text.replace(",", "")) == 0:
@@ -28,6 +31,13 @@ def format_bytes(value: float | None, signed: bool = False) -> str:
     else:
         sign = "-" if value < 0 else "+" if signed else ""
     return f"{sign}{text} {unit}"
+
+
+def format_byte_range(low: float, high: float, signed: bool = False) -> tuple[str, str]:
+    """Both ends of a range in one unit, the larger end's: '+1,021.4 MiB' beside
+    '+1.01 GiB' read as two different scales."""
+    larger = max(abs(low), abs(high))
+    return format_bytes(low, signed, like=larger), format_bytes(high, signed, like=larger)
 
 
 def format_growth(bytes_per_step: float | None, bytes_per_hour: float | None,

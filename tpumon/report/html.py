@@ -13,7 +13,7 @@ from tpumon.describe import summarize_verdicts
 from tpumon.detect.forecast_band import BAND_LABEL
 from tpumon.detect.replay import describe_forecast
 from tpumon.report.data import ChipReport, HostReport
-from tpumon.units import format_span
+from tpumon.units import format_byte_range, format_span
 from tpumon.report.render import (VERDICT_COLOURS, hhmm, oom_text, per_hour, per_step, size,
                                   step_text, utc)
 
@@ -61,8 +61,8 @@ def _cells(c: ChipReport) -> dict[str, Any]:
         "chip": c.chip, "verdict": c.verdict, "reason": a.reason,
         "colour": VERDICT_COLOURS.get(c.verdict, "#444"),
         "growth": growth, "z": a.z,
-        "growth_interval": None if low is None or high is None else (
-            size(low * 3600, signed=True), size(high * 3600, signed=True)),
+        "growth_interval": None if low is None or high is None else
+        format_byte_range(low * 3600, high * 3600, signed=True),
         "oom": None if f is None else oom_text(c) or "",
         "oom_range": None if f is None or f.earliest is None else (
             BAND_LABEL, utc(f.earliest), "never" if f.latest is None else utc(f.latest)),

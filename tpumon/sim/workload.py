@@ -221,14 +221,14 @@ SCENARIOS: dict[str, Scenario] = {
                  stair_bytes=(48 * MiB, 80 * MiB), stair_every_steps=(400, 600)),
         Scenario("chip0-leak", "Only chip 0 leaks (SPMD imbalance); the other chips are healthy.",
                  leak_bytes_per_step=(100_000, 200_000), leak_chips=(0,)),
-        Scenario("irregular-staircase", "The floor jumps by 0.2-0.4 GB at random times "
+        Scenario("irregular-staircase", "The floor jumps by 190-380 MiB at random times "
                  "(recompilations, a cache that never stops growing), flat between.",
                  stair_bytes=(200 * MB, 400 * MB), stair_every_steps=(6000, 12000),
                  stair_irregular=True),
         Scenario("leak-rate-change", "A linear leak whose rate changes part-way (x1.5-3).",
                  leak_bytes_per_step=(100_000, 200_000), leak_change_step=(5000, 20000),
                  leak_change_factor=(1.5, 3.0)),
-        Scenario("step-change", "One permanent jump of ~1.5 GB, flat before and after: not a leak.",
+        Scenario("step-change", "One permanent jump of ~1.4 GiB, flat before and after: not a leak.",
                  step_change_bytes=(1.2 * GB, 1.8 * GB)),
         Scenario("job-exit",
                  "Healthy job runs three hours and exits cleanly; nothing runs after it.",
@@ -241,7 +241,7 @@ SCENARIOS: dict[str, Scenario] = {
                  "Healthy job dies, runtime gone for minutes, restarts from a checkpoint.",
                  restarts=1),
         Scenario("saturating-cache",
-                 "Healthy run whose cache grows ~2 GB over hours, then saturates.",
+                 "Healthy run whose cache grows ~1.9 GiB over hours, then saturates.",
                  cache_cap_bytes=(1.5 * GB, 2.5 * GB), cache_tau_s=(5400.0, 10800.0)),
         Scenario("stall", "Healthy job that stalls for minutes (a starved input pipeline, a hung "
                  "collective): duty cycle near 0, the step held, HBM held.",
