@@ -21,6 +21,7 @@ from tpumon.detect import describe_growth
 from tpumon.detect.replay import (SeriesResult, describe_forecast, replay_columns,
                                    spilled_path, trace_files, usable_cores)
 from tpumon.trace import SeriesSource, TraceFormatError
+from tpumon.trace_spill import Keep
 
 #: Widest host name shown: the table fits 80 columns with every other column full.
 HOST_WIDTH = 18
@@ -138,7 +139,7 @@ def command(trace: str | None, fmt: str, prometheus: str | None, slice_name: str
     if trace is None:
         raise click.UsageError("give a TRACE file, or --prometheus URL --slice NAME")
     try:
-        with bars() as progress, _read(trace, progress) as series:
+        with bars() as progress, spilled(trace, progress) as series:
             results = _replay(series, progress)
     except TraceFormatError as exc:
         raise click.ClickException(str(exc)) from None
@@ -151,9 +152,12 @@ def command(trace: str | None, fmt: str, prometheus: str | None, slice_name: str
 
 
 @contextmanager
-def _read(trace: str, progress: Progress) -> Iterator[dict[tuple[str, str], SeriesSource]]:
-    """The trace's series, spilled to a temporary file while the context lasts (bounded
-    memory); a bar that pulses (the rows to come are not known) and counts the rows."""
+def spilled(trace: str, progress: Progress,
+            keep: Keep | None = None) -> Iterator[dict[tuple[str, str], SeriesSource]]:
+    """The trace's series (a file's, or a directory's files'), spilled to a temporary file
+    while the context lasts (bounded memory; ``keep``: the rows kept, as
+    :func:`~tpumon.detect.replay.spilled_path` takes it); a bar that pulses (the rows to
+    come are not known) and counts the rows. ``analyze`` and ``report`` read traces so."""
     files = len(trace_files(trace))
     what = f"reading {files:,} trace file{'s' * (files != 1)}"
     task = progress.add_task(what, total=None)
@@ -164,7 +168,7 @@ def _read(trace: str, progress: Progress) -> Iterator[dict[tuple[str, str], Seri
         rows += n
         progress.update(task, description=f"{what}: {rows:,} samples")
 
-    with spilled_path(trace, read=read) as series:
+    with spilled_path(trace, read=read, keep=keep) as series:
         progress.update(task, total=1, completed=1)
         yield dict(series)
 
