@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 from test_report import HOST, SCENARIOS, rows_of
+from test_trace_spill import SLICE, slice_rows
 
-from tpumon import __version__, trace_columns
+from tpumon import __version__
 from tpumon.cli import main
 from tpumon.cli.export import parse_when
 from tpumon.detect.replay import spilled_path
@@ -23,7 +24,6 @@ from tpumon.sim.tracegen import generate_trace
 from tpumon.trace import read_trace_columns, write_trace
 from tpumon.trace_spill import SpilledSeries
 
-SLICE = "t1v-n-5f0c1a2b"
 _GENERATED = re.compile(r"\(tpumon report\) at [^<]*? UTC\.")
 
 
@@ -44,13 +44,7 @@ def slice_traces(tmp_path_factory) -> dict[str, Path]:
     lone host with a staircase, polled together, as CSV, JSON Lines and Parquet, and as a
     directory of one CSV per host."""
     root = tmp_path_factory.mktemp("slice")
-    rows = []
-    for host, scenario, seed in ((f"{SLICE}-w-0", "linear-leak", 1),
-                                 (f"{SLICE}-w-1", "healthy", 2),
-                                 ("solo", "staircase-leak", 3)):
-        rows += generate_trace(scenario, duration_s=8 * 3600, poll_interval_s=20, chips=2,
-                               seed=seed, host=host)
-    rows.sort(key=lambda r: r.time)
+    rows = slice_rows()
     out = {}
     for fmt in ("csv", "jsonl", "parquet"):
         out[fmt] = root / f"trace.{fmt}"
@@ -60,14 +54,6 @@ def slice_traces(tmp_path_factory) -> dict[str, Path]:
     for host in dict.fromkeys(r.host for r in rows):
         write_trace([r for r in rows if r.host == host], out["directory"] / f"{host}.csv")
     return out
-
-
-@pytest.fixture
-def small_tables(monkeypatch):
-    """Tables of a few hundred rows: every series spans many of them."""
-    monkeypatch.setattr(trace_columns, "TABLE_ROWS", 300)
-    monkeypatch.setattr(trace_columns, "_STREAM_BLOCK_BYTES", 8192)
-    monkeypatch.setattr(trace_columns, "_PARQUET_BATCH_ROWS", 128)
 
 
 def streamed(trace: Path, outdir: Path, *options: str) -> dict[str, bytes]:
