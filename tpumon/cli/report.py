@@ -54,7 +54,8 @@ def command(trace: str | None, config_path: str | None, state_dir: str | None,
     """
     start = parse_when(since, "--since") if since else -math.inf
     end = parse_when(until, "--until") if until else math.inf
-    from tpumon.report import build_reports, write_report
+    from tpumon.report import write_report
+    from tpumon.report.data import host_reports
     from tpumon.report.data import select, selection, series_from_rows
 
     ends: list = []  # job ends: kept in the history store only
@@ -87,30 +88,32 @@ def command(trace: str | None, config_path: str | None, state_dir: str | None,
                 " for the given --host/--chip/--since/--until"
                 if hosts or chips or since or until else ""))
         bar = progress if progress is not None else stack.enter_context(bars())
+        drawn = {host for host, _ in series}
+        if worker is not None and len(drawn) != 1:
+            raise click.UsageError(f"--worker names one host's worker; the selection "
+                                   f"has {len(drawn)} hosts (give --host)")
         samples = sum(c.samples for c in series.values())
         task = bar.add_task(f"replaying {samples:,} samples", total=samples)
-        reports = build_reports(series, source, __version__, time.time(), ends=ends,
-                                replayed=lambda n: bar.advance(task, n))
-        for report in reports:
-            report.worker_id = workers.get(report.host)
-        if worker is not None:
-            if len(reports) != 1:
-                raise click.UsageError(f"--worker names one host's worker; the selection "
-                                       f"has {len(reports)} hosts (give --host)")
-            reports[0].worker_id = worker
-        task = bar.add_task(f"drawing {len(reports):,} host report"
-                                 f"{'s' * (len(reports) != 1)}", total=len(reports))
+        reports = host_reports(series, source, __version__, time.time(), ends=ends,
+                               replayed=lambda n: bar.advance(task, n))
+        drawing = bar.add_task(f"drawing {len(drawn):,} host report"
+                               f"{'s' * (len(drawn) != 1)}", total=len(drawn))
+        by_host: dict[str, tuple[Path, Path]] = {}
         try:
             Path(outdir).mkdir(parents=True, exist_ok=True)
-            if prometheus is not None and slice_name is not None:
+            if scraped and slice_name is not None:  # the heatmap needs every host's report
                 from tpumon.report.slice_heatmap import write_slice_png
 
-                written.append(write_slice_png(scraped, reports, slice_name, outdir))
-            for report in reports:
-                written += write_report(report, outdir)
-                bar.advance(task)
+                every = sorted(reports, key=lambda r: r.host)
+                written.append(write_slice_png(scraped, every, slice_name, outdir))
+                reports = iter(every)
+            for report in reports:  # each drawn and let go: one job's reports at a time
+                report.worker_id = worker if worker is not None else workers.get(report.host)
+                by_host[report.host] = write_report(report, outdir)
+                bar.advance(drawing)
         except OSError as exc:
             raise click.ClickException(f"{outdir}: {exc.strerror or exc}") from None
+        written += [path for host in sorted(by_host) for path in by_host[host]]
     for path in written:
         click.echo(str(path))
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -124,7 +124,7 @@ class ChipReport:
     trend: Trend | None = None
     forecast: Forecast | None = None
     #: the detector's own assessments as they changed (time, step, assessment): what
-    #: pooling the chips of a job replays
+    #: pooling the chips of a job replays (emptied once it has: nothing draws them)
     said: list = field(default_factory=list, repr=False)
 
     @property
@@ -205,28 +205,47 @@ def build_reports(series: Mapping[tuple[str, str], SeriesSource], source: str, v
                   generated_at: float, settings: DetectorSettings | None = None,
                   ends: Sequence[StoredEnd] = (),
                   replayed: Callable[[int], None] | None = None) -> list[HostReport]:
-    """One report per host, chips in numeric order; series without samples are left out.
-    ``ends``: job ends the agent kept (docs/job-ends.md), marked on their host's chips.
-    ``replayed`` is told each chip's samples once its replay is done (a progress bar).
-    A series may be spilled (:func:`tpumon.detect.replay.spilled_path`): each is read
-    when it is replayed and let go of after, so memory holds one series at a time."""
-    by_host: dict[str, list[ChipReport]] = {}
-    by_job: dict[str, list[tuple[ChipReport, SeriesSource]]] = {}
+    """One report per host, in host order, chips in numeric order: :func:`host_reports`
+    all at once."""
+    return sorted(host_reports(series, source, version, generated_at, settings, ends,
+                               replayed), key=lambda r: r.host)
+
+
+def host_reports(series: Mapping[tuple[str, str], SeriesSource], source: str, version: str,
+                 generated_at: float, settings: DetectorSettings | None = None,
+                 ends: Sequence[StoredEnd] = (),
+                 replayed: Callable[[int], None] | None = None) -> Iterator[HostReport]:
+    """One report per host, chips in numeric order, job by job (:func:`job_name`: a slice,
+    or a host; jobs in the order of their first host name, a job's hosts in order): each
+    job's chips are replayed and pooled, then its hosts' reports are given, so a caller
+    that draws each and lets it go holds one job's reports at a time. Series without
+    samples are left out. ``ends``: job ends the agent kept (docs/job-ends.md), marked on
+    their host's chips. ``replayed`` is told each chip's samples once its replay is done
+    (a progress bar). A series may be spilled (:func:`tpumon.detect.replay.spilled_path`):
+    each is read when it is replayed and let go of after, so memory holds one series at a
+    time."""
+    by_job: dict[str, list[tuple[str, str, SeriesSource]]] = {}
     for (host, chip), columns in series.items():
         if columns.samples:
+            by_job.setdefault(job_name(host), []).append((host, chip, columns))
+    for job, members in sorted(by_job.items(), key=lambda j: min(h for h, _, _ in j[1])):
+        chips: list[tuple[ChipReport, SeriesSource]] = []
+        for host, chip, columns in members:
             report = chip_report(host, chip, columns, settings)
             report.ends = [e for e in ends if e.host == host
                            and report.start <= e.time <= report.end + END_MARGIN_SECONDS]
-            by_host.setdefault(host, []).append(report)
-            by_job.setdefault(job_name(host), []).append((report, columns))
+            chips.append((report, columns))
             if replayed is not None:
                 replayed(columns.samples)
-    for job, chips in by_job.items():
         if len(chips) > 1:
             pool_reports(job, chips)
-    return [HostReport(host, sorted(chips, key=lambda c: _chip_sort_key(c.chip)), source,
-                       version, generated_at)
-            for host, chips in sorted(by_host.items())]
+        by_host: dict[str, list[ChipReport]] = {}
+        for report, _ in chips:
+            report.said = []  # what pooling replays, and nothing draws: let go
+            by_host.setdefault(report.host, []).append(report)
+        for host, reports in sorted(by_host.items()):
+            yield HostReport(host, sorted(reports, key=lambda c: _chip_sort_key(c.chip)),
+                             source, version, generated_at)
 
 
 def chip_report(host: str, chip: str, series: SeriesSource,
