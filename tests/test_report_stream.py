@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 from test_report import HOST, SCENARIOS, rows_of
-from test_trace_spill import SLICE, slice_rows
+from test_trace_spill import SLICE, slice_rows, slice_traces_in
 
 from tpumon import __version__
 from tpumon.cli import main
@@ -45,10 +45,7 @@ def slice_traces(tmp_path_factory) -> dict[str, Path]:
     directory of one CSV per host."""
     root = tmp_path_factory.mktemp("slice")
     rows = slice_rows()
-    out = {}
-    for fmt in ("csv", "jsonl", "parquet"):
-        out[fmt] = root / f"trace.{fmt}"
-        write_trace(rows, out[fmt], fmt)
+    out = slice_traces_in(root, rows)
     out["directory"] = root / "hosts"
     out["directory"].mkdir()
     for host in dict.fromkeys(r.host for r in rows):

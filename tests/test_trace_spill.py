@@ -28,15 +28,19 @@ def slice_rows():
     return sorted(rows, key=lambda r: r.time)
 
 
-@pytest.fixture(scope="module")
-def traces(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("spill")
-    rows = slice_rows()
+def slice_traces_in(directory, rows):
+    """``rows`` as trace.csv, trace.jsonl and trace.parquet in ``directory``: {format: path}
+    (tests/test_report_stream.py's too)."""
     paths = {}
     for fmt in ("csv", "jsonl", "parquet"):
         paths[fmt] = directory / f"trace.{fmt}"
         write_trace(rows, paths[fmt], fmt)
     return paths
+
+
+@pytest.fixture(scope="module")
+def traces(tmp_path_factory):
+    return slice_traces_in(tmp_path_factory.mktemp("spill"), slice_rows())
 
 
 def _json(results):
