@@ -5,8 +5,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 
 import click
 from rich import box
@@ -15,13 +14,12 @@ from rich.progress import Progress
 from rich.table import Table
 
 from tpumon.cli.progress import bars
+from tpumon.cli.trace_input import spilled
 from tpumon.cli.prometheus_source import (check_prometheus_options, prometheus_options,
                                           prometheus_rows)
 from tpumon.detect import describe_growth
-from tpumon.detect.replay import (SeriesResult, describe_forecast, replay_columns,
-                                   spilled_path, trace_files, usable_cores)
+from tpumon.detect.replay import SeriesResult, describe_forecast, replay_columns, usable_cores
 from tpumon.trace import SeriesSource, TraceFormatError
-from tpumon.trace_spill import Keep
 
 #: Widest host name shown: the table fits 80 columns with every other column full.
 HOST_WIDTH = 18
@@ -149,28 +147,6 @@ def command(trace: str | None, fmt: str, prometheus: str | None, slice_name: str
     if not results:  # like `report` and `export`: nothing selected is an error
         raise click.ClickException(f"{trace}: no samples to analyze (only a header?)")
     _print(results, fmt)
-
-
-@contextmanager
-def spilled(trace: str, progress: Progress,
-            keep: Keep | None = None) -> Iterator[dict[tuple[str, str], SeriesSource]]:
-    """The trace's series (a file's, or a directory's files'), spilled to a temporary file
-    while the context lasts (bounded memory; ``keep``: the rows kept, as
-    :func:`~tpumon.detect.replay.spilled_path` takes it); a bar that pulses (the rows to
-    come are not known) and counts the rows. ``analyze`` and ``report`` read traces so."""
-    files = len(trace_files(trace))
-    what = f"reading {files:,} trace file{'s' * (files != 1)}"
-    task = progress.add_task(what, total=None)
-    rows = 0
-
-    def read(n: int) -> None:
-        nonlocal rows
-        rows += n
-        progress.update(task, description=f"{what}: {rows:,} samples")
-
-    with spilled_path(trace, read=read, keep=keep) as series:
-        progress.update(task, total=1, completed=1)
-        yield dict(series)
 
 
 def _replay(columns: Mapping[tuple[str, str], SeriesSource],

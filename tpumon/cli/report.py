@@ -13,11 +13,11 @@ import click
 from rich.progress import Progress
 
 from tpumon import __version__
-from tpumon.cli.analyze import spilled
 from tpumon.cli.export import parse_when
 from tpumon.cli.history_store import history_path, reading_history
 from tpumon.cli.options import config_option, history_selection, state_dir_option
 from tpumon.cli.progress import bars
+from tpumon.cli.trace_input import spilled
 from tpumon.cli.prometheus_source import (check_prometheus_options, prometheus_options,
                                           prometheus_rows)
 from tpumon.trace import SeriesColumns, SeriesSource, TraceFormatError
