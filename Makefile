@@ -98,6 +98,7 @@ bench: system-deps-bench venv
 	$(BIN)/python bench/nuisances.py
 	$(BIN)/python bench/forecast_band.py
 	$(BIN)/python bench/analyze_speed.py
+	$(BIN)/python bench/report_speed.py
 	$(BIN)/python bench/store.py
 	$(BIN)/python bench/reporters.py
 	$(BIN)/python bench/hostile.py

@@ -4,6 +4,8 @@ from pathlib import Path
 
 import pytest
 
+from tpumon import trace_columns
+
 sys.path.insert(0, str(Path(__file__).parent))
 
 # tests/frameworks/ needs PyTorch/XLA and JAX (.venv-frameworks): `make test-frameworks`
@@ -37,3 +39,12 @@ def receiver(tmp_path):
     r.start()
     yield r
     r.stop()
+
+
+@pytest.fixture
+def small_tables(monkeypatch):
+    """Traces read in tables of a few hundred rows (tpumon.trace_columns): every series
+    of a test's trace spans many of them (tests/test_trace_spill.py, test_report_stream.py)."""
+    monkeypatch.setattr(trace_columns, "TABLE_ROWS", 300)
+    monkeypatch.setattr(trace_columns, "_STREAM_BLOCK_BYTES", 8192)
+    monkeypatch.setattr(trace_columns, "_PARQUET_BATCH_ROWS", 128)

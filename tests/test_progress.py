@@ -63,10 +63,11 @@ def test_analyze_shows_reading_and_replaying(slice_dir):
 
 
 @pytest.mark.slow
-def test_report_shows_replaying_and_drawing(slice_dir, tmp_path):
+def test_report_shows_reading_replaying_and_drawing(slice_dir, tmp_path):
     trace = next(slice_dir.glob("w0.csv"))
     status, drawn = on_a_terminal("report", str(trace), "-o", str(tmp_path / "t"))
     assert status == 0, drawn
+    assert "reading 1 trace file" in drawn, drawn  # spilled as analyze spills it
     assert f"replaying {samples(trace):,} samples" in drawn, drawn
     assert "drawing 1 host report" in drawn, drawn
     assert str(tmp_path / "t" / f"tpumon-report-{SLICE}-w-0.html") in drawn

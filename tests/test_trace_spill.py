@@ -8,7 +8,6 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from tpumon import trace_columns
 from tpumon.cli import main
 from tpumon.detect import replay
 from tpumon.detect.replay import read_path, replay_columns, spilled_path
@@ -18,7 +17,7 @@ from tpumon.trace import TraceFormatError, read_trace_columns, write_trace
 SLICE = "t1v-n-5f0c1a2b"
 
 
-def _rows():
+def slice_rows():
     """A two-host slice (one leaks) and a lone host with a staircase, polled together."""
     rows = []
     for host, scenario, seed in ((f"{SLICE}-w-0", "linear-leak", 1),
@@ -29,10 +28,9 @@ def _rows():
     return sorted(rows, key=lambda r: r.time)
 
 
-@pytest.fixture(scope="module")
-def traces(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("spill")
-    rows = _rows()
+def slice_traces_in(directory, rows):
+    """``rows`` as trace.csv, trace.jsonl and trace.parquet in ``directory``: {format: path}
+    (tests/test_report_stream.py's too)."""
     paths = {}
     for fmt in ("csv", "jsonl", "parquet"):
         paths[fmt] = directory / f"trace.{fmt}"
@@ -40,12 +38,9 @@ def traces(tmp_path_factory):
     return paths
 
 
-@pytest.fixture
-def small_tables(monkeypatch):
-    """Tables of a few hundred rows: every series spans many of them."""
-    monkeypatch.setattr(trace_columns, "TABLE_ROWS", 300)
-    monkeypatch.setattr(trace_columns, "_STREAM_BLOCK_BYTES", 8192)
-    monkeypatch.setattr(trace_columns, "_PARQUET_BATCH_ROWS", 128)
+@pytest.fixture(scope="module")
+def traces(tmp_path_factory):
+    return slice_traces_in(tmp_path_factory.mktemp("spill"), slice_rows())
 
 
 def _json(results):
@@ -84,7 +79,7 @@ def test_the_command_prints_what_the_whole_trace_gives(traces, small_tables):
 
 
 def test_a_directory_of_traces_in_several_formats(tmp_path, small_tables):
-    rows = _rows()
+    rows = slice_rows()
     for worker, fmt in enumerate(("csv", "jsonl", "parquet")):
         write_trace([r for r in rows if r.host.endswith(f"-w-{worker}")
                      or (worker == 2 and r.host == "solo")], tmp_path / f"w{worker}.{fmt}", fmt)
@@ -108,7 +103,7 @@ def test_an_error_in_a_later_table_is_the_whole_traces(tmp_path, small_tables, f
     row. Parquet's tables here are of 384 rows (three batches of 128), so a time going back
     at row 20 * 384 is one table's first row, and the row before it in its series is in
     the table before (checked across tables); 50 rows on, within one table."""
-    rows = _rows()
+    rows = slice_rows()
     bad = rows[at]
     if fault == "time goes back":
         earlier = next(r for r in reversed(rows[:at]) if (r.host, r.chip) ==
@@ -133,7 +128,7 @@ def test_a_file_pyarrow_refuses_late_is_read_again_by_the_strict_parser(tmp_path
     """A name with spaces around it far into a CSV (the strict parser strips them; the
     vectorized checks do not decide): the tables spilled before are dropped and the file is
     read whole by the validating parser, with the same results."""
-    rows = _rows()
+    rows = slice_rows()
     at = len(rows) * 2 // 3
     r = rows[at]
     rows[at] = r.__class__(r.time, f" {r.host} ", r.chip, r.step, r.hbm_used_bytes,

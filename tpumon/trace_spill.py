@@ -15,7 +15,7 @@ a sample (the four columns in the dtypes the replay takes, so the values are the
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from io import FileIO
 from typing import TYPE_CHECKING
@@ -83,13 +83,21 @@ def _read_into(file: FileIO, into: memoryview) -> None:
         done += got
 
 
+#: Which of a series' rows to keep, given its key and the rows of one table (a selection:
+#: ``tpumon report --host/--chip/--since/--until``); None or no rows keeps none.
+Keep = Callable[[tuple[str, str], "SeriesColumns"], "SeriesColumns | None"]
+
+
 class Spill:
     """Series appended table by table to one file in ``directory`` (which the caller
     removes), in order of first appearance (``series``). :meth:`start_file` begins a trace
-    file: a series already read from an earlier file is then an error (SeriesAgain)."""
+    file: a series already read from an earlier file is then an error (SeriesAgain).
+    With ``keep``, only the rows it keeps are written (a series may then have no samples);
+    the rows it leaves out are checked as the others are."""
 
-    def __init__(self, directory: str) -> None:
+    def __init__(self, directory: str, keep: Keep | None = None) -> None:
         self.path = os.path.join(directory, "series")
+        self._keep = keep
         self._file = open(self.path, "wb")  # noqa: SIM115 - closed by close()
         self.series: dict[tuple[str, str], SpilledSeries] = {}
         self._earlier: dict[tuple[str, str], SpilledSeries] = {}
@@ -114,16 +122,23 @@ class Spill:
             elif len(c.times) and c.times[0] < spilled.last_time:
                 raise TimeWentBack(key, float(c.times[0]), spilled.last_time)
         for key, c in columns.items():  # checked first: an error adds nothing
+            if not len(c.times):
+                continue
+            spilled = self.series[key]
+            spilled.last_time = float(c.times[-1])
+            if self._keep is not None:
+                kept = self._keep(key, c)
+                if kept is None:
+                    continue
+                c = kept
             rows = len(c.times)
             if not rows:
                 continue
-            spilled = self.series[key]
             with self._writing():
                 spilled._chunks.append((self._file.tell(), rows))
                 for column, dtype in zip(c, _DTYPES, strict=True):
                     self._file.write(np.ascontiguousarray(column, dtype).data.cast("B"))
             spilled.samples += rows
-            spilled.last_time = float(c.times[-1])
 
     def close(self) -> None:
         """Done adding: what was written is there for :meth:`SpilledSeries.load`."""

@@ -5,8 +5,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 
 import click
 from rich import box
@@ -15,11 +14,11 @@ from rich.progress import Progress
 from rich.table import Table
 
 from tpumon.cli.progress import bars
+from tpumon.cli.trace_input import spilled
 from tpumon.cli.prometheus_source import (check_prometheus_options, prometheus_options,
                                           prometheus_rows)
 from tpumon.detect import describe_growth
-from tpumon.detect.replay import (SeriesResult, describe_forecast, replay_columns,
-                                   spilled_path, trace_files, usable_cores)
+from tpumon.detect.replay import SeriesResult, describe_forecast, replay_columns, usable_cores
 from tpumon.trace import SeriesSource, TraceFormatError
 
 #: Widest host name shown: the table fits 80 columns with every other column full.
@@ -138,7 +137,7 @@ def command(trace: str | None, fmt: str, prometheus: str | None, slice_name: str
     if trace is None:
         raise click.UsageError("give a TRACE file, or --prometheus URL --slice NAME")
     try:
-        with bars() as progress, _read(trace, progress) as series:
+        with bars() as progress, spilled(trace, progress) as series:
             results = _replay(series, progress)
     except TraceFormatError as exc:
         raise click.ClickException(str(exc)) from None
@@ -148,25 +147,6 @@ def command(trace: str | None, fmt: str, prometheus: str | None, slice_name: str
     if not results:  # like `report` and `export`: nothing selected is an error
         raise click.ClickException(f"{trace}: no samples to analyze (only a header?)")
     _print(results, fmt)
-
-
-@contextmanager
-def _read(trace: str, progress: Progress) -> Iterator[dict[tuple[str, str], SeriesSource]]:
-    """The trace's series, spilled to a temporary file while the context lasts (bounded
-    memory); a bar that pulses (the rows to come are not known) and counts the rows."""
-    files = len(trace_files(trace))
-    what = f"reading {files:,} trace file{'s' * (files != 1)}"
-    task = progress.add_task(what, total=None)
-    rows = 0
-
-    def read(n: int) -> None:
-        nonlocal rows
-        rows += n
-        progress.update(task, description=f"{what}: {rows:,} samples")
-
-    with spilled_path(trace, read=read) as series:
-        progress.update(task, total=1, completed=1)
-        yield dict(series)
 
 
 def _replay(columns: Mapping[tuple[str, str], SeriesSource],

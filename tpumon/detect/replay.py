@@ -24,7 +24,7 @@ import numpy as np
 from tpumon.detect.detector import (Assessment, ChipDetector, DetectorSettings, Verdict,
                                     leak_alert)
 from tpumon.detect.pooling import JobPool, pool_job
-from tpumon.trace_spill import Spill, SpilledSeries
+from tpumon.trace_spill import Keep, Spill, SpilledSeries
 from tpumon.trace import (SeriesColumns, SeriesSource, TraceFormatError, read_trace_columns,
                           spill_trace)
 
@@ -237,15 +237,16 @@ def trace_files(path: str) -> list[str]:
 
 
 @contextmanager
-def spilled_path(path: str, read: Advance | None = None) -> Iterator[dict[tuple[str, str],
-                                                                          SpilledSeries]]:
+def spilled_path(path: str, read: Advance | None = None,
+                 keep: Keep | None = None) -> Iterator[dict[tuple[str, str], SpilledSeries]]:
     """The series of a trace file or of a directory's trace files (``trace_files``), as
     :func:`read_path` gives them, but kept in a temporary spill file (under TMPDIR, 32
     bytes a sample) for as long as the context lasts, each read back when replayed: a
     trace of any length in bounded memory (:mod:`tpumon.trace_spill`). ``read`` is told
-    the rows of each part of a file as it is read."""
+    the rows of each part of a file as it is read. ``keep`` selects the rows spilled
+    (:class:`tpumon.trace_spill.Spill`): a series it keeps nothing of has no samples."""
     with tempfile.TemporaryDirectory(prefix="tpumon-analyze-") as directory:
-        spill = Spill(directory)
+        spill = Spill(directory, keep)
         try:
             for file in trace_files(path):
                 spill_trace(file, spill, read=read)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -26,7 +26,8 @@ from tpumon.detect.jumps import Jump
 from tpumon.detect.pooling import pool_job
 from tpumon.detect.replay import job_name, replay_pooling
 from tpumon.store.database import StoredEnd
-from tpumon.trace import SeriesColumns, TraceRow
+from tpumon.trace_spill import Keep
+from tpumon.trace import SeriesColumns, SeriesSource, TraceRow
 
 #: Bins of the raw-sample envelope: at most about one per pixel of the PNG's plot width,
 #: and at least SAMPLES_PER_BIN samples to a bin on average (a bin of one sample is a line
@@ -112,15 +113,18 @@ class ChipReport:
     jumps: list[Jump]
     excursions: list[Excursion]
     verdicts: list[tuple[float, float, str]]  # (from, to, verdict) as the detector said
-    step_times: np.ndarray  # (time, step) where steps are known, for the step axis
-    step_values: np.ndarray
+    #: the series itself, read again for the steps at a few times (the step axis): the
+    #: report keeps no per-sample array, so its memory does not grow with the samples
+    #: (a spilled series stays on disk until then)
+    series: SeriesSource = field(repr=False)
+    has_steps: bool  # whether any sample has its step
     gaps: list[tuple[float, float]] = field(default_factory=list)  # no samples from, to
     #: the host's job ends the agent saw in this chip's span (from its history store)
     ends: list[StoredEnd] = field(default_factory=list)
     trend: Trend | None = None
     forecast: Forecast | None = None
     #: the detector's own assessments as they changed (time, step, assessment): what
-    #: pooling the chips of a job replays
+    #: pooling the chips of a job replays (emptied once it has: nothing draws them)
     said: list = field(default_factory=list, repr=False)
 
     @property
@@ -136,15 +140,24 @@ class ChipReport:
         a = self.assessment
         return describe_growth(a.slope_bytes_per_step, a.slope_bytes_per_hour)
 
-    def step_at(self, t: float, slack: float = 0.0) -> float | None:
-        """The training step at time ``t`` (nearest sample with a step), within the data
-        (give or take ``slack`` seconds)."""
-        if not len(self.step_times) or not self.start - slack <= t <= self.end + slack:
-            return None
-        i = int(np.clip(self.step_times.searchsorted(t), 0, len(self.step_times) - 1))
-        if i > 0 and abs(self.step_times[i - 1] - t) < abs(self.step_times[i] - t):
-            i -= 1
-        return float(self.step_values[i])
+    def steps_at(self, moments: Sequence[float], slack: float = 0.0) -> list[float | None]:
+        """The training step at each of ``moments`` (nearest sample with a step), within
+        the data (give or take ``slack`` seconds); the series is read once for them all."""
+        if not self.has_steps:
+            return [None for _ in moments]
+        c = self.series.load()
+        known = ~np.isnan(c.steps)
+        times, steps = c.times[known], c.steps[known]
+        out: list[float | None] = []
+        for t in moments:
+            if not self.start - slack <= t <= self.end + slack:
+                out.append(None)
+                continue
+            i = int(np.clip(times.searchsorted(t), 0, len(times) - 1))
+            if i > 0 and abs(times[i - 1] - t) < abs(times[i] - t):
+                i -= 1
+            out.append(float(steps[i]))
+        return out
 
 
 @dataclass
@@ -188,34 +201,58 @@ def _chip_sort_key(chip: str) -> tuple:
     return (0, int(chip), "") if chip.isdigit() else (1, 0, chip)
 
 
-def build_reports(series: Mapping[tuple[str, str], SeriesColumns], source: str, version: str,
+def build_reports(series: Mapping[tuple[str, str], SeriesSource], source: str, version: str,
                   generated_at: float, settings: DetectorSettings | None = None,
                   ends: Sequence[StoredEnd] = (),
                   replayed: Callable[[int], None] | None = None) -> list[HostReport]:
-    """One report per host, chips in numeric order; series without samples are left out.
-    ``ends``: job ends the agent kept (docs/job-ends.md), marked on their host's chips.
-    ``replayed`` is told each chip's samples once its replay is done (a progress bar)."""
-    by_host: dict[str, list[ChipReport]] = {}
-    by_job: dict[str, list[tuple[ChipReport, SeriesColumns]]] = {}
+    """One report per host, in host order, chips in numeric order: :func:`host_reports`
+    all at once."""
+    return sorted(host_reports(series, source, version, generated_at, settings, ends,
+                               replayed), key=lambda r: r.host)
+
+
+def host_reports(series: Mapping[tuple[str, str], SeriesSource], source: str, version: str,
+                 generated_at: float, settings: DetectorSettings | None = None,
+                 ends: Sequence[StoredEnd] = (),
+                 replayed: Callable[[int], None] | None = None) -> Iterator[HostReport]:
+    """One report per host, chips in numeric order, job by job (:func:`job_name`: a slice,
+    or a host; jobs in the order of their first host name, a job's hosts in order): each
+    job's chips are replayed and pooled, then its hosts' reports are given, so a caller
+    that draws each and lets it go holds one job's reports at a time. Series without
+    samples are left out. ``ends``: job ends the agent kept (docs/job-ends.md), marked on
+    their host's chips. ``replayed`` is told each chip's samples once its replay is done
+    (a progress bar). A series may be spilled (:func:`tpumon.detect.replay.spilled_path`):
+    each is read when it is replayed and let go of after, so memory holds one series at a
+    time."""
+    by_job: dict[str, list[tuple[str, str, SeriesSource]]] = {}
     for (host, chip), columns in series.items():
-        if len(columns.times):
+        if columns.samples:
+            by_job.setdefault(job_name(host), []).append((host, chip, columns))
+    for job, members in sorted(by_job.items(), key=lambda j: min(h for h, _, _ in j[1])):
+        chips: list[tuple[ChipReport, SeriesSource]] = []
+        for host, chip, columns in members:
             report = chip_report(host, chip, columns, settings)
             report.ends = [e for e in ends if e.host == host
                            and report.start <= e.time <= report.end + END_MARGIN_SECONDS]
-            by_host.setdefault(host, []).append(report)
-            by_job.setdefault(job_name(host), []).append((report, columns))
+            chips.append((report, columns))
             if replayed is not None:
-                replayed(len(columns.times))
-    for job, chips in by_job.items():
+                replayed(columns.samples)
         if len(chips) > 1:
             pool_reports(job, chips)
-    return [HostReport(host, sorted(chips, key=lambda c: _chip_sort_key(c.chip)), source,
-                       version, generated_at)
-            for host, chips in sorted(by_host.items())]
+        by_host: dict[str, list[ChipReport]] = {}
+        for report, _ in chips:
+            report.said = []  # what pooling replays, and nothing draws: let go
+            by_host.setdefault(report.host, []).append(report)
+        for host, reports in sorted(by_host.items()):
+            yield HostReport(host, sorted(reports, key=lambda c: _chip_sort_key(c.chip)),
+                             source, version, generated_at)
 
 
-def chip_report(host: str, chip: str, columns: SeriesColumns,
+def chip_report(host: str, chip: str, series: SeriesSource,
                 settings: DetectorSettings | None = None) -> ChipReport:
+    """One chip's report: ``series`` read (``load``) and replayed; what the report keeps
+    of it is bounded whatever its length (envelope bins, buckets, fits)."""
+    columns = series.load()
     times = np.asarray(columns.times, dtype=float)
     steps = np.asarray(columns.steps, dtype=float)
     used = np.asarray(columns.used, dtype=float)
@@ -247,14 +284,14 @@ def chip_report(host: str, chip: str, columns: SeriesColumns,
         sorted(jumps.values(), key=lambda j: j.time),
         _excursions(floor_times, groups.floor, groups.peak, jobs, total),
         _timeline(float(times[0]), end, [(t, a.verdict.value) for t, _, a in said]),
-        times[known], steps[known], said=said)
+        series, bool(known.any()), said=said)
     report.gaps = gaps(times, settings or DetectorSettings())
     report.trend = _trend(report)
     report.forecast = _forecast(report)
     return report
 
 
-def pool_reports(job: str, chips: Sequence[tuple[ChipReport, SeriesColumns]]) -> None:
+def pool_reports(job: str, chips: Sequence[tuple[ChipReport, SeriesSource]]) -> None:
     """Share evidence between the chips of one job, as the agent and ``tpumon analyze`` do
     (:mod:`tpumon.detect.pooling`): each chip's verdict over time, alert, final assessment,
     trend and forecast become the pooled ones, so the report says what they say."""
@@ -449,19 +486,33 @@ def series_from_rows(rows: Iterable[TraceRow]) -> dict[tuple[str, str], SeriesCo
             for key, (t, s, u, n) in lists.items()}
 
 
+def selection(hosts: Iterable[str] = (), chips: Iterable[str] = (),
+              since: float = -math.inf, until: float = math.inf) -> Keep:
+    """The rows of a series (or of a part of it) that the report selects: those of the
+    given hosts and chips (all when empty) in [since, until]; None for another's series.
+    What :func:`select` cuts, and what a trace is spilled through (``Spill``'s ``keep``)."""
+    hosts, chips = set(hosts), set(chips)
+
+    def keep(key: tuple[str, str], c: SeriesColumns) -> SeriesColumns | None:
+        host, chip = key
+        if (hosts and host not in hosts) or (chips and chip not in chips):
+            return None
+        if since > -math.inf or until < math.inf:
+            inside = (c.times >= since) & (c.times <= until)
+            c = SeriesColumns(*(column[inside] for column in c))
+        return c
+    return keep
+
+
 def select(series: Mapping[tuple[str, str], SeriesColumns], hosts: Iterable[str] = (),
            chips: Iterable[str] = (), since: float = -math.inf,
            until: float = math.inf) -> dict[tuple[str, str], SeriesColumns]:
     """The series of the given hosts and chips (all when empty), cut to [since, until];
     series left without samples are dropped."""
-    hosts, chips = set(hosts), set(chips)
+    keep = selection(hosts, chips, since, until)
     out = {}
-    for (host, chip), c in series.items():
-        if (hosts and host not in hosts) or (chips and chip not in chips):
-            continue
-        if since > -math.inf or until < math.inf:
-            keep = (c.times >= since) & (c.times <= until)
-            c = SeriesColumns(*(column[keep] for column in c))
-        if len(c.times):
-            out[(host, chip)] = c
+    for key, c in series.items():
+        kept = keep(key, c)
+        if kept is not None and len(kept.times):
+            out[key] = kept
     return out

@@ -367,16 +367,14 @@ def _top_labels(ax, labels: list[tuple[float, str, str]], span_h: float) -> None
 
 def _step_axis(ax, report: HostReport, t0: float) -> None:
     """Training steps along the top of the first panel, where they are known."""
-    chip = next((c for c in report.chips if len(c.step_times)), None)
+    chip = next((c for c in report.chips if c.has_steps), None)
     if chip is None:
         return
     top = ax.twiny()
     top.set_xlim(ax.get_xlim())
     ticks = [x for x in ax.get_xticks() if ax.get_xlim()[0] <= x <= ax.get_xlim()[1]]
-    labels = []
-    for x in ticks:
-        step = chip.step_at(t0 + x * 3600, slack=600.0)
-        labels.append("" if step is None else f"{int(step):,}")
+    labels = ["" if step is None else f"{int(step):,}"
+              for step in chip.steps_at([t0 + x * 3600 for x in ticks], slack=600.0)]
     top.set_xticks(ticks)
     top.set_xticklabels(labels, fontsize=8.5, color="#444444")
     top.set_xlabel("training step", fontsize=9, color="#444444", labelpad=2)
