@@ -16,7 +16,7 @@ from test_trace_spill import SLICE, slice_rows, slice_traces_in
 
 from tpumon import __version__
 from tpumon.cli import main
-from tpumon.cli.export import parse_when
+from tpumon.cli.timespec import parse_when
 from tpumon.detect.replay import spilled_path
 from tpumon.report import build_reports, file_stem, write_report
 from tpumon.report.data import chip_report, select, selection
