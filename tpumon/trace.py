@@ -25,10 +25,12 @@ import stat
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from itertools import chain
 from operator import itemgetter
-from typing import IO, TYPE_CHECKING, Any, NamedTuple, Protocol, Union
+from typing import IO, TYPE_CHECKING, Any, Union
+
+from tpumon.trace_schema import (COLUMNS, INT_LIMIT, MAX_LINE_CHARS, REQUIRED, STEP_LIMIT,
+                                 SeriesColumns, SeriesSource, TraceFormatError, TraceRow)
 
 if TYPE_CHECKING:
     import numpy as np  # imported where used: the agent reads no traces
@@ -38,42 +40,9 @@ if TYPE_CHECKING:
 __all__ = ["TraceRow", "TraceFormatError", "SeriesColumns", "SeriesSource", "read_trace",
            "read_trace_columns", "spill_trace", "write_trace", "COLUMNS"]
 
-#: Column order used when writing; readers must not depend on it.
-COLUMNS = ("time", "host", "chip", "step", "hbm_used_bytes", "hbm_total_bytes")
-_REQUIRED = ("time", "host", "chip", "hbm_used_bytes", "hbm_total_bytes")
 _FORMATS = ("csv", "jsonl", "parquet")
 
 PathOrFile = Union[str, "os.PathLike[str]", IO[str]]
-
-
-@dataclass(frozen=True, slots=True)
-class TraceRow:
-    """One chip's HBM as seen at one poll."""
-
-    time: float
-    host: str
-    chip: str
-    step: int | None
-    hbm_used_bytes: int
-    hbm_total_bytes: int
-
-
-class TraceFormatError(ValueError):
-    """A trace file is malformed; names the file and the 1-based line.
-
-    ``str()`` is one line, ``path:line: message``, because the CLI prints it
-    as is on stderr and a person must be able to open the file at that line.
-    """
-
-    def __init__(self, path: str, line: int | None, message: str) -> None:
-        super().__init__(f"{path}: {message}" if line is None else f"{path}:{line}: {message}")
-        self.path = path
-        self.line = line
-        self.message = message
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        # Custom __init__ arguments: tell pickle (multiprocessing) how to rebuild.
-        return (type(self), (self.path, self.line, self.message))
 
 
 class _FieldError(Exception):
@@ -82,50 +51,11 @@ class _FieldError(Exception):
 
 # ---------------------------------------------------------------- reading
 
-#: Byte counts must be below this and steps below _STEP_LIMIT, so that read_trace_columns
-#: holds them exactly: as int64 and as float64. No HBM size or step count comes near either.
-_INT_LIMIT = 2**63
-_STEP_LIMIT = 2**53
-
 #: Rows that read_trace_columns gathers in lists before moving them into arrays.
 _BATCH_ROWS = 1 << 16
 
 #: Python 3.10's csv module rejects NUL characters; 3.11's reads them like any other.
 _CSV_TAKES_NUL = sys.version_info >= (3, 11)
-
-#: The longest line a trace may have, in characters (a row is well under 1 KiB). A longer
-#: one is refused once this much of it has been read, never held whole: a 1 GiB line used
-#: to be read into memory (2.2 GB RSS) before the parser refused it.
-MAX_LINE_CHARS = 1 << 20
-
-
-class SeriesColumns(NamedTuple):
-    """One (host, chip) series of a trace as arrays, in file order (so in time order)."""
-
-    times: np.ndarray  #: float64, Unix seconds
-    steps: np.ndarray  #: float64, NaN where the row has no step
-    used: np.ndarray   #: int64, hbm_used_bytes
-    total: np.ndarray  #: int64, hbm_total_bytes
-
-    @property
-    def samples(self) -> int:
-        """Rows of the series (as :class:`tpumon.trace_spill.SpilledSeries` says)."""
-        return len(self.times)
-
-    def load(self) -> SeriesColumns:
-        """Itself: a series in memory, where a spilled one is read back (SeriesSource)."""
-        return self
-
-
-class SeriesSource(Protocol):
-    """A series as the replay takes it: in memory (SeriesColumns) or in a spill file
-    (:class:`tpumon.trace_spill.SpilledSeries`), its arrays read when replayed."""
-
-    @property
-    def samples(self) -> int: ...
-
-    def load(self) -> SeriesColumns: ...
-
 
 def read_trace(path: PathOrFile, *, format: str | None = None) -> Iterator[TraceRow]:
     """Yield the rows of a trace file, validating as it goes.
@@ -446,7 +376,7 @@ def _csv_records(stream: Iterator[str], name: str, lines_are_plain: bool,
     lines = iter(stream)
     series = _Series(names)
     get_state, add_series, went_back = series.by_spelling.get, series.add, series.went_back
-    limit, step_limit, field_limit = _INT_LIMIT, _STEP_LIMIT, csv.field_size_limit()
+    limit, step_limit, field_limit = INT_LIMIT, STEP_LIMIT, csv.field_size_limit()
     csv_reader = csv.reader
     if lists is not None:
         out_series, out_times, out_steps, out_used, out_total = lists
@@ -577,7 +507,7 @@ def _header_index(header: list[str]) -> dict[str, int]:
         if column in index and column in COLUMNS:
             raise _FieldError(f"column {column!r} appears twice in the header")
         index.setdefault(column, i)
-    missing = [c for c in _REQUIRED if c not in index]
+    missing = [c for c in REQUIRED if c not in index]
     if missing:
         names = ", ".join(repr(c) for c in missing)
         raise _FieldError(f"missing required column {names} in the header")
@@ -597,7 +527,7 @@ def _jsonl_records(stream: Iterator[str], name: str,
     series = _Series(names)
     get_state, add_series, went_back = series.by_spelling.get, series.add, series.went_back
     scan, loads = json.JSONDecoder().scan_once, json.loads
-    limit, step_limit = _INT_LIMIT, _STEP_LIMIT
+    limit, step_limit = INT_LIMIT, STEP_LIMIT
     line = 0
     try:
         for line, text in enumerate(stream, start=1):
@@ -624,7 +554,7 @@ def _jsonl_records(stream: Iterator[str], name: str,
                 t, host, chip, step = obj["time"], obj["host"], obj["chip"], obj.get("step")
                 used, total = obj["hbm_used_bytes"], obj["hbm_total_bytes"]
             except KeyError:
-                missing = ", ".join(repr(c) for c in _REQUIRED if c not in obj)
+                missing = ", ".join(repr(c) for c in REQUIRED if c not in obj)
                 raise _FieldError(f"missing required key {missing}") from None
             # The common row (names are checked with the series, once), else the general checks.
             if not (type(t) is float and not t - t and type(host) is str
@@ -692,7 +622,7 @@ def _int_field(value: Any, column: str) -> int:
     raise _FieldError(_not_a(value, column, "integer"))
 
 
-def _below_limit(value: int, column: str, limit: int = _INT_LIMIT) -> int:
+def _below_limit(value: int, column: str, limit: int = INT_LIMIT) -> int:
     if value >= limit:
         raise _FieldError(f"column {column!r}: {value} is too large "
                           f"(the most is 2**{limit.bit_length() - 1} - 1)")
@@ -705,7 +635,7 @@ def _step_field(value: Any) -> int | None:
     step = _int_field(value, "step")
     if step < 0:
         raise _FieldError(f"column 'step': {step} is negative")
-    return _below_limit(step, "step", _STEP_LIMIT)
+    return _below_limit(step, "step", STEP_LIMIT)
 
 
 def _name_field(value: Any, column: str, *, numbers: bool = False) -> str:

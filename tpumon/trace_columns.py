@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any, BinaryIO, NamedTuple, TypeVar
 
 import numpy as np
 
+from tpumon.trace_schema import MAX_LINE_CHARS, REQUIRED, STEP_LIMIT, SeriesColumns
+
 if TYPE_CHECKING:
     import queue
     import threading
@@ -29,10 +31,7 @@ if TYPE_CHECKING:
     import pyarrow.csv as pcsv
     import pyarrow.json as pjson
 
-    from tpumon.trace import SeriesColumns
 
-#: Byte counts below this and steps below _STEP_LIMIT are held exactly as int64 and float64.
-_STEP_LIMIT = 2**53
 
 #: Bytes of CSV parsed per block (a row may not be longer: such a file takes the strict parser).
 _BLOCK_BYTES = 16 << 20
@@ -46,7 +45,6 @@ _PARQUET_BATCH_ROWS = 1 << 18
 
 _NAME_COLUMNS = ("host", "chip")
 _NUMBER_COLUMNS = ("time", "step", "hbm_used_bytes", "hbm_total_bytes")
-_REQUIRED = ("time", "host", "chip", "hbm_used_bytes", "hbm_total_bytes")
 
 _NEWLINE, _BRACE = ord("\n"), ord("{")
 
@@ -272,7 +270,6 @@ def _read_csv(file: BinaryIO) -> pa.Table:
     import pyarrow as pa
     import pyarrow.csv as pcsv
 
-    from tpumon.trace import MAX_LINE_CHARS
 
     # blocks of 16 MiB, not pyarrow's 1 MiB: a few chunks per column, so the per-chunk
     # dictionaries of names unify and the columns join in a fraction of the time
@@ -295,7 +292,6 @@ def _stream_csv(file: BinaryIO) -> Iterator[pa.Table]:
     import pyarrow as pa
     import pyarrow.csv as pcsv
 
-    from tpumon.trace import MAX_LINE_CHARS
 
     read, convert = _csv_options(_STREAM_BLOCK_BYTES)
     bounded = ShortLines(file, MAX_LINE_CHARS)
@@ -434,7 +430,6 @@ def _stream_jsonl(file: BinaryIO) -> Iterator[pa.Table]:
 
 
 def _longest_line() -> int:
-    from tpumon.trace import MAX_LINE_CHARS
 
     return MAX_LINE_CHARS
 
@@ -503,7 +498,7 @@ def _stream_parquet(file: BinaryIO) -> Iterator[pa.Table]:
 def _parquet_checked(table: pa.Table) -> pa.Table:
     import pyarrow as pa
 
-    missing = [c for c in _REQUIRED if c not in table.column_names]
+    missing = [c for c in REQUIRED if c not in table.column_names]
     if missing:
         raise NeedsStrictParser("missing required column " + ", ".join(map(repr, missing)))
     if "step" not in table.column_names:
@@ -517,7 +512,7 @@ def _parquet_checked(table: pa.Table) -> pa.Table:
 def _select(table: pa.Table) -> pa.Table:
     import pyarrow as pa
 
-    missing = [c for c in _REQUIRED if c not in table.column_names]
+    missing = [c for c in REQUIRED if c not in table.column_names]
     if missing:
         raise NeedsStrictParser("missing required column " + ", ".join(map(repr, missing)))
     if "step" not in table.column_names:
@@ -530,7 +525,6 @@ def series_columns(table: pa.Table, first_row: int = 0) -> dict[tuple[str, str],
     order; NeedsStrictParser (saying which row) for any value the contract refuses.
     ``first_row``: the table's first row's index in its file (a part of a longer trace),
     for the row numbers said."""
-    from tpumon.trace import SeriesColumns
 
     with _helper(len(table)) as helper:
         # the grouping (names, sort) beside the numbers' conversion and checks: both are
@@ -649,7 +643,7 @@ def _check_values(times: np.ndarray, steps: np.ndarray, used: np.ndarray,
     bad = [(~np.isfinite(times), "column 'time' is not a finite number"),
            (used < 0, "column 'hbm_used_bytes' is negative"),
            (total <= 0, "column 'hbm_total_bytes' is not positive"),
-           ((steps < 0) | (steps >= _STEP_LIMIT), "column 'step' is out of range")]
+           ((steps < 0) | (steps >= STEP_LIMIT), "column 'step' is out of range")]
     for mask, message in bad:
         if mask.any():
             raise NeedsStrictParser(f"row {first_row + _first(mask) + 1}: {message}")

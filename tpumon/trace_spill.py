@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from tpumon.trace import SeriesColumns
+    from tpumon.trace_schema import SeriesColumns
 
 #: The dtypes of a series' columns as spilled and loaded: those of SeriesColumns.
 _DTYPES = (np.float64, np.float64, np.int64, np.int64)
@@ -61,7 +61,7 @@ class SpilledSeries:
 
     def load(self) -> SeriesColumns:
         """The series' columns, in file order."""
-        from tpumon.trace import SeriesColumns
+        from tpumon.trace_schema import SeriesColumns
 
         columns = [np.empty(self.samples, dtype) for dtype in _DTYPES]
         at = 0
