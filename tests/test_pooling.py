@@ -459,3 +459,16 @@ def test_a_job_end_holds_the_forecast_of_the_pooled_alert_that_was_raised():
         held = agent._pooled_alerts[chip]
         assert held["time"] == r.alert["time"] == first_leak
         assert held["predicted_oom_time"] == r.alert["predicted_oom_time"]
+
+
+def test_one_worker_of_a_slice_is_told_as_its_host_and_two_as_the_slice():
+    """One agent's store holds its own worker's chips: its /report said "all 4 chips of
+    slice demo-pod grow" of a 16-chip slice. A slice of which the data hold one worker is
+    named by that host; with more, by the slice."""
+    cols = columns("linear-leak", 10, 11, leak_chip_spread=0.3)
+    one = {("demo-pod-w-2", chip): c for (_, chip), c in cols.items()}
+    said = {r.assessment.reason for r in replay_columns(one) if r.verdict == "leak"}
+    assert said and all(s.startswith("all 4 chips of host demo-pod-w-2 grow") for s in said), said
+    two = {**one, **{("demo-pod-w-3", chip): c for (_, chip), c in cols.items()}}
+    said = {r.assessment.reason for r in replay_columns(two) if r.verdict == "leak"}
+    assert said and all(s.startswith("all 8 chips of slice demo-pod grow") for s in said), said

@@ -15,7 +15,7 @@ import re
 import time
 from dataclasses import dataclass
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, Callable, NamedTuple, Sequence
 
@@ -368,6 +368,18 @@ def job_name(host: str) -> str:
     return f"slice {prefix}" if prefix != host else f"host {host}"
 
 
+def group_jobs(keys: Iterable[tuple[str, str]]) -> dict[tuple[str, str], str]:
+    """Each (host, chip)'s job (:func:`job_name`), where a slice of which the data hold one
+    worker is that host: one agent's store of a 16-chip slice said "all 4 chips of slice
+    demo-pod grow"."""
+    keys = list(keys)
+    hosts: dict[str, set[str]] = {}
+    for host, _ in keys:
+        hosts.setdefault(job_name(host), set()).add(host)
+    return {(host, chip): job_name(host) if len(hosts[job_name(host)]) > 1 else f"host {host}"
+            for host, chip in keys}
+
+
 def analyze_file(path: str, settings: DetectorSettings | None = None) -> list[SeriesResult]:
     """Read a trace (CSV, JSON Lines or Parquet) into per-series arrays, whole, and replay
     each series (:func:`analyze_path` reads in bounded memory, for a file too).
@@ -389,8 +401,9 @@ def replay_columns(columns: Mapping[tuple[str, str], SeriesSource],
     ``replayed`` is told the samples of each job or chip as its replay ends. A series may
     be spilled (:func:`spilled_path`): each is then read when it is replayed."""
     jobs: dict[str, list[tuple[str, str, SeriesSource]]] = {}
+    named = group_jobs(columns)
     for (host, chip), c in columns.items():
-        jobs.setdefault(job_name(host), []).append((host, chip, c))
+        jobs.setdefault(named[host, chip], []).append((host, chip, c))
     by_key = {(r.host, r.chip): r for r in _replay_jobs(list(jobs.items()), settings, workers,
                                                          replayed or _ignore)}
     return [by_key[key] for key in columns]

@@ -24,7 +24,7 @@ from tpumon.detect import Assessment, ChipDetector, DetectorSettings, Verdict, d
 from tpumon.detect.floors import group_by_bucket
 from tpumon.detect.jumps import Jump
 from tpumon.detect.pooling import pool_job
-from tpumon.detect.replay import job_name, replay_pooling
+from tpumon.detect.replay import group_jobs, replay_pooling
 from tpumon.store.database import StoredEnd
 from tpumon.trace_spill import Keep
 from tpumon.trace import SeriesColumns, SeriesSource, TraceRow
@@ -215,7 +215,7 @@ def host_reports(series: Mapping[tuple[str, str], SeriesSource], source: str, ve
                  generated_at: float, settings: DetectorSettings | None = None,
                  ends: Sequence[StoredEnd] = (),
                  replayed: Callable[[int], None] | None = None) -> Iterator[HostReport]:
-    """One report per host, chips in numeric order, job by job (:func:`job_name`: a slice,
+    """One report per host, chips in numeric order, job by job (:func:`group_jobs`: a slice,
     or a host; jobs in the order of their first host name, a job's hosts in order): each
     job's chips are replayed and pooled, then its hosts' reports are given, so a caller
     that draws each and lets it go holds one job's reports at a time. Series without
@@ -225,9 +225,10 @@ def host_reports(series: Mapping[tuple[str, str], SeriesSource], source: str, ve
     each is read when it is replayed and let go of after, so memory holds one series at a
     time."""
     by_job: dict[str, list[tuple[str, str, SeriesSource]]] = {}
+    named = group_jobs(key for key, columns in series.items() if columns.samples)
     for (host, chip), columns in series.items():
         if columns.samples:
-            by_job.setdefault(job_name(host), []).append((host, chip, columns))
+            by_job.setdefault(named[host, chip], []).append((host, chip, columns))
     for job, members in sorted(by_job.items(), key=lambda j: min(h for h, _, _ in j[1])):
         chips: list[tuple[ChipReport, SeriesSource]] = []
         for host, chip, columns in members:
