@@ -42,7 +42,8 @@ from tpumon.sources.chips import inventory_for  # noqa: E402
 from tpumon.sources.tpu_runtime import TpuRuntimeSource  # noqa: E402
 from tpumon.state import AgentState  # noqa: E402
 from tpumon.store.checkpoint import dump_detector  # noqa: E402
-from tpumon.store.database import Retention, Sample, open_database  # noqa: E402
+from tpumon.store.database import Retention, open_database  # noqa: E402
+from tpumon.samples import Sample
 from tpumon.store.writer import PollRecord, StoreWriter  # noqa: E402
 
 DAY = 86400

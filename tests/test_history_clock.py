@@ -10,7 +10,8 @@ import pytest
 
 from tpumon.bootstrap import RESTART_GAP, history_for_clock, simulated_start
 from tpumon.config import ConfigError, load_config
-from tpumon.store.database import Retention, Sample, open_database
+from tpumon.store.database import Retention, open_database
+from tpumon.samples import Sample
 
 GiB = 2**30
 

@@ -428,7 +428,8 @@ def test_a_job_end_holds_the_forecast_of_the_pooled_alert_that_was_raised():
     moment ``analyze`` gives; a job end compared the death with the chip's own first leak
     instead, minutes later and another forecast ("forecast at 08:06 for step 28,050" on the
     report beside "leak alert 08:00" with step 26,601)."""
-    from tpumon.agent import Agent, AgentInputs, OwnerScanner, Sample
+    from tpumon.agent import Agent, AgentInputs, OwnerScanner
+    from tpumon.samples import Sample
     from tpumon.exporters.prometheus import build_registry
     from tpumon.identity import Identity
     from tpumon.sources.chips import inventory_for

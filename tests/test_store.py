@@ -17,8 +17,9 @@ from tpumon.detect.replay import analyze_file
 from tpumon.sim.tracegen import generate_trace
 from tpumon.store import checkpoint
 from tpumon.store.checkpoint import CheckpointError, dump_detector, load_detector
-from tpumon.store.database import (CACHE_KIB, DB_NAME, HistoryDB, Retention, Sample,
-                                   database_path, open_database)
+from tpumon.store.database import (CACHE_KIB, DB_NAME, HistoryDB, Retention, database_path,
+                                   open_database)
+from tpumon.samples import Sample
 from tpumon.store.trace_rows import export_rows
 from tpumon.store.resume import feed, restore_detectors
 from tpumon.store.writer import PollRecord, StoreWriter

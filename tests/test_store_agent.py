@@ -26,7 +26,8 @@ from tpumon.sim.workload import Workload
 from tpumon.sources.chips import inventory_for
 from tpumon.sources.tpu_runtime import TpuRuntimeSource
 from tpumon.state import AgentState
-from tpumon.store.database import Retention, Sample, database_path, open_database
+from tpumon.store.database import Retention, database_path, open_database
+from tpumon.samples import Sample
 from tpumon.store.resume import restore_detectors
 from tpumon.store.writer import StoreWriter
 

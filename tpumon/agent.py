@@ -38,7 +38,8 @@ from tpumon.processes import (ChipClaims, ProcessState, ProcessTracker, growing_
 from tpumon.sources.reports import ReporterSocket
 from tpumon.state import AgentState, PollState
 from tpumon.store.checkpoint import dump_detector
-from tpumon.store.database import Sample, StoredEnd
+from tpumon.store.database import StoredEnd
+from tpumon.samples import Sample
 from tpumon.store.writer import PollRecord, StoreWriter
 from tpumon.units import utc
 

@@ -1,13 +1,14 @@
 """The values that flow from sources to the agent's state: plain, immutable records.
 
-Sources create these and know nothing of what happens to them; the state, the exporter
-and (later) the detector and the store only read them. Keeping them frozen is what lets
-a scrape read a snapshot while the poll thread builds the next one, without locks.
+Sources create these and know nothing of what happens to them; the state, the exporter,
+the detector and the store only read them. Keeping them frozen is what lets a scrape read
+one poll while the poll thread builds the next, without locks.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,3 +113,13 @@ class HostSample:
 def chip_sort_key(name: str) -> tuple[int, str]:
     """Chips in numeric order ("2" before "10"); odd names after, alphabetically."""
     return (int(name), name) if name.isdigit() else (1 << 30, name)
+
+
+class Sample(NamedTuple):
+    """One chip at one poll, as the detector is fed it and the store keeps and exports it
+    (step None when unknown)."""
+
+    time: float
+    step: int | None
+    used: int
+    total: int

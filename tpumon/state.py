@@ -1,4 +1,4 @@
-"""The agent's state: the latest consistent poll state, and a bounded history per chip.
+"""The agent's state: the latest consistent poll state (PollState), published whole.
 
 The poll thread is the only writer. It builds a new immutable :class:`PollState` after each
 poll and publishes it with one reference assignment, so a scrape (another thread) always

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Iterable, Iterator, NamedTuple
 
 from tpumon.private_paths import create_no_follow
+from tpumon.samples import Sample
 
 log = logging.getLogger("tpumon.store")
 
@@ -140,15 +141,6 @@ ON CONFLICT (series, minute) DO UPDATE SET
     total = excluded.total,
     polls = polls + excluded.polls
 """
-
-
-class Sample(NamedTuple):
-    """One chip at one poll, as stored and exported (step None when unknown)."""
-
-    time: float
-    step: int | None
-    used: int
-    total: int
 
 
 @dataclass(frozen=True)

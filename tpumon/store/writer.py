@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from tpumon.store.checkpoint import fingerprint
-from tpumon.store.database import (Checkpoint, HistoryDB, Retention, Sample, StoredEnd,
-                                   database_path,
+from tpumon.store.database import (Checkpoint, HistoryDB, Retention, StoredEnd, database_path,
                                    is_corruption, move_aside, open_database)
+from tpumon.samples import Sample
 
 log = logging.getLogger("tpumon.store")
 
