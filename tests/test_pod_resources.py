@@ -23,6 +23,7 @@ from tpumon.sources.chips import ChipInventory, inventory_for
 from tpumon.sources.health import SourceTracker
 from tpumon.sources.pod_resources import (ChipPod, PodResourcesSource, chip_names,
                                           open_pod_resources)
+from tpumon.bootstrap import pod_resources_settings
 from tpumon.config import load_config
 
 V4 = inventory_for("v4", 4)
@@ -163,12 +164,13 @@ def test_a_missing_socket_is_a_down_state_and_the_tracker_asks_at_its_own_cadenc
 def test_auto_makes_no_source_without_the_socket_and_simulate_needs_it_set(tmp_path):
     absent = str(tmp_path / "none.sock")
     config = load_config(None, env={"TPUMON_KUBERNETES_POD_RESOURCES_SOCKET": absent})
-    assert open_pod_resources(config, False, V4) is None
+    assert open_pod_resources(pod_resources_settings(config), False, V4) is None
     on = load_config(None, env={"TPUMON_KUBERNETES_POD_RESOURCES_SOCKET": absent,
                                 "TPUMON_KUBERNETES_POD_RESOURCES": "on"})
-    tracker = open_pod_resources(on, False, V4)
+    tracker = open_pod_resources(pod_resources_settings(on), False, V4)
     assert tracker is not None and tracker.poll() is None and not tracker.health.up
-    assert open_pod_resources(load_config(None, env={}), True, V4) is None
+    assert open_pod_resources(pod_resources_settings(load_config(None, env={})), True,
+                              V4) is None
 
 
 def _scrape_hbm(agent: AgentProcess) -> dict[str, dict[str, str]]:

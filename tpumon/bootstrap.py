@@ -32,12 +32,12 @@ from tpumon.sim.naming import tpu_env as simulated_tpu_env
 from tpumon.sim.process import spawn_simulator
 from tpumon.sources.chips import ChipInventory, ChipOwnerScan, detect_chips, inventory_for
 from tpumon.notify.alerts import AlertLog, AlertSettings, AlertTracker
-from tpumon.notify.secrets import read_secret
+from tpumon.notify.secrets import SecretSetting, read_secret
 from tpumon.private_paths import private_dir
 from tpumon.leak_snapshots import LeakSnapshots
 from tpumon.lifecycle import Lifecycle
 from tpumon.sources.kernel_log import KernelLog
-from tpumon.sources.pod_resources import open_pod_resources
+from tpumon.sources.pod_resources import PodResourcesSettings, open_pod_resources
 from tpumon.sources.reports import ReporterSocket
 from tpumon.sources.runtime_server import RuntimeTrust
 from tpumon.sources.tpu_runtime import TpuRuntimeSource
@@ -232,6 +232,19 @@ def simulated_start(config: Config, simulate: bool) -> float | None:
 SEVERITIES = ("warning", "critical")
 
 
+def _secret(config: Config, key: str) -> SecretSetting:
+    return SecretSetting(key, config[key], config[f"{key}_file"])
+
+
+def pod_resources_settings(config: Config) -> PodResourcesSettings:
+    """The kubernetes.* keys the pod-resources source reads, typed."""
+    return PodResourcesSettings(
+        config["kubernetes.pod_resources"], config["kubernetes.pod_resources_socket"],
+        config.origins["kubernetes.pod_resources_socket"] != "default",
+        config["kubernetes.pod_resources_interval"], config["runtime.timeout"],
+        config["kubernetes.tpu_resource"])
+
+
 def notification_channels(config: Config, env: Mapping[str, str] | None = None) -> list[Channel]:
     """The channels whose secret is configured (value, file or systemd credential). The
     delivery code (notifier, outbox, HTTP posts, the channels) is imported only for a
@@ -241,13 +254,13 @@ def notification_channels(config: Config, env: Mapping[str, str] | None = None) 
         return SEVERITIES[SEVERITIES.index(level):]
 
     channels: list[Channel] = []
-    url = read_secret(config, "slack.webhook_url", "slack-webhook-url", env)
+    url = read_secret(_secret(config, "slack.webhook_url"), "slack-webhook-url", env)
     if url:
         if not url.startswith(("https://", "http://")):
             raise ConfigError("slack.webhook_url (from its file): must be an http(s) URL")
         from tpumon.notify.slack import SlackChannel
         channels.append(SlackChannel(url, at_least(config["slack.min_severity"])))
-    key = read_secret(config, "pagerduty.routing_key", "pagerduty-routing-key", env)
+    key = read_secret(_secret(config, "pagerduty.routing_key"), "pagerduty-routing-key", env)
     if key:
         from tpumon.notify.pagerduty import PagerDutyChannel
         channels.append(PagerDutyChannel(config["pagerduty.url"], key,
@@ -452,7 +465,8 @@ def _assemble(config: Config, simulate: bool, env: Mapping[str, str], history: b
             "reporter.snapshot_on_leak"] else LeakSnapshots(
             reporters.request_snapshot, config["reporter.snapshot_steps"]),
         kernel_log=agent_kernel_log(config, simulate, sim_kernel_log),
-        pod_resources=open_pod_resources(config, simulate, inventory))))
+        pod_resources=open_pod_resources(pod_resources_settings(config), simulate,
+                                         inventory))))
     components.add(LogLevel())
     components.start()
     return Assembly(agent, state, registry, identity, components, store, reporters, notifier)

@@ -9,21 +9,33 @@ cannot be read is a configuration error at start-up, not a silent "no notificati
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-from tpumon.config import Config, ConfigError
+from tpumon.config import ConfigError
 
 
-def read_secret(config: Config, key: str, credential: str,
+@dataclass(frozen=True)
+class SecretSetting:
+    """Where one secret may be given: ``key`` names it in errors ('slack.webhook_url'),
+    ``value`` is the key's own value, ``file`` that of ``key + '_file'``; built from the
+    configuration where the agent is assembled."""
+
+    key: str
+    value: str = ""
+    file: str = ""
+
+
+def read_secret(setting: SecretSetting, credential: str,
                 env: Mapping[str, str] | None = None) -> str:
-    """The value of ``key`` (e.g. 'slack.webhook_url'), else of the file named by
-    ``key + '_file'``, else of $CREDENTIALS_DIRECTORY/``credential``; '' if none is set."""
-    if config[key]:
-        return config[key]
+    """The setting's value, else the file's content, else $CREDENTIALS_DIRECTORY/
+    ``credential``'s; '' if none is set."""
+    key = setting.key
+    if setting.value:
+        return setting.value
     env = os.environ if env is None else env
-    named = config[f"{key}_file"]
-    path = Path(named) if named else None
+    path = Path(setting.file) if setting.file else None
     if path is None and env.get("CREDENTIALS_DIRECTORY"):
         candidate = Path(env["CREDENTIALS_DIRECTORY"]) / credential
         path = candidate if candidate.exists() else None

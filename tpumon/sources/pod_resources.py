@@ -29,7 +29,6 @@ from typing import Callable, Mapping, TypeVar
 
 from google.protobuf.message import Message
 
-from tpumon.config import Config
 from tpumon.podresources import api_pb2 as pb
 from tpumon.sources.chips import ChipInventory, _vfio_chip_index
 from tpumon.sources.grpc_unary import CallFailed, Endpoint, UnaryClient
@@ -185,20 +184,32 @@ class PodResourcesSource:
         return PodAssignment(chips, tuple(unmapped))
 
 
-def open_pod_resources(config: Config, simulate: bool,
+@dataclass(frozen=True)
+class PodResourcesSettings:
+    """``kubernetes.pod_resources`` (on, off, auto), its socket (and whether it was set, not
+    defaulted), ``kubernetes.pod_resources_interval``, ``runtime.timeout`` and
+    ``kubernetes.tpu_resource``: built from the configuration where the agent is assembled."""
+
+    mode: str
+    socket: str
+    socket_set: bool
+    interval: float
+    timeout: float
+    tpu_resource: str
+
+
+def open_pod_resources(settings: PodResourcesSettings, simulate: bool,
                        inventory: ChipInventory) -> SourceTracker[PodAssignment] | None:
-    """The pod-resources source per ``kubernetes.pod_resources`` ('auto': only where the
-    kubelet's socket exists at start-up, so that a VM outside Kubernetes has no source
-    forever down), polled every ``kubernetes.pod_resources_interval``; None when off.
-    Under --simulate only a socket set explicitly counts (a simulation is not a node)."""
-    mode, path = config["kubernetes.pod_resources"], config["kubernetes.pod_resources_socket"]
-    if simulate and config.origins["kubernetes.pod_resources_socket"] == "default":
+    """The pod-resources source ('auto': only where the kubelet's socket exists at start-up,
+    so that a VM outside Kubernetes has no source forever down), polled every
+    ``settings.interval``; None when off. Under --simulate only a socket set explicitly
+    counts (a simulation is not a node)."""
+    mode, path = settings.mode, settings.socket
+    if simulate and not settings.socket_set:
         return None
     if mode == "off" or (mode == "auto" and not os.path.exists(path)):
         return None
     log.info("chips' pods from the kubelet's pod-resources API at %s, every %g s", path,
-             config["kubernetes.pod_resources_interval"])
-    source = PodResourcesSource(path, inventory, config["runtime.timeout"],
-                                config["kubernetes.tpu_resource"])
-    return SourceTracker("pod_resources", source.poll,
-                         min_interval=config["kubernetes.pod_resources_interval"])
+             settings.interval)
+    source = PodResourcesSource(path, inventory, settings.timeout, settings.tpu_resource)
+    return SourceTracker("pod_resources", source.poll, min_interval=settings.interval)
