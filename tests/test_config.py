@@ -60,7 +60,7 @@ def test_config_path_from_environment(tmp_path):
     ("[runtime]\nports = [8431, 70000]\n", "runtime.ports has invalid port(s) [70000]"),
     ("[runtime]\nports = '8431'\n", "runtime.ports must be a list of integers"),
     ("[exporter]\nlisten_address = 'nowhere'\n", "exporter.listen_address is not HOST:PORT"),
-    ("[simulator]\nscenario = 'meltdown'\n", "simulator.scenario must be one of"),
+    ("[simulator]\nscenario = 'Melt down!'\n", "simulator.scenario must be a scenario's name"),
     ("agent = 3\n", "'agent' must be a table"),
     ("[agent\n", "invalid TOML"),
 ])
@@ -147,3 +147,20 @@ def test_rendered_config_reads_back_any_string(tmp_path, url):
     again = load_config(write(tmp_path, rendered), env={})
     assert again["alerts.dashboard_url"] == url
     assert again.values == original.values
+
+
+def test_a_scenario_the_simulator_lacks_is_named_where_it_came_from(tmp_path):
+    """Which scenarios exist is the simulator's to say (the configuration imports no
+    simulator): ``tpumon config check`` and every simulation ask it, one line naming the
+    file and the key."""
+    from tpumon.sim.pod import check_scenario
+
+    path = write(tmp_path, "[simulator]\nscenario = 'meltdown'\n")
+    config = load_config(path, env={})
+    with pytest.raises(ConfigError) as err:
+        check_scenario(config)
+    assert str(err.value).startswith(f"config file {path}: simulator.scenario must be one "
+                                     "of healthy, linear-leak")
+    assert str(err.value).endswith("(got 'meltdown')")
+    check_scenario(load_config(write(tmp_path, "[simulator]\nscenario = 'slice-leak'\n"),
+                               env={}))

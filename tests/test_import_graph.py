@@ -194,25 +194,9 @@ def test_the_graph_sees_tpumons_imports():
 @pytest.mark.parametrize("level", ["modules", "units"])
 @pytest.mark.slow
 def test_no_import_cycle(level):
-    graph = import_graph(lazy=level == "modules")
+    graph = import_graph(lazy=True)
     found = cycles(graph if level == "modules" else units(graph))
     assert not found, f"import cycles between {level}: {found}"
-
-
-#: Lazy imports that still run up the layers, each closing a circle between units: the one
-#: left is config's check of ``simulator.scenario`` against the simulator's scenarios (issue
-#: 45 moves it). A new one fails the test below.
-KNOWN_LAZY_UPWARD = {("tpumon.config", "tpumon.sim")}
-
-
-@pytest.mark.slow
-def test_lazy_imports_close_no_circle_between_units_but_the_known_one():
-    loaded, every = units(import_graph()), units(import_graph(lazy=True))
-    lazy = {(a, b) for a, deps in every.items() for b in deps - loaded.get(a, set())}
-    for edge in KNOWN_LAZY_UPWARD:
-        assert edge in lazy, f"{edge} is gone: take it off KNOWN_LAZY_UPWARD"
-        every[edge[0]].discard(edge[1])
-    assert not cycles(every), cycles(every)
 
 
 def test_the_checker_sees_imports_inside_functions():

@@ -392,6 +392,10 @@ def _assemble(config: Config, simulate: bool, env: Mapping[str, str], history: b
               components: Lifecycle) -> Assembly:
     configured_identity = {k: config[f"identity.{k}"]
                            for k in ("hostname", "worker", "accelerator_type", "slice")}
+    if simulate:
+        from tpumon.sim.pod import check_scenario
+
+        check_scenario(config)
     if history:
         check_private_dirs(config, simulate)
     channels = notification_channels(config, env) if history else []  # a bad secret file

@@ -25,5 +25,7 @@ def show(config_path: str | None, bare: bool) -> None:
 @click.argument("path", type=click.Path(dir_okay=False))
 def check(path: str) -> None:
     """Validate a configuration file; exit status 1 and one line naming the problem if bad."""
-    load_config(path, env={})
+    from tpumon.sim.pod import check_scenario  # the simulator's own settings, checked there
+
+    check_scenario(load_config(path, env={}))
     click.echo(f"{path}: ok")

@@ -121,7 +121,7 @@ def command(config_path: str | None, scenario: str | None, chips: int | None,
     as a trace file for 'tpumon analyze' and tests. With --hosts N, simulates N VMs of one
     slice (attach an agent to each with 'tpumon agent --simulate --sim-host ADDRESS').
     """
-    from tpumon.sim.pod import SLICE_SCENARIOS, host_scenario
+    from tpumon.sim.pod import SLICE_SCENARIOS, check_scenario, host_scenario
     from tpumon.sim.workload import SCENARIOS, Workload
 
     if list_scenarios:
@@ -135,6 +135,7 @@ def command(config_path: str | None, scenario: str | None, chips: int | None,
         "simulator.scenario": scenario, "simulator.chips": chips,
         "simulator.chip_type": chip_type, "simulator.acceleration": acceleration,
         "simulator.seed": seed, "simulator.max_lag": max_lag})
+    check_scenario(config)
     setup_logging(config["agent.log_level"])
     served_ports = sim_ports(ports)  # every input checked before any file or port is touched
     positive_seconds("--poll-interval", poll_interval)

@@ -18,6 +18,7 @@ import ipaddress
 from dataclasses import dataclass
 from typing import Callable
 
+from tpumon.config import Config, ConfigError
 from tpumon.sim.metadata import MetadataServer, render_tpu_env
 from tpumon.sim.naming import DEFAULT_SLICE, accelerator_type, tpu_env
 from tpumon.sim.server import SimClock, Simulator
@@ -36,6 +37,15 @@ SLICE_SCENARIOS: dict[str, tuple[str, Callable[[int, int], str]]] = {
 
 def known_scenarios() -> list[str]:
     return [*SCENARIOS, *SLICE_SCENARIOS]
+
+
+def check_scenario(config: Config) -> None:
+    """ConfigError, naming where ``simulator.scenario`` came from, unless the simulator
+    has that scenario: checked where a simulation starts and by ``tpumon config check``."""
+    value, known = config["simulator.scenario"], known_scenarios()
+    if value not in known:
+        raise ConfigError(f"{config.origins['simulator.scenario']}: simulator.scenario must "
+                          f"be one of {', '.join(known)} (got {value!r})")
 
 
 def host_scenario(scenario: str, worker: int, hosts: int) -> str:
