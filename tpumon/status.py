@@ -35,7 +35,7 @@ NO_READERS = Readers()  # a one-off status: no store, no notifier
 
 
 def _ended(snap: PollState, chip: str) -> JobEnd | None:
-    """The latest job end on the chip, when nothing has been read from it since: the
+    """The latest job end that held the chip. Asked only of a chip not read this poll: the
     detector's last word is then about a job that is gone."""
     for end in reversed(snap.job_ends):
         if any(c.chip == chip for c in end.view.chips):

@@ -158,7 +158,6 @@ class _Job:
     # threshold) is news on a floor counted flat: it is refit at once
     growing: bool = False
     slope: float = 0.0  # continuous trend (bytes/s) at the last fit: jumps are found around it
-    window_floors: np.ndarray | None = None  # the last fit's floors (rows as history.window)
     leaking: bool = False
     # the last few floors (one envelope): a restart is a floor far below all of them
     last_floors: list[float] = field(default_factory=list)
@@ -697,7 +696,6 @@ class ChipDetector:
         data, fit, recent = self._window_fit(job, start, now)
         if fit is None:
             return _Said(Verdict.INSUFFICIENT_DATA, "too few floors", base)
-        job.window_floors = data
         first = data.item(0, 0)
         window = now - first
         in_window = [j for j in job.jumps if j.time >= first]
@@ -731,7 +729,7 @@ class ChipDetector:
             # job); the staircase itself goes on, so it alone is the leak's rate
             rate = stair
         if rate > 0 and (not decelerating or job.leaking or stair > 0):
-            said = self._forecast(common, rate, steps_per_second, fit.level, job, window, b,
+            said = self._forecast(common, rate, steps_per_second, fit.level, job, data, b,
                                   stairs if stair and not continuous else None)
             if said.reason == _PENDING and stairs and continuous and self._significant(
                     job.history.window(now - stairs.span_seconds, self.settings.fit_points),
@@ -741,7 +739,7 @@ class ChipDetector:
                 # is called on its own meanwhile
                 alone = dict(common, **slope_fields(stair, stair_low, stair_high,
                                                     steps_per_second))
-                said = self._forecast(alone, stair, steps_per_second, fit.level, job, window,
+                said = self._forecast(alone, stair, steps_per_second, fit.level, job, data,
                                       b, stairs)
             return said
         job.leaking = False
@@ -816,17 +814,19 @@ class ChipDetector:
         return slope if going_on else 0.0
 
     def _forecast(self, common: dict, rate: float, steps_per_second: float | None,
-                  level: float, job: _Job, window: float, b: _Bucket,
+                  level: float, job: _Job, floors: np.ndarray, b: _Bucket,
                   stairs: Staircase | None) -> _Said:
         """When floor plus the transient (``_Job.note_transient``) reaches capacity, at this rate;
-        ``stairs`` when the growth is a staircase alone (the reason describes it)."""
+        ``floors``: the fit's window (rows as ``FloorHistory.window``); ``stairs`` when the
+        growth is a staircase alone (the reason describes it)."""
+        window = b.start - floors.item(0, 0)
         headroom = max((self.total or 0.0) - job.transient - level, 0.0)
         tto = headroom / rate
         fit_only = common
         common = dict(common, **oom_forecast(b.start, b.last_step, tto, window,
                                              steps_per_second))
         if not job.leaking:  # hysteresis: a leak stays one while growth stays significant
-            not_yet = self._not_a_leak_yet(job, tto, window, stairs, rate)
+            not_yet = self._not_a_leak_yet(job, tto, floors, window, stairs, rate)
             if not_yet:
                 # a rise not yet confirmed as a jump is no rate to forecast with: 'ok' beside
                 # "OOM in 4.5 h" told two stories (issue 43); the other verdicts say theirs
@@ -839,7 +839,7 @@ class ChipDetector:
         growth = stairs.describe() if stairs else f"floor grows {per}"
         return _Said(Verdict.LEAK, f"{growth}; {describe_oom(tto)}", common)
 
-    def _not_a_leak_yet(self, job: _Job, tto: float, window: float,
+    def _not_a_leak_yet(self, job: _Job, tto: float, floors: np.ndarray, window: float,
                         stairs: Staircase | None, rate: float) -> tuple[Verdict, str] | None:
         """What growth that would OOM in ``tto`` seconds is while it is not (yet) a leak,
         and why; None if it is a leak. Growth that would fill HBM within the horizon, on
@@ -865,22 +865,21 @@ class ChipDetector:
                                      f"on {window / 3600:.1f} h of evidence (a cache may yet "
                                      "settle)")
         if stairs is None:
-            stalled = self._stalled(job, rate)
+            stalled = self._stalled(job, floors, rate)
             if stalled:
                 return Verdict.GROWING, (f"HBM full in {describe_time_left(tto)} at "
                                          "this rate, but the floor grew more slowly in the "
                                          f"last {stalled} (a cache may have filled)")
         return None
 
-    def _stalled(self, job: _Job, rate: float) -> str | None:
+    def _stalled(self, job: _Job, data: np.ndarray, rate: float) -> str | None:
         """How long the floor has grown slower than ``rate`` (the window's), when it has:
         the last eighth of the window's floors (12 at least) grow significantly slower (Sen's
         95 % interval under it). A cache that filled at the end of a long flat window fits
         a line through the window, and the floors since it filled are flat; a leak's go
         on growing at its rate. Not asked of a window with an upward level shift: a
         staircase is flat between its stairs."""
-        data = job.window_floors
-        if data is None or data.shape[1] < 24 or any(
+        if data.shape[1] < 24 or any(
                 j.size > 0 and j.time >= data.item(0, 0) for j in job.jumps):
             return None
         k = max(12, data.shape[1] // 8)
