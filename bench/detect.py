@@ -533,7 +533,7 @@ def run_tpumon(analyze: AnalyzeFile, path: str) -> tuple[dict[Key, Detection], T
     Timings are CPU seconds of this process (one core), not wall time: the machines here
     are shared, and CPU time is what "samples per second on one core" means.
     """
-    from tpumon.detect.replay import replay_series
+    from tpumon.detect.job_replay import replay_series
     from tpumon.trace import read_trace_columns
 
     start = time.process_time()

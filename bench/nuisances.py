@@ -3,7 +3,7 @@
 A generator of its own, not bench/false_alarms.py's or the simulator's: each job is drawn
 whole, with every nuisance a healthy training job has, at random sizes and times, on 1-8
 hosts of 4 chips (hosts ``nz-<family>-<seed>-w-<N>``, so ``tpumon analyze`` and
-:func:`tpumon.detect.replay.job_name` pool them as one slice). The chips of a job share its
+:func:`tpumon.detect.job_replay.job_name` pool them as one slice). The chips of a job share its
 events (same times, same sizes); each has its own small offset of its floor (within 1 % of
 HBM), its own noise and its own phase of the step (near its host's).
 
@@ -54,7 +54,7 @@ The default run: every healthy family 3,000 chip-runs or a little more (21,000 i
 jobs of each single-host leak family, 400 of ``one-chip``, 150 of ``slice-wide``; about 3
 minutes and 300 M samples on the 2-core dev VM (``--scale`` shrinks or grows it).
 
-Scoring: each job is replayed with :func:`tpumon.detect.replay.replay_job` (what ``tpumon
+Scoring: each job is replayed with :func:`tpumon.detect.job_replay.replay_job` (what ``tpumon
 analyze`` runs, pooling included) in a pool of 2 forked workers. A chip-run pages when it
 has an alert or its verdict at the end is ``leak``.
 
@@ -79,7 +79,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tpumon.detect.replay import replay_job
+from tpumon.detect.job_replay import replay_job
 from tpumon.sim.workload import V4_HBM_TOTAL_BYTES
 from tpumon.trace import SeriesColumns
 

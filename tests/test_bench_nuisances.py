@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tpumon.detect.replay import job_name
+from tpumon.detect.job_replay import job_name
 
 pytestmark = pytest.mark.slow
 

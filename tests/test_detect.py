@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from tpumon.detect import ChipDetector, DetectorSettings, Verdict
 from tpumon.detect import jumps as level_shifts
-from tpumon.detect.replay import analyze_file, replay_series
+from tpumon.detect.job_replay import replay_series
+from tpumon.detect.replay import analyze_file
 from tpumon.sim.tracegen import generate_trace
 from tpumon.sim.workload import V4_HBM_TOTAL_BYTES, Workload
 from tpumon.trace import write_trace

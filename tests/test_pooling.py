@@ -163,6 +163,7 @@ def test_jobs_replayed_by_forked_workers_give_the_same_results(monkeypatch):
 def assert_forked_replay_is_the_same(cols: dict, monkeypatch) -> None:
     """Two forked workers give the results of one process, alerts included (some)."""
     from tpumon.detect import replay
+    from tpumon.detect.job_replay import job_name
 
     alone = replay_columns(cols)
     monkeypatch.setattr(replay, "PARALLEL_MIN_SAMPLES", 0)
@@ -177,13 +178,14 @@ def test_a_job_that_is_most_of_the_trace_is_replayed_chip_by_chip_in_parallel(mo
     the forked workers one by one and pooled by the parent (it was once replayed whole by
     one worker, the other cores idle), with the same results as one process."""
     from tpumon.detect import replay
+    from tpumon.detect.job_replay import job_name
 
     cols = dict(columns("linear-leak", 6, 11, leak_chip_spread=0.3))
     first = next(iter(cols.values()))
     cols[("small-host", "0")] = SeriesColumns(*(column[:500] for column in first))
     jobs = {}
     for (host, chip), c in cols.items():
-        jobs.setdefault(replay.job_name(host), []).append((host, chip, c))
+        jobs.setdefault(job_name(host), []).append((host, chip, c))
     job_list = list(jobs.items())
     sizes = [sum(len(c.times) for _, _, c in series) for _, series in job_list]
     tasks = replay._tasks(job_list, sizes, 2)
@@ -207,7 +209,7 @@ def fitted(verdict: Verdict, low: float, own: float, high: float, start: float =
 def replayed_as_pool_job(logs: list) -> dict[int, dict]:
     """The alerts of the pooled replay of one job's logs (each chip's (time, step,
     assessment) list), checked against ``pool_job`` at every moment (verdicts and alerts)."""
-    from tpumon.detect.replay import replay_pooling
+    from tpumon.detect.job_replay import replay_pooling
 
     times = np.arange(0.0, 400.0, 10.0)
     cols = [SeriesColumns(times, times, times, times + 1.0) for _ in logs]
@@ -293,10 +295,10 @@ def test_the_pooled_replay_of_a_slice_is_pool_job_at_every_moment():
     assessment only when its alert fires: on a slice whose chips leak at different rates,
     some alone, some joined, it gives what ``pool_job`` at every moment gave (every
     verdict at every moment, every alert with its reason and forecast)."""
-    from tpumon.detect.replay import _run_chip, replay_pooling
+    from tpumon.detect.job_replay import replay_pooling, run_chip
 
     cols = slice_columns()
-    runs = [_run_chip(c, None, log=True) for c in cols.values()]
+    runs = [run_chip(c, None, log=True) for c in cols.values()]
     logs = [run.log for run in runs]
     verdicts, alerts = pool_at_every_moment("slice t1v-n-5f0c", logs, list(cols.values()))
     pooled = replay_pooling("slice t1v-n-5f0c", logs, list(cols.values()))
@@ -404,14 +406,14 @@ def test_chips_climbing_one_staircase_are_called_with_the_first_of_them():
     and is called a staircase; chips 0-2 then say step_change (their two jumps, the same
     stairs) and alone are called only on their own third stair. Pooled, all four are called
     at chip 3's moment, the agent (every poll) and analyze (replay) alike."""
-    from tpumon.detect.replay import _run_chip
+    from tpumon.detect.job_replay import run_chip
 
     cols = by_chip(generate_trace(
         "irregular-staircase", duration_s=24954.0, poll_interval_s=16.7, chips=4,
         host=HOST, seed=10007003, drop_probability=0.0208, poll_jitter_s=0.373,
         hbm_total_bytes=34088157184, leak_onset_step=0, leak_bytes_per_step=0,
         stair_bytes=1117334529, stair_every_steps=3597))
-    alone = [_run_chip(c, None, log=False).alert["time"] for c in cols.values()]
+    alone = [run_chip(c, None, log=False).alert["time"] for c in cols.values()]
     first = min(alone)
     assert sum(t == first for t in alone) < len(alone)  # some chips are called later alone
     replayed = {r.chip: r for r in replay_columns(cols)}

@@ -15,7 +15,8 @@ import pytest
 from click.testing import CliRunner
 
 from tpumon.cli import main
-from tpumon.detect.replay import analyze_file, replay_series
+from tpumon.detect.job_replay import replay_series
+from tpumon.detect.replay import analyze_file
 from tpumon.report import file_stem
 from tpumon.report.data import build_reports, chip_report, select, series_from_rows
 from tpumon.sim.tracegen import generate_trace

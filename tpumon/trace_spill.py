@@ -59,6 +59,13 @@ class SpilledSeries:
         self.samples = 0
         self.last_time = -np.inf
 
+    def snapshot(self) -> SpilledSeries:
+        """A copy that stays as the series is now while more rows are spilled."""
+        copy = SpilledSeries(self._path)
+        copy._chunks, copy.samples, copy.last_time = list(self._chunks), self.samples, \
+            self.last_time
+        return copy
+
     def load(self) -> SeriesColumns:
         """The series' columns, in file order."""
         from tpumon.trace_schema import SeriesColumns
@@ -139,6 +146,12 @@ class Spill:
                 for column, dtype in zip(c, _DTYPES, strict=True):
                     self._file.write(np.ascontiguousarray(column, dtype).data.cast("B"))
             spilled.samples += rows
+
+    def flush(self) -> None:
+        """What was added so far is in the file, for :meth:`SpilledSeries.load` elsewhere
+        (a forked worker) while more is added."""
+        with self._writing():
+            self._file.flush()
 
     def close(self) -> None:
         """Done adding: what was written is there for :meth:`SpilledSeries.load`."""

@@ -18,7 +18,9 @@ from tpumon.cli.trace_input import spilled
 from tpumon.cli.prometheus_source import (check_prometheus_options, prometheus_options,
                                           prometheus_rows)
 from tpumon.detect import describe_growth
-from tpumon.detect.replay import SeriesResult, describe_forecast, replay_columns, usable_cores
+from tpumon.detect.early_replay import EarlyReplay
+from tpumon.detect.job_replay import SeriesResult, describe_forecast
+from tpumon.detect.replay import replay_columns, usable_cores
 from tpumon.trace import SeriesSource, TraceFormatError
 
 #: Widest host name shown: the table fits 80 columns with every other column full.
@@ -137,8 +139,9 @@ def command(trace: str | None, fmt: str, prometheus: str | None, slice_name: str
     if trace is None:
         raise click.UsageError("give a TRACE file, or --prometheus URL --slice NAME")
     try:
-        with bars() as progress, spilled(trace, progress) as series:
-            results = _replay(series, progress)
+        with bars() as progress, EarlyReplay(workers=usable_cores()) as early, \
+                spilled(trace, progress, early=early) as series:
+            results = _replay(series, progress, early)
     except TraceFormatError as exc:
         raise click.ClickException(str(exc)) from None
     except OSError as exc:  # the trace's, or the spill file's (a full disk: names it)
@@ -149,12 +152,12 @@ def command(trace: str | None, fmt: str, prometheus: str | None, slice_name: str
     _print(results, fmt)
 
 
-def _replay(columns: Mapping[tuple[str, str], SeriesSource],
-            progress: Progress) -> list[SeriesResult]:
+def _replay(columns: Mapping[tuple[str, str], SeriesSource], progress: Progress,
+            early: EarlyReplay | None = None) -> list[SeriesResult]:
     samples = sum(c.samples for c in columns.values())
     task = progress.add_task(f"replaying {samples:,} samples", total=samples)
     return replay_columns(columns, workers=usable_cores(),
-                          replayed=lambda n: progress.advance(task, n))
+                          replayed=lambda n: progress.advance(task, n), early=early)
 
 
 def _print(results: list[SeriesResult], fmt: str) -> None:

@@ -9,18 +9,21 @@ from contextlib import contextmanager
 
 from rich.progress import Progress
 
+from tpumon.detect.early_replay import EarlyReplay
 from tpumon.detect.replay import spilled_path, trace_files
 from tpumon.trace import SeriesSource
 from tpumon.trace_spill import Keep
 
 
 @contextmanager
-def spilled(trace: str, progress: Progress,
-            keep: Keep | None = None) -> Iterator[dict[tuple[str, str], SeriesSource]]:
+def spilled(trace: str, progress: Progress, keep: Keep | None = None,
+            early: EarlyReplay | None = None
+            ) -> Iterator[dict[tuple[str, str], SeriesSource]]:
     """The trace's series (a file's, or a directory's files'), spilled to a temporary file
     while the context lasts (bounded memory; ``keep``: the rows kept, as
     :func:`~tpumon.detect.replay.spilled_path` takes it); a bar that pulses (the rows to
-    come are not known) and counts the rows. ``analyze`` and ``report`` read traces so."""
+    come are not known) and counts the rows. ``analyze`` and ``report`` read traces so;
+    ``early``: ``analyze`` replays some jobs while the rest is read."""
     files = len(trace_files(trace))
     what = f"reading {files:,} trace file{'s' * (files != 1)}"
     task = progress.add_task(what, total=None)
@@ -31,6 +34,6 @@ def spilled(trace: str, progress: Progress,
         rows += n
         progress.update(task, description=f"{what}: {rows:,} samples")
 
-    with spilled_path(trace, read=read, keep=keep) as series:
+    with spilled_path(trace, read=read, keep=keep, early=early) as series:
         progress.update(task, total=1, completed=1)
         yield dict(series)

@@ -24,7 +24,7 @@ from tpumon.detect import Assessment, ChipDetector, DetectorSettings, Verdict, d
 from tpumon.detect.floors import group_by_bucket
 from tpumon.detect.jumps import Jump
 from tpumon.detect.pooling import pool_job
-from tpumon.detect.replay import group_jobs, replay_pooling
+from tpumon.detect.job_replay import group_jobs, replay_pooling
 from tpumon.store.database import StoredEnd
 from tpumon.trace_spill import Keep
 from tpumon.trace import SeriesColumns, SeriesSource, TraceRow

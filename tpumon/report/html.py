@@ -11,7 +11,7 @@ import jinja2
 
 from tpumon.describe import summarize_verdicts
 from tpumon.detect.forecast_band import BAND_LABEL
-from tpumon.detect.replay import describe_forecast
+from tpumon.detect.job_replay import describe_forecast
 from tpumon.report.data import ChipReport, HostReport
 from tpumon.units import format_byte_range, format_span
 from tpumon.report.render import (VERDICT_COLOURS, hhmm, oom_text, per_hour, per_step, size,

@@ -1,0 +1,190 @@
+"""Jobs replayed while the rest of their trace is still being read (``tpumon analyze``).
+
+A trace is spilled table by table (:mod:`tpumon.trace_spill`) and was replayed only once
+the whole file had been read: on a 2-core VM a third of the time went to reading, with the
+other core half idle. But a series whose rows stopped coming is most likely whole: a trace
+written series after series (``tpumon export``) or host after host ends each series long
+before the file ends. So once every series of a host is absent from the table just read,
+that host's job is replayed at once by a forked worker, from what the spill file holds of
+it; a slice's chips (hosts ``…-w-N``: more of its workers may come) are each run on their
+own, to be pooled at the end. At the end a guess is kept only where it proved right: the
+job has exactly those series, and none of them got another row or was read again (the
+validating parser reads a file anew). Its results are then what replaying after the read
+gives, and a wrong guess costs only the work spent on it; a series is guessed twice at
+most. A trace whose rows are interleaved by time closes no series before its end, and is
+replayed as before.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from multiprocessing.pool import AsyncResult, Pool
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+from tpumon.detect.job_replay import (Advance, ChipRun, Jobs, SeriesResult, job_name,
+                                      job_results, replay_job, run_chip)
+
+if TYPE_CHECKING:
+    from tpumon.detect.detector import DetectorSettings
+    from tpumon.trace_spill import Spill, SpilledSeries
+
+Key = tuple[str, str]
+
+#: The workers' niceness: the read is what everything waits for.
+NICENESS = 5
+
+#: Traces smaller than this (a table or two) are replayed after the read, as before.
+EARLY_MIN_BYTES = 64 << 20
+
+
+class _Guess:
+    """Series replayed early: each with the spill's object and its samples then."""
+
+    def __init__(self, series: Sequence[tuple[Key, SpilledSeries]], result: AsyncResult
+                 ) -> None:
+        self.keys = [key for key, _ in series]
+        self.sources = [(spilled, spilled.samples) for _, spilled in series]
+        self.result = result
+
+    def holds(self, series: Sequence[tuple[str, str, object]]) -> bool:
+        """Whether the job's final series are exactly these, unchanged since."""
+        return [(h, c) for h, c, _ in series] == self.keys and all(
+            s is spilled and s.samples == samples
+            for (_, _, s), (spilled, samples) in zip(series, self.sources, strict=True))
+
+
+class EarlyReplay:
+    """Replays jobs whose series look whole while the trace is read (the module's
+    docstring); a context that ends its worker processes. With fewer than 2 ``workers``,
+    or a small trace, it guesses nothing (:meth:`start`): replaying in the reading
+    process would only delay the read."""
+
+    def __init__(self, settings: DetectorSettings | None = None, workers: int = 1) -> None:
+        self.settings, self.workers = settings, workers
+        self._pool: Pool | None = None
+        self._last: dict[Key, tuple[int, float]] = {}  # each series' (samples, last time)
+        self._hosts: dict[str, _Guess] = {}
+        self._chips: dict[Key, _Guess] = {}
+        self._guessed: dict[Key, int] = {}  # times each series was guessed
+
+    def __enter__(self) -> EarlyReplay:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if self._pool is not None:
+            self._pool.terminate()  # every result was collected, or none is wanted
+            self._pool.join()
+            self._pool = None
+
+    @property
+    def started(self) -> bool:
+        """Whether the workers run (they then replay the rest too)."""
+        return self._pool is not None
+
+    def start(self, files: Sequence[str]) -> None:
+        """Told the trace's files before any is read: start the workers if they are large
+        enough to be read in several tables. Started now, before the reader's threads:
+        a process forked while other threads run may inherit a lock one of them held."""
+        try:
+            size = sum(os.path.getsize(f) for f in files)
+        except OSError:  # stdin, or a file that reading will name
+            return
+        if self.workers >= 2 and size >= EARLY_MIN_BYTES:
+            # below the reading threads: the workers take what CPU the read leaves idle
+            self._pool = multiprocessing.get_context("fork").Pool(
+                self.workers, initializer=os.nice, initargs=(NICENESS,))
+
+    def after_table(self, spill: Spill) -> None:
+        """Told after each table is spilled: replay what it closed."""
+        if self._pool is None:
+            return
+        hosts: dict[str, list[tuple[Key, SpilledSeries]]] = {}
+        active: set[str] = set()
+        for key, spilled in spill.series.items():
+            now = (spilled.samples, spilled.last_time)
+            if self._last.get(key) != now:
+                self._last[key] = now
+                active.add(key[0])
+            hosts.setdefault(key[0], []).append((key, spilled))
+        closed = {host: series for host, series in hosts.items() if host not in active
+                  and all(self._guessed.get(key, 0) < 2 for key, _ in series)}
+        if closed:
+            spill.flush()  # the workers read the spill file
+        for host, series in closed.items():
+            self._guess(host, series)
+
+    def _guess(self, host: str, series: list[tuple[Key, SpilledSeries]]) -> None:
+        if job_name(host).startswith("host "):
+            old = self._hosts.get(host)
+            if old is None or not old.holds([(*key, s) for key, s in series]):
+                self._hosts[host] = self._submit(series, replay_job, (
+                    f"host {host}", [(*key, s.snapshot()) for key, s in series],
+                    self.settings))
+            return
+        for key, spilled in series:
+            old = self._chips.get(key)
+            if old is None or not old.holds([(*key, spilled)]):
+                self._chips[key] = self._submit([(key, spilled)], run_chip, (
+                    spilled.snapshot(), self.settings, True))
+
+    def _submit(self, series: list[tuple[Key, SpilledSeries]], task: Callable[..., Any],
+                args: tuple) -> _Guess:
+        for key, _ in series:
+            self._guessed[key] = self._guessed.get(key, 0) + 1
+        return _Guess(series, self._workers().apply_async(task, args))
+
+    def _workers(self) -> Pool:
+        assert self._pool is not None, "start() decides whether there are workers"
+        return self._pool
+
+    def replay(self, jobs: Jobs, sizes: list[int], replayed: Advance) -> list[SeriesResult]:
+        """Every job's results, in order: a guess that held, else replayed now by the same
+        workers, largest first (a job too large for one worker chip by chip, as
+        ``replay._tasks`` splits it)."""
+        share = sum(sizes) / (2 * self.workers)
+        pending: list[AsyncResult | list[AsyncResult] | None] = []
+        later: list[tuple[int, int, int | None]] = []  # (samples, job, chip) to submit
+        for j, ((job, series), size) in enumerate(zip(jobs, sizes, strict=True)):
+            pending.append(self._held(job, series))
+            if pending[-1] is not None:
+                continue
+            if size <= share or len(series) == 1:
+                later.append((size, j, None))
+            else:
+                pending[-1] = [None] * len(series)  # type: ignore[list-item]
+                later += [(s.samples, j, i) for i, (_, _, s) in enumerate(series)]
+        for _, j, i in sorted(later, key=lambda t: -t[0]):
+            job, series = jobs[j]
+            if i is None:
+                pending[j] = self._workers().apply_async(replay_job, (job, series,
+                                                                      self.settings))
+            else:
+                chips = pending[j]
+                assert isinstance(chips, list)
+                chips[i] = self._workers().apply_async(run_chip, (series[i][2],
+                                                                   self.settings, True))
+        results: list[SeriesResult] = []
+        for (job, series), size, done in zip(jobs, sizes, pending, strict=True):
+            assert done is not None
+            if isinstance(done, list):
+                runs: list[ChipRun] = [r.get() for r in done]
+                results += job_results(job, series, runs)
+            else:
+                results += done.get()
+            replayed(size)
+        return results
+
+    def _held(self, job: str, series: Sequence[tuple[str, str, Any]]
+              ) -> AsyncResult | list[AsyncResult] | None:
+        """The guess of a job that held: its whole replay, or its chips' runs."""
+        host = self._hosts.get(series[0][0]) if job.startswith("host ") else None
+        if host is not None and host.holds(series):
+            return host.result
+        chips = [self._chips.get((h, c)) for h, c, _ in series]
+        if all(g is not None and g.holds([(h, c, s)])
+               for g, (h, c, s) in zip(chips, series, strict=True)):
+            return [g.result for g in chips if g is not None]
+        return None
