@@ -18,7 +18,10 @@ under TMPDIR, and as much again while this tree's spill file exists).
 
 The corpus is built once from the simulator (about 1M rows) and multiplied: each copy is
 another host of the slice, its times shifted by a few seconds, so every series is replayed
-on its own; then written by pyarrow as CSV.
+on its own; then written by pyarrow as CSV, host after host (a host's series end long
+before the file: ``analyze`` replays them while it reads the rest,
+tpumon/detect/early_replay.py), or with ``--by-time`` every poll's rows together, as an
+agent records a trace live (no series ends before the file does).
 
     python bench/analyze_speed.py [--rows 8000000] [--runs 3] [--baseline-ref main]
                                   [--slice-rows 2000000] [--only-slice]
@@ -211,10 +214,15 @@ def main() -> int:
     parser.add_argument("--only-large", action="store_true",
                         help="the one large CSV alone (issue 44's 50M rows: --rows 50000000)")
     parser.add_argument("--jsonl-rows", type=int, default=2_000_000)
+    parser.add_argument("--by-time", action="store_true",
+                        help="the large trace's rows in time order, every series' rows "
+                             "interleaved (else host after host, as copies of the corpus)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         start = time.perf_counter()
         big = slice_table(base_table(), args.rows)
+        if args.by_time:  # every poll's rows together, as an agent records them live
+            big = big.sort_by([("time", "ascending")])
         big_path = os.path.join(tmp, "slice.csv")
         pcsv.write_csv(big, big_path)
         slice_path = os.path.join(tmp, "one-slice.csv")
