@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from tpumon.trace import TraceRow, read_trace
+from tpumon.trace.read import TraceRow, read_trace
 
 ROOT = Path(__file__).resolve().parent.parent
 

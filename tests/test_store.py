@@ -19,11 +19,11 @@ from tpumon.store import checkpoint
 from tpumon.store.checkpoint import CheckpointError, dump_detector, load_detector
 from tpumon.store.database import (CACHE_KIB, DB_NAME, HistoryDB, Retention, database_path,
                                    open_database)
-from tpumon.samples import Sample
+from tpumon.common.samples import Sample
 from tpumon.store.trace_rows import export_rows
 from tpumon.store.resume import feed, restore_detectors
 from tpumon.store.writer import PollRecord, StoreWriter
-from tpumon.trace import read_trace, write_trace
+from tpumon.trace.read import read_trace, write_trace
 
 HOST = "t1v-n-test-w-0"
 

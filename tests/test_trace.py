@@ -18,10 +18,10 @@ import threading
 import numpy as np
 import pytest
 
-from tpumon import trace
+from tpumon.trace import read as trace
 from tpumon.sim.tracegen import generate_trace
-from tpumon.trace import (MAX_LINE_CHARS, SeriesColumns, TraceFormatError, TraceRow, read_trace,
-                          read_trace_columns, write_trace)
+from tpumon.trace.read import (MAX_LINE_CHARS, SeriesColumns, TraceFormatError, TraceRow, read_trace,
+                               read_trace_columns, write_trace)
 
 TOTAL = 34088157184
 HEADER = "time,host,chip,step,hbm_used_bytes,hbm_total_bytes\n"
@@ -641,7 +641,7 @@ def test_large_tables_group_on_a_second_thread_with_the_same_results(tmp_path, m
     """A large table's names and sort run beside the numbers' checks, on a helper thread
     (every table here, by lowering the threshold): the same series, and the same error
     where a file holds several, as the row parser's."""
-    from tpumon import trace_columns
+    from tpumon.trace import arrow as trace_columns
 
     threads = []
     groups = trace_columns._series_groups
@@ -670,7 +670,7 @@ def test_jsonl_shaped_for_pyarrow_agree_too(tmp_path, monkeypatch, block):
     block on its own (a null at a block's start is where it crashed). Blocks stay longer
     than twice the longest fuzzed line (~530 bytes): shorter ones make pyarrow refuse
     straddling rows, and its reader then at times aborts the process at exit."""
-    from tpumon import trace_columns
+    from tpumon.trace import arrow as trace_columns
 
     if block is not None:
         monkeypatch.setattr(trace_columns, "_BLOCK_BYTES", block)
@@ -729,7 +729,7 @@ def test_a_named_pipe_is_read_once_by_the_strict_parser(tmp_path):
     pipe = tmp_path / "t.jsonl"
     os.mkfifo(pipe)
     text = '{"time": 1.5, "host": "h", "chip": "0", "hbm_used_bytes": 1, "hbm_total_bytes": 9}\n'
-    code = ("import sys; from tpumon.trace import read_trace_columns; "
+    code = ("import sys; from tpumon.trace.read import read_trace_columns; "
             "print(len(read_trace_columns(sys.argv[1])[('h', '0')].times))")
     reader = subprocess.Popen([sys.executable, "-c", code, str(pipe)], stdout=subprocess.PIPE,
                               text=True)
@@ -774,7 +774,7 @@ def test_jsonl_files_are_read_by_pyarrow_not_the_row_parser(tmp_path, monkeypatc
 def read_objects(data: bytes, size: int) -> tuple[bool, int, bytes]:
     """What ObjectLines passes of ``data`` read ``size`` bytes at a time: (refused, lines
     counted, bytes passed)."""
-    from tpumon.trace_columns import ObjectLines
+    from tpumon.trace.arrow import ObjectLines
 
     lines = ObjectLines(io.BytesIO(data), 1 << 20)
     passed = b"".join(iter(lambda: lines.read(size), b""))
@@ -802,7 +802,7 @@ def test_pyarrow_is_handed_only_lines_that_begin_an_object(end):
 def test_a_null_at_the_start_of_a_block_is_the_strict_parsers_not_a_crash(tmp_path,
                                                                         monkeypatch):
     """Without the guard above this kills the test process (pyarrow 26)."""
-    from tpumon import trace_columns
+    from tpumon.trace import arrow as trace_columns
 
     line = '{"time": 1.5, "host": "h", "chip": "0", "hbm_used_bytes": 1, "hbm_total_bytes": 9}\n'
     monkeypatch.setattr(trace_columns, "_BLOCK_BYTES", len(line))
@@ -860,7 +860,7 @@ def test_small_pages_turns_numpys_huge_page_advice_off_and_back():
     """Reading a trace asks numpy not to advise huge pages (their kernel-side cost was most
     of the time of grouping a large trace, bench/analyze_speed.py) and restores the
     process-wide setting after."""
-    from tpumon.trace_columns import small_pages
+    from tpumon.trace.arrow import small_pages
 
     core = getattr(np, "_core", None) or np.core
     switch = getattr(core.multiarray, "_set_madvise_hugepage", None)
@@ -884,7 +884,7 @@ def test_pyarrows_reads_end_at_the_first_line_too_long_and_only_there(seed):
     import io
     import random
 
-    from tpumon.trace_columns import ShortLines
+    from tpumon.trace.arrow import ShortLines
 
     rng = random.Random(seed)
     longest = rng.choice([8, 50, 64, 1000])

@@ -16,14 +16,14 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from tpumon.detect import Assessment, Verdict
-from tpumon.detect.counts import Cause
-from tpumon.identity import Identity
-from tpumon.job_ends import JobEnd
-from tpumon.samples import HostSample, RuntimeReading, chip_sort_key
+from tpumon.diagnose.counts import Cause
+from tpumon.common.identity import Identity
+from tpumon.diagnose.job_ends import JobEnd
+from tpumon.common.samples import HostSample, RuntimeReading, chip_sort_key
 from tpumon.sources.chips import ChipInventory
 from tpumon.sources.health import SourceHealth
 from tpumon.sources.pod_resources import PodAssignment
-from tpumon.processes import ProcessState
+from tpumon.diagnose.processes import ProcessState
 from tpumon.sources.reports import ReporterReading
 from tpumon.sources.runtime_server import RuntimeServer
 from tpumon.sources.snapshots import SnapshotResult

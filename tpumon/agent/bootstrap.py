@@ -21,33 +21,33 @@ from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry
 
-from tpumon.agent import Agent, AgentInputs, OwnerScanner
-from tpumon.components import (AlertThresholds, LogLevel, NotifierComponent, ReporterComponent,
-                               Service)
-from tpumon.config import Config, ConfigError, parse_ports
-from tpumon.exporters.prometheus import build_registry
-from tpumon.identity import Identity, discover_tpu_env, fetch_tpu_env, resolve_identity
+from tpumon.agent.loop import Agent, AgentInputs, OwnerScanner
+from tpumon.agent.components import (AlertThresholds, LogLevel, NotifierComponent,
+                                     ReporterComponent, Service)
+from tpumon.common.config import Config, ConfigError, parse_ports
+from tpumon.metrics.collectors import build_registry
+from tpumon.common.identity import Identity, discover_tpu_env, fetch_tpu_env, resolve_identity
 from tpumon.sim.naming import DEFAULT_SLICE, accelerator_type
 from tpumon.sim.naming import tpu_env as simulated_tpu_env
 from tpumon.sim.process import spawn_simulator
 from tpumon.sources.chips import ChipInventory, ChipOwnerScan, detect_chips, inventory_for
 from tpumon.notify.alerts import AlertLog, AlertSettings, AlertTracker
 from tpumon.notify.secrets import SecretSetting, read_secret
-from tpumon.private_paths import private_dir
-from tpumon.leak_snapshots import LeakSnapshots
-from tpumon.lifecycle import Lifecycle
+from tpumon.common.private_paths import private_dir
+from tpumon.diagnose.leak_snapshots import LeakSnapshots
+from tpumon.agent.lifecycle import Lifecycle
 from tpumon.sources.kernel_log import KernelLog
 from tpumon.sources.pod_resources import PodResourcesSettings, open_pod_resources
 from tpumon.sources.reports import ReporterSocket
 from tpumon.sources.runtime_server import RuntimeTrust
 from tpumon.sources.tpu_runtime import TpuRuntimeSource
 from tpumon.state import AgentState
-from tpumon.status import Readers
+from tpumon.web.status import Readers
 from tpumon.store.database import (HistoryDB, Retention, database_path, move_aside,
                                    open_database)
 from tpumon.store.resume import restore_detectors
 from tpumon.store.writer import StoreWriter
-from tpumon.units import format_bytes, utc
+from tpumon.common.units import format_bytes, utc
 
 if TYPE_CHECKING:
     from tpumon.notify.notifier import Channel, Notifier
@@ -110,7 +110,7 @@ def _path_for(config: Config, key: str, simulate: bool) -> str:
 
 def check_private_dirs(config: Config, simulate: bool) -> None:
     """Refuse (ConfigError, one line) a state or socket directory another user could
-    redirect the agent's files in (tpumon.private_paths); create a missing one: the state
+    redirect the agent's files in (tpumon.common.private_paths); create a missing one: the state
     directory 0750, the socket's 0755 (every user's processes reach the socket)."""
     state_dir = _path_for(config, "store.state_dir", simulate)
     if state_dir:

@@ -1,9 +1,9 @@
-"""The agent's parts as components (``tpumon.lifecycle``): what each starts, stops and can
+"""The agent's parts as components (``tpumon.agent.lifecycle``): what each starts, stops and can
 change on a reload. The parts themselves (the store's writer, the notifier, the
 reporters' socket...) stay what they are; these say how each lives in the agent.
 
 What a reload applies, by component: the poll interval (the agent itself,
-``tpumon.agent``), the log level, the [alerts] thresholds (the tracker that pages on them,
+``tpumon.agent.loop``), the log level, the [alerts] thresholds (the tracker that pages on them,
 read by the exporter too), the reporters' allowed uids, and the Slack and PagerDuty
 channels when notifications were already on. Nothing that holds state is rebuilt.
 """
@@ -13,8 +13,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Callable, Sequence
 
-from tpumon.config import Config
-from tpumon.lifecycle import Component, take
+from tpumon.common.config import Config
+from tpumon.agent.lifecycle import Component, take
 from tpumon.notify.alerts import AlertTracker
 from tpumon.notify.settings import AlertSettings
 from tpumon.sources.reports import ReporterSocket

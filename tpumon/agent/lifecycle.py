@@ -2,11 +2,11 @@
 beside the poll loop or holds something to release, so that building, stopping and
 reloading the agent are loops rather than a hand-written line per part.
 
-A component is built from the configuration (``tpumon.bootstrap``), started in the order
+A component is built from the configuration (``tpumon.agent.bootstrap``), started in the order
 it was built, stopped in the reverse order (what reads the poll state goes before what
 feeds it), and offered every reload: it applies the changed keys it can change while
 running and hands back the others. A key that no component applies takes effect at the
-next restart (``tpumon.reload`` says so).
+next restart (``tpumon.agent.reload`` says so).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from typing import Iterable, Protocol, TypeVar
 
-from tpumon.config import Config
+from tpumon.common.config import Config
 
 log = logging.getLogger("tpumon.lifecycle")
 

@@ -6,7 +6,7 @@ works) and it adds its own timestamps. On a terminal, lines carry a timestamp in
 
 A message often quotes what a training process sent (its framework in a job's end, an
 alert's summary): both formatters write its control characters as escapes
-(:func:`~tpumon.untrusted_text.for_log`), so one event is one line and a name holding a
+(:func:`~tpumon.common.untrusted_text.for_log`), so one event is one line and a name holding a
 newline cannot forge another. A traceback, written after the message, keeps its lines.
 """
 
@@ -16,7 +16,7 @@ import logging
 import os
 import sys
 
-from tpumon.untrusted_text import for_log
+from tpumon.common.untrusted_text import for_log
 
 _PRIORITY = {logging.DEBUG: 7, logging.INFO: 6, logging.WARNING: 4, logging.ERROR: 3,
              logging.CRITICAL: 2}
@@ -31,7 +31,7 @@ class OneLineFormatter(logging.Formatter):
 
 
 class JournalFormatter(OneLineFormatter):
-    """``<6>tpumon.agent: message``: priority prefix, no timestamp (journald adds one)."""
+    """``<6>tpumon.agent.loop: message``: priority prefix, no timestamp (journald adds one)."""
 
     def format(self, record: logging.LogRecord) -> str:
         text = super().format(record)

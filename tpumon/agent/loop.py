@@ -17,31 +17,31 @@ from typing import Callable, Mapping
 
 from prometheus_client import CollectorRegistry, Histogram
 
-from tpumon.config import Config
+from tpumon.common.config import Config
 from tpumon.detect import Assessment, ChipDetector, DetectorSettings, Verdict, describe_growth
 from tpumon.detect.detector import leak_alert
 from tpumon.detect.pooling import pool_jobs
-from tpumon.identity import LABELS
-from tpumon.leak_snapshots import LeakSnapshots
-from tpumon.lifecycle import Component, take
-from tpumon.samples import HostSample, RuntimeReading
+from tpumon.common.identity import LABELS
+from tpumon.diagnose.leak_snapshots import LeakSnapshots
+from tpumon.agent.lifecycle import Component, take
+from tpumon.common.samples import HostSample, RuntimeReading
 from tpumon.sources.health import SourceTracker
 from tpumon.sources.host import HostSource
 from tpumon.sources.kernel_log import KernelLog
 from tpumon.sources.pod_resources import PodAssignment
 from tpumon.sources.tpu_runtime import TpuRuntimeSource
 from tpumon.notify.alerts import AlertLog
-from tpumon.job_ends import JobEndTracker
-from tpumon.last_words import LastWords
-from tpumon.processes import (ChipClaims, ProcessState, ProcessTracker, growing_chips,
-                              trusted_uids, with_hbm_growth)
+from tpumon.diagnose.job_ends import JobEndTracker
+from tpumon.sources.last_words import LastWords
+from tpumon.diagnose.processes import (ChipClaims, ProcessState, ProcessTracker, growing_chips,
+                                       trusted_uids, with_hbm_growth)
 from tpumon.sources.reports import ReporterSocket
 from tpumon.state import AgentState, PollState
 from tpumon.store.checkpoint import dump_detector
 from tpumon.store.database import StoredEnd
-from tpumon.samples import Sample
+from tpumon.common.samples import Sample
 from tpumon.store.writer import PollRecord, StoreWriter
-from tpumon.units import utc
+from tpumon.common.units import utc
 
 log = logging.getLogger("tpumon.agent")
 

@@ -2,7 +2,7 @@
 
 Nothing that holds state is rebuilt: the detectors, the history store, the outbox and the
 reporters' trends stay as they are, so a reload loses no trend. The changed keys are
-offered to each of the agent's components (``tpumon.components``), which apply what they
+offered to each of the agent's components (``tpumon.agent.components``), which apply what they
 can at once: the poll interval, the log level, the alert thresholds and links (for the
 notifiers and the exported thresholds the Prometheus rules read), the reporters' allowed
 uids, and the Slack and PagerDuty channels when notifications were already on. Anything
@@ -16,9 +16,9 @@ from __future__ import annotations
 import logging
 from typing import Callable
 
-from tpumon.bootstrap import Assembly, notification_channels
-from tpumon.components import CHANNEL_SECTIONS
-from tpumon.config import KEYS, Config, ConfigError
+from tpumon.agent.bootstrap import Assembly, notification_channels
+from tpumon.agent.components import CHANNEL_SECTIONS
+from tpumon.common.config import KEYS, Config, ConfigError
 
 log = logging.getLogger("tpumon.reload")
 

@@ -17,7 +17,7 @@ import time
 from typing import Callable, Mapping
 
 from tpumon.detect import Verdict
-from tpumon.describe import describe_oom, time_to_oom
+from tpumon.common.describe import describe_oom, time_to_oom
 from tpumon.state import PollState
 from tpumon.store.writer import StoreHealth
 

@@ -9,18 +9,18 @@ from typing import Callable
 
 import click
 
-from tpumon.bootstrap import build
+from tpumon.agent.bootstrap import build
 from tpumon.cli.options import (config_option, ports_value, runtime_ports_option,
                                 state_dir_option)
 from tpumon import __version__
-from tpumon.config import Config, load_config
-from tpumon.exporters.http import MetricsServer
-from tpumon.exporters.report_page import ReportPage
-from tpumon.logs import setup_logging
-from tpumon.reload import reload_config
-from tpumon.signals import Stop, signals_to_events
+from tpumon.common.config import Config, load_config
+from tpumon.web.http import MetricsServer
+from tpumon.web.report_page import ReportPage
+from tpumon.agent.logs import setup_logging
+from tpumon.agent.reload import reload_config
+from tpumon.common.signals import Stop, signals_to_events
 from tpumon.state import PollState
-from tpumon.systemd import SystemdNotify
+from tpumon.agent.systemd import SystemdNotify
 
 log = logging.getLogger("tpumon.agent")
 
@@ -87,7 +87,7 @@ def run_agent(config: Config, simulate: bool, stop: threading.Event,
               load: Callable[[], Config] | None = None) -> None:
     """Bind the exporter first (a port clash fails before a simulator starts), then poll.
     When ``reload`` is set (SIGHUP), the configuration is read again with ``load`` after
-    the poll in progress, and what can change while running is applied (tpumon.reload)."""
+    the poll in progress, and what can change while running is applied (tpumon.agent.reload)."""
     server = MetricsServer(config["exporter.listen_address"], config["exporter.web_config_file"])
     host, port = server.start()
     try:

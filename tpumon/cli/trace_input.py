@@ -10,8 +10,8 @@ from contextlib import contextmanager
 from rich.progress import Progress
 
 from tpumon.detect.replay import spilled_path, trace_files
-from tpumon.trace import SeriesSource
-from tpumon.trace_spill import Keep
+from tpumon.trace.read import SeriesSource
+from tpumon.trace.spill import Keep
 
 
 @contextmanager

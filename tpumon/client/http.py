@@ -30,7 +30,7 @@ class AgentUnreachable(AgentError):
 
 
 class ChipStatus(TypedDict, total=False):
-    """One chip in the status document (tpumon/status.py builds it)."""
+    """One chip in the status document (tpumon/web/status.py builds it)."""
 
     chip: str
     up: bool

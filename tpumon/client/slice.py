@@ -23,9 +23,9 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from tpumon.client import AgentError, ClientAuth
-from tpumon.describe import chip_time_to_oom, describe_time_left, summarize_verdicts
-from tpumon.identity import fetch_metadata_attribute, parse_worker_endpoints
+from tpumon.client.http import AgentError, ClientAuth
+from tpumon.common.describe import chip_time_to_oom, describe_time_left, summarize_verdicts
+from tpumon.common.identity import fetch_metadata_attribute, parse_worker_endpoints
 
 MAX_STATUS_BYTES = 16 * 2**20  # a status document of hundreds of chips is well under this
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Iterable, Mapping
 
-from tpumon.units import format_growth, format_hours
+from tpumon.common.units import format_growth, format_hours
 
 
 def describe_growth(bytes_per_step: float | None, bytes_per_hour: float | None) -> str:

@@ -17,7 +17,7 @@ import socket
 import stat
 from pathlib import Path
 
-from tpumon.config import ConfigError
+from tpumon.common.config import ConfigError
 
 
 def private_dir(path: str | os.PathLike[str], key: str, mode: int) -> None:

@@ -19,7 +19,7 @@ status document and the alert carry the raw text; JSON escapes what JSON needs i
   ``console.print``, ``Text.from_markup``).
 - :func:`for_log`: control characters written as Python escapes (``\\n``, ``\\x1b``),
   so that one event is one line and an attack shows in the log instead of acting on it;
-  applied by the log formatters of :mod:`tpumon.logs` to every message.
+  applied by the log formatters of :mod:`tpumon.agent.logs` to every message.
 - :func:`for_label`: a Prometheus label value without control characters (the text
   format escapes only ``\\``, ``"`` and newline; a raw ESC reached whoever ran curl).
 
@@ -28,7 +28,7 @@ printable, a runtime's label keeps its printable characters): that is validation
 bounds what is stored; no sink relies on it.
 
 HTML needs no function here: the agent's landing page and the report page are rendered
-by Jinja2 environments built with ``autoescape=True`` (tpumon/exporters/http.py,
+by Jinja2 environments built with ``autoescape=True`` (tpumon/web/http.py,
 tpumon/report/html.py), and no template marks a value ``|safe``.
 """
 

@@ -35,7 +35,7 @@ from typing import Iterator, NamedTuple
 
 import numpy as np
 
-from tpumon.describe import describe_growth, describe_oom, describe_time_left
+from tpumon.common.describe import describe_growth, describe_oom, describe_time_left
 from tpumon.detect import jumps as level_shifts
 from tpumon.detect.floors import FloorHistory, group_by_bucket
 from tpumon.detect.forecast_band import oom_band
@@ -43,7 +43,7 @@ from tpumon.detect.jumps import Jump
 from tpumon.detect.robust import (PairwiseSlopes, TrendFit, lower_quartiles, median,
                                   sen_mann_kendall)
 from tpumon.detect.staircase import Staircase, find_staircase
-from tpumon.units import format_bytes
+from tpumon.common.units import format_bytes
 
 
 
@@ -833,7 +833,7 @@ class ChipDetector:
                 return _Said(*not_yet, fit_only if not_yet[1] == _PENDING else common)
             job.leaking = True
         # the reason gives the assessment's own figures (its slope, its forecast), as every
-        # view that shows them beside it does (tpumon.describe)
+        # view that shows them beside it does (tpumon.common.describe)
         per = describe_growth(common.get("slope_bytes_per_step"),
                               common["slope_bytes_per_second"] * 3600)
         growth = stairs.describe() if stairs else f"floor grows {per}"

@@ -24,9 +24,9 @@ import numpy as np
 from tpumon.detect.detector import (Assessment, ChipDetector, DetectorSettings, Verdict,
                                     leak_alert)
 from tpumon.detect.pooling import JobPool, pool_job
-from tpumon.trace_spill import Keep, Spill, SpilledSeries
-from tpumon.trace import (SeriesColumns, SeriesSource, TraceFormatError, read_trace_columns,
-                          spill_trace)
+from tpumon.trace.spill import Keep, Spill, SpilledSeries
+from tpumon.trace.read import (SeriesColumns, SeriesSource, TraceFormatError, read_trace_columns,
+                               spill_trace)
 
 
 def _opt(value: float | None, digits: int | None = None) -> float | int | None:
@@ -242,9 +242,9 @@ def spilled_path(path: str, read: Advance | None = None,
     """The series of a trace file or of a directory's trace files (``trace_files``), as
     :func:`read_path` gives them, but kept in a temporary spill file (under TMPDIR, 32
     bytes a sample) for as long as the context lasts, each read back when replayed: a
-    trace of any length in bounded memory (:mod:`tpumon.trace_spill`). ``read`` is told
+    trace of any length in bounded memory (:mod:`tpumon.trace.spill`). ``read`` is told
     the rows of each part of a file as it is read. ``keep`` selects the rows spilled
-    (:class:`tpumon.trace_spill.Spill`): a series it keeps nothing of has no samples."""
+    (:class:`tpumon.trace.spill.Spill`): a series it keeps nothing of has no samples."""
     with tempfile.TemporaryDirectory(prefix="tpumon-analyze-") as directory:
         spill = Spill(directory, keep)
         try:

@@ -24,7 +24,7 @@ from typing import NamedTuple
 import numpy as np
 
 from tpumon.detect.robust import PairwiseSlopes
-from tpumon.units import format_bytes
+from tpumon.common.units import format_bytes
 
 
 @dataclass(frozen=True)

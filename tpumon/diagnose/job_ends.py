@@ -18,7 +18,7 @@ is named from that last view, never more certain than it allows:
 When the detector had raised a leak with a forecast on one of the job's chips, the end says
 how the forecast compared: "forecast at 02:14 UTC for step 61,100; died at step 61,234".
 
-A process whose reporter heard its end has last words (tpumon.last_words): an XLA
+A process whose reporter heard its end has last words (tpumon.sources.last_words): an XLA
 out-of-memory error makes the cause ``hbm_oom`` whatever the last poll saw, with the
 program's need and its largest allocation; any other exception, or a fatal signal, is
 told with its type, message and the innermost frame of the user's code; a reporter that
@@ -34,15 +34,15 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Collection, Mapping
 
 from tpumon.detect import Assessment
-from tpumon.known_issues import KnownIssue, known_issue_said
-from tpumon.last_words import LastWords
-from tpumon.processes import ProcessState
-from tpumon.samples import HostSample, RuntimeReading
+from tpumon.diagnose.known_issues import KnownIssue, known_issue_said
+from tpumon.sources.last_words import LastWords
+from tpumon.diagnose.processes import ProcessState
+from tpumon.common.samples import HostSample, RuntimeReading
 from tpumon.sources.chips import start_time
 from tpumon.sources.kernel_log import OomKill
 from tpumon.sources.reports import pid_alive
 from tpumon.store.database import StoredEnd
-from tpumon.units import clock
+from tpumon.common.units import clock
 
 CAUSES = ("hbm_oom", "host_oom", "exited", "unknown")
 NEAR_FULL = 0.95        # of a chip's HBM at the last poll: an OOM is the likely end

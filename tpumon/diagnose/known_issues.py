@@ -2,12 +2,12 @@
 
 Kept as data, one entry per issue, so that adding one is a row, not code: the framework
 (as the reporter names it), the releases affected (a half-open version range), the cause
-the agent must have diagnosed for the entry to apply (tpumon.detect.counts' codes), and the
+the agent must have diagnosed for the entry to apply (tpumon.diagnose.counts' codes), and the
 words a person needs: what happens, the fix, and where it is discussed. Matched on the
 version each report carries (``fv``), so a job is told about its own release only.
 
 An entry with ``said`` (a regular expression) is matched on a process's last words
-instead (tpumon.last_words: the exception or fatal signal it ended with), when its job
+instead (tpumon.sources.last_words: the exception or fatal signal it ended with), when its job
 ends: its ``cause`` is then ``"last_words"``, never a diagnosed cause.
 """
 

@@ -13,7 +13,7 @@ import math
 from typing import Callable, Mapping
 
 from tpumon.detect import Assessment, Verdict
-from tpumon.processes import ProcessState
+from tpumon.diagnose.processes import ProcessState
 from tpumon.sources.snapshots import SnapshotResult
 
 REPEAT_SECONDS = 6 * 3600.0

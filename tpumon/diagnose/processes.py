@@ -28,9 +28,9 @@ from dataclasses import dataclass, replace
 from typing import Collection, Iterable, Mapping
 
 from tpumon.detect import Assessment, Verdict
-from tpumon.detect.counts import (Cause, CountSettings, CountTracker, CountTrend, diagnose,
-                                  host_memory_cause)
-from tpumon.known_issues import known_issue
+from tpumon.diagnose.counts import (Cause, CountSettings, CountTracker, CountTrend, diagnose,
+                                    host_memory_cause)
+from tpumon.diagnose.known_issues import known_issue
 from tpumon.sources.reports import ProcessReport, ReporterReading
 
 log = logging.getLogger("tpumon.processes")

@@ -11,7 +11,7 @@ carries the identity labels (host, worker, accelerator_type, slice): pod-wide ru
 dashboards group by them without joins. docs/metrics.md lists every metric.
 
 A label value that a process wrote (its name, a reporter's framework, a tensor group's
-dtype and device) goes through :func:`~tpumon.untrusted_text.for_label`: the text format
+dtype and device) goes through :func:`~tpumon.common.untrusted_text.for_label`: the text format
 escapes newlines and quotes, not the escape sequences a terminal running curl obeys.
 """
 
@@ -28,16 +28,16 @@ from prometheus_client.registry import Collector
 
 from tpumon import __version__, package_version
 from tpumon.detect import Verdict
-from tpumon.exporters.job_end_metrics import job_end_metrics
-from tpumon.exporters.pod_labels import PodLabels
-from tpumon.exporters.replay_metrics import replay_metrics
-from tpumon.exporters.runtime_families import RuntimeMetricsCollector
-from tpumon.identity import LABELS
+from tpumon.metrics.job_end_families import job_end_metrics
+from tpumon.metrics.pod_labels import PodLabels
+from tpumon.metrics.replay_families import replay_metrics
+from tpumon.metrics.runtime_families import RuntimeMetricsCollector
+from tpumon.common.identity import LABELS
 from tpumon.notify.health import FAILURE_REASONS, GIVE_UP_REASONS, NotifierHealth
 from tpumon.notify.settings import AlertSettings
 from tpumon.state import PollState
 from tpumon.store.writer import StoreHealth
-from tpumon.untrusted_text import for_label
+from tpumon.common.untrusted_text import for_label
 
 IDENTITY = list(LABELS)
 
@@ -440,7 +440,7 @@ def _tensor_growth_metrics(snap: PollState, ident: list[str]) -> Iterator[Metric
 
 
 class JobEndCollector(_PollCollector):
-    """Training jobs' ends (tpumon.job_ends)."""
+    """Training jobs' ends (tpumon.diagnose.job_ends)."""
 
     def families(self, snap: PollState, ident: list[str]) -> Iterator[Metric]:
         return job_end_metrics(snap, ident)

@@ -1,4 +1,4 @@
-"""Metrics of training jobs' ends (tpumon.job_ends): how many, of what, and the last one.
+"""Metrics of training jobs' ends (tpumon.diagnose.job_ends): how many, of what, and the last one.
 
 Every cause is exported from the start at 0, so that ``increase()`` in an alert rule sees
 the first end of a kind (a series born at 1 has no increase to see).
@@ -10,8 +10,8 @@ from typing import Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from tpumon.identity import LABELS
-from tpumon.job_ends import CAUSES
+from tpumon.common.identity import LABELS
+from tpumon.diagnose.job_ends import CAUSES
 from tpumon.state import PollState
 
 

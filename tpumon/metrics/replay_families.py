@@ -14,7 +14,7 @@ from typing import Iterator
 
 from prometheus_client.core import GaugeMetricFamily
 
-from tpumon.identity import LABELS
+from tpumon.common.identity import LABELS
 from tpumon.state import PollState
 
 IDENTITY = list(LABELS)

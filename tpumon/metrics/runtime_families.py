@@ -1,6 +1,6 @@
 """The runtime's other metrics as Prometheus families, from the published poll state.
 
-A collector beside the per-subsystem ones in :mod:`tpumon.exporters.prometheus`: one family per
+A collector beside the per-subsystem ones in :mod:`tpumon.metrics.collectors`: one family per
 entry of :data:`~tpumon.sources.runtime_catalog.CATALOG`, gauges as gauges and the
 runtime's cumulative distributions as histograms (its own bucket bounds, in the base unit;
 percentiles with ``histogram_quantile``), every series with the identity labels. Only the
@@ -9,7 +9,7 @@ families rather than empty ones.
 
 The label values a runtime sends (buffer sizes, core types, the metric names it lists)
 are whatever serves the port, a local user's server between jobs included: they go
-through :func:`~tpumon.untrusted_text.for_label`.
+through :func:`~tpumon.common.untrusted_text.for_label`.
 """
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Met
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from tpumon.identity import LABELS
-from tpumon.samples import Distribution
+from tpumon.common.identity import LABELS
+from tpumon.common.samples import Distribution
 from tpumon.sources.runtime_catalog import BY_RUNTIME_NAME, CATALOG
 from tpumon.sources.tpu_runtime import METRICS
 from tpumon.state import PollState
-from tpumon.untrusted_text import for_label
+from tpumon.common.untrusted_text import for_label
 
 IDENTITY = list(LABELS)
 

@@ -26,8 +26,8 @@ from tpumon.detect.jumps import Jump
 from tpumon.detect.pooling import pool_job
 from tpumon.detect.replay import group_jobs, replay_pooling
 from tpumon.store.database import StoredEnd
-from tpumon.trace_spill import Keep
-from tpumon.trace import SeriesColumns, SeriesSource, TraceRow
+from tpumon.trace.spill import Keep
+from tpumon.trace.read import SeriesColumns, SeriesSource, TraceRow
 
 #: Bins of the raw-sample envelope: at most about one per pixel of the PNG's plot width,
 #: and at least SAMPLES_PER_BIN samples to a bin on average (a bin of one sample is a line

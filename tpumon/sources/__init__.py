@@ -1,4 +1,4 @@
-"""Data sources: each polls one thing and returns plain samples (see tpumon.samples).
+"""Data sources: each polls one thing and returns plain samples (see tpumon.common.samples).
 
 One source per module, like node_exporter's collectors: ``tpu_runtime`` (libtpu's runtime
 metric service over gRPC), ``chips`` (which TPU chips this VM has and who owns them),

@@ -4,7 +4,7 @@ The reporter sends an uncaught exception (type, message, the innermost frame of 
 user's code, the traceback), the interpreter's exit, and the traceback faulthandler wrote
 on a fatal signal. Every byte of it comes from another process: sizes are capped, control
 characters other than newline and tab are stripped here, and each sink escapes what it
-shows (tpumon.untrusted_text). Nothing here raises on any input: a message that is not
+shows (tpumon.common.untrusted_text). Nothing here raises on any input: a message that is not
 last words is ``None``.
 
 XLA's out-of-memory errors are parsed into fields (:class:`OutOfMemory`), from the
@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from tpumon.instrument.protocol import FATAL_HEADER, LAST_WORDS_HEADER
-from tpumon.units import format_bytes
+from tpumon.common.units import format_bytes
 
 TEXT_CHARS = 16384  # an exception's message kept (the OOM report's table included)
 TRACEBACK_CHARS = 8192  # the traceback kept, its innermost end

@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass, field
 
 from tpumon.instrument.snapshot import Snapshot, TensorGroup, short_dtype
-from tpumon.units import format_bytes
+from tpumon.common.units import format_bytes
 
 Key = tuple[tuple[int, ...], str, str]
 

@@ -32,8 +32,8 @@ from itertools import groupby
 from pathlib import Path
 from typing import Iterable, Iterator, NamedTuple
 
-from tpumon.private_paths import create_no_follow
-from tpumon.samples import Sample
+from tpumon.common.private_paths import create_no_follow
+from tpumon.common.samples import Sample
 
 log = logging.getLogger("tpumon.store")
 

@@ -12,7 +12,7 @@ import math
 from typing import Collection, Iterator
 
 from tpumon.store.database import HistoryDB, StoredEnd
-from tpumon.trace import TraceRow
+from tpumon.trace.read import TraceRow
 
 
 def export_rows(db: HistoryDB, since: float = -math.inf, until: float = math.inf,

@@ -28,7 +28,7 @@ from typing import Any, Mapping
 from tpumon.store.checkpoint import fingerprint
 from tpumon.store.database import (Checkpoint, HistoryDB, Retention, StoredEnd, database_path,
                                    is_corruption, move_aside, open_database)
-from tpumon.samples import Sample
+from tpumon.common.samples import Sample
 
 log = logging.getLogger("tpumon.store")
 

@@ -3,7 +3,7 @@
 Pods of hundreds of chips over days make traces of 10^8-10^9 samples, so the file is parsed
 by pyarrow's multithreaded C++ readers (CSV, JSON Lines, Parquet) and checked with vectorized
 tests, never row by row in Python. The contract (docs: shared spec, contracts section 1) is
-still decided by :mod:`tpumon.trace`'s validating parser: a CSV or JSON Lines file that
+still decided by :mod:`tpumon.trace.read`'s validating parser: a CSV or JSON Lines file that
 pyarrow cannot read as is, or that holds any value the vectorized checks would not take
 (a name with spaces around it, a time going back, a non-finite time, ...), is read again by
 that parser, which accepts it the same way or stops at the first bad line with its number.
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, NamedTuple, TypeVar
 
 import numpy as np
 
-from tpumon.trace_schema import MAX_LINE_CHARS, REQUIRED, STEP_LIMIT, SeriesColumns
+from tpumon.trace.schema import MAX_LINE_CHARS, REQUIRED, STEP_LIMIT, SeriesColumns
 
 if TYPE_CHECKING:
     import queue

@@ -6,7 +6,7 @@ the same keys. Traces of long runs hold millions of rows, so read_trace and
 the writer stream (nothing held but one row and the last time of each
 (host, chip) series); read_trace_columns (``report``) parses in one pass
 straight into numpy arrays per series, and spill_trace (``analyze``) does the
-same a table at a time into a temporary file (tpumon.trace_spill), so that a
+same a table at a time into a temporary file (tpumon.trace.spill), so that a
 trace of any length is read in bounded memory. The CSV row parser has a fast
 path for the common row; see bench/trace_read.py.
 
@@ -29,13 +29,13 @@ from itertools import chain
 from operator import itemgetter
 from typing import IO, TYPE_CHECKING, Any, Union
 
-from tpumon.trace_schema import (COLUMNS, INT_LIMIT, MAX_LINE_CHARS, REQUIRED, STEP_LIMIT,
+from tpumon.trace.schema import (COLUMNS, INT_LIMIT, MAX_LINE_CHARS, REQUIRED, STEP_LIMIT,
                                  SeriesColumns, SeriesSource, TraceFormatError, TraceRow)
 
 if TYPE_CHECKING:
     import numpy as np  # imported where used: the agent reads no traces
 
-    from tpumon.trace_spill import Spill
+    from tpumon.trace.spill import Spill
 
 __all__ = ["TraceRow", "TraceFormatError", "SeriesColumns", "SeriesSource", "read_trace",
            "read_trace_columns", "spill_trace", "write_trace", "COLUMNS"]
@@ -78,7 +78,7 @@ def read_trace(path: PathOrFile, *, format: str | None = None) -> Iterator[Trace
 def _parquet_rows(path: PathOrFile) -> Iterator[TraceRow]:
     """The rows of a Parquet trace in file order, checked as a whole first (the format is
     read in columns; there is no line to name)."""
-    from tpumon import trace_columns
+    from tpumon.trace import arrow as trace_columns
 
     name = _stream_name(path)
     if not isinstance(path, (str, os.PathLike)) or name == "-":
@@ -102,11 +102,11 @@ def read_trace_columns(path: PathOrFile, *,
     Same arguments, same validation and same errors as :func:`read_trace`, and Parquet
     (``.parquet``) too. The dict is in order of first appearance, and a series' arrays hold
     its rows in file order, a missing step as NaN. Files are parsed by pyarrow
-    (:mod:`tpumon.trace_columns`); a CSV or JSON Lines file it does not take as is (and
+    (:mod:`tpumon.trace.arrow`); a CSV or JSON Lines file it does not take as is (and
     stdin, and open text files) goes through the validating parser that :func:`read_trace`
     uses, which accepts the same files and names the line of the first bad value.
     """
-    from tpumon import trace_columns
+    from tpumon.trace import arrow as trace_columns
 
     if isinstance(path, (str, os.PathLike)) and os.fspath(path) != "-" and \
             _rereadable(os.fspath(path)):
@@ -133,7 +133,7 @@ def spill_trace(path: PathOrFile, spill: Spill, *, format: str | None = None,
     as it is added. A file that pyarrow does not take as is, stdin and open text files are
     read whole by the validating parser, as there (their memory is not bounded).
     """
-    from tpumon import trace_columns, trace_spill
+    from tpumon.trace import arrow as trace_columns, spill as trace_spill
 
     name = _stream_name(path)
     spill.start_file()
@@ -160,7 +160,7 @@ def spill_trace(path: PathOrFile, spill: Spill, *, format: str | None = None,
 
 def _spill_tables(name: str, fmt: str, spill: Spill, read: Callable[[int], None] | None) -> None:
     """:func:`spill_trace` of a file that pyarrow reads (NeedsStrictParser if not)."""
-    from tpumon import trace_columns, trace_spill
+    from tpumon.trace import arrow as trace_columns, spill as trace_spill
 
     first_row = 0
     with trace_columns.small_pages():
@@ -671,7 +671,7 @@ def write_trace(rows: Iterable[TraceRow], path_or_file: PathOrFile, format: str 
     if format == "parquet":
         if not isinstance(path_or_file, (str, os.PathLike)) or path_or_file == "-":
             raise ValueError("Parquet is written to a file, not to a stream")
-        from tpumon.trace_columns import write_parquet
+        from tpumon.trace.arrow import write_parquet
         return write_parquet(_batched(rows, _BATCH_ROWS), os.fspath(path_or_file))
     write = _write_csv if format == "csv" else _write_jsonl
     if path_or_file == "-":

@@ -1,7 +1,7 @@
 """What a trace is (the public contract of shared spec, contracts section 1): its columns
 and limits, one row, one series as arrays, and the error that names a bad line. A leaf,
-shared by the row reader and writer (tpumon.trace), the column readers
-(tpumon.trace_columns) and the spill file (tpumon.trace_spill), none of which it imports."""
+shared by the row reader and writer (tpumon.trace.read), the column readers
+(tpumon.trace.arrow) and the spill file (tpumon.trace.spill), none of which it imports."""
 
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ class SeriesColumns(NamedTuple):
 
     @property
     def samples(self) -> int:
-        """Rows of the series (as :class:`tpumon.trace_spill.SpilledSeries` says)."""
+        """Rows of the series (as :class:`tpumon.trace.spill.SpilledSeries` says)."""
         return len(self.times)
 
     def load(self) -> SeriesColumns:
@@ -77,7 +77,7 @@ class SeriesColumns(NamedTuple):
 
 class SeriesSource(Protocol):
     """A series as the replay takes it: in memory (SeriesColumns) or in a spill file
-    (:class:`tpumon.trace_spill.SpilledSeries`), its arrays read when replayed."""
+    (:class:`tpumon.trace.spill.SpilledSeries`), its arrays read when replayed."""
 
     @property
     def samples(self) -> int: ...

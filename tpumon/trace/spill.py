@@ -5,7 +5,7 @@ evidence is pooled), but a trace's rows come interleaved: every poll writes one 
 chip, so the last row of any series may be the file's last. Holding every series in memory
 made ``analyze``'s peak RSS grow with the trace (1.26 GB for 8.2M rows; a day of a
 1,024-chip pod is 88M). So the trace is read in tables of a bounded size
-(:func:`tpumon.trace_columns.read_tables`), each table's rows are grouped by series and
+(:func:`tpumon.trace.arrow.read_tables`), each table's rows are grouped by series and
 appended to one temporary file (:class:`Spill`), and a series is read back whole only when
 its replay needs it (:meth:`SpilledSeries.load`), then dropped. Memory is one table being
 read, or one series being replayed per process, plus the detectors' state; disk is 32 bytes
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from tpumon.trace_schema import SeriesColumns
+    from tpumon.trace.schema import SeriesColumns
 
 #: The dtypes of a series' columns as spilled and loaded: those of SeriesColumns.
 _DTYPES = (np.float64, np.float64, np.int64, np.int64)
@@ -47,7 +47,7 @@ class TimeWentBack(Exception):
 
 class SpilledSeries:
     """One series in a spill file: its chunks (offset, rows: the four columns one after
-    the other), read back as :class:`tpumon.trace.SeriesColumns` by :meth:`load`. Loads
+    the other), read back as :class:`tpumon.trace.read.SeriesColumns` by :meth:`load`. Loads
     open the file anew, so forked replay workers read their own series without sharing
     a file position."""
 
@@ -61,7 +61,7 @@ class SpilledSeries:
 
     def load(self) -> SeriesColumns:
         """The series' columns, in file order."""
-        from tpumon.trace_schema import SeriesColumns
+        from tpumon.trace.schema import SeriesColumns
 
         columns = [np.empty(self.samples, dtype) for dtype in _DTYPES]
         at = 0

@@ -30,18 +30,18 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import ThreadingWSGIServer
 
 from tpumon import __version__
-from tpumon.config import parse_listen_address
-from tpumon.exporters import snapshot_api
-from tpumon.exporters.connections import (HEAD_END, MAX_BODY_BYTES, MAX_HEAD_BYTES,
-                                          REQUEST_SECONDS, Connections, client_gone,
-                                          receive_until)
-from tpumon.exporters.exposition import metrics_app as exposition_app
-from tpumon.exporters.report_page import Answer
-from tpumon.exporters.webconfig import LiveWebConfig, protect
+from tpumon.common.config import parse_listen_address
+from tpumon.web import snapshot_api
+from tpumon.web.connections import (HEAD_END, MAX_BODY_BYTES, MAX_HEAD_BYTES,
+                                    REQUEST_SECONDS, Connections, client_gone,
+                                    receive_until)
+from tpumon.metrics.exposition import metrics_app as exposition_app
+from tpumon.web.report_page import Answer
+from tpumon.web.webconfig.live import LiveWebConfig, protect
 from tpumon.state import PollState
-from tpumon.describe import describe_growth, oom_cell
-from tpumon.units import format_bytes
-from tpumon.status import NO_READERS, Readers, status_document
+from tpumon.common.describe import describe_growth, oom_cell
+from tpumon.common.units import format_bytes
+from tpumon.web.status import NO_READERS, Readers, status_document
 
 if TYPE_CHECKING:
     import jinja2
@@ -121,7 +121,7 @@ def _templates() -> jinja2.Environment:
     scraped for /metrics never needs (docs/benchmarks.md)."""
     import jinja2
 
-    return jinja2.Environment(loader=jinja2.PackageLoader("tpumon.exporters", "templates"),
+    return jinja2.Environment(loader=jinja2.PackageLoader("tpumon.web", "templates"),
                               autoescape=True, undefined=jinja2.StrictUndefined)
 
 

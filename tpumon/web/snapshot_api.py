@@ -12,7 +12,7 @@ import ipaddress
 from typing import Any, Callable, Mapping
 from urllib.parse import parse_qs
 
-from tpumon.leak_snapshots import snapshot_steps
+from tpumon.diagnose.leak_snapshots import snapshot_steps
 from tpumon.sources.snapshots import SnapshotResult
 from tpumon.state import PollState
 

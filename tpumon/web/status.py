@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from tpumon import __version__
-from tpumon.describe import time_to_oom
-from tpumon.detect.counts import Cause
-from tpumon.job_ends import JobEnd
-from tpumon.processes import ProcessState
+from tpumon.common.describe import time_to_oom
+from tpumon.diagnose.counts import Cause
+from tpumon.diagnose.job_ends import JobEnd
+from tpumon.diagnose.processes import ProcessState
 from tpumon.notify.health import NotifierHealth
 from tpumon.state import PollState
 from tpumon.store.writer import StoreHealth

@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping
 
-from tpumon.config import ConfigError
+from tpumon.common.config import ConfigError
 
 if TYPE_CHECKING:
-    from tpumon.exporters.webconfig_schema import WebConfigFile
+    from tpumon.web.webconfig.schema import WebConfigFile
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,7 @@ def load_web_config(path: str | os.PathLike[str]) -> WebConfig:
                           f"{exc.strerror or exc}") from None
     except UnicodeDecodeError:
         raise ConfigError(f"{where}: not UTF-8 text") from None
-    from tpumon.exporters.strict_yaml import YAMLError, load_strict  # only with a file
+    from tpumon.web.webconfig.strict_yaml import YAMLError, load_strict  # only with a file
 
     try:
         data = load_strict(text)
@@ -82,7 +82,7 @@ def load_web_config(path: str | os.PathLike[str]) -> WebConfig:
     # (about 100 ms of start-up and 7 MiB)
     from pydantic import ValidationError
 
-    from tpumon.exporters.webconfig_schema import WebConfigFile, problem
+    from tpumon.web.webconfig.schema import WebConfigFile, problem
     try:
         parsed = WebConfigFile.model_validate({} if data is None else data)
     except ValidationError as exc:

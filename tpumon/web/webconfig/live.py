@@ -48,10 +48,10 @@ from collections import OrderedDict, deque
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
-from tpumon.config import ConfigError
-from tpumon.exporters.webconfig_file import TLSSettings, WebConfig, load_web_config
-from tpumon.exporters.webconfig_terms import (CIPHERS_TLS12, CIPHERS_TLS13, CLIENT_AUTH,
-                                              TLS_VERSIONS)
+from tpumon.common.config import ConfigError
+from tpumon.web.webconfig.file import TLSSettings, WebConfig, load_web_config
+from tpumon.web.webconfig.terms import (CIPHERS_TLS12, CIPHERS_TLS13, CLIENT_AUTH,
+                                        TLS_VERSIONS)
 
 __all__ = ["CIPHERS_TLS12", "CIPHERS_TLS13", "BasicAuth", "LiveWebConfig", "WebConfig",
            "build_ssl_context", "load_web_config", "protect"]

@@ -13,10 +13,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 from pydantic_core import ErrorDetails
 
-from tpumon.exporters.webconfig_terms import (BCRYPT_HASH, CIPHERS_TLS12, CIPHERS_TLS13,
-                                              CLIENT_AUTH, HEADERS, NEWER_KEYS,
-                                              OLD_TLS_VERSIONS, TLS_VERSIONS,
-                                              UNSUPPORTED_CLIENT_AUTH)
+from tpumon.web.webconfig.terms import (BCRYPT_HASH, CIPHERS_TLS12, CIPHERS_TLS13,
+                                        CLIENT_AUTH, HEADERS, NEWER_KEYS,
+                                        OLD_TLS_VERSIONS, TLS_VERSIONS,
+                                        UNSUPPORTED_CLIENT_AUTH)
 
 TLS = "tls_server_config."
 
