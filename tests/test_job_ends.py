@@ -223,7 +223,8 @@ def test_a_process_killed_under_a_cgroup_memory_limit_is_a_host_oom():
 def test_the_hour_before_an_end_is_kept_whatever_the_retention(tmp_path):
     """The end's evidence is copied when it is seen: raw samples rolling up into minutes a
     day later (here: an hour) do not thin it, and `tpumon export --around-end` gives it."""
-    from tpumon.store.database import KEPT_ENDS, HistoryDB, Retention, StoredEnd, database_path
+    from tpumon.common.samples import StoredEnd
+    from tpumon.store.database import KEPT_ENDS, HistoryDB, Retention, database_path
     from tpumon.common.samples import Sample
 
     retention = Retention(raw_seconds=3600, minute_seconds=30 * 86400)
@@ -284,7 +285,8 @@ def test_export_around_an_end_where_none_was_kept_is_one_error_line(tmp_path):
 def test_tpumon_report_marks_a_kept_end_on_its_timeline(tmp_path):
     """`tpumon report --state-dir` draws each kept end on its host's panels (a dash-dot
     line labelled with the cause) and names it under the page's headline."""
-    from tpumon.store.database import HistoryDB, Retention, StoredEnd, database_path
+    from tpumon.common.samples import StoredEnd
+    from tpumon.store.database import HistoryDB, Retention, database_path
     from tpumon.common.samples import Sample
 
     db = HistoryDB(database_path(tmp_path), Retention())

@@ -38,7 +38,7 @@ from tpumon.diagnose.processes import (ChipClaims, ProcessState, ProcessTracker,
 from tpumon.sources.reports import ReporterSocket
 from tpumon.state import AgentState, PollState
 from tpumon.store.checkpoint import dump_detector
-from tpumon.store.database import StoredEnd
+from tpumon.common.samples import StoredEnd
 from tpumon.common.samples import Sample
 from tpumon.store.writer import PollRecord, StoreWriter
 from tpumon.common.units import utc

@@ -123,3 +123,16 @@ class Sample(NamedTuple):
     step: int | None
     used: int
     total: int
+
+
+class StoredEnd(NamedTuple):
+    """A job's end as the history store keeps it with its evidence (diagnose/job_ends.py makes
+    it, the store, the agent and ``tpumon report`` read it)."""
+
+    id: int
+    host: str
+    time: float
+    cause: str
+    pid: int | None
+    step: int | None
+    summary: str

@@ -41,7 +41,7 @@ from tpumon.common.samples import HostSample, RuntimeReading
 from tpumon.sources.chips import start_time
 from tpumon.sources.kernel_log import OomKill
 from tpumon.sources.reports import pid_alive
-from tpumon.store.database import StoredEnd
+from tpumon.common.samples import StoredEnd
 from tpumon.common.units import clock
 
 CAUSES = ("hbm_oom", "host_oom", "exited", "unknown")

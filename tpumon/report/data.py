@@ -25,7 +25,7 @@ from tpumon.detect.floors import group_by_bucket
 from tpumon.detect.jumps import Jump
 from tpumon.detect.pooling import pool_job
 from tpumon.detect.replay import group_jobs, replay_pooling
-from tpumon.store.database import StoredEnd
+from tpumon.common.samples import StoredEnd
 from tpumon.trace.spill import Keep
 from tpumon.trace.read import SeriesColumns, SeriesSource, TraceRow
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 import math
 from typing import Collection, Iterator
 
-from tpumon.store.database import HistoryDB, StoredEnd
+from tpumon.common.samples import StoredEnd
+from tpumon.store.database import HistoryDB
 from tpumon.trace.read import TraceRow
 
 

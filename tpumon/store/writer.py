@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from tpumon.store.checkpoint import fingerprint
-from tpumon.store.database import (Checkpoint, HistoryDB, Retention, StoredEnd, database_path,
+from tpumon.store.database import (Checkpoint, HistoryDB, Retention, database_path,
                                    is_corruption, move_aside, open_database)
-from tpumon.common.samples import Sample
+from tpumon.common.samples import Sample, StoredEnd
 
 log = logging.getLogger("tpumon.store")
 
