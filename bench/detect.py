@@ -44,7 +44,8 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from tpumon.sim.tracegen import generate_trace
 from tpumon.sim.workload import V4_HBM_TOTAL_BYTES, Job, Scenario, Workload
-from tpumon.trace.read import TraceRow, write_trace
+from tpumon.trace.schema import TraceRow
+from tpumon.trace.write import write_trace
 
 HOUR = 3600.0
 START_TIME = 1750000000.0

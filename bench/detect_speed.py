@@ -174,7 +174,7 @@ DETECT_MODULES = ("robust", "jumps", "floors", "detector", "replay")
 
 def load_baseline(ref: str) -> types.ModuleType:
     """tpumon/detect/ at git revision ``ref`` as a package of its own (reading traces with
-    today's tpumon.trace.read); returns its replay module."""
+    today's tpumon.trace); returns its replay module."""
     root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
     package = f"_detect_at_{re.sub(r'[^A-Za-z0-9]', '_', ref)}"
     sys.modules[package] = types.ModuleType(package)

@@ -10,7 +10,7 @@ directory, writes it with write_trace, and times:
   the installed tpumon has it, and its memory (one more run, under tracemalloc).
 
 With ``--baseline-ref REF`` (e.g. HEAD) it also times read_trace of
-tpumon/trace/read.py as it is at that git revision, loaded from ``git show``, so
+tpumon/trace.py as it is at that git revision, loaded from ``git show``, so
 that before and after come from the same process on the same machine.
 
     python bench/trace_read.py [--rows 1000000] [--runs 5] [--format csv|jsonl|both]
@@ -32,7 +32,7 @@ import types
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from tpumon.trace import read as trace  # noqa: E402
+from tpumon import trace  # noqa: E402
 from tpumon.sim.tracegen import generate_trace  # noqa: E402
 
 CHIPS = 4
@@ -49,12 +49,12 @@ def make_trace(directory: str, rows: int, fmt: str) -> tuple[str, int]:
 
 
 def load_baseline(ref: str) -> types.ModuleType:
-    """tpumon/trace/read.py at git revision ``ref``, as a module of its own."""
+    """tpumon/trace.py at git revision ``ref``, as a module of its own."""
     root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-    source = subprocess.run(["git", "-C", root, "show", f"{ref}:tpumon/trace/read.py"],
+    source = subprocess.run(["git", "-C", root, "show", f"{ref}:tpumon/trace.py"],
                             check=True, capture_output=True, text=True).stdout
     module = types.ModuleType(f"trace_at_{ref}")
-    module.__file__ = f"<git {ref}:tpumon/trace/read.py>"
+    module.__file__ = f"<git {ref}:tpumon/trace.py>"
     sys.modules[module.__name__] = module  # dataclasses look their module up
     exec(compile(source, module.__file__, "exec"), module.__dict__)
     return module
@@ -111,7 +111,7 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--format", choices=("csv", "jsonl", "both"), default="csv")
     p.add_argument("--baseline-ref", default=None,
-                   help="also time read_trace of tpumon/trace/read.py at this git revision")
+                   help="also time read_trace of tpumon/trace.py at this git revision")
     args = p.parse_args()
     baseline = load_baseline(args.baseline_ref) if args.baseline_ref else None
     print(f"python {sys.version.split()[0]}, {args.runs} runs each")

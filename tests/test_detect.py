@@ -17,7 +17,7 @@ from tpumon.detect import jumps as level_shifts
 from tpumon.detect.replay import analyze_file, replay_series
 from tpumon.sim.tracegen import generate_trace
 from tpumon.sim.workload import V4_HBM_TOTAL_BYTES, Workload
-from tpumon.trace.read import write_trace
+from tpumon.trace.write import write_trace
 from tpumon.store.checkpoint import dump_detector
 
 T0 = 1750000000.0

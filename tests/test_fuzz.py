@@ -33,8 +33,9 @@ from tpumon.sources.chips import ChipInventory
 from tpumon.sources.tpu_runtime import DUTY_CYCLE, METRICS, TOTAL, USAGE, TpuRuntimeSource
 from tpumon.state import AgentState
 from tpumon.web.status import status_document
-from tpumon.trace.read import COLUMNS, TraceFormatError, TraceRow, read_trace, read_trace_columns, \
-    write_trace
+from tpumon.trace.read import read_trace, read_trace_columns
+from tpumon.trace.schema import COLUMNS, TraceFormatError, TraceRow
+from tpumon.trace.write import write_trace
 
 FUZZ = settings(max_examples=150, deadline=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

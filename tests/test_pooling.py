@@ -14,7 +14,7 @@ from tpumon.detect.pooling import pool_jobs
 from tpumon.detect.replay import replay_columns
 from tpumon.report.data import build_reports
 from tpumon.sim.tracegen import generate_trace
-from tpumon.trace.read import SeriesColumns
+from tpumon.trace.schema import SeriesColumns
 
 HOST = "t1v-n-77aa"
 

@@ -121,7 +121,7 @@ def test_slice_heatmap_rows_by_worker_then_chip_with_gaps_empty():
     import numpy as np
 
     from tpumon.report.slice_heatmap import BINS, heatmap, render_slice_png
-    from tpumon.trace.read import SeriesColumns
+    from tpumon.trace.schema import SeriesColumns
 
     def series(times, used):
         n = len(times)
@@ -189,7 +189,7 @@ def test_slice_heatmap_fills_its_time_axis_at_any_poll_rate():
     import numpy as np
 
     from tpumon.report.slice_heatmap import BINS, heatmap
-    from tpumon.trace.read import SeriesColumns
+    from tpumon.trace.schema import SeriesColumns
 
     rng = np.random.default_rng(0)
     data = {}
@@ -294,7 +294,7 @@ def test_the_post_mortem_reaches_the_agents_verdicts_at_any_scrape_interval(
     from tpumon.trace.prometheus import slice_rows
     from tpumon.report.data import series_from_rows
     from tpumon.report.slice_heatmap import heatmap
-    from tpumon.trace.read import write_trace
+    from tpumon.trace.write import write_trace
 
     url, held = scraped_slices
     first, rows = held[name]

@@ -23,7 +23,8 @@ from tpumon.common.samples import Sample
 from tpumon.store.trace_rows import export_rows
 from tpumon.store.resume import feed, restore_detectors
 from tpumon.store.writer import PollRecord, StoreWriter
-from tpumon.trace.read import read_trace, write_trace
+from tpumon.trace.read import read_trace
+from tpumon.trace.write import write_trace
 
 HOST = "t1v-n-test-w-0"
 

@@ -18,10 +18,12 @@ import threading
 import numpy as np
 import pytest
 
-from tpumon.trace import read as trace
+from tpumon.trace import read as trace_read
+from tpumon.trace import text as trace_text
 from tpumon.sim.tracegen import generate_trace
-from tpumon.trace.read import (MAX_LINE_CHARS, SeriesColumns, TraceFormatError, TraceRow, read_trace,
-                               read_trace_columns, write_trace)
+from tpumon.trace.read import read_trace, read_trace_columns
+from tpumon.trace.schema import MAX_LINE_CHARS, SeriesColumns, TraceFormatError, TraceRow
+from tpumon.trace.write import write_trace
 
 TOTAL = 34088157184
 HEADER = "time,host,chip,step,hbm_used_bytes,hbm_total_bytes\n"
@@ -333,7 +335,7 @@ def test_columns_equal_rows_on_simulated_traces(tmp_path, fmt, scenario, chips, 
 
 
 def test_columns_span_several_batches(tmp_path, monkeypatch):
-    monkeypatch.setattr(trace, "_BATCH_ROWS", 7)
+    monkeypatch.setattr(trace_text, "BATCH_ROWS", 7)
     rows = list(generate_trace("healthy", duration_s=600, chips=3))
     for fmt in ("csv", "jsonl"):
         path = tmp_path / f"t.{fmt}"
@@ -466,7 +468,7 @@ def oracle_csv(text):
     try:
         header = next(r for r in reader if any(f.strip() for f in r))
         index = {c.strip(): i for i, c in reversed(list(enumerate(header)))}
-        positions = [index.get(c) for c in trace.COLUMNS]
+        positions = [index.get(c) for c in trace_text.COLUMNS]
         for fields in reader:
             if not fields or (len(fields) == 1 and not fields[0].strip()):
                 continue
@@ -474,9 +476,9 @@ def oracle_csv(text):
                 return (reader.line_num,
                         f"row has {len(fields)} fields but the header has {len(header)}")
             try:
-                t, host, chip, step, used, total = trace._check_values(
+                t, host, chip, step, used, total = trace_text._check_values(
                     *(None if p is None else fields[p] for p in positions))
-            except trace._FieldError as e:
+            except trace_text._FieldError as e:
                 return (reader.line_num, e.args[0])
             prev = last.get((host, chip))
             if prev is not None and t < prev[0]:
@@ -508,9 +510,9 @@ def oracle_jsonl(text):
         if missing:
             return (line, f"missing required key {', '.join(repr(c) for c in missing)}")
         try:
-            t, host, chip, step, used, total = trace._check_values(
-                *(obj.get(c) for c in trace.COLUMNS))
-        except trace._FieldError as e:
+            t, host, chip, step, used, total = trace_text._check_values(
+                *(obj.get(c) for c in trace_text.COLUMNS))
+        except trace_text._FieldError as e:
             return (line, e.args[0])
         prev = last.get((host, chip))
         if prev is not None and t < prev[0]:
@@ -641,7 +643,7 @@ def test_large_tables_group_on_a_second_thread_with_the_same_results(tmp_path, m
     """A large table's names and sort run beside the numbers' checks, on a helper thread
     (every table here, by lowering the threshold): the same series, and the same error
     where a file holds several, as the row parser's."""
-    from tpumon.trace import arrow as trace_columns
+    from tpumon.trace import columns as trace_columns
 
     threads = []
     groups = trace_columns._series_groups
@@ -757,7 +759,7 @@ def test_files_are_read_by_pyarrow_not_the_row_parser(tmp_path, monkeypatch):
     write_trace(generate_trace("healthy", duration_s=600, poll_interval_s=5, chips=2, seed=3),
                 path)
     expected = read_trace_columns(path)
-    monkeypatch.setattr(trace, "_parsed_columns", lambda *a: pytest.fail("row parser used"))
+    monkeypatch.setattr(trace_read, "_parsed_columns", lambda *a: pytest.fail("row parser used"))
     assert read_trace_columns(path).keys() == expected.keys()
 
 
@@ -767,7 +769,7 @@ def test_jsonl_files_are_read_by_pyarrow_not_the_row_parser(tmp_path, monkeypatc
     rows[3] = dataclasses.replace(rows[3], step=None)
     path = tmp_path / "t.jsonl"
     write_trace(rows, path, format="jsonl")
-    monkeypatch.setattr(trace, "_parsed_columns", lambda *a: pytest.fail("row parser used"))
+    monkeypatch.setattr(trace_read, "_parsed_columns", lambda *a: pytest.fail("row parser used"))
     assert columns_as_series(read_trace_columns(path)) == as_series(rows)
 
 

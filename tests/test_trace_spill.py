@@ -12,7 +12,9 @@ from tpumon.cli import main
 from tpumon.detect import replay
 from tpumon.detect.replay import read_path, replay_columns, spilled_path
 from tpumon.sim.tracegen import generate_trace
-from tpumon.trace.read import TraceFormatError, read_trace_columns, write_trace
+from tpumon.trace.read import read_trace_columns
+from tpumon.trace.schema import TraceFormatError
+from tpumon.trace.write import write_trace
 
 SLICE = "t1v-n-5f0c1a2b"
 

@@ -19,7 +19,7 @@ from tpumon.cli.prometheus_source import (check_prometheus_options, prometheus_o
                                           prometheus_rows)
 from tpumon.detect import describe_growth
 from tpumon.detect.replay import SeriesResult, describe_forecast, replay_columns, usable_cores
-from tpumon.trace.read import SeriesSource, TraceFormatError
+from tpumon.trace.schema import SeriesSource, TraceFormatError
 
 #: Widest host name shown: the table fits 80 columns with every other column full.
 HOST_WIDTH = 18

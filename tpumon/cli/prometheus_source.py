@@ -10,7 +10,7 @@ import click
 
 from tpumon.cli.progress import bars
 from tpumon.cli.timespec import parse_when
-from tpumon.trace.read import TraceRow
+from tpumon.trace.schema import TraceRow
 
 DEFAULT_SINCE = "24h"
 

@@ -20,7 +20,7 @@ from tpumon.cli.progress import bars
 from tpumon.cli.trace_input import spilled
 from tpumon.cli.prometheus_source import (check_prometheus_options, prometheus_options,
                                           prometheus_rows)
-from tpumon.trace.read import SeriesColumns, SeriesSource, TraceFormatError
+from tpumon.trace.schema import SeriesColumns, SeriesSource, TraceFormatError
 from tpumon.trace.spill import Keep
 
 

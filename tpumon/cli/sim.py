@@ -169,7 +169,7 @@ def _write_trace(scenario: str, path: str, duration_s: float, poll_interval: flo
     """Write the trace beside ``path`` and rename it over it once complete, so a failure
     half-way never leaves a truncated file where an older trace was."""
     from tpumon.sim.tracegen import generate_trace
-    from tpumon.trace.read import write_trace
+    from tpumon.trace.write import write_trace
 
     rows = generate_trace(scenario, duration_s=duration_s, poll_interval_s=poll_interval,
                           chips=chips, seed=seed, hbm_total_bytes=total,

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from rich.progress import Progress
 
 from tpumon.detect.replay import spilled_path, trace_files
-from tpumon.trace.read import SeriesSource
+from tpumon.trace.schema import SeriesSource
 from tpumon.trace.spill import Keep
 
 

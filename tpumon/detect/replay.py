@@ -25,8 +25,8 @@ from tpumon.detect.detector import (Assessment, ChipDetector, DetectorSettings, 
                                     leak_alert)
 from tpumon.detect.pooling import JobPool, pool_job
 from tpumon.trace.spill import Keep, Spill, SpilledSeries
-from tpumon.trace.read import (SeriesColumns, SeriesSource, TraceFormatError, read_trace_columns,
-                               spill_trace)
+from tpumon.trace.read import read_trace_columns, spill_trace
+from tpumon.trace.schema import SeriesColumns, SeriesSource, TraceFormatError
 
 
 def _opt(value: float | None, digits: int | None = None) -> float | int | None:

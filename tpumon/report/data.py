@@ -27,7 +27,7 @@ from tpumon.detect.pooling import pool_job
 from tpumon.detect.replay import group_jobs, replay_pooling
 from tpumon.common.samples import StoredEnd
 from tpumon.trace.spill import Keep
-from tpumon.trace.read import SeriesColumns, SeriesSource, TraceRow
+from tpumon.trace.schema import SeriesColumns, SeriesSource, TraceRow
 
 #: Bins of the raw-sample envelope: at most about one per pixel of the PNG's plot width,
 #: and at least SAMPLES_PER_BIN samples to a bin on average (a bin of one sample is a line

@@ -14,7 +14,7 @@ import random
 from collections.abc import Iterator
 
 from tpumon.sim.workload import V4_HBM_TOTAL_BYTES, Scenario, Workload
-from tpumon.trace.read import TraceRow
+from tpumon.trace.schema import TraceRow
 
 __all__ = ["generate_trace"]
 

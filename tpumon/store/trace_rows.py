@@ -13,7 +13,7 @@ from typing import Collection, Iterator
 
 from tpumon.common.samples import StoredEnd
 from tpumon.store.database import HistoryDB
-from tpumon.trace.read import TraceRow
+from tpumon.trace.schema import TraceRow
 
 
 def export_rows(db: HistoryDB, since: float = -math.inf, until: float = math.inf,

@@ -28,7 +28,7 @@ import urllib.request
 from collections import defaultdict
 from typing import Any, Callable, Iterator
 
-from tpumon.trace.read import TraceRow
+from tpumon.trace.schema import TraceRow
 
 MAX_POINTS = 11_000   # Prometheus refuses a range query with more points per series
 CHUNK_POINTS = 10_000  # what this asks for at most, with room to spare

@@ -1,15 +1,22 @@
 """What a trace is (the public contract of shared spec, contracts section 1): its columns
 and limits, one row, one series as arrays, and the error that names a bad line. A leaf,
-shared by the row reader and writer (tpumon.trace.read), the column readers
-(tpumon.trace.arrow) and the spill file (tpumon.trace.spill), none of which it imports."""
+shared by the readers (tpumon.trace.read, .text, .arrow), the writer (tpumon.trace.write)
+and the spill file (tpumon.trace.spill), none of which it imports."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+import os
+from typing import IO, TYPE_CHECKING, Any, NamedTuple, Protocol, Union
 
 if TYPE_CHECKING:
     import numpy as np  # imported where used: the agent reads no traces
+
+#: The formats a trace may have; a file's name tells which unless the caller says.
+FORMATS = ("csv", "jsonl", "parquet")
+
+#: A file name, ``-`` for stdin or stdout, or an open text file.
+PathOrFile = Union[str, "os.PathLike[str]", IO[str]]
 
 #: Column order used when writing; readers must not depend on it.
 COLUMNS = ("time", "host", "chip", "step", "hbm_used_bytes", "hbm_total_bytes")
