@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 ON_DEMAND = ("jinja2", "yaml", "bcrypt", "tpumon.sim.server", "tpumon.sim.workload",
+             "tpumon.sim.scenarios",
              "tpumon.sim.pod", "importlib.metadata", "statistics", "tomli_w", "difflib",
              "tpumon.notify.notifier", "tpumon.notify.outbox", "tpumon.notify.post",
              "tpumon.notify.slack", "tpumon.notify.pagerduty")
