@@ -1,4 +1,4 @@
-"""The web configuration format as a schema (webconfig_schema.py): each kind of mistake is
+"""The web configuration format as a schema (web/webconfig/schema.py): each kind of mistake is
 one line naming the key, never echoing a value that may be a password (the files that
 promtool also rejects, and the TLS ones, are in test_webconfig.py)."""
 

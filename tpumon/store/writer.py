@@ -44,7 +44,7 @@ class PollRecord:
     host: str
     samples: tuple[tuple[str, Sample], ...]
     checkpoints: Mapping[str, bytes] = field(default_factory=dict)
-    ends: tuple[StoredEnd, ...] = ()  # jobs that ended: their evidence is kept (job_ends.py)
+    ends: tuple[StoredEnd, ...] = ()  # jobs that ended, kept with their evidence (job ends)
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ and /-/healthy for probes, served by prometheus-client's threading WSGI server.
 Scrapes run on their own threads and only read the published poll state, so a slow
 scraper can never delay a poll, and a poll in progress never delays a scrape.
 
-With a web configuration file (exporter.web_config_file, see webconfig.py) the endpoint
+With a web configuration file (exporter.web_config_file, see webconfig/live.py) the endpoint
 speaks TLS, optionally asks for client certificates, and requires basic auth on every
 path. The TLS handshake runs on the connection's own thread, not in accept(), so a client
 that connects and sends nothing cannot stall the others.

@@ -1,7 +1,7 @@
 """The web configuration file (the exporter-toolkit's format, as Prometheus 2.42's promtool
-checks it): read, checked against its schema (``webconfig_schema.py``: pydantic models
+checks it): read, checked against its schema (``schema.py``: pydantic models
 that forbid unknown keys and check types and values), and turned into the settings
-``webconfig.py`` builds the TLS context and serves with. The first problem is one
+``live.py`` builds the TLS context and serves with. The first problem is one
 ConfigError line naming the file and the key.
 
 What Python's ssl module cannot honour is refused here, with the reason, rather than

@@ -18,7 +18,7 @@ Supported, with the exporter-toolkit's meaning and defaults::
     basic_auth_users:                  # user: bcrypt hash
       alice: $2y$10$...
 
-The format itself is declared in webconfig_file.py (a pydantic schema). Rejected with one
+The format itself is declared in file.py and schema.py (a pydantic schema). Rejected with one
 line naming the file and the key: unknown keys (and duplicates), what
 Python's ssl module cannot do (RequestClientCert and RequireAnyClientCert, which ask for a
 client certificate without verifying it; TLS10 and TLS11; curve_preferences), keys of newer

@@ -1,7 +1,7 @@
 """The web configuration file's format as a schema: pydantic models that forbid unknown
 keys, check types strictly and say what is wrong with a value, instead of hand-written
 walks over the YAML; and ``problem``, which words pydantic's error as tpumon's one line.
-Imported only when a web configuration file is loaded (``webconfig_file.py``).
+Imported only when a web configuration file is loaded (``file.py``).
 """
 
 from __future__ import annotations
