@@ -833,7 +833,7 @@ class ChipDetector:
                 return _Said(*not_yet, fit_only if not_yet[1] == _PENDING else common)
             job.leaking = True
         # the reason gives the assessment's own figures (its slope, its forecast), as every
-        # view that shows them beside it does (tpumon.common.describe)
+        # view that shows them beside it does (tpumon.describe)
         per = describe_growth(common.get("slope_bytes_per_step"),
                               common["slope_bytes_per_second"] * 3600)
         growth = stairs.describe() if stairs else f"floor grows {per}"
