@@ -52,7 +52,7 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)
 
 from tpumon.sim.tracegen import generate_trace  # noqa: E402
-from tpumon.trace_columns import arrow_schema  # noqa: E402
+from tpumon.trace.arrow import arrow_schema  # noqa: E402
 
 CHIPS = 4
 POLL_S = 5.0

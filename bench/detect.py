@@ -44,7 +44,8 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from tpumon.sim.tracegen import generate_trace
 from tpumon.sim.workload import V4_HBM_TOTAL_BYTES, Job, Scenario, Workload
-from tpumon.trace import TraceRow, write_trace
+from tpumon.trace.schema import TraceRow
+from tpumon.trace.write import write_trace
 
 HOUR = 3600.0
 START_TIME = 1750000000.0
@@ -534,7 +535,7 @@ def run_tpumon(analyze: AnalyzeFile, path: str) -> tuple[dict[Key, Detection], T
     are shared, and CPU time is what "samples per second on one core" means.
     """
     from tpumon.detect.job_replay import replay_series
-    from tpumon.trace import read_trace_columns
+    from tpumon.trace.read import read_trace_columns
 
     start = time.process_time()
     results = analyze(path)

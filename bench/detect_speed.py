@@ -46,7 +46,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from tpumon.detect.detector import ChipDetector  # noqa: E402
 from tpumon.detect.job_replay import SeriesResult, replay_series  # noqa: E402
 from tpumon.detect.replay import analyze_file  # noqa: E402
-from tpumon.trace import read_trace_columns  # noqa: E402
+from tpumon.trace.read import read_trace_columns  # noqa: E402
 
 FEED_CHUNK = 777
 

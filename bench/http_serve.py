@@ -23,7 +23,7 @@ from typing import Callable
 from prometheus_client import CollectorRegistry
 from wsgiref.simple_server import make_server
 
-from tpumon.exporters.http import MetricsServer, _Handler, _Server
+from tpumon.web.http import MetricsServer, _Handler, _Server
 
 
 class StockServer:

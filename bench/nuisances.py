@@ -81,7 +81,7 @@ import numpy as np
 
 from tpumon.detect.job_replay import replay_job
 from tpumon.sim.workload import V4_HBM_TOTAL_BYTES
-from tpumon.trace import SeriesColumns
+from tpumon.trace.schema import SeriesColumns
 
 GB = 1e9
 GIB = 2**30

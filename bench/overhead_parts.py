@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # (module, qualified name) of each part timed; a part missing from a tree is left out
 PARTS = [
-    ("tpumon.agent", "Agent.poll_once"),
+    ("tpumon.agent.loop", "Agent.poll_once"),
     ("tpumon.sources.tpu_runtime", "TpuRuntimeSource.poll"),
     ("tpumon.sources.tpu_runtime", "TpuRuntimeSource._ask_all_ports"),
     ("tpumon.sources.tpu_runtime", "TpuRuntimeSource._ask_extras"),
@@ -45,16 +45,16 @@ PARTS = [
     ("tpumon.sources.reports", "ReporterSocket._handle"),
     ("tpumon.sources.reports", "parse_report"),
     ("tpumon.sources.reports", "ReporterSocket._record"),
-    ("tpumon.processes", "ProcessTracker.update"),
-    ("tpumon.detect.counts", "CountTracker._fit"),
+    ("tpumon.diagnose.processes", "ProcessTracker.update"),
+    ("tpumon.diagnose.counts", "CountTracker._fit"),
     ("tpumon.sources.host", "HostSource.poll"),
-    ("tpumon.agent", "Agent._detect"),
-    ("tpumon.agent", "Agent._notice_ends"),
-    ("tpumon.job_ends", "JobEndTracker.update"),
+    ("tpumon.agent.loop", "Agent._detect"),
+    ("tpumon.agent.loop", "Agent._notice_ends"),
+    ("tpumon.diagnose.job_ends", "JobEndTracker.update"),
     ("tpumon.notify.alerts", "AlertLog.__call__"),
-    ("tpumon.agent", "Agent._record"),
+    ("tpumon.agent.loop", "Agent._record"),
     ("tpumon.store.writer", "StoreWriter._write"),
-    ("tpumon.exporters.http", "_Handler.handle"),
+    ("tpumon.web.http", "_Handler.handle"),
     ("prometheus_client.exposition", "generate_latest"),
     ("gzip", "compress"),
 ]

@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tpumon.sim.agents import AgentFleet, FleetSpec  # noqa: E402
-from tpumon.slice import MAX_IN_FLIGHT  # noqa: E402
+from tpumon.client.slice import MAX_IN_FLIGHT  # noqa: E402
 
 
 def free_port() -> int:
@@ -64,8 +64,8 @@ WATCH_ROUNDS = """
 import io, statistics, sys, time
 from rich.console import Console
 from tpumon.cli.slice_view import slice_reader, watch_frame
-from tpumon.client import ClientAuth
-from tpumon.config import load_config
+from tpumon.client.http import ClientAuth
+from tpumon.common.config import load_config
 opts = dict(tls=False, peers=sys.argv[1], service=None, agent_port=None,
             deadline=float(sys.argv[2]))
 read = slice_reader(load_config(None), opts, ClientAuth())

@@ -32,10 +32,10 @@ import psutil  # noqa: E402
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 from test_sim_server import ManualClock  # noqa: E402
 
-from tpumon.agent import Agent, AgentInputs, OwnerScanner  # noqa: E402
+from tpumon.agent.loop import Agent, AgentInputs, OwnerScanner  # noqa: E402
 from tpumon.detect import ChipDetector  # noqa: E402
-from tpumon.exporters.prometheus import build_registry  # noqa: E402
-from tpumon.identity import Identity  # noqa: E402
+from tpumon.metrics.collectors import build_registry  # noqa: E402
+from tpumon.common.identity import Identity  # noqa: E402
 from tpumon.sim.server import Simulator  # noqa: E402
 from tpumon.sim.workload import Workload  # noqa: E402
 from tpumon.sources.chips import inventory_for  # noqa: E402
@@ -43,7 +43,7 @@ from tpumon.sources.tpu_runtime import TpuRuntimeSource  # noqa: E402
 from tpumon.state import AgentState  # noqa: E402
 from tpumon.store.checkpoint import dump_detector  # noqa: E402
 from tpumon.store.database import Retention, open_database  # noqa: E402
-from tpumon.samples import Sample
+from tpumon.common.samples import Sample
 from tpumon.store.writer import PollRecord, StoreWriter  # noqa: E402
 
 DAY = 86400

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from tpumon import trace_columns
+from tpumon.trace import arrow as trace_columns
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -43,7 +43,7 @@ def receiver(tmp_path):
 
 @pytest.fixture
 def small_tables(monkeypatch):
-    """Traces read in tables of a few hundred rows (tpumon.trace_columns): every series
+    """Traces read in tables of a few hundred rows (tpumon.trace.arrow): every series
     of a test's trace spans many of them (tests/test_trace_spill.py, test_report_stream.py)."""
     monkeypatch.setattr(trace_columns, "TABLE_ROWS", 300)
     monkeypatch.setattr(trace_columns, "_STREAM_BLOCK_BYTES", 8192)

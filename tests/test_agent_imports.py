@@ -12,16 +12,17 @@ import subprocess
 import sys
 
 ON_DEMAND = ("jinja2", "yaml", "bcrypt", "tpumon.sim.server", "tpumon.sim.workload",
+             "tpumon.sim.scenarios",
              "tpumon.sim.pod", "importlib.metadata", "statistics", "tomli_w", "difflib",
              "tpumon.notify.notifier", "tpumon.notify.outbox", "tpumon.notify.post",
              "tpumon.notify.slack", "tpumon.notify.pagerduty")
 
 PROBE = f"""
 import sys
-import tpumon.cli, tpumon.cli.agent, tpumon.bootstrap, tpumon.exporters.http
-from tpumon.bootstrap import notification_channels
-from tpumon.config import load_config
-from tpumon.exporters.prometheus import BuildInfoCollector
+import tpumon.cli, tpumon.cli.agent, tpumon.agent.bootstrap, tpumon.web.http
+from tpumon.agent.bootstrap import notification_channels
+from tpumon.common.config import load_config
+from tpumon.metrics.collectors import BuildInfoCollector
 config = load_config(None, env={{}})
 assert notification_channels(config, env={{}}) == []  # no Slack, no PagerDuty
 BuildInfoCollector(lambda: None)  # tpu-info's version, for tpumon_build_info
@@ -36,8 +37,8 @@ def test_the_agent_modules_leave_on_demand_libraries_unloaded():
 
 
 def test_a_page_and_a_web_config_still_load_them(tmp_path):
-    from tpumon.exporters.http import _templates
-    from tpumon.exporters.webconfig import load_web_config
+    from tpumon.web.http import _templates
+    from tpumon.web.webconfig.live import load_web_config
     assert _templates().get_template("index.html.j2") is not None
     path = tmp_path / "web.yml"
     path.write_text("http_server_config:\n  http2: true\n")

@@ -7,7 +7,7 @@ import logging
 
 from test_notify import SETTINGS, healthy, snap
 from test_notify import leak as leaking
-from tpumon.agent import log_verdict_changes
+from tpumon.agent.loop import log_verdict_changes
 from tpumon.detect import Assessment, Verdict
 from tpumon.notify.alerts import AlertLog
 

@@ -12,7 +12,7 @@ from tpumon.cli import main
 from tpumon.cli.analyze import HOST_WIDTH, render_table, short_host
 from tpumon.detect.replay import analyze_path
 from tpumon.sim.tracegen import generate_trace
-from tpumon.trace import write_trace
+from tpumon.trace.write import write_trace
 
 SLICE = "t1v-n-39fc0729a1b2c3d4"
 

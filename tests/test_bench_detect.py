@@ -18,7 +18,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from tpumon.trace import TraceRow, read_trace
+from tpumon.trace.read import read_trace
+from tpumon.trace.schema import TraceRow
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -171,7 +171,7 @@ def test_a_tiny_sweep_scores_every_family(tmp_path, capsys):
 
 
 def test_a_written_trace_is_the_job(tmp_path):
-    from tpumon.trace import read_trace_columns
+    from tpumon.trace.read import read_trace_columns
     nz.main(["--write-trace", str(tmp_path), "--families", "restarts", "--job", "2"])
     job = nz.make_job("restarts", 2)
     columns = read_trace_columns(str(tmp_path / f"{job.name}.csv"))

@@ -226,7 +226,7 @@ def test_agent_simulate_end_to_end(tmp_path):
 
 @pytest.mark.e2e
 def test_sim_writes_a_trace_that_reads_back(tmp_path):
-    from tpumon.trace import read_trace
+    from tpumon.trace.read import read_trace
 
     out = tmp_path / "leak.csv"
     result = run("sim", "--scenario", "chip0-leak", "--write-trace", str(out), "--duration", "1h",

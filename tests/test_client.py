@@ -1,4 +1,4 @@
-"""tpumon/client.py through the commands that use it: `status`, `watch` and `snapshot`
+"""tpumon/client/http.py through the commands that use it: `status`, `watch` and `snapshot`
 against real agents, plain, behind HTTPS with basic auth, and behind mutual TLS (the web
 configuration files promtool accepts, certificates from a throwaway openssl CA)."""
 

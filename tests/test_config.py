@@ -5,7 +5,7 @@ import tomllib
 
 import pytest
 
-from tpumon.config import KEYS, SCHEMA, ConfigError, load_config, parse_ports, render_toml
+from tpumon.common.config import KEYS, SCHEMA, ConfigError, load_config, parse_ports, render_toml
 
 
 def write(tmp_path, text):
@@ -15,7 +15,7 @@ def write(tmp_path, text):
 
 
 def test_defaults_without_a_file(monkeypatch, tmp_path):
-    monkeypatch.setattr("tpumon.config.DEFAULT_CONFIG_PATH", tmp_path / "none.toml")
+    monkeypatch.setattr("tpumon.common.config.DEFAULT_CONFIG_PATH", tmp_path / "none.toml")
     config = load_config(None, env={})
     assert config.path is None
     assert config["agent.poll_interval"] == 5.0
@@ -25,7 +25,7 @@ def test_defaults_without_a_file(monkeypatch, tmp_path):
 
 def test_default_file_is_read_when_present(monkeypatch, tmp_path):
     path = write(tmp_path, "[agent]\npoll_interval = 9\n")
-    monkeypatch.setattr("tpumon.config.DEFAULT_CONFIG_PATH", path)
+    monkeypatch.setattr("tpumon.common.config.DEFAULT_CONFIG_PATH", path)
     assert load_config(None, env={})["agent.poll_interval"] == 9.0
 
 

@@ -2,7 +2,7 @@
 
 import random
 
-from tpumon.detect.counts import CountTracker, CountTrend, diagnose
+from tpumon.diagnose.counts import CountTracker, CountTrend, diagnose
 
 
 def feed(values, start=1):

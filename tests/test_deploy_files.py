@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from tools import require_tool
-from tpumon.exporters.webconfig import load_web_config
+from tpumon.web.webconfig.live import load_web_config
 
 ROOT = Path(__file__).resolve().parent.parent
 INSTALL = ROOT / "deploy/install.sh"

@@ -18,7 +18,7 @@ from tpumon.detect.job_replay import replay_series
 from tpumon.detect.replay import analyze_file
 from tpumon.sim.tracegen import generate_trace
 from tpumon.sim.workload import V4_HBM_TOTAL_BYTES, Workload
-from tpumon.trace import write_trace
+from tpumon.trace.write import write_trace
 from tpumon.store.checkpoint import dump_detector
 
 T0 = 1750000000.0

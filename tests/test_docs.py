@@ -3,7 +3,7 @@
 import re
 from pathlib import Path
 
-from tpumon.config import SCHEMA, _toml_value, load_config
+from tpumon.common.config import SCHEMA, _toml_value, load_config
 
 ROOT = Path(__file__).resolve().parent.parent
 

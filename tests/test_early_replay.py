@@ -14,7 +14,7 @@ from tpumon.detect import early_replay
 from tpumon.detect.early_replay import EarlyReplay
 from tpumon.detect.replay import read_path, replay_columns, spilled_path
 from tpumon.sim.tracegen import generate_trace
-from tpumon.trace import write_trace
+from tpumon.trace.write import write_trace
 
 SLICE = "t1v-n-5f0c1a2b"
 

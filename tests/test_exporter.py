@@ -15,10 +15,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fake_runtime import V4_TOTAL, chips_metrics
 from tools import PROMETHEUS_HEADERS, FakeReporter, require_tool, wait_for
-from tpumon.agent import Agent, AgentInputs, OwnerScanner
-from tpumon.exporters.http import ListenError, MetricsServer
-from tpumon.exporters.prometheus import build_registry
-from tpumon.identity import Identity
+from tpumon.agent.loop import Agent, AgentInputs, OwnerScanner
+from tpumon.web.http import ListenError, MetricsServer
+from tpumon.metrics.collectors import build_registry
+from tpumon.common.identity import Identity
 from tpumon.sources.chips import inventory_for
 from tpumon.sources.tpu_runtime import TpuRuntimeSource
 from tpumon.sources.reports import ReporterSocket

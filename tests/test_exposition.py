@@ -13,8 +13,8 @@ from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
 from prometheus_client.parser import text_string_to_metric_families
 
 from tools import PROMETHEUS_HEADERS
-from tpumon.exporters import exposition
-from tpumon.exporters.exposition import CachedExposition, metrics_app
+from tpumon.metrics import exposition
+from tpumon.metrics.exposition import CachedExposition, metrics_app
 
 
 class Chips:

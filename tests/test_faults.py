@@ -35,12 +35,12 @@ from fake_alert_apis import FakeAlertAPI
 from fake_runtime import V4_TOTAL, FakeRuntime, RuntimeServer, chips_metrics, gauge_entry
 from tools import wait_for
 from tpu_info.proto import tpu_metric_service_pb2 as pb
-from tpumon import agent as agent_module
-from tpumon.agent import Agent, AgentInputs, OwnerScanner
+from tpumon.agent import loop as agent_module
+from tpumon.agent.loop import Agent, AgentInputs, OwnerScanner
 from tpumon.detect import Assessment, ChipDetector, Verdict
-from tpumon.exporters.http import MetricsServer
-from tpumon.exporters.prometheus import build_registry
-from tpumon.identity import Identity
+from tpumon.web.http import MetricsServer
+from tpumon.metrics.collectors import build_registry
+from tpumon.common.identity import Identity
 from tpumon.notify.alerts import AlertSettings, AlertTracker
 from tpumon.notify.notifier import Notifier
 from tpumon.notify.outbox import Outbox
@@ -50,7 +50,7 @@ from tpumon.sources.chips import inventory_for
 from tpumon.sources.host import HostSource
 from tpumon.sources.tpu_runtime import DUTY_CYCLE, TOTAL, USAGE, TpuRuntimeSource
 from tpumon.state import AgentState
-from tpumon.status import status_document
+from tpumon.web.status import status_document
 from tpumon.store.database import Retention, open_database
 from tpumon.store.trace_rows import export_rows
 from tpumon.store.writer import StoreWriter

@@ -25,16 +25,17 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fake_runtime import FakeRuntime, RuntimeServer
 from tpu_info.proto import tpu_metric_service_pb2 as pb
-from tpumon.agent import Agent, AgentInputs, OwnerScanner
-from tpumon.config import KEYS, SCHEMA, SECTIONS, ConfigError, load_config
-from tpumon.exporters.prometheus import build_registry
-from tpumon.identity import Identity
+from tpumon.agent.loop import Agent, AgentInputs, OwnerScanner
+from tpumon.common.config import KEYS, SCHEMA, SECTIONS, ConfigError, load_config
+from tpumon.metrics.collectors import build_registry
+from tpumon.common.identity import Identity
 from tpumon.sources.chips import ChipInventory
 from tpumon.sources.tpu_runtime import DUTY_CYCLE, METRICS, TOTAL, USAGE, TpuRuntimeSource
 from tpumon.state import AgentState
-from tpumon.status import status_document
-from tpumon.trace import COLUMNS, TraceFormatError, TraceRow, read_trace, read_trace_columns, \
-    write_trace
+from tpumon.web.status import status_document
+from tpumon.trace.read import read_trace, read_trace_columns
+from tpumon.trace.schema import COLUMNS, TraceFormatError, TraceRow
+from tpumon.trace.write import write_trace
 
 FUZZ = settings(max_examples=150, deadline=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

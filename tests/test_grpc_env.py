@@ -1,11 +1,11 @@
-"""tpumon's gRPC defaults (tpumon/grpc_env.py): set before grpc is imported, operator's
+"""tpumon's gRPC defaults (tpumon/agent/grpc_env.py): set before grpc is imported, operator's
 values kept; and the agent itself never imports grpcio (its client is libcurl's HTTP/2)."""
 
 import os
 import subprocess
 import sys
 
-from tpumon import grpc_env
+from tpumon.agent import grpc_env
 
 
 def test_defaults_are_set_only_where_the_operator_set_nothing():
@@ -23,7 +23,7 @@ sys.argv = ["tpumon"]
 import click
 from tpumon.cli import main
 main.get_command(click.Context(main), "agent")  # what running `tpumon agent` loads first
-import tpumon.agent, tpumon.bootstrap, tpumon.sources.tpu_runtime, tpumon.sources.pod_resources
+import tpumon.agent.loop, tpumon.agent.bootstrap, tpumon.sources.tpu_runtime, tpumon.sources.pod_resources
 import os
 print(os.environ.get("GRPC_VERBOSITY"), "grpc" in sys.modules, "tpu_info.metrics" in sys.modules)
 """

@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-from tpumon.bootstrap import RESTART_GAP, history_for_clock, simulated_start
-from tpumon.config import ConfigError, load_config
+from tpumon.agent.bootstrap import RESTART_GAP, history_for_clock, simulated_start
+from tpumon.common.config import ConfigError, load_config
 from tpumon.store.database import Retention, open_database
-from tpumon.samples import Sample
+from tpumon.common.samples import Sample
 
 GiB = 2**30
 

@@ -704,7 +704,7 @@ def test_a_huge_config_value_is_one_line_from_config_check_and_at_start_up(tmp_p
 
 
 def test_every_number_in_the_configuration_has_a_range():
-    from tpumon.config import SCHEMA
+    from tpumon.common.config import SCHEMA
     for key in SCHEMA:
         if key.type in (int, float):
             assert key.check is not None, key.dotted

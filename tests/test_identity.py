@@ -6,8 +6,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from tpumon.identity import (TPU_ENV_PATH, discover_tpu_env, fetch_tpu_env, on_gce,
-                             parse_tpu_env, resolve_identity)
+from tpumon.common.identity import (TPU_ENV_PATH, discover_tpu_env, fetch_tpu_env, on_gce,
+                                    parse_tpu_env, resolve_identity)
 
 TPU_ENV = ("ACCELERATOR_TYPE: 'v4-256'\nNODE_ID: 'penghao-tpu-1'\n"
            "TPU_RUNTIME_METRICS_PORTS: '8431,8432,8433,8434'\nWORKER_ID: '5'\n"
@@ -91,7 +91,7 @@ def test_metadata_modes(metadata, tmp_path, monkeypatch):
     assert discover_tpu_env("on", 1.0, env)["WORKER_ID"] == "5"
     dmi = tmp_path / "product_name"
     dmi.write_text("Standard PC (Q35 + ICH9, 2009)\n")
-    monkeypatch.setattr("tpumon.identity.DMI_PRODUCT", dmi)
+    monkeypatch.setattr("tpumon.common.identity.DMI_PRODUCT", dmi)
     assert discover_tpu_env("auto", 1.0, env) == {}  # not GCE: never asks
     assert len(server.requests) == 1
     dmi.write_text("Google Compute Engine\n")

@@ -1,5 +1,6 @@
-"""No import cycle in tpumon, and data flows one way: sources -> detector -> state ->
-exporters, notifiers, store. Checked statically over the source (no import runs), for
+"""No import cycle in tpumon, and data flows one way, down the layers of :data:`LAYERS`:
+sources -> detector -> diagnosis -> state -> store, notifiers, metrics, web -> agent ->
+client, CLI. Checked statically over the source (no import runs), for
 every import a module makes: when it loads (top level, ``try`` and ``if`` included) and
 inside its functions (a lazy import closes a circle as surely, once it runs);
 ``if TYPE_CHECKING:`` blocks left out, since they never run.
@@ -22,9 +23,30 @@ import tpumon
 
 ROOT = Path(tpumon.__file__).parent
 
+#: tpumon's units from the bottom up: a unit imports only units of layers below its own
+#: (docs/architecture.md). A new package goes in here, or test_every_unit_has_a_layer fails.
+LAYERS: list[set[str]] = [
+    {"tpumon", "tpumon.instrument"},  # the version; the reporters (standard library only)
+    {"tpumon.common"},  # configuration, records, units, text: what every layer shares
+    {"tpumon.podresources", "tpumon.trace"},  # generated protos; the trace file format
+    {"tpumon.sources"},  # polling: plain records out
+    {"tpumon.detect"},  # the leak detector: pure computation
+    {"tpumon.diagnose"},  # processes, job ends, snapshots asked for
+    {"tpumon.state"},  # the poll state, published whole
+    {"tpumon.store"},  # readers of the poll state ...
+    {"tpumon.notify"},
+    {"tpumon.metrics"},  # ... which reads the store's and the notifiers' health
+    {"tpumon.web"},  # ... which serves metrics
+    {"tpumon.sim", "tpumon.report"},  # the simulator (its fake agents serve web's status)
+    {"tpumon.agent"},  # the daemon: wires all of the above
+    {"tpumon.client"},  # asks agents over HTTP
+    {"tpumon.cli"},
+    {"tpumon.__main__"},
+]
+
 #: What reads the poll state: the poll state imports none of them.
-READERS_OF_STATE = {"tpumon.notify", "tpumon.store", "tpumon.exporters", "tpumon.status",
-                    "tpumon.systemd", "tpumon.cli", "tpumon.agent", "tpumon.bootstrap"}
+READERS_OF_STATE = {"tpumon.notify", "tpumon.store", "tpumon.metrics", "tpumon.web",
+                    "tpumon.sim", "tpumon.report", "tpumon.agent", "tpumon.client", "tpumon.cli"}
 
 
 def modules() -> dict[str, Path]:
@@ -186,9 +208,45 @@ def test_the_checker_finds_a_cycle():
 
 def test_the_graph_sees_tpumons_imports():
     graph = import_graph()
-    assert "tpumon.state" in graph["tpumon.agent"]
-    assert "tpumon.notify.alerts" in graph["tpumon.agent"]
-    assert "tpumon.notify" in graph["tpumon.agent"]  # its package's __init__ runs first
+    assert "tpumon.state" in graph["tpumon.agent.loop"]
+    assert "tpumon.notify.alerts" in graph["tpumon.agent.loop"]
+    assert "tpumon.notify" in graph["tpumon.agent.loop"]  # its package's __init__ runs first
+
+
+def layer_of(unit: str) -> int | None:
+    return next((i for i, layer in enumerate(LAYERS) if unit in layer), None)
+
+
+def upward(unit_graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """Every import of a unit from its own layer or one above it."""
+    found = []
+    for unit, deps in sorted(unit_graph.items()):
+        level = layer_of(unit)
+        for dep in sorted(deps):
+            dep_level = layer_of(dep)
+            if level is not None and dep_level is not None and dep_level >= level:
+                found.append((unit, dep))
+    return found
+
+
+def test_the_checker_finds_an_upward_import():
+    graph = {"tpumon.sources.reports": {"tpumon.diagnose.processes"},
+             "tpumon.diagnose.processes": {"tpumon.sources.reports"}}
+    assert upward(units(graph)) == [("tpumon.sources", "tpumon.diagnose")]
+    assert upward({"tpumon.store": {"tpumon.state"}, "tpumon.sim": {"tpumon.report"}}) == [
+        ("tpumon.sim", "tpumon.report")]
+
+
+def test_every_unit_has_a_layer():
+    unplaced = sorted(u for u in units(import_graph()) if layer_of(u) is None)
+    assert not unplaced, f"units in no layer of LAYERS: {unplaced}"
+
+
+@pytest.mark.slow
+def test_no_import_runs_up_the_layers():
+    """Imports inside functions counted: a lazy import up the layers is a circle waiting."""
+    found = upward(units(import_graph(lazy=True)))
+    assert not found, f"imports from a unit's own layer or above: {found}"
 
 
 @pytest.mark.parametrize("level", ["modules", "units"])

@@ -15,12 +15,12 @@ import pytest
 from tools import wait_for
 from tpumon.detect import Assessment, Verdict
 from tpumon.instrument.protocol import PROTOCOL_VERSION
-from tpumon.identity import Identity
-from tpumon.job_ends import JobEnd, JobEndTracker, JobView
+from tpumon.common.identity import Identity
+from tpumon.diagnose.job_ends import JobEnd, JobEndTracker, JobView
 from tpumon.notify.alerts import evaluate
 from tpumon.notify.settings import AlertSettings
-from tpumon.processes import ProcessTracker
-from tpumon.samples import ChipSample, HostSample, RuntimeReading
+from tpumon.diagnose.processes import ProcessTracker
+from tpumon.common.samples import ChipSample, HostSample, RuntimeReading
 from tpumon.sources.chips import inventory_for
 from tpumon.sources.kernel_log import KernelLog, OomKill
 from tpumon.state import PollState
@@ -223,8 +223,9 @@ def test_a_process_killed_under_a_cgroup_memory_limit_is_a_host_oom():
 def test_the_hour_before_an_end_is_kept_whatever_the_retention(tmp_path):
     """The end's evidence is copied when it is seen: raw samples rolling up into minutes a
     day later (here: an hour) do not thin it, and `tpumon export --around-end` gives it."""
-    from tpumon.store.database import KEPT_ENDS, HistoryDB, Retention, StoredEnd, database_path
-    from tpumon.samples import Sample
+    from tpumon.common.samples import StoredEnd
+    from tpumon.store.database import KEPT_ENDS, HistoryDB, Retention, database_path
+    from tpumon.common.samples import Sample
 
     retention = Retention(raw_seconds=3600, minute_seconds=30 * 86400)
     db = HistoryDB(database_path(tmp_path), retention)
@@ -265,7 +266,7 @@ def test_the_hour_before_an_end_is_kept_whatever_the_retention(tmp_path):
 
 def test_export_around_an_end_where_none_was_kept_is_one_error_line(tmp_path):
     from tpumon.store.database import HistoryDB, Retention, database_path
-    from tpumon.samples import Sample
+    from tpumon.common.samples import Sample
 
     db = HistoryDB(database_path(tmp_path), Retention())
     with db.transaction():
@@ -284,8 +285,9 @@ def test_export_around_an_end_where_none_was_kept_is_one_error_line(tmp_path):
 def test_tpumon_report_marks_a_kept_end_on_its_timeline(tmp_path):
     """`tpumon report --state-dir` draws each kept end on its host's panels (a dash-dot
     line labelled with the cause) and names it under the page's headline."""
-    from tpumon.store.database import HistoryDB, Retention, StoredEnd, database_path
-    from tpumon.samples import Sample
+    from tpumon.common.samples import StoredEnd
+    from tpumon.store.database import HistoryDB, Retention, database_path
+    from tpumon.common.samples import Sample
 
     db = HistoryDB(database_path(tmp_path), Retention())
     t0 = 1_790_000_000.0
@@ -340,12 +342,12 @@ def test_the_last_words_reach_every_sink_escaped_for_it():
     largest allocation) where memory looked far from full; the words are the process's:
     a mention, an escape sequence and a newline in them act in no sink."""
     from tpumon.instrument.protocol import LAST_WORDS_HEADER
-    from tpumon.last_words import parse_message
+    from tpumon.sources.last_words import parse_message
     from tpumon.notify.alerts import Alert
     from tpumon.notify.outbox import Event
     from tpumon.notify.pagerduty import PagerDutyChannel
     from tpumon.notify.slack import SlackChannel
-    from tpumon.untrusted_text import for_log, for_terminal
+    from tpumon.common.untrusted_text import for_log, for_terminal
 
     text = (Path(__file__).parent / "fixtures" / "last_words" / "easydel_166_compile.txt"
             ).read_text()
@@ -386,8 +388,8 @@ def test_a_chip_whose_job_died_shows_no_forecast_for_it_until_it_is_read_again()
     "leak ... OOM in 26 min" for its chips, which no longer answered. The chip keeps its
     last verdict, told as what it was, and no forecast; once the chip is read again (a new
     job), the detector speaks for it."""
-    from tpumon.job_ends import ChipAtEnd
-    from tpumon.status import status_document
+    from tpumon.diagnose.job_ends import ChipAtEnd
+    from tpumon.web.status import status_document
 
     now = 1_800_000_000.0
     a = Assessment(Verdict.LEAK, "floor grows 467.0 KiB/step; OOM in 26 min",
@@ -410,7 +412,7 @@ def test_a_chip_whose_job_died_shows_no_forecast_for_it_until_it_is_read_again()
                      job_ends=(end,))
     [chip] = [c for c in status_document(back)["chips"] if c["chip"] == "0"]
     assert chip["reason"] == a.reason and chip["time_to_oom_seconds"] is not None
-    from tpumon.exporters.http import landing_page
+    from tpumon.web.http import landing_page
 
     page = landing_page(gone)
     assert "leak: job ended (hbm_oom) at step 27,959; before it:" in page

@@ -37,11 +37,11 @@ from prometheus_client import CollectorRegistry
 
 from tools import TPUMON, clean_env, wait_for
 from tpumon import __version__
-from tpumon.bootstrap import notification_channels
+from tpumon.agent.bootstrap import notification_channels
 from tpumon.cli import main as tpumon_cli
 from tpumon.cli.agent import command as agent_command
-from tpumon.config import DEFAULT_PORT, KEYS, SCHEMA, load_config, parse_listen_address
-from tpumon.exporters.http import _app as http_app
+from tpumon.common.config import DEFAULT_PORT, KEYS, SCHEMA, load_config, parse_listen_address
+from tpumon.web.http import _app as http_app
 from tpumon.instrument.protocol import socket_path
 
 if sys.version_info >= (3, 11):
@@ -657,7 +657,7 @@ def test_dockerfile_runs_the_agent_unprivileged_by_default():
 def test_dockerignore_keeps_the_context_to_the_package():
     context = build_context()
     for path in ("pyproject.toml", "README.md", "tpumon/__init__.py", "tpumon/cli/agent.py",
-                 "tpumon/exporters/http.py"):
+                 "tpumon/web/http.py"):
         assert path in context
     for path in (".venv/bin/python", ".venv-frameworks/x", ".git/HEAD", "tests/test_cli.py",
                  ".demo-state/history.db", "tpumon/__pycache__/agent.cpython-311.pyc",
@@ -698,7 +698,7 @@ def test_the_build_step_makes_a_wheel_without_test_dependencies(tmp_path: Path):
         dist_info = next(n.split("/")[0] for n in names if ".dist-info/" in n)
         entry_points = zf.read(f"{dist_info}/entry_points.txt").decode()
         metadata = zf.read(f"{dist_info}/METADATA").decode()
-    assert "tpumon/cli/agent.py" in names and "tpumon/exporters/http.py" in names
+    assert "tpumon/cli/agent.py" in names and "tpumon/web/http.py" in names
     assert not any("__pycache__" in n or n.startswith("tests/") for n in names)
     assert re.search(r"^tpumon = tpumon\.cli:main$", entry_points, re.M)
     runtime = [line for line in metadata.splitlines()

@@ -17,10 +17,10 @@ import pytest
 
 from tpumon.instrument.last_words import EXIT_WAIT
 from tpumon.instrument.protocol import LAST_WORDS_HEADER, MAX_LAST_WORDS
-from tpumon.job_ends import JobView, judge
-from tpumon.known_issues import known_issue_said
-from tpumon.last_words import (LastWords, OutOfMemory, merge, parse_fatal, parse_message,
-                               parse_oom)
+from tpumon.diagnose.job_ends import JobView, judge
+from tpumon.diagnose.known_issues import known_issue_said
+from tpumon.sources.last_words import (LastWords, OutOfMemory, merge, parse_fatal, parse_message,
+                                       parse_oom)
 from tpumon.sources.reports import ReporterSocket
 from tools import wait_for
 

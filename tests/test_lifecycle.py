@@ -9,10 +9,10 @@ import logging
 import pytest
 from prometheus_client import generate_latest
 
-from tpumon.bootstrap import build
-from tpumon.config import load_config
-from tpumon.lifecycle import Component, Lifecycle, take
-from tpumon.reload import reload_config
+from tpumon.agent.bootstrap import build
+from tpumon.common.config import load_config
+from tpumon.agent.lifecycle import Component, Lifecycle, take
+from tpumon.agent.reload import reload_config
 
 
 class Recorder(Component):
@@ -174,7 +174,7 @@ def test_a_build_that_fails_part_way_stops_what_it_had_built(tmp_path, monkeypat
     would be) must not leave the child running nor the socket bound."""
     import psutil
 
-    from tpumon import bootstrap
+    from tpumon.agent import bootstrap
 
     def broken(*args, **kwargs):
         raise RuntimeError("injected")

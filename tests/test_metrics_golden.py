@@ -19,13 +19,13 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from tpumon.detect import Assessment, Verdict
 from tpumon.sources.runtime_server import RuntimeServer
-from tpumon.detect.counts import CountTrend
-from tpumon.exporters.prometheus import register_collectors
-from tpumon.identity import Identity
-from tpumon.job_ends import JobEnd, JobView
+from tpumon.diagnose.counts import CountTrend
+from tpumon.metrics.collectors import register_collectors
+from tpumon.common.identity import Identity
+from tpumon.diagnose.job_ends import JobEnd, JobView
 from tpumon.notify.health import ChannelHealth, NotifierHealth
-from tpumon.processes import ProcessState
-from tpumon.samples import ChipSample, HostSample, ProcessSample, RuntimeReading
+from tpumon.diagnose.processes import ProcessState
+from tpumon.common.samples import ChipSample, HostSample, ProcessSample, RuntimeReading
 from tpumon.sources.chips import inventory_for
 from tpumon.sources.health import SourceHealth
 from tpumon.sources.reports import ProcessReport, ReporterReading

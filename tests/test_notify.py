@@ -15,16 +15,16 @@ import pytest
 
 from fake_alert_apis import FakeAlertAPI
 from tpumon.detect import Assessment, ChipDetector, Verdict
-from tpumon.detect.counts import CountTrend
-from tpumon.identity import Identity
+from tpumon.diagnose.counts import CountTrend
+from tpumon.common.identity import Identity
 from tpumon.notify.alerts import (HIGH, LEAK, OOM, STALLED, Alert, AlertSettings,
                                   AlertTracker, Transition, describe_band)
 from tpumon.notify.notifier import Notifier
 from tpumon.notify.outbox import Outbox
 from tpumon.notify.pagerduty import PagerDutyChannel
 from tpumon.notify.slack import SlackChannel
-from tpumon.processes import ProcessState
-from tpumon.samples import ChipSample, RuntimeReading
+from tpumon.diagnose.processes import ProcessState
+from tpumon.common.samples import ChipSample, RuntimeReading
 from tpumon.sim.tracegen import generate_trace
 from tpumon.sources.chips import inventory_for
 from tpumon.sources.reports import ProcessReport
@@ -482,7 +482,7 @@ def test_outbox_on_a_damaged_file_is_moved_aside(tmp_path: Path):
 
 def _snapshot_pair(pid: int, steps: int, kept: int):
     """A finished snapshot request: ``kept`` more f32[] over ``steps`` steps."""
-    from tpumon.detect.tensor_diff import diff
+    from tpumon.sources.tensor_diff import diff
     from tpumon.instrument.snapshot import make_snapshot
     from tpumon.sources.snapshots import SnapshotResult
     site = "train.py:88 (loss = model(x).mean())"

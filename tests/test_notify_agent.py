@@ -126,8 +126,8 @@ def test_an_unreadable_secret_file_is_one_line_and_exit_1(tmp_path):
 
 def test_systemd_credentials_are_found_without_configuration(tmp_path):
     """LoadCredential=slack-webhook-url:... in the unit: no key needed in the config."""
-    from tpumon.bootstrap import notification_channels
-    from tpumon.config import load_config
+    from tpumon.agent.bootstrap import notification_channels
+    from tpumon.common.config import load_config
 
     (tmp_path / "slack-webhook-url").write_text("https://hooks.slack.com/services/A/B/C\n")
     channels = notification_channels(load_config(env={}),

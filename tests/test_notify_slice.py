@@ -14,7 +14,7 @@ import pytest
 from fake_alert_apis import FakeAlertAPI
 from test_notify import (IDENT, SETTINGS, Feed, healthy, leak, notifier, pd_channel,
                          run_until, slack_channel, snap)
-from tpumon.identity import Identity
+from tpumon.common.identity import Identity
 from tpumon.notify.alerts import HIGH, LEAK, OOM, AlertTracker
 from tpumon.notify.outbox import Outbox
 

@@ -16,22 +16,22 @@ import re
 from rich.console import Console
 from test_pooling import HOST, columns
 
-from tpumon.agent import log_verdict_changes
+from tpumon.agent.loop import log_verdict_changes
 from tpumon.cli.slice_view import slice_table
 from tpumon.cli.status import render_table
 from tpumon.cli.watch import chip_table
-from tpumon.exporters.http import landing_page
-from tpumon.identity import Identity
+from tpumon.web.http import landing_page
+from tpumon.common.identity import Identity
 from tpumon.notify.alerts import AlertTracker
 from tpumon.notify.settings import AlertSettings
 from tpumon.report.data import build_reports
 from tpumon.report.html import render_html
-from tpumon.samples import ChipSample, RuntimeReading
-from tpumon.slice import WorkerAnswer, build_view
+from tpumon.common.samples import ChipSample, RuntimeReading
+from tpumon.client.slice import WorkerAnswer, build_view
 from tpumon.sources.chips import inventory_for
 from tpumon.state import PollState
-from tpumon.units import format_growth, format_hours
-from tpumon.status import status_document
+from tpumon.common.units import format_growth, format_hours
+from tpumon.web.status import status_document
 
 GROWTH = re.compile(r"[+-]?[\d.,]+ [KMGT]?i?B/step")
 LEFT = re.compile(r"OOM in ([\d.]+ (?:s|min|h|d))\b")

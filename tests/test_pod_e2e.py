@@ -42,7 +42,7 @@ from fake_alert_apis import FakeAlertAPI
 from test_grafana import FOR, queries
 from tools import (TPUMON, Processes, clean_env, free_port, get, prometheus_config, ready,
                    require_tool, wait_for)
-from tpumon.slice import ClientOptions, ask_all, build_view
+from tpumon.client.slice import ClientOptions, ask_all, build_view
 
 SLICE = "e2e-pod"
 HOSTS = 4
@@ -84,7 +84,7 @@ def scraped_after(prom: str, when: float) -> int:
 def heatmap_filled(prom: str, since: float) -> None:
     """The slice's heatmap, read as `report --prometheus` reads it: every chip coloured
     from its first sample to its last (no white column between)."""
-    from tpumon.prometheus_history import slice_rows
+    from tpumon.trace.prometheus import slice_rows
     from tpumon.report.data import series_from_rows
     from tpumon.report.slice_heatmap import heatmap
 

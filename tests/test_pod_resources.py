@@ -17,14 +17,14 @@ from prometheus_client import generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
 from tools import AgentProcess, require_tool, wait_for
-from tpumon.exporters.pod_labels import with_pod_labels
+from tpumon.metrics.pod_labels import with_pod_labels
 from tpumon.podresources import api_pb2 as pb
 from tpumon.sources.chips import ChipInventory, inventory_for
 from tpumon.sources.health import SourceTracker
 from tpumon.sources.pod_resources import (ChipPod, PodResourcesSource, chip_names,
                                           open_pod_resources)
-from tpumon.bootstrap import pod_resources_settings
-from tpumon.config import load_config
+from tpumon.agent.bootstrap import pod_resources_settings
+from tpumon.common.config import load_config
 
 V4 = inventory_for("v4", 4)
 
@@ -213,9 +213,9 @@ def test_the_agent_labels_chips_with_their_pods_and_follows_changes(kubelet, tmp
 def test_labels_reach_the_exposition_and_are_absent_off_kubernetes():
     from prometheus_client.parser import text_string_to_metric_families
 
-    from tpumon.exporters.prometheus import build_registry
-    from tpumon.identity import Identity
-    from tpumon.samples import ChipSample, RuntimeReading
+    from tpumon.metrics.collectors import build_registry
+    from tpumon.common.identity import Identity
+    from tpumon.common.samples import ChipSample, RuntimeReading
     from tpumon.sources.pod_resources import PodAssignment
     from tpumon.state import PollState
 

@@ -8,13 +8,13 @@ import math
 import numpy as np
 import pytest
 
-from tpumon.describe import describe_growth, describe_oom, time_to_oom
+from tpumon.common.describe import describe_growth, describe_oom, time_to_oom
 from tpumon.detect import ChipDetector, Verdict
 from tpumon.detect.pooling import pool_jobs
 from tpumon.detect.replay import replay_columns
 from tpumon.report.data import build_reports
 from tpumon.sim.tracegen import generate_trace
-from tpumon.trace import SeriesColumns
+from tpumon.trace.schema import SeriesColumns
 
 HOST = "t1v-n-77aa"
 
@@ -102,9 +102,9 @@ def test_the_agent_keeps_a_job_together_through_a_poll_that_misses_its_process()
     load) must not split a job: the chips that had joined its leak stayed ``leak``. Before
     the fix they fell back to their own verdict for that poll and rose again after (an
     alert resolved and raised within seconds)."""
-    from tpumon.agent import Agent, AgentInputs, OwnerScanner
-    from tpumon.exporters.prometheus import build_registry
-    from tpumon.identity import Identity
+    from tpumon.agent.loop import Agent, AgentInputs, OwnerScanner
+    from tpumon.metrics.collectors import build_registry
+    from tpumon.common.identity import Identity
     from tpumon.sources.chips import inventory_for
     from tpumon.sources.tpu_runtime import TpuRuntimeSource
     from tpumon.state import AgentState
@@ -430,10 +430,10 @@ def test_a_job_end_holds_the_forecast_of_the_pooled_alert_that_was_raised():
     moment ``analyze`` gives; a job end compared the death with the chip's own first leak
     instead, minutes later and another forecast ("forecast at 08:06 for step 28,050" on the
     report beside "leak alert 08:00" with step 26,601)."""
-    from tpumon.agent import Agent, AgentInputs, OwnerScanner
-    from tpumon.samples import Sample
-    from tpumon.exporters.prometheus import build_registry
-    from tpumon.identity import Identity
+    from tpumon.agent.loop import Agent, AgentInputs, OwnerScanner
+    from tpumon.common.samples import Sample
+    from tpumon.metrics.collectors import build_registry
+    from tpumon.common.identity import Identity
     from tpumon.sources.chips import inventory_for
     from tpumon.sources.tpu_runtime import TpuRuntimeSource
     from tpumon.state import AgentState

@@ -11,8 +11,8 @@ import pytest
 
 from tools import wait_for
 from tpumon.instrument.protocol import PROTOCOL_VERSION
-from tpumon.known_issues import KNOWN_ISSUES, known_issue, parse_version
-from tpumon.processes import ProcessTracker, chip_processes, with_hbm_growth
+from tpumon.diagnose.known_issues import KNOWN_ISSUES, known_issue, parse_version
+from tpumon.diagnose.processes import ProcessTracker, chip_processes, with_hbm_growth
 from tpumon.sources.reports import ReporterSocket, parse_report
 
 
@@ -49,7 +49,7 @@ def test_a_process_without_a_live_count_says_why_its_verdict_is_unknown(tmp_path
     from rich.console import Console
 
     from tpumon.cli.status import render_processes
-    from tpumon.status import _process
+    from tpumon.web.status import _process
 
     state = states(tmp_path, [(s, None, 1 << 30) for s in range(1, 50)])
     assert state.verdict == "unknown" and "no live-tensor count" in state.verdict_reason

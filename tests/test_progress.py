@@ -15,7 +15,7 @@ from test_analyze import SLICE, slice_dir  # noqa: F401 - the fixture: a two-hos
 from test_store import record_all
 from tools import clean_env
 from tpumon.sim.tracegen import generate_trace
-from tpumon.trace import read_trace_columns
+from tpumon.trace.read import read_trace_columns
 
 TPUMON = [sys.executable, "-m", "tpumon"]
 

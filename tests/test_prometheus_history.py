@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from tools import TPUMON, Processes, clean_env, free_port, ready, require_tool, wait_for
-from tpumon.prometheus_history import (CHUNK_POINTS, MAX_POINTS, RAW_WINDOW_SECONDS,
-                                       PrometheusError, chunks, query_range, slice_rows,
-                                       windows)
+from tpumon.trace.prometheus import (CHUNK_POINTS, MAX_POINTS, RAW_WINDOW_SECONDS,
+                                     PrometheusError, chunks, query_range, slice_rows,
+                                     windows)
 
 
 @pytest.mark.parametrize("start,end,step", [(0, 100, 1), (0, 10_000, 1), (0, 172_800, 1),
@@ -75,7 +75,7 @@ def test_a_long_range_at_fine_resolution_is_asked_in_chunks(prometheus):
 
 
 def _one_query(url: str, start: float, end: float) -> None:
-    from tpumon.prometheus_history import _get
+    from tpumon.trace.prometheus import _get
 
     _get(url, "query_range", {"query": "up", "start": start, "end": end, "step": 1}, 30)
 
@@ -121,7 +121,7 @@ def test_slice_heatmap_rows_by_worker_then_chip_with_gaps_empty():
     import numpy as np
 
     from tpumon.report.slice_heatmap import BINS, heatmap, render_slice_png
-    from tpumon.trace import SeriesColumns
+    from tpumon.trace.schema import SeriesColumns
 
     def series(times, used):
         n = len(times)
@@ -189,7 +189,7 @@ def test_slice_heatmap_fills_its_time_axis_at_any_poll_rate():
     import numpy as np
 
     from tpumon.report.slice_heatmap import BINS, heatmap
-    from tpumon.trace import SeriesColumns
+    from tpumon.trace.schema import SeriesColumns
 
     rng = np.random.default_rng(0)
     data = {}
@@ -291,10 +291,10 @@ def test_the_post_mortem_reaches_the_agents_verdicts_at_any_scrape_interval(
     of `tpumon analyze` of those polls as the agents' traces (here: a leak on every chip,
     the agents' verdict), and `report --prometheus` draws a heatmap with no empty column
     and the floors panel. With query_range at 15 s, "fast" gave `ok` on every chip."""
-    from tpumon.prometheus_history import slice_rows
+    from tpumon.trace.prometheus import slice_rows
     from tpumon.report.data import series_from_rows
     from tpumon.report.slice_heatmap import heatmap
-    from tpumon.trace import write_trace
+    from tpumon.trace.write import write_trace
 
     url, held = scraped_slices
     first, rows = held[name]

@@ -21,8 +21,9 @@ from tpumon.report import file_stem
 from tpumon.report.data import build_reports, chip_report, select, series_from_rows
 from tpumon.sim.tracegen import generate_trace
 from tpumon.store.database import Retention, open_database
-from tpumon.samples import Sample
-from tpumon.trace import read_trace_columns, write_trace
+from tpumon.common.samples import Sample
+from tpumon.trace.read import read_trace_columns
+from tpumon.trace.write import write_trace
 
 HOST = "t1v-n-report-w-1"
 HOURS = 10.0

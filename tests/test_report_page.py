@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from tpumon.exporters import report_page
-from tpumon.exporters.http import REPORT_SLOTS, _methods, _report_app
-from tpumon.exporters.report_page import (CACHE_SECONDS, FAILURE_SECONDS, STALE_SECONDS,
-                                          Answer, ReportPage)
+from tpumon.web import report_page
+from tpumon.web.http import REPORT_SLOTS, _methods, _report_app
+from tpumon.web.report_page import (CACHE_SECONDS, FAILURE_SECONDS, STALE_SECONDS,
+                                    Answer, ReportPage)
 
 
 class Clock:

@@ -21,8 +21,9 @@ from tpumon.detect.replay import spilled_path
 from tpumon.report import build_reports, file_stem, write_report
 from tpumon.report.data import chip_report, select, selection
 from tpumon.sim.tracegen import generate_trace
-from tpumon.trace import read_trace_columns, write_trace
-from tpumon.trace_spill import SpilledSeries
+from tpumon.trace.read import read_trace_columns
+from tpumon.trace.write import write_trace
+from tpumon.trace.spill import SpilledSeries
 
 _GENERATED = re.compile(r"\(tpumon report\) at [^<]*? UTC\.")
 

@@ -445,9 +445,9 @@ def test_the_agent_gives_each_chip_its_process_step(tmp_path, receiver, runtime_
     from prometheus_client import generate_latest
 
     from fake_runtime import chips_metrics
-    from tpumon.agent import Agent, AgentInputs, OwnerScanner
-    from tpumon.exporters.prometheus import build_registry
-    from tpumon.identity import Identity
+    from tpumon.agent.loop import Agent, AgentInputs, OwnerScanner
+    from tpumon.metrics.collectors import build_registry
+    from tpumon.common.identity import Identity
     from tpumon.sources.chips import inventory_for
     from tpumon.sources.tpu_runtime import TpuRuntimeSource
     from tpumon.state import AgentState

@@ -11,7 +11,7 @@ import pytest
 from fake_runtime import chips_metrics
 from prometheus_client.parser import text_string_to_metric_families
 from tpu_info.metrics import MetricName
-from tpumon.samples import Distribution
+from tpumon.common.samples import Distribution
 from tpumon.sim.runtime_entries import (buffer_attribute, device_attribute, distribution_entry,
                                         gauge_entry, hlo_attribute)
 from tpumon.sources.chips import inventory_for
@@ -173,9 +173,9 @@ def test_histogram_quantiles_interpolate_within_the_bucket():
 
 def test_exported_buckets_span_the_used_range_only_with_cumulative_counts():
     from prometheus_client import CollectorRegistry, generate_latest
-    from tpumon.exporters.runtime_families import RuntimeMetricsCollector
-    from tpumon.identity import Identity
-    from tpumon.samples import RuntimeReading, RuntimeSeries
+    from tpumon.metrics.runtime_families import RuntimeMetricsCollector
+    from tpumon.common.identity import Identity
+    from tpumon.common.samples import RuntimeReading, RuntimeSeries
     from tpumon.state import PollState
     h = Distribution(tuple(2.0 ** i for i in range(10)), (0, 0, 0, 3, 0, 5, 0, 0, 0, 0, 0), 40.0)
     empty = Distribution(h.bounds, (0,) * 11, 0.0)

@@ -12,7 +12,7 @@ import pytest
 from test_store import record_all
 from tools import clean_env
 from tpumon.sim.tracegen import generate_trace
-from tpumon.trace import write_trace
+from tpumon.trace.write import write_trace
 
 TPUMON = [sys.executable, "-m", "tpumon"]
 

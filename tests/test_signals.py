@@ -1,4 +1,4 @@
-"""Signals reach the agent's events without deadlocking its main thread (tpumon.signals).
+"""Signals reach the agent's events without deadlocking its main thread (tpumon.common.signals).
 
 A handler that set an Event itself could hang the agent at SIGTERM: the handler runs in
 the main thread, sometimes just after that thread, asleep in ``stop.wait()``, took the
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.e2e  # starts agents or external servers: seconds each
 
 CHILD = textwrap.dedent("""
     import signal, sys, threading, time
-    from tpumon.signals import Stop, signals_to_events
+    from tpumon.common.signals import Stop, signals_to_events
 
     stop, reload = Stop(), threading.Event()   # as tpumon.cli.agent makes them
     reloads = 0

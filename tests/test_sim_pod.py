@@ -11,7 +11,7 @@ import subprocess
 import pytest
 
 from tools import TPUMON, AgentProcess, clean_env, wait_for
-from tpumon.identity import fetch_metadata_attribute, fetch_tpu_env, parse_worker_endpoints
+from tpumon.common.identity import fetch_metadata_attribute, fetch_tpu_env, parse_worker_endpoints
 from tpumon.sim.pod import (SliceSpec, accelerator_type, host_address, host_scenario,
                             start_slice)
 from tpumon.sim.workload import V4_HBM_TOTAL_BYTES

@@ -12,9 +12,9 @@ from tpu_info import metrics as tpu_info_metrics
 
 from test_sim_server import ManualClock
 from tools import require_tool
-from tpumon.agent import Agent, AgentInputs, OwnerScanner
-from tpumon.exporters.prometheus import build_registry
-from tpumon.identity import LABELS, Identity
+from tpumon.agent.loop import Agent, AgentInputs, OwnerScanner
+from tpumon.metrics.collectors import build_registry
+from tpumon.common.identity import LABELS, Identity
 from tpumon.sim.server import Simulator
 from tpumon.sim.workload import Workload
 from tpumon.sources.chips import inventory_for

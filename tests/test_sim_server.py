@@ -102,9 +102,9 @@ def test_agent_poll_loop_detects_a_leak_end_to_end(simulator):
     """Simulated runtime over gRPC -> runtime source -> agent -> detector -> /metrics."""
     from prometheus_client import generate_latest
 
-    from tpumon.agent import Agent, AgentInputs, OwnerScanner
-    from tpumon.exporters.prometheus import build_registry
-    from tpumon.identity import Identity
+    from tpumon.agent.loop import Agent, AgentInputs, OwnerScanner
+    from tpumon.metrics.collectors import build_registry
+    from tpumon.common.identity import Identity
     from tpumon.state import AgentState
 
     start = 1750000000.0
@@ -201,8 +201,8 @@ def test_while_the_runtime_is_down_time_runs_unobserved(simulator):
 ])
 def test_the_agent_says_when_its_polls_slow_the_simulation(caplog, poll_interval,
                                                            acceleration, waits):
-    from tpumon.bootstrap import check_simulation_pace
-    from tpumon.config import load_config
+    from tpumon.agent.bootstrap import check_simulation_pace
+    from tpumon.common.config import load_config
     config = load_config(overrides={"agent.poll_interval": poll_interval,
                                     "simulator.acceleration": acceleration}, env={})
     with caplog.at_level("INFO", logger="tpumon.bootstrap"):
@@ -223,8 +223,8 @@ def test_the_agent_says_when_its_polls_slow_the_simulation(caplog, poll_interval
 def test_a_pace_too_sparse_to_see_the_leak_is_refused(overrides):
     """At 1200x, polls every 0.25 s and the bound at 90 s, the linear leak read 'ok: no
     significant growth' after 90 simulated minutes: refused, with the reason."""
-    from tpumon.bootstrap import check_simulation_pace
-    from tpumon.config import ConfigError, load_config
+    from tpumon.agent.bootstrap import check_simulation_pace
+    from tpumon.common.config import ConfigError, load_config
     config = load_config(overrides={"agent.poll_interval": 0.25, **overrides}, env={})
     with pytest.raises(ConfigError, match=r"simulated s between polls .* needs a poll at "
                                           r"least every 60 simulated s"):

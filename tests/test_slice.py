@@ -16,15 +16,15 @@ import pytest
 from test_webconfig import PASSWORD, USER, pki, stack  # noqa: F401 (fixtures)
 from tools import TPUMON, clean_env, free_port, wait_for
 from tpumon.sim.metadata import MetadataServer
-from tpumon.slice import (ClientOptions, SliceError, WorkerAnswer, ask_all, build_view,
-                          peer_url, peers_from_metadata, peers_from_service, summary_line)
+from tpumon.client.slice import (ClientOptions, SliceError, WorkerAnswer, ask_all, build_view,
+                                 peer_url, peers_from_metadata, peers_from_service, summary_line)
 
 GiB = 2**30
 
 
 def status_doc(worker: int, verdicts: list[str], now: float = 1000.0,
                ooms: list[float | None] | None = None) -> dict:
-    """An agent's /api/status as tpumon/status.py writes it (the fields --slice reads)."""
+    """An agent's /api/status as tpumon/web/status.py writes it (the fields --slice reads)."""
     ooms = ooms or [None] * len(verdicts)
     return {"time": now, "identity": {"host": f"t1v-n-x-w-{worker}", "worker": str(worker),
                                       "accelerator_type": "v4-32", "slice": "my-tpu"},

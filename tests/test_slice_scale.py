@@ -18,7 +18,7 @@ import pytest
 
 from tools import TPUMON, clean_env, free_port, wait_for
 from tpumon.sim.agents import AgentFleet, FleetSpec
-from tpumon.slice import ClientOptions, ask_all
+from tpumon.client.slice import ClientOptions, ask_all
 
 HOSTS, DOWN, SLOW, LEAKING = 256, 26, 26, 8
 SIM_AGENTS = [sys.executable, "-m", "tpumon.sim.agents"]

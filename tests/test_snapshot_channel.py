@@ -15,7 +15,7 @@ import time
 import pytest
 
 from tools import FakeReporter, wait_for
-from tpumon.exporters import snapshot_api
+from tpumon.web import snapshot_api
 from tpumon.instrument.protocol import encode_part, encode_request
 from tpumon.instrument.snapshot import make_snapshot
 from tpumon.sources.reports import ReporterSocket
@@ -196,7 +196,7 @@ def test_a_reporter_whose_agent_is_gone_keeps_training(tmp_path, monkeypatch):
     ({"REQUEST_METHOD": "POST", "REMOTE_ADDR": "127.0.0.1", "QUERY_STRING": "pid=4242"}, "400"),
 ])
 def test_snapshot_api_refuses_what_it_should(receiver, environ, status):
-    from tpumon.identity import Identity
+    from tpumon.common.identity import Identity
     from tpumon.sources.chips import ChipInventory
     from tpumon.state import PollState
     snap = PollState(time=0.0, identity=Identity("vm"), inventory=ChipInventory(None, 0))

@@ -10,10 +10,10 @@ import time
 
 from tpu_info import device as tpu_device
 
-from tpumon.agent import Agent, AgentInputs, OwnerScanner
-from tpumon.exporters.prometheus import build_registry
-from tpumon.identity import Identity
-from tpumon.logs import JournalFormatter
+from tpumon.agent.loop import Agent, AgentInputs, OwnerScanner
+from tpumon.metrics.collectors import build_registry
+from tpumon.common.identity import Identity
+from tpumon.agent.logs import JournalFormatter
 from tpumon.sources import chips
 from tpumon.sources.chips import ChipInventory, detect_chips, inventory_for, scan_chip_owners
 from tpumon.sources.health import SourceTracker, SourceUnavailable

@@ -1,4 +1,4 @@
-"""tpumon.signals.Stop: the agent's stop event, a threading.Event whose wait is one lock
+"""tpumon.common.signals.Stop: the agent's stop event, a threading.Event whose wait is one lock
 acquire. Every waiter wakes at the one set, a wait without it lasts its timeout."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tpumon.signals import Stop
+from tpumon.common.signals import Stop
 
 
 def test_a_wait_lasts_its_timeout_and_says_the_stop_did_not_come():

@@ -19,11 +19,12 @@ from tpumon.store import checkpoint
 from tpumon.store.checkpoint import CheckpointError, dump_detector, load_detector
 from tpumon.store.database import (CACHE_KIB, DB_NAME, HistoryDB, Retention, database_path,
                                    open_database)
-from tpumon.samples import Sample
+from tpumon.common.samples import Sample
 from tpumon.store.trace_rows import export_rows
 from tpumon.store.resume import feed, restore_detectors
 from tpumon.store.writer import PollRecord, StoreWriter
-from tpumon.trace import read_trace, write_trace
+from tpumon.trace.read import read_trace
+from tpumon.trace.write import write_trace
 
 HOST = "t1v-n-test-w-0"
 
@@ -206,6 +207,32 @@ def test_checkpoint_round_trip_is_exact_and_refuses_other_classes():
         load_detector(pickle.dumps(__import__("os").system))
     with pytest.raises(CheckpointError, match="damaged"):
         load_detector(dump_detector(first)[:-40])
+
+
+def test_a_checkpoint_names_only_the_detectors_classes_and_numpys():
+    """A checkpoint is read back only by the same detector code (its fingerprint), and the
+    classes it names are tpumon.detect's: modules moved elsewhere in tpumon (as the package
+    layout moved diagnose/counts.py out of detect/) never break an agent's checkpoints."""
+    import io
+    import pickle
+
+    rows = trace(hours=12, chips=1)
+    detector = ChipDetector()
+    detector.update(np.array([r.time for r in rows]), np.array([r.step for r in rows], float),
+                    np.array([r.hbm_used_bytes for r in rows], float),
+                    np.array([r.hbm_total_bytes for r in rows], float))
+    assert detector.assessment.verdict is Verdict.LEAK
+    named = set()
+
+    class Recording(pickle.Unpickler):
+        def find_class(self, module, name):
+            named.add(module)
+            return super().find_class(module, name)
+
+    Recording(io.BytesIO(dump_detector(detector))).load()
+    assert any(m.startswith("tpumon.detect.") for m in named)
+    assert all(m == "tpumon.detect" or m.startswith(("tpumon.detect.", "numpy"))
+               or m == "builtins" for m in named), sorted(named)
 
 
 def resumed_equals_continuous(tmp_path, live):

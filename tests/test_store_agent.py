@@ -17,17 +17,17 @@ import pytest
 from fake_runtime import chips_metrics
 from test_sim_server import ManualClock
 from tools import TPUMON, AgentProcess, clean_env, wait_for
-from tpumon.agent import Agent, AgentInputs, OwnerScanner
+from tpumon.agent.loop import Agent, AgentInputs, OwnerScanner
 from tpumon.detect import ChipDetector, Verdict
-from tpumon.exporters.prometheus import build_registry
-from tpumon.identity import Identity
+from tpumon.metrics.collectors import build_registry
+from tpumon.common.identity import Identity
 from tpumon.sim.server import Simulator
 from tpumon.sim.workload import Workload
 from tpumon.sources.chips import inventory_for
 from tpumon.sources.tpu_runtime import TpuRuntimeSource
 from tpumon.state import AgentState
 from tpumon.store.database import Retention, database_path, open_database
-from tpumon.samples import Sample
+from tpumon.common.samples import Sample
 from tpumon.store.resume import restore_detectors
 from tpumon.store.writer import StoreWriter
 

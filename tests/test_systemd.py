@@ -17,12 +17,12 @@ import pytest
 
 from tools import AgentProcess, require_tool
 from tpumon.detect import Assessment, Verdict
-from tpumon.identity import Identity
-from tpumon.samples import ChipSample, RuntimeReading
+from tpumon.common.identity import Identity
+from tpumon.common.samples import ChipSample, RuntimeReading
 from tpumon.sources.chips import inventory_for
 from tpumon.state import PollState
 from tpumon.store.writer import StoreHealth
-from tpumon.systemd import SystemdNotify, status_line
+from tpumon.agent.systemd import SystemdNotify, status_line
 
 ROOT = Path(__file__).resolve().parent.parent
 UNIT = ROOT / "deploy/systemd/tpumon.service"

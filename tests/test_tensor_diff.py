@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tpumon.detect.tensor_diff import diff, percent, rate_text
+from tpumon.sources.tensor_diff import diff, percent, rate_text
 from tpumon.instrument.snapshot import Snapshot, TensorGroup
 
 BIG = 4096 * 14336 * 2  # bf16[4096,14336]: 112.0 MiB

@@ -18,10 +18,12 @@ import threading
 import numpy as np
 import pytest
 
-from tpumon import trace
+from tpumon.trace import read as trace_read
+from tpumon.trace import text as trace_text
 from tpumon.sim.tracegen import generate_trace
-from tpumon.trace import (MAX_LINE_CHARS, SeriesColumns, TraceFormatError, TraceRow, read_trace,
-                          read_trace_columns, write_trace)
+from tpumon.trace.read import read_trace, read_trace_columns
+from tpumon.trace.schema import MAX_LINE_CHARS, SeriesColumns, TraceFormatError, TraceRow
+from tpumon.trace.write import write_trace
 
 TOTAL = 34088157184
 HEADER = "time,host,chip,step,hbm_used_bytes,hbm_total_bytes\n"
@@ -333,7 +335,7 @@ def test_columns_equal_rows_on_simulated_traces(tmp_path, fmt, scenario, chips, 
 
 
 def test_columns_span_several_batches(tmp_path, monkeypatch):
-    monkeypatch.setattr(trace, "_BATCH_ROWS", 7)
+    monkeypatch.setattr(trace_text, "BATCH_ROWS", 7)
     rows = list(generate_trace("healthy", duration_s=600, chips=3))
     for fmt in ("csv", "jsonl"):
         path = tmp_path / f"t.{fmt}"
@@ -466,7 +468,7 @@ def oracle_csv(text):
     try:
         header = next(r for r in reader if any(f.strip() for f in r))
         index = {c.strip(): i for i, c in reversed(list(enumerate(header)))}
-        positions = [index.get(c) for c in trace.COLUMNS]
+        positions = [index.get(c) for c in trace_text.COLUMNS]
         for fields in reader:
             if not fields or (len(fields) == 1 and not fields[0].strip()):
                 continue
@@ -474,9 +476,9 @@ def oracle_csv(text):
                 return (reader.line_num,
                         f"row has {len(fields)} fields but the header has {len(header)}")
             try:
-                t, host, chip, step, used, total = trace._check_values(
+                t, host, chip, step, used, total = trace_text._check_values(
                     *(None if p is None else fields[p] for p in positions))
-            except trace._FieldError as e:
+            except trace_text._FieldError as e:
                 return (reader.line_num, e.args[0])
             prev = last.get((host, chip))
             if prev is not None and t < prev[0]:
@@ -508,9 +510,9 @@ def oracle_jsonl(text):
         if missing:
             return (line, f"missing required key {', '.join(repr(c) for c in missing)}")
         try:
-            t, host, chip, step, used, total = trace._check_values(
-                *(obj.get(c) for c in trace.COLUMNS))
-        except trace._FieldError as e:
+            t, host, chip, step, used, total = trace_text._check_values(
+                *(obj.get(c) for c in trace_text.COLUMNS))
+        except trace_text._FieldError as e:
             return (line, e.args[0])
         prev = last.get((host, chip))
         if prev is not None and t < prev[0]:
@@ -641,7 +643,7 @@ def test_large_tables_group_on_a_second_thread_with_the_same_results(tmp_path, m
     """A large table's names and sort run beside the numbers' checks, on a helper thread
     (every table here, by lowering the threshold): the same series, and the same error
     where a file holds several, as the row parser's."""
-    from tpumon import trace_columns
+    from tpumon.trace import columns as trace_columns
 
     threads = []
     groups = trace_columns._series_groups
@@ -670,7 +672,7 @@ def test_jsonl_shaped_for_pyarrow_agree_too(tmp_path, monkeypatch, block):
     block on its own (a null at a block's start is where it crashed). Blocks stay longer
     than twice the longest fuzzed line (~530 bytes): shorter ones make pyarrow refuse
     straddling rows, and its reader then at times aborts the process at exit."""
-    from tpumon import trace_columns
+    from tpumon.trace import arrow as trace_columns
 
     if block is not None:
         monkeypatch.setattr(trace_columns, "_BLOCK_BYTES", block)
@@ -729,7 +731,7 @@ def test_a_named_pipe_is_read_once_by_the_strict_parser(tmp_path):
     pipe = tmp_path / "t.jsonl"
     os.mkfifo(pipe)
     text = '{"time": 1.5, "host": "h", "chip": "0", "hbm_used_bytes": 1, "hbm_total_bytes": 9}\n'
-    code = ("import sys; from tpumon.trace import read_trace_columns; "
+    code = ("import sys; from tpumon.trace.read import read_trace_columns; "
             "print(len(read_trace_columns(sys.argv[1])[('h', '0')].times))")
     reader = subprocess.Popen([sys.executable, "-c", code, str(pipe)], stdout=subprocess.PIPE,
                               text=True)
@@ -757,7 +759,7 @@ def test_files_are_read_by_pyarrow_not_the_row_parser(tmp_path, monkeypatch):
     write_trace(generate_trace("healthy", duration_s=600, poll_interval_s=5, chips=2, seed=3),
                 path)
     expected = read_trace_columns(path)
-    monkeypatch.setattr(trace, "_parsed_columns", lambda *a: pytest.fail("row parser used"))
+    monkeypatch.setattr(trace_read, "_parsed_columns", lambda *a: pytest.fail("row parser used"))
     assert read_trace_columns(path).keys() == expected.keys()
 
 
@@ -767,14 +769,14 @@ def test_jsonl_files_are_read_by_pyarrow_not_the_row_parser(tmp_path, monkeypatc
     rows[3] = dataclasses.replace(rows[3], step=None)
     path = tmp_path / "t.jsonl"
     write_trace(rows, path, format="jsonl")
-    monkeypatch.setattr(trace, "_parsed_columns", lambda *a: pytest.fail("row parser used"))
+    monkeypatch.setattr(trace_read, "_parsed_columns", lambda *a: pytest.fail("row parser used"))
     assert columns_as_series(read_trace_columns(path)) == as_series(rows)
 
 
 def read_objects(data: bytes, size: int) -> tuple[bool, int, bytes]:
     """What ObjectLines passes of ``data`` read ``size`` bytes at a time: (refused, lines
     counted, bytes passed)."""
-    from tpumon.trace_columns import ObjectLines
+    from tpumon.trace.arrow import ObjectLines
 
     lines = ObjectLines(io.BytesIO(data), 1 << 20)
     passed = b"".join(iter(lambda: lines.read(size), b""))
@@ -802,7 +804,7 @@ def test_pyarrow_is_handed_only_lines_that_begin_an_object(end):
 def test_a_null_at_the_start_of_a_block_is_the_strict_parsers_not_a_crash(tmp_path,
                                                                         monkeypatch):
     """Without the guard above this kills the test process (pyarrow 26)."""
-    from tpumon import trace_columns
+    from tpumon.trace import arrow as trace_columns
 
     line = '{"time": 1.5, "host": "h", "chip": "0", "hbm_used_bytes": 1, "hbm_total_bytes": 9}\n'
     monkeypatch.setattr(trace_columns, "_BLOCK_BYTES", len(line))
@@ -860,7 +862,7 @@ def test_small_pages_turns_numpys_huge_page_advice_off_and_back():
     """Reading a trace asks numpy not to advise huge pages (their kernel-side cost was most
     of the time of grouping a large trace, bench/analyze_speed.py) and restores the
     process-wide setting after."""
-    from tpumon.trace_columns import small_pages
+    from tpumon.trace.arrow import small_pages
 
     core = getattr(np, "_core", None) or np.core
     switch = getattr(core.multiarray, "_set_madvise_hugepage", None)
@@ -884,7 +886,7 @@ def test_pyarrows_reads_end_at_the_first_line_too_long_and_only_there(seed):
     import io
     import random
 
-    from tpumon.trace_columns import ShortLines
+    from tpumon.trace.arrow import ShortLines
 
     rng = random.Random(seed)
     longest = rng.choice([8, 50, 64, 1000])

@@ -12,7 +12,9 @@ from tpumon.cli import main
 from tpumon.detect import replay
 from tpumon.detect.replay import read_path, replay_columns, spilled_path
 from tpumon.sim.tracegen import generate_trace
-from tpumon.trace import TraceFormatError, read_trace_columns, write_trace
+from tpumon.trace.read import read_trace_columns
+from tpumon.trace.schema import TraceFormatError
+from tpumon.trace.write import write_trace
 
 SLICE = "t1v-n-5f0c1a2b"
 
@@ -142,7 +144,7 @@ def test_a_file_pyarrow_refuses_late_is_read_again_by_the_strict_parser(tmp_path
 
 
 def test_read_ahead_gives_every_item_and_the_error_where_it_is_taken():
-    from tpumon.trace_columns import read_ahead
+    from tpumon.trace.arrow import read_ahead
 
     assert list(read_ahead(iter(range(100)))) == list(range(100))
 
@@ -165,7 +167,7 @@ def test_a_full_disk_under_the_spill_is_one_line_naming_it(traces, monkeypatch):
     import errno
     import io
 
-    from tpumon import trace_spill
+    from tpumon.trace import spill as trace_spill
 
     def full(self, data):
         raise OSError(errno.ENOSPC, "No space left on device")

@@ -1,11 +1,11 @@
-"""tpumon/units.py: the one way every output writes bytes and intervals."""
+"""tpumon/common/units.py: the one way every output writes bytes and intervals."""
 
 import pytest
 
 from tpumon.detect import describe_growth
 from tpumon.report.render import size
-from tpumon.describe import describe_oom, summarize_verdicts
-from tpumon.units import format_bytes, format_growth, format_hours, format_span
+from tpumon.common.describe import describe_oom, summarize_verdicts
+from tpumon.common.units import format_bytes, format_growth, format_hours, format_span
 
 GiB = 2**30
 
@@ -67,7 +67,7 @@ def test_one_time_to_oom_everywhere():
 def test_a_range_is_written_in_one_unit():
     """The report's 95 % interval read "+1,021.4 MiB to +1.01 GiB/h": two scales at a
     glance. Both ends take the larger end's unit."""
-    from tpumon.units import format_byte_range
+    from tpumon.common.units import format_byte_range
 
     assert format_byte_range(1021.4 * 2**20, 1.01 * 2**30, signed=True) == \
         ("+1.00 GiB", "+1.01 GiB")

@@ -1,5 +1,5 @@
 """Text that training processes and network clients wrote, at each sink (issue 42,
-"Escaping at every sink"): each sink's function of tpumon.untrusted_text alone, then the
+"Escaping at every sink"): each sink's function of tpumon.common.untrusted_text alone, then the
 sinks that use it (Slack and PagerDuty bodies, `tpumon status` and `watch` screens,
 Prometheus labels, log lines, HTML pages). tests/test_untrusted_text_agent.py takes the
 same attacks through the real agent and commands."""
@@ -18,13 +18,13 @@ from rich.console import Console
 
 from tpumon.cli import status as status_cli
 from tpumon.cli import watch
-from tpumon.logs import setup_logging
+from tpumon.agent.logs import setup_logging
 from tpumon.notify.alerts import Alert
 from tpumon.notify.outbox import Event
 from tpumon.notify.pagerduty import PagerDutyChannel
 from tpumon.notify.slack import SlackChannel
-from tpumon.untrusted_text import (PAGERDUTY_SUMMARY_MAX, for_label, for_log, for_pagerduty,
-                                   for_slack, for_terminal)
+from tpumon.common.untrusted_text import (PAGERDUTY_SUMMARY_MAX, for_label, for_log, for_pagerduty,
+                                          for_slack, for_terminal)
 
 MENTIONS = "<!channel> <http://evil|click>"  # 30 characters: a report's framework may be 32
 TITLE_AND_RED = "\x1b]0;pwn\x07\x1b[31m"  # retitle the terminal, then paint it red
@@ -187,7 +187,7 @@ def test_watch_prints_no_escape_sequence_and_no_markup_from_a_process():
 def test_prometheus_labels_hold_no_control_character():
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from tpumon.exporters.prometheus import ChipCollector
+    from tpumon.metrics.collectors import ChipCollector
 
     snap = SimpleNamespace(
         runtime=None, owners={"0": 4242}, chips=lambda: ["0"], chip_steps={},
@@ -217,13 +217,13 @@ def test_every_log_line_is_one_line(monkeypatch):
 def test_html_pages_escape_what_processes_wrote():
     """No function of its own: both page environments autoescape, and no template opts
     out."""
-    from tpumon.exporters.http import _templates
+    from tpumon.web.http import _templates
     from tpumon.report.html import _TEMPLATES
 
     for env in (_templates(), _TEMPLATES):
         assert env.autoescape is True
         assert env.from_string("{{ x }}").render(x="<script>&") == "&lt;script&gt;&amp;"
     root = Path(__file__).resolve().parent.parent / "tpumon"
-    for template in [*root.glob("exporters/templates/*"), *root.glob("report/templates/*")]:
+    for template in [*root.glob("web/templates/*"), *root.glob("report/templates/*")]:
         text = template.read_text()
         assert "|safe" not in text.replace(" ", "") and "autoescape false" not in text

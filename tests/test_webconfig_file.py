@@ -1,4 +1,4 @@
-"""The web configuration format as a schema (webconfig_schema.py): each kind of mistake is
+"""The web configuration format as a schema (web/webconfig/schema.py): each kind of mistake is
 one line naming the key, never echoing a value that may be a password (the files that
 promtool also rejects, and the TLS ones, are in test_webconfig.py)."""
 
@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from tpumon.config import ConfigError
-from tpumon.exporters.webconfig import load_web_config
+from tpumon.common.config import ConfigError
+from tpumon.web.webconfig.live import load_web_config
 
 HASH = "$2y$10$" + "a" * 53
 
@@ -59,6 +59,6 @@ def test_nulls_are_defaults_and_go_reads_2_as_2a(tmp_path):
 
 def test_an_agent_without_a_web_config_never_loads_pydantic():
     """pydantic costs the agent ~100 ms of start-up and ~7 MiB: only a web config pays."""
-    code = ("import sys; import tpumon.bootstrap, tpumon.exporters.http, tpumon.cli.agent; "
+    code = ("import sys; import tpumon.agent.bootstrap, tpumon.web.http, tpumon.cli.agent; "
             "assert 'pydantic' not in sys.modules, 'pydantic loaded'")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -12,7 +12,8 @@ import pytest
 
 from tpumon.sim.tracegen import generate_trace
 from tpumon.sim.workload import SCENARIOS, V4_HBM_TOTAL_BYTES, Scenario, Workload
-from tpumon.trace import read_trace, write_trace
+from tpumon.trace.read import read_trace
+from tpumon.trace.write import write_trace
 
 HOUR = 3600.0
 MB = 10**6

@@ -4,8 +4,8 @@ The poll thread is the only writer. It builds a new immutable :class:`PollState`
 poll and publishes it with one reference assignment, so a scrape (another thread) always
 reads one whole poll, never half of one, and never waits for a poll in progress.
 
-Data flows one way: sources -> detector -> this state -> exporters, notifiers, the store.
-So the poll state holds what the poll found and nothing of its readers: the history
+Data flows one way: sources -> detector -> diagnosis -> this state -> the store, notifiers,
+metrics, web. So the poll state holds what the poll found and nothing of its readers: the history
 store's and the notifiers' health and the alert thresholds are read from those components
 themselves (their collectors, the status document), and this module imports none of them.
 """
@@ -16,14 +16,14 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from tpumon.detect import Assessment, Verdict
-from tpumon.detect.counts import Cause
-from tpumon.identity import Identity
-from tpumon.job_ends import JobEnd
-from tpumon.samples import HostSample, RuntimeReading, chip_sort_key
+from tpumon.diagnose.counts import Cause
+from tpumon.common.identity import Identity
+from tpumon.diagnose.job_ends import JobEnd
+from tpumon.common.samples import HostSample, RuntimeReading, chip_sort_key
 from tpumon.sources.chips import ChipInventory
 from tpumon.sources.health import SourceHealth
 from tpumon.sources.pod_resources import PodAssignment
-from tpumon.processes import ProcessState
+from tpumon.diagnose.processes import ProcessState
 from tpumon.sources.reports import ReporterReading
 from tpumon.sources.runtime_server import RuntimeServer
 from tpumon.sources.snapshots import SnapshotResult
@@ -32,7 +32,7 @@ from tpumon.sources.snapshots import SnapshotResult
 @dataclass(frozen=True)
 class PollState:
     """Everything one poll found (not a tensor snapshot: that is
-    ``tpumon.instrument.snapshot.Snapshot``); exporters and the CLI read it."""
+    ``tpumon.instrument.snapshot.Snapshot``); metrics, web and the CLI read it."""
 
     time: float
     identity: Identity

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tpumon.detect.tensor_diff import diff
+from tpumon.sources.tensor_diff import diff
 from tpumon.instrument.snapshot import Snapshot
 
 HERE = Path(__file__).resolve().parent

@@ -17,7 +17,8 @@ import os
 
 import click
 
-from tpumon import __version__, grpc_env
+from tpumon import __version__
+from tpumon.agent import grpc_env
 
 #: command name -> (module under tpumon.cli, summary: the first sentence of its help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -54,8 +55,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
 def _user_errors() -> tuple[type[Exception], ...]:
     """The errors a user can fix. Imported only once something failed: they live in
     modules that most commands never load."""
-    from tpumon.config import ConfigError
-    from tpumon.exporters.http import ListenError
+    from tpumon.common.config import ConfigError
+    from tpumon.web.http import ListenError
     from tpumon.sim.process import SimulatorStartError
 
     return (ConfigError, ListenError, SimulatorStartError)

@@ -2,27 +2,17 @@
 
 from __future__ import annotations
 
-import logging
 import signal
 import threading
-from typing import Callable
 
 import click
 
-from tpumon.bootstrap import build
+from tpumon.agent.logs import setup_logging
+from tpumon.agent.run import run_agent
 from tpumon.cli.options import (config_option, ports_value, runtime_ports_option,
                                 state_dir_option)
-from tpumon import __version__
-from tpumon.config import Config, load_config
-from tpumon.exporters.http import MetricsServer
-from tpumon.exporters.report_page import ReportPage
-from tpumon.logs import setup_logging
-from tpumon.reload import reload_config
-from tpumon.signals import Stop, signals_to_events
-from tpumon.state import PollState
-from tpumon.systemd import SystemdNotify
-
-log = logging.getLogger("tpumon.agent")
+from tpumon.common.config import load_config
+from tpumon.common.signals import Stop, signals_to_events
 
 
 @click.command("agent")
@@ -80,45 +70,3 @@ def command(config_path: str | None, listen_address: str | None, web_config_file
     stop, reload = Stop(), threading.Event()
     with signals_to_events({signal.SIGTERM: stop, signal.SIGINT: stop, signal.SIGHUP: reload}):
         run_agent(config, simulate, stop, reload, lambda: load_config(config_path, flags))
-
-
-def run_agent(config: Config, simulate: bool, stop: threading.Event,
-              reload: threading.Event | None = None,
-              load: Callable[[], Config] | None = None) -> None:
-    """Bind the exporter first (a port clash fails before a simulator starts), then poll.
-    When ``reload`` is set (SIGHUP), the configuration is read again with ``load`` after
-    the poll in progress, and what can change while running is applied (tpumon.reload)."""
-    server = MetricsServer(config["exporter.listen_address"], config["exporter.web_config_file"])
-    host, port = server.start()
-    try:
-        assembly = build(config, simulate=simulate)
-    except BaseException:
-        server.stop()
-        raise
-    try:
-        report = None if assembly.store is None else \
-            ReportPage(assembly.store.state_dir, assembly.identity.host,
-                       worker=assembly.identity.worker)
-        server.attach(assembly.registry, lambda: assembly.state.current, report,
-                      None if assembly.reporters is None else
-                      assembly.reporters.request_snapshot, assembly.readers())
-        shown = f"[{host}]" if ":" in host else host
-        labels = ", ".join(f"{k}={v or '?'}" for k, v in assembly.identity.labels().items())
-        secured = f"; {server.describe()}" if server.describe() else ""
-        log.info("tpumon %s serving metrics on %s://%s:%d/metrics (%s%s)", __version__,
-                 server.scheme, shown, port, labels, secured)
-        systemd = SystemdNotify(store=assembly.readers().store)
-        running = [config]
-
-        def after_poll(snap: PollState) -> None:
-            systemd.after_poll(snap)
-            if reload is not None and load is not None and reload.is_set():
-                reload.clear()
-                running[0] = reload_config(assembly, running[0], load)
-
-        assembly.agent.run(stop, after_poll=after_poll)
-        log.info("stopping")
-        systemd.stopping()
-    finally:
-        server.stop()
-        assembly.close()

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import click
 
-from tpumon.client import AgentClient, AgentError, AgentUnreachable, ClientAuth, StatusDocument
-from tpumon.config import Config, parse_listen_address, reachable_host
+from tpumon.client.http import AgentClient, AgentError, AgentUnreachable, ClientAuth, StatusDocument
+from tpumon.common.config import Config, parse_listen_address, reachable_host
 
 
 def agent_url(listen_address: str) -> str:

@@ -21,7 +21,7 @@ from tpumon.detect import describe_growth
 from tpumon.detect.early_replay import EarlyReplay
 from tpumon.detect.job_replay import SeriesResult, describe_forecast
 from tpumon.detect.replay import replay_columns, usable_cores
-from tpumon.trace import SeriesSource, TraceFormatError
+from tpumon.trace.schema import SeriesSource, TraceFormatError
 
 #: Widest host name shown: the table fits 80 columns with every other column full.
 HOST_WIDTH = 18

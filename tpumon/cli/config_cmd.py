@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from tpumon.cli.options import config_option
-from tpumon.config import load_config, render_toml
+from tpumon.common.config import load_config, render_toml
 
 
 @click.group("config")

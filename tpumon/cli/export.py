@@ -20,7 +20,8 @@ from tpumon.cli.prometheus_source import (check_prometheus_options, prometheus_o
                                           prometheus_rows)
 from tpumon.store.database import HistoryDB
 from tpumon.store.trace_rows import end_rows, export_rows
-from tpumon.trace import TraceRow, write_trace
+from tpumon.trace.schema import TraceRow
+from tpumon.trace.write import write_trace
 
 WRITABLE = {".csv": "csv", ".jsonl": "jsonl", ".parquet": "parquet"}  # suffix -> format
 

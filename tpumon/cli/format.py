@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tpumon.describe import chip_time_to_oom, oom_cell
+from tpumon.common.describe import chip_time_to_oom, oom_cell
 
 
 def format_pct(value: float | None) -> str:
@@ -13,7 +13,7 @@ def format_pct(value: float | None) -> str:
 
 
 def format_eta(chip: Any, doc_time: float | None) -> str:
-    """The chip's 'OOM in' cell, as every view writes it (:func:`tpumon.describe.oom_cell`);
+    """The chip's 'OOM in' cell, as every view writes it (:func:`tpumon.common.describe.oom_cell`);
     ``doc_time`` is the document's, for an older agent's chips that lack the figure."""
     return oom_cell(chip_time_to_oom(chip, doc_time), chip.get("growth_bytes_per_hour"))
 

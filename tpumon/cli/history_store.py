@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Iterator
 
 import click
 
-from tpumon.config import ConfigError, load_config
+from tpumon.common.config import ConfigError, load_config
 
 if TYPE_CHECKING:
     from tpumon.store.database import HistoryDB

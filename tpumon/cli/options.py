@@ -8,8 +8,8 @@ import functools
 
 import click
 
-from tpumon.client import ClientAuth
-from tpumon.config import ConfigError, parse_ports
+from tpumon.client.http import ClientAuth
+from tpumon.common.config import ConfigError, parse_ports
 
 config_option = click.option(
     "--config", "config_path", type=click.Path(dir_okay=False), default=None,

@@ -1,5 +1,5 @@
 """--prometheus URL --slice NAME [--since --until --resolution]: a slice's history from
-Prometheus for `tpumon analyze`, `export` and `report` (tpumon/prometheus_history.py)."""
+Prometheus for `tpumon analyze`, `export` and `report` (tpumon/trace/prometheus.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import click
 
 from tpumon.cli.progress import bars
 from tpumon.cli.timespec import parse_when
-from tpumon.trace import TraceRow
+from tpumon.trace.schema import TraceRow
 
 DEFAULT_SINCE = "24h"
 
@@ -50,7 +50,7 @@ def prometheus_rows(url: str, slice_name: str, since: str | None, until: str | N
                     resolution: float | None) -> list[TraceRow]:
     """The slice's rows; one clear error (click) for any failure; a progress bar on a
     terminal while the chunks come in."""
-    from tpumon.prometheus_history import PrometheusError, queries, slice_rows
+    from tpumon.trace.prometheus import PrometheusError, queries, slice_rows
 
     now = time.time()
     start = parse_when(since or DEFAULT_SINCE, "--since", now)

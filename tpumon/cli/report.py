@@ -20,8 +20,8 @@ from tpumon.cli.progress import bars
 from tpumon.cli.trace_input import spilled
 from tpumon.cli.prometheus_source import (check_prometheus_options, prometheus_options,
                                           prometheus_rows)
-from tpumon.trace import SeriesColumns, SeriesSource, TraceFormatError
-from tpumon.trace_spill import Keep
+from tpumon.trace.schema import SeriesColumns, SeriesSource, TraceFormatError
+from tpumon.trace.spill import Keep
 
 
 @click.command("report")

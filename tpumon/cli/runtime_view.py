@@ -3,7 +3,7 @@ runtime serves, read straight from the runtime like tpu-info does (no agent, no
 Prometheus). Distributions are shown as tpu-info shows them: count, mean and percentiles
 (p50, p90, p95, p99.9), here interpolated within the runtime's buckets. What the
 runtime's port answered (metric names, labels, an error) is printed through
-:func:`~tpumon.untrusted_text.for_terminal`: between jobs anyone may serve that port."""
+:func:`~tpumon.common.untrusted_text.for_terminal`: between jobs anyone may serve that port."""
 
 from __future__ import annotations
 
@@ -15,14 +15,14 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from tpumon.bootstrap import build
-from tpumon.config import Config
-from tpumon.units import format_bytes
-from tpumon.samples import Distribution
+from tpumon.agent.bootstrap import build
+from tpumon.common.config import Config
+from tpumon.common.units import format_bytes
+from tpumon.common.samples import Distribution
 from tpumon.sources.runtime_catalog import BY_RUNTIME_NAME, CATALOG, MetricSpec, find_spec
 from tpumon.sources.tpu_runtime import DUTY_CYCLE, TOTAL, USAGE
 from tpumon.state import PollState
-from tpumon.untrusted_text import for_terminal as shown
+from tpumon.common.untrusted_text import for_terminal as shown
 
 CORE = {USAGE: ("hbm_usage", "tpumon_hbm_used_bytes"),
         TOTAL: ("hbm_usage", "tpumon_hbm_total_bytes"),

@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from tpumon.cli.options import config_option
-from tpumon.config import ConfigError, load_config, parse_ports
+from tpumon.common.config import ConfigError, load_config, parse_ports
 from tpumon.instrument import Reporter
 from tpumon.instrument.snapshot import Snapshot, make_snapshot
-from tpumon.logs import setup_logging
-from tpumon.signals import signals_to_events
+from tpumon.agent.logs import setup_logging
+from tpumon.common.signals import signals_to_events
 from tpumon.sim.process import HOST_PREFIX, READY_PREFIX
 
 if TYPE_CHECKING:
@@ -169,7 +169,7 @@ def _write_trace(scenario: str, path: str, duration_s: float, poll_interval: flo
     """Write the trace beside ``path`` and rename it over it once complete, so a failure
     half-way never leaves a truncated file where an older trace was."""
     from tpumon.sim.tracegen import generate_trace
-    from tpumon.trace import write_trace
+    from tpumon.trace.write import write_trace
 
     rows = generate_trace(scenario, duration_s=duration_s, poll_interval_s=poll_interval,
                           chips=chips, seed=seed, hbm_total_bytes=total,

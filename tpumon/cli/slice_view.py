@@ -1,5 +1,5 @@
 """``tpumon status --slice`` and ``tpumon watch --slice``: the slice's options, its table
-and its live view (the slice logic itself is tpumon/slice.py)."""
+and its live view (the slice logic itself is tpumon/client/slice.py)."""
 
 from __future__ import annotations
 
@@ -16,14 +16,14 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from tpumon.client import ClientAuth
-from tpumon.config import Config, ConfigError, parse_listen_address
-from tpumon.describe import describe_growth, oom_cell
-from tpumon.units import format_bytes
-from tpumon.slice import (ClientOptions, SliceError, SliceView, ask_all, build_view,
-                          peers_from_metadata, peers_from_service,
-                          split_peers, summary_line)
-from tpumon.untrusted_text import for_terminal as shown
+from tpumon.client.http import ClientAuth
+from tpumon.common.config import Config, ConfigError, parse_listen_address
+from tpumon.common.describe import describe_growth, oom_cell
+from tpumon.common.units import format_bytes
+from tpumon.client.slice import (ClientOptions, SliceError, SliceView, ask_all, build_view,
+                                 peers_from_metadata, peers_from_service,
+                                 split_peers, summary_line)
+from tpumon.common.untrusted_text import for_terminal as shown
 
 
 def slice_options(command: Callable) -> Callable:

@@ -21,9 +21,9 @@ from rich.table import Table
 from tpumon.cli.options import agent_client_options, agent_option, config_option
 from tpumon.cli.agent_choice import agent_url
 from tpumon.cli.format import snapshot_line
-from tpumon.client import AgentClient, AgentError, ClientAuth
-from tpumon.config import load_config
-from tpumon.units import format_bytes
+from tpumon.client.http import AgentClient, AgentError, ClientAuth
+from tpumon.common.config import load_config
+from tpumon.common.units import format_bytes
 
 MAX_WAIT_SECONDS = 900.0
 SITES_HINT = ("creation sites were not recorded: for PyTorch/XLA set TPUMON_TRACK_SITES=1 in "

@@ -3,7 +3,7 @@
 Rich reads every string it prints as markup, and the terminal obeys escape sequences:
 each field of the status document (a process's name, a framework, a summary that quotes
 them, an error a peer wrote) is printed through
-:func:`~tpumon.untrusted_text.for_terminal`; only the markup written here is Rich's.
+:func:`~tpumon.common.untrusted_text.for_terminal`; only the markup written here is Rich's.
 """
 
 from __future__ import annotations
@@ -20,13 +20,13 @@ from tpumon.cli.agent_choice import agent_to_ask, ask_agent
 from tpumon.cli.format import format_eta, format_pct, snapshot_line
 from tpumon.cli.options import (agent_client_options, agent_option, config_option,
                                 direct_option, ports_value, runtime_ports_option)
-from tpumon.client import (ClientAuth)
+from tpumon.client.http import (ClientAuth)
 from tpumon.cli.slice_view import show_slice, slice_options
-from tpumon.config import Config, load_config
-from tpumon.describe import describe_growth
-from tpumon.logs import setup_logging
-from tpumon.units import format_bytes
-from tpumon.untrusted_text import for_terminal as shown
+from tpumon.common.config import Config, load_config
+from tpumon.common.describe import describe_growth
+from tpumon.agent.logs import setup_logging
+from tpumon.common.units import format_bytes
+from tpumon.common.untrusted_text import for_terminal as shown
 
 
 #: The verdicts a person must see first: the page in red, the warning in yellow.
@@ -173,8 +173,8 @@ def output_console() -> Console:
 
 def from_runtime(config: Config) -> dict[str, Any]:
     """One poll of the runtime and the host, as the agent would do it (no history)."""
-    from tpumon.bootstrap import build  # the agent, gRPC, numpy: only for this path
-    from tpumon.status import status_document
+    from tpumon.agent.bootstrap import build  # the agent, gRPC, numpy: only for this path
+    from tpumon.web.status import status_document
 
     assembly = build(config, history=False)
     try:

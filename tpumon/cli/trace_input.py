@@ -11,8 +11,8 @@ from rich.progress import Progress
 
 from tpumon.detect.early_replay import EarlyReplay
 from tpumon.detect.replay import spilled_path, trace_files
-from tpumon.trace import SeriesSource
-from tpumon.trace_spill import Keep
+from tpumon.trace.schema import SeriesSource
+from tpumon.trace.spill import Keep
 
 
 @contextmanager

@@ -7,7 +7,7 @@ verdicts; with no agent it polls the runtime itself (verdicts then build up from
 samples of this session). Ctrl-C leaves the screen as it was and exits with status 0.
 
 Every field of the status document is shown through
-:func:`~tpumon.untrusted_text.for_terminal` (a process's framework, a summary quoting it,
+:func:`~tpumon.common.untrusted_text.for_terminal` (a process's framework, a summary quoting it,
 an error a peer wrote): no escape sequence reaches the terminal and no markup in them is
 obeyed (``_line`` for whole lines, the table cells one by one).
 """
@@ -27,19 +27,19 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from tpumon.bootstrap import Assembly, build
+from tpumon.agent.bootstrap import Assembly, build
 from tpumon.cli.options import (agent_client_options, agent_option, config_option,
                                 direct_option, ports_value, runtime_ports_option)
 from tpumon.cli.slice_view import slice_options, watch_slice
 from tpumon.cli.agent_choice import agent_to_ask, ask_agent
 from tpumon.cli.format import format_eta, format_pct
-from tpumon.client import AgentClient, AgentError, ClientAuth
-from tpumon.config import load_config
-from tpumon.logs import setup_logging
-from tpumon.status import status_document
-from tpumon.describe import describe_growth
-from tpumon.units import format_bytes
-from tpumon.untrusted_text import for_terminal as shown
+from tpumon.client.http import AgentClient, AgentError, ClientAuth
+from tpumon.common.config import load_config
+from tpumon.agent.logs import setup_logging
+from tpumon.web.status import status_document
+from tpumon.common.describe import describe_growth
+from tpumon.common.units import format_bytes
+from tpumon.common.untrusted_text import for_terminal as shown
 
 VERDICT_STYLE = {"leak": "bold red", "growing": "yellow", "step_change": "yellow",
                  "warming_up": "dim",

@@ -35,7 +35,7 @@ from typing import Iterator, NamedTuple
 
 import numpy as np
 
-from tpumon.describe import describe_growth, describe_oom, describe_time_left
+from tpumon.common.describe import describe_growth, describe_oom, describe_time_left
 from tpumon.detect import jumps as level_shifts
 from tpumon.detect.floors import FloorHistory, group_by_bucket
 from tpumon.detect.forecast_band import oom_band
@@ -43,7 +43,7 @@ from tpumon.detect.jumps import Jump
 from tpumon.detect.robust import (PairwiseSlopes, TrendFit, lower_quartiles, median,
                                   sen_mann_kendall)
 from tpumon.detect.staircase import Staircase, find_staircase
-from tpumon.units import format_bytes
+from tpumon.common.units import format_bytes
 
 
 

@@ -1,6 +1,6 @@
 """Jobs replayed while the rest of their trace is still being read (``tpumon analyze``).
 
-A trace is spilled table by table (:mod:`tpumon.trace_spill`) and was replayed only once
+A trace is spilled table by table (:mod:`tpumon.trace.spill`) and was replayed only once
 the whole file had been read: on a 2-core VM a third of the time went to reading, with the
 other core half idle. But a series whose rows stopped coming is most likely whole: a trace
 written series after series (``tpumon export``) or host after host ends each series long
@@ -28,7 +28,7 @@ from tpumon.detect.job_replay import (Advance, ChipRun, Jobs, SeriesResult, job_
 
 if TYPE_CHECKING:
     from tpumon.detect.detector import DetectorSettings
-    from tpumon.trace_spill import Spill, SpilledSeries
+    from tpumon.trace.spill import Spill, SpilledSeries
 
 Key = tuple[str, str]
 

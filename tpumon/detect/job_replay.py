@@ -20,7 +20,7 @@ import numpy as np
 from tpumon.detect.detector import (Assessment, ChipDetector, DetectorSettings, Verdict,
                                     leak_alert)
 from tpumon.detect.pooling import JobPool, pool_job
-from tpumon.trace import SeriesColumns, SeriesSource
+from tpumon.trace.schema import SeriesColumns, SeriesSource
 
 def _opt(value: float | None, digits: int | None = None) -> float | int | None:
     if value is None or (isinstance(value, float) and math.isnan(value)):

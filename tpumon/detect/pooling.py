@@ -43,7 +43,7 @@ from tpumon.detect.detector import (Assessment, Verdict, describe_growth, oom_fo
                                     slope_fields)
 from tpumon.detect.jumps import Jump
 from tpumon.detect.robust import median
-from tpumon.describe import describe_oom, time_to_oom
+from tpumon.common.describe import describe_oom, time_to_oom
 
 
 def pool_jobs(assessments: Mapping[str, Assessment],
@@ -200,7 +200,7 @@ def _joined(a: Assessment, rate: float, interval: tuple[float, float]) -> Assess
                             a.window_seconds, steps_per_second)
     fields: dict = {**forecast, **slope_fields(rate, slowest, fastest, steps_per_second)}
     joined = dataclasses.replace(a, verdict=Verdict.LEAK, **fields)
-    # its own figures, as every view shows them beside the reason (tpumon.describe)
+    # its own figures, as every view shows them beside the reason (tpumon.common.describe)
     growth = describe_growth(joined.slope_bytes_per_step, joined.slope_bytes_per_hour)
     how = f"grows {growth} like the job's leaking chips" if _may_join(a) else \
         f"rose in the same jumps as the job's leaking chips ({growth})"

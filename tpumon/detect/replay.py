@@ -17,9 +17,9 @@ from tpumon.detect.detector import DetectorSettings
 from tpumon.detect.early_replay import EarlyReplay
 from tpumon.detect.job_replay import (Advance, ChipRun, Jobs, SeriesResult, group_jobs,
                                       job_results, replay_job, run_chip)
-from tpumon.trace import (SeriesColumns, SeriesSource, TraceFormatError, read_trace_columns,
-                          spill_trace)
-from tpumon.trace_spill import Keep, Spill, SpilledSeries
+from tpumon.trace.read import read_trace_columns, spill_trace
+from tpumon.trace.schema import SeriesColumns, SeriesSource, TraceFormatError
+from tpumon.trace.spill import Keep, Spill, SpilledSeries
 
 
 def analyze_path(path: str, settings: DetectorSettings | None = None,
@@ -47,9 +47,9 @@ def spilled_path(path: str, read: Advance | None = None, keep: Keep | None = Non
     """The series of a trace file or of a directory's trace files (``trace_files``), as
     :func:`read_path` gives them, but kept in a temporary spill file (under TMPDIR, 32
     bytes a sample) for as long as the context lasts, each read back when replayed: a
-    trace of any length in bounded memory (:mod:`tpumon.trace_spill`). ``read`` is told
+    trace of any length in bounded memory (:mod:`tpumon.trace.spill`). ``read`` is told
     the rows of each part of a file as it is read. ``keep`` selects the rows spilled
-    (:class:`tpumon.trace_spill.Spill`): a series it keeps nothing of has no samples.
+    (:class:`tpumon.trace.spill.Spill`): a series it keeps nothing of has no samples.
     ``early`` replays, while the rest is read, the jobs whose series look whole."""
     with tempfile.TemporaryDirectory(prefix="tpumon-analyze-") as directory:
         spill = Spill(directory, keep)

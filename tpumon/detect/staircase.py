@@ -22,7 +22,7 @@ from functools import lru_cache
 from typing import Callable, NamedTuple, Sequence
 
 from tpumon.detect.jumps import Jump
-from tpumon.units import format_bytes
+from tpumon.common.units import format_bytes
 
 #: exp(-QUIET_LIMIT): how improbable the quiet since the last jump may be before the
 #: staircase is taken to have stopped (3: 5 %).

@@ -181,7 +181,7 @@ class Reporter:
 
     def framework_version(self) -> str | None:
         """The framework's version, sent with every report: the agent matches known
-        framework leaks on it (tpumon.known_issues)."""
+        framework leaks on it (tpumon.diagnose.known_issues)."""
         return None
 
     def framework_fields(self) -> dict[str, Any]:

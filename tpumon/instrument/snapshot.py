@@ -2,7 +2,7 @@
 dtype and device, with where the tensors were created when that is known.
 
 A reporter takes one at a step boundary when the agent asks (``live_torch_xla`` and
-``live_jax`` build them); the agent diffs two (``tpumon.detect.tensor_diff``) to name the
+``live_jax`` build them); the agent diffs two (``tpumon.sources.tensor_diff``) to name the
 tensors a leak is made of. The wire form is JSON of bounded size (``to_json``): the
 largest groups are kept, the rest only counted. ``from_json`` is strict because the
 agent reads it from another process: anything malformed is a ``ValueError``, never

@@ -6,4 +6,7 @@ retry, rate limits) -> slack / pagerduty (message formats); secrets reads the we
 and routing key; health is what metrics and status see. bootstrap.open_notifier wires it.
 docs/alerts.md describes the alerts; docs/configuration.md the [alerts], [slack] and
 [pagerduty] sections.
+
+A reader of the poll state: may import ``state``, everything below it and ``store``.
+Imports nothing itself.
 """

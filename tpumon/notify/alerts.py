@@ -18,11 +18,11 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Iterable, Mapping
 
 from tpumon.detect import Assessment, Verdict, describe_growth
-from tpumon.describe import time_to_oom
+from tpumon.common.describe import time_to_oom
 from tpumon.detect.forecast_band import BAND_LABEL
 from tpumon.notify.settings import AlertSettings
 from tpumon.state import PollState
-from tpumon.units import format_hours, utc
+from tpumon.common.units import format_hours, utc
 
 log = logging.getLogger("tpumon.notify")
 

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Iterable, Mapping
 
 from tpumon.notify.alerts import Alert, Transition
-from tpumon.private_paths import create_no_follow
+from tpumon.common.private_paths import create_no_follow
 from tpumon.store.database import PAGE_SIZE, is_corruption, move_aside
 
 log = logging.getLogger("tpumon.notify")

@@ -4,7 +4,7 @@ conditions (a leak, an OOM forecast) are deduplicated per slice and alert instea
 N workers of a slice that see one leak open one incident, not N (docs/notifications.md).
 
 The summary names what training processes wrote (their framework, their tensors' sites):
-:func:`~tpumon.untrusted_text.for_pagerduty` takes its control characters out and holds
+:func:`~tpumon.common.untrusted_text.for_pagerduty` takes its control characters out and holds
 it to the API's 1024 characters."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 from tpumon.notify.alerts import INCIDENT_OPEN
 from tpumon.notify.outbox import Event
-from tpumon.untrusted_text import for_pagerduty
+from tpumon.common.untrusted_text import for_pagerduty
 
 MAX_DEDUP_KEY = 255
 

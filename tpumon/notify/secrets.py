@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-from tpumon.config import ConfigError
+from tpumon.common.config import ConfigError
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tpumon.config import Config
+from tpumon.common.config import Config
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ leak on eight chips over eight seconds.
 Slack reads the top-level ``text`` and every mrkdwn block as markup: ``<!channel>`` is a
 mention of everyone, ``<http://x|click>`` a link. Every piece of an alert is text that a
 training process may have written (a summary names its framework, tensor sites come from
-its snapshots), so each goes through :func:`~tpumon.untrusted_text.for_slack`; only the
+its snapshots), so each goes through :func:`~tpumon.common.untrusted_text.for_slack`; only the
 markup written here (the icon, the bold name, the dashboard and report links, whose URLs
 come from the configuration) is Slack's to read.
 """
@@ -20,9 +20,9 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from tpumon.units import format_hours
+from tpumon.common.units import format_hours
 from tpumon.notify.outbox import Event
-from tpumon.untrusted_text import for_slack
+from tpumon.common.untrusted_text import for_slack
 
 ICONS = {("trigger", "critical"): ":red_circle:", ("trigger", "warning"): ":warning:",
          ("resolve", "critical"): ":white_check_mark:",

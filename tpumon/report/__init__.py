@@ -2,7 +2,8 @@
 
 ``data.py`` replays the detector over the samples and gathers what to draw, ``render.py``
 draws the PNG (matplotlib, Agg), ``html.py`` writes the self-contained page. Imported only
-by the ``report`` command: the agent never loads matplotlib.
+by the ``report`` command: the agent never loads matplotlib. May import ``store``,
+``trace``, ``detect`` and ``common``.
 """
 
 from __future__ import annotations

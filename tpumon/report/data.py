@@ -24,10 +24,10 @@ from tpumon.detect import Assessment, ChipDetector, DetectorSettings, Verdict, d
 from tpumon.detect.floors import group_by_bucket
 from tpumon.detect.jumps import Jump
 from tpumon.detect.pooling import pool_job
+from tpumon.common.samples import StoredEnd
 from tpumon.detect.job_replay import group_jobs, replay_pooling
-from tpumon.store.database import StoredEnd
-from tpumon.trace_spill import Keep
-from tpumon.trace import SeriesColumns, SeriesSource, TraceRow
+from tpumon.trace.schema import SeriesColumns, SeriesSource, TraceRow
+from tpumon.trace.spill import Keep
 
 #: Bins of the raw-sample envelope: at most about one per pixel of the PNG's plot width,
 #: and at least SAMPLES_PER_BIN samples to a bin on average (a bin of one sample is a line

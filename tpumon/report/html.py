@@ -9,11 +9,11 @@ from typing import Any
 
 import jinja2
 
-from tpumon.describe import summarize_verdicts
+from tpumon.common.describe import summarize_verdicts
 from tpumon.detect.forecast_band import BAND_LABEL
 from tpumon.detect.job_replay import describe_forecast
 from tpumon.report.data import ChipReport, HostReport
-from tpumon.units import format_byte_range, format_span
+from tpumon.common.units import format_byte_range, format_span
 from tpumon.report.render import (VERDICT_COLOURS, hhmm, oom_text, per_hour, per_step, size,
                                   step_text, utc)
 

@@ -20,8 +20,8 @@ from matplotlib.ticker import MaxNLocator
 
 from tpumon.detect.forecast_band import BAND_LABEL
 from tpumon.report.data import ChipReport, Forecast, HostReport
-from tpumon.describe import describe_growth, describe_oom, time_to_oom
-from tpumon.units import format_bytes, format_span, utc
+from tpumon.common.describe import describe_growth, describe_oom, time_to_oom
+from tpumon.common.units import format_bytes, format_span, utc
 
 GiB = 2**30
 
@@ -58,12 +58,12 @@ def hhmm(t: float) -> str:
 
 
 def size(b: float, signed: bool = False) -> str:
-    """Bytes as every tpumon output writes them (binary units: tpumon/units.py)."""
+    """Bytes as every tpumon output writes them (binary units: tpumon/common/units.py)."""
     return format_bytes(b, signed=signed)
 
 
 def per_step(r: ChipReport) -> str | None:
-    """The growth per step, as every view writes it (tpumon.describe)."""
+    """The growth per step, as every view writes it (tpumon.common.describe)."""
     s = r.assessment.slope_bytes_per_step
     return None if s is None else describe_growth(s, None)
 

@@ -18,7 +18,7 @@ from matplotlib.figure import Figure
 
 from tpumon.detect import DetectorSettings
 from tpumon.report.data import HostReport, gap_seconds
-from tpumon.trace import SeriesColumns
+from tpumon.trace.schema import SeriesColumns
 
 BINS = 240  # time columns of the heatmap
 ROW_IN = 0.18  # inches per chip of the heatmap

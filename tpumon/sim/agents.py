@@ -5,7 +5,7 @@ A real agent per host is a process polling its own runtime; 256 of them do not f
 2-core VM, and what ``--slice`` reads of each is one HTTP answer, ``/api/status``. So each
 simulated worker here is an HTTP server on its own loopback address (127.0.0.1 + k, all on
 the same port, as the workers of a pod are), answering with the document the agent itself
-writes (:func:`tpumon.status.status_document`) from a poll of its chips: healthy, or
+writes (:func:`tpumon.web.status.status_document`) from a poll of its chips: healthy, or
 leaking on the workers given. A down worker has nothing listening on its address (a
 refused connection); a slow one answers after a delay.
 
@@ -28,14 +28,14 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from tpumon.detect.detector import Assessment, Verdict
-from tpumon.identity import Identity
-from tpumon.samples import ChipSample, RuntimeReading
+from tpumon.common.identity import Identity
+from tpumon.common.samples import ChipSample, RuntimeReading
 from tpumon.sim.naming import accelerator_type
 from tpumon.sim.pod import host_address
 from tpumon.sources.chips import ChipInventory
 from tpumon.sources.health import SourceHealth
 from tpumon.state import PollState
-from tpumon.status import status_document
+from tpumon.web.status import status_document
 
 GiB = 2**30
 V4_HBM_BYTES = 32 * GiB

@@ -14,7 +14,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Mapping
 
-from tpumon.identity import ATTRIBUTES_PATH
+from tpumon.common.identity import ATTRIBUTES_PATH
 
 
 def render_tpu_env(values: Mapping[str, str]) -> str:

@@ -18,7 +18,7 @@ import ipaddress
 from dataclasses import dataclass
 from typing import Callable
 
-from tpumon.config import Config, ConfigError
+from tpumon.common.config import Config, ConfigError
 from tpumon.sim.metadata import MetadataServer, render_tpu_env
 from tpumon.sim.naming import DEFAULT_SLICE, accelerator_type, tpu_env
 from tpumon.sim.server import SimClock, Simulator

@@ -4,7 +4,7 @@ Tests and benchmarks of the leak detector need long traces with known
 ground truth; recording them from real TPUs is not possible in CI. This
 polls a :class:`~tpumon.sim.workload.Workload` on the agent's schedule (a
 fixed interval, a little timing jitter, optionally dropped polls) and emits
-one :class:`~tpumon.trace.TraceRow` per chip per successful poll. Polls that
+one :class:`~tpumon.trace.read.TraceRow` per chip per successful poll. Polls that
 find the runtime down produce no rows, as in a real recording.
 """
 
@@ -14,7 +14,7 @@ import random
 from collections.abc import Iterator
 
 from tpumon.sim.workload import V4_HBM_TOTAL_BYTES, Scenario, Workload
-from tpumon.trace import TraceRow
+from tpumon.trace.schema import TraceRow
 
 __all__ = ["generate_trace"]
 

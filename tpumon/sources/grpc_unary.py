@@ -44,7 +44,7 @@ from urllib.parse import unquote
 import pycurl
 from google.protobuf.message import DecodeError, Message
 
-from tpumon.units import format_bytes
+from tpumon.common.units import format_bytes
 
 Reply = TypeVar("Reply", bound=Message)
 

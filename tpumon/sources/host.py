@@ -12,7 +12,7 @@ from typing import Callable, Mapping
 
 import psutil
 
-from tpumon.samples import HostSample, ProcessSample, chip_sort_key
+from tpumon.common.samples import HostSample, ProcessSample, chip_sort_key
 
 
 class HostSource:

@@ -45,9 +45,9 @@ from pathlib import Path
 from typing import Callable, Collection, NamedTuple, Protocol
 
 from tpumon.instrument.protocol import (FATAL_HEADER, LAST_WORDS_HEADER, MAX_LAST_WORDS,
-                                       MAX_SNAPSHOT_DATAGRAM, PART)
-from tpumon.signals import Stop
-from tpumon.private_paths import bind_with_mode
+                                        MAX_SNAPSHOT_DATAGRAM, PART)
+from tpumon.common.signals import Stop
+from tpumon.common.private_paths import bind_with_mode
 
 log = logging.getLogger("tpumon.sources")
 
@@ -252,7 +252,7 @@ class ReporterInlet:
         # the thread's looks and the poll's (take_waiting) one at a time: the selector's
         # registrations, the paused set and the connections are theirs under it
         self._io = threading.Lock()
-        self._stopping = Stop()  # its wait is cheaper than an Event's (tpumon.signals)
+        self._stopping = Stop()  # its wait is cheaper than an Event's (tpumon.common.signals)
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:

@@ -30,9 +30,9 @@ from types import MappingProxyType
 from typing import Any, Collection, Mapping, NamedTuple
 
 from tpumon.instrument.protocol import (FATAL_HEADER, LAST_WORDS_HEADER, MAX_DATAGRAM, PART,
-                                       PROTOCOL_VERSION, connection_path, encode_request,
-                                       parse_part)
-from tpumon.last_words import LastWords, merge, parse_message
+                                        PROTOCOL_VERSION, connection_path, encode_request,
+                                        parse_part)
+from tpumon.sources.last_words import LastWords, merge, parse_message
 from tpumon.sources.reporter_inlet import Arrival, Reply, ReporterInlet, sender
 # bench/overhead.py reads the queue length from here
 from tpumon.sources.reporter_inlet import kernel_queue_length as kernel_queue_length
@@ -204,7 +204,7 @@ class ReporterReading:
     reports_total: int
     dropped_total: Mapping[str, int]
     snapshots: Mapping[int, SnapshotResult] = field(default_factory=dict)  # latest, per pid
-    #: what each process said as it ended (tpumon.last_words), kept until it is forgotten
+    #: what each process said as it ended (tpumon.sources.last_words), kept until it is forgotten
     last_words: Mapping[int, LastWords] = field(default_factory=dict)
 
 

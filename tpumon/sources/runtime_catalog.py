@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from tpumon.sources.runtime_names import MetricName
 from tpu_info.proto import tpu_metric_service_pb2 as pb
 
-from tpumon.samples import Distribution
+from tpumon.common.samples import Distribution
 
 MAX_BUCKETS = 128  # finite buckets per distribution: bounds cardinality, whatever is sent
 MAX_LABEL = 64  # characters of a label value taken from the runtime (buffer size, core type)

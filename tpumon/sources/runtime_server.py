@@ -7,7 +7,7 @@ and the inode names the process that holds it (``socket:[INODE]`` in /proc/PID/f
 is trusted when its listener belongs to root, to the chips' holder (its pid or its uid),
 or, while no holder is known (between jobs, a simulator), to a trusted user: those in
 ``reporter.allowed_uids``, or root and the agent's own user when that is empty, the rule
-the reporter socket uses for steps (tpumon.processes.chip_processes).
+the reporter socket uses for steps (tpumon.diagnose.processes.chip_processes).
 """
 
 from __future__ import annotations

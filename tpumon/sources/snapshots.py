@@ -4,7 +4,7 @@ A request names a process (the kernel's pid), how many steps apart its two snaps
 should be, and why it was made (a leak on a chip, or a person running `tpumon snapshot`).
 The two answers are untrusted input: each must come from the process asked (the kernel's
 pid, not anything in the datagram), for an open request, and pass the snapshot format's
-strict parser. Once both are in, they are diffed (tpumon.detect.tensor_diff); a request
+strict parser. Once both are in, they are diffed (tpumon.sources.tensor_diff); a request
 that gets no answer in ``timeout`` seconds ends with an error instead, since an old
 reporter, a framework that cannot list its tensors, or a stopped loop never answer.
 """
@@ -15,7 +15,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Collection, Mapping
 
-from tpumon.detect.tensor_diff import SnapshotDiff, diff
+from tpumon.sources.tensor_diff import SnapshotDiff, diff
 from tpumon.instrument.snapshot import Snapshot
 
 REQUEST_TIMEOUT = 3600.0  # seconds for both answers (the steps, at the job's pace)

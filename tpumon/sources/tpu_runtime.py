@@ -31,7 +31,8 @@ from typing import Callable, Iterable
 from google.protobuf.message import Message
 from tpu_info.proto import tpu_metric_service_pb2 as pb
 
-from tpumon.samples import ChipSample, Distribution, RuntimeReading, RuntimeSeries, chip_sort_key
+from tpumon.common.samples import (ChipSample, Distribution, RuntimeReading, RuntimeSeries,
+                                   chip_sort_key)
 from tpumon.sources.runtime_catalog import BY_RUNTIME_NAME, MetricSpec, entry_key, \
     gauge_value, histogram_of
 from tpumon.sources.chips import ChipInventory

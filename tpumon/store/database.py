@@ -30,10 +30,10 @@ import time
 from dataclasses import dataclass
 from itertools import groupby
 from pathlib import Path
-from typing import Iterable, Iterator, NamedTuple
+from typing import Iterable, Iterator
 
-from tpumon.private_paths import create_no_follow
-from tpumon.samples import Sample
+from tpumon.common.private_paths import create_no_follow
+from tpumon.common.samples import Sample, StoredEnd
 
 log = logging.getLogger("tpumon.store")
 
@@ -112,18 +112,6 @@ CREATE INDEX IF NOT EXISTS end_samples_by_end ON end_samples (end_id, chip, time
 """
 EVIDENCE_SECONDS = 3600.0
 KEPT_ENDS = 16
-
-
-class StoredEnd(NamedTuple):
-    """A job's end as kept with its evidence."""
-
-    id: int
-    host: str
-    time: float
-    cause: str
-    pid: int | None
-    step: int | None
-    summary: str
 
 
 #: Merge a rolled-up minute with one already there (a late sample after a clock jump).

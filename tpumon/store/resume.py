@@ -18,7 +18,7 @@ import numpy as np
 from tpumon.detect import ChipDetector, DetectorSettings
 from tpumon.store.checkpoint import CheckpointError, fingerprint, load_detector
 from tpumon.store.database import HistoryDB
-from tpumon.samples import Sample
+from tpumon.common.samples import Sample
 
 log = logging.getLogger("tpumon.store")
 

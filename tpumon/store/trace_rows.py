@@ -11,8 +11,9 @@ from __future__ import annotations
 import math
 from typing import Collection, Iterator
 
-from tpumon.store.database import HistoryDB, StoredEnd
-from tpumon.trace import TraceRow
+from tpumon.common.samples import StoredEnd
+from tpumon.store.database import HistoryDB
+from tpumon.trace.schema import TraceRow
 
 
 def export_rows(db: HistoryDB, since: float = -math.inf, until: float = math.inf,

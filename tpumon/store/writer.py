@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from tpumon.store.checkpoint import fingerprint
-from tpumon.store.database import (Checkpoint, HistoryDB, Retention, StoredEnd, database_path,
+from tpumon.store.database import (Checkpoint, HistoryDB, Retention, database_path,
                                    is_corruption, move_aside, open_database)
-from tpumon.samples import Sample
+from tpumon.common.samples import Sample, StoredEnd
 
 log = logging.getLogger("tpumon.store")
 
@@ -44,7 +44,7 @@ class PollRecord:
     host: str
     samples: tuple[tuple[str, Sample], ...]
     checkpoints: Mapping[str, bytes] = field(default_factory=dict)
-    ends: tuple[StoredEnd, ...] = ()  # jobs that ended: their evidence is kept (job_ends.py)
+    ends: tuple[StoredEnd, ...] = ()  # jobs that ended, kept with their evidence (job ends)
 
 
 @dataclass(frozen=True)
