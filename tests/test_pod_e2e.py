@@ -278,7 +278,7 @@ def test_a_slice_wide_leak_seen_as_one_slice(tmp_path, processes):
             from_victoria = bounded("VictoriaMetrics to hold the span's samples Prometheus "
                                     "holds", victoria_replay, 120, processes, interval=2)
         except AssertionError as exc:
-            written = get(f"{victoria}/metrics")  # what remote_write brought it
+            written = get(f"{victoria}/metrics").decode()  # what remote_write brought it
             rows = re.findall(r"^vm_rows_inserted_total\{type=\"promremotewrite\"\} \S+",
                               written, re.M)
             raise AssertionError(f"{rows}; samples per chip in VictoriaMetrics "
