@@ -48,7 +48,7 @@ def test_a_page_and_a_web_config_still_load_them(tmp_path):
 DETECTOR_PROBE = """
 import sys
 from tpumon.detect import ChipDetector
-from tpumon.detect.detector import DetectorSettings
+from tpumon.detect.verdict import DetectorSettings
 detector = ChipDetector(DetectorSettings())
 for i in range(30):
     detector.update((1000.0 + i,), (float(i),), (2.0**30 + i * 4096,), (2.0**34,))

@@ -268,7 +268,7 @@ def pool_at_every_moment(job: str, logs: list, cols: list):
     moment one chip's assessment changed; the verdicts and the first leak's alert."""
     from itertools import groupby
 
-    from tpumon.detect.detector import leak_alert
+    from tpumon.detect.verdict import leak_alert
     from tpumon.detect.pooling import pool_job
 
     events = sorted(((t, i, a) for i, log in enumerate(logs) for t, _, a in log),

@@ -2,7 +2,7 @@
 
 import pytest
 
-from tpumon.detect import describe_growth
+from tpumon.common.describe import describe_growth
 from tpumon.report.render import size
 from tpumon.common.describe import describe_oom, summarize_verdicts
 from tpumon.common.units import format_bytes, format_growth, format_hours, format_span

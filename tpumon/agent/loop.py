@@ -18,8 +18,9 @@ from typing import Callable, Mapping
 from prometheus_client import CollectorRegistry, Histogram
 
 from tpumon.common.config import Config
-from tpumon.detect import Assessment, ChipDetector, DetectorSettings, Verdict, describe_growth
-from tpumon.detect.detector import leak_alert
+from tpumon.common.describe import describe_growth
+from tpumon.detect import Assessment, ChipDetector, DetectorSettings, Verdict
+from tpumon.detect.verdict import leak_alert
 from tpumon.detect.pooling import pool_jobs
 from tpumon.common.identity import LABELS
 from tpumon.diagnose.leak_snapshots import LeakSnapshots

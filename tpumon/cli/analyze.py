@@ -17,7 +17,7 @@ from tpumon.cli.progress import bars
 from tpumon.cli.trace_input import spilled
 from tpumon.cli.prometheus_source import (check_prometheus_options, prometheus_options,
                                           prometheus_rows)
-from tpumon.detect import describe_growth
+from tpumon.common.describe import describe_growth
 from tpumon.detect.early_replay import EarlyReplay
 from tpumon.detect.job_replay import SeriesResult, describe_forecast
 from tpumon.detect.replay import replay_columns, usable_cores

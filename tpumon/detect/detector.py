@@ -27,245 +27,27 @@ Pure computation: no clocks, no I/O; the same input always gives the same output
 
 from __future__ import annotations
 
-import bisect
-import enum
 import math
-from dataclasses import dataclass, field
 from typing import Iterator, NamedTuple
 
 import numpy as np
 
 from tpumon.common.describe import describe_growth, describe_oom, describe_time_left
 from tpumon.detect import jumps as level_shifts
-from tpumon.detect.floors import FloorHistory, group_by_bucket
-from tpumon.detect.forecast_band import oom_band
-from tpumon.detect.jumps import Jump
+from tpumon.detect.floors import group_by_bucket
+from tpumon.detect.job import Job, JobView, floor_noise
 from tpumon.detect.robust import (PairwiseSlopes, TrendFit, lower_quartiles, median,
                                   sen_mann_kendall)
 from tpumon.detect.staircase import Staircase, find_staircase
+from tpumon.detect.verdict import (Assessment, DetectorSettings, Verdict, leak_alert, moment,
+                                   oom_forecast, slope_fields)
 from tpumon.common.units import format_bytes
-
-
-
-
-def floor_noise(floors: np.ndarray) -> float:
-    """The scatter of single floors: MAD of successive differences around their median (a
-    steady trend is not scatter), as a standard deviation."""
-    diffs = np.diff(floors)
-    return 1.4826 * median(np.abs(diffs - median(diffs))) / math.sqrt(2) if len(diffs) else 0.0
-
-
-class Verdict(str, enum.Enum):
-    OK = "ok"
-    WARMING_UP = "warming_up"
-    GROWING = "growing"  # growth that would fill HBM within the horizon, not yet a leak
-    LEAK = "leak"  # the page
-    STEP_CHANGE = "step_change"
-    INSUFFICIENT_DATA = "insufficient_data"
-
-
-@dataclass(frozen=True)
-class DetectorSettings:
-    """Defaults shared by the agent and ``tpumon analyze``; none is fitted to one workload."""
-
-    samples_per_bucket: int = 32      # polls per floor: enough that one lands between steps
-    bucket_min_seconds: float = 60.0
-    bucket_max_seconds: float = 180.0  # >= 10 floors in the shortest window, at any poll rate
-    warmup_seconds: float = 600.0     # after a (re)start: compiling and loading, not trend
-    warmup_max_seconds: float = 3600.0
-    min_window_seconds: float = 1800.0  # no trend verdict on less evidence than this
-    fit_points: int = 64              # floors per fit (older ones merged): bounded cost
-    z_threshold: float = 4.0          # Mann-Kendall; floors are autocorrelated, so strict
-    horizon_seconds: float = 7 * 86400.0
-    max_extrapolation: float = 5.0    # time to OOM at most this many evidence windows
-    restart_gap_seconds: float = 120.0
-    restart_drop_fraction: float = 0.05  # floor this much (of HBM) lower after a gap: new job
-    jump_sigmas: float = 6.0
-    jump_min_fraction: float = 0.002  # of HBM: smaller shifts are treated as trend
-    jump_confirm_buckets: int = 5     # at least; more when buckets hold few polls:
-    jump_confirm_polls: int = 96      # polls on each side of a level shift to confirm it
-    envelope_polls: int = 24          # polls in a lower envelope (a level, under noise)
-    step_change_min_fraction: float = 0.01  # of HBM: smaller permanent jumps are just "ok"
-    staircase_min_jumps: int = 3
-    shape_change_fraction: float = 0.3  # growth per third rising this much: onset inside
-    slowdown_fraction: float = 0.15     # growth per third falling this much: saturating
-    transient_recurrences: int = 3      # buckets a transient is seen in before it counts
-
-
-@dataclass(frozen=True)
-class Assessment:
-    """What the detector says about one chip now; exported, shown and alerted on."""
-
-    verdict: Verdict
-    reason: str
-    floor_bytes: float | None = None
-    transient_bytes: float | None = None
-    total_bytes: float | None = None
-    slope_bytes_per_second: float | None = None
-    slope_bytes_per_second_low: float | None = None
-    slope_bytes_per_second_high: float | None = None
-    slope_bytes_per_step: float | None = None
-    slope_bytes_per_step_low: float | None = None
-    slope_bytes_per_step_high: float | None = None
-    predicted_oom_time: float | None = None
-    predicted_oom_step: float | None = None
-    # the forecast's band, calibrated on the detector's own errors (forecast_band):
-    # earliest and latest OOM, the forecast between them
-    predicted_oom_time_low: float | None = None
-    predicted_oom_time_high: float | None = None
-    predicted_oom_step_low: float | None = None
-    predicted_oom_step_high: float | None = None
-    window_start: float | None = None
-    window_seconds: float | None = None
-    points: int = 0
-    z: float | None = None
-    jumps: int = 0
-    # the jumps behind the verdict (a leak's staircase, a step change's permanent jumps;
-    # empty otherwise) and the span of a floor envelope, within which two chips' jumps are
-    # one moment: chips of a job whose jumps are the same stairs share them (pooling)
-    level_jumps: tuple[Jump, ...] = ()
-    envelope_seconds: float | None = None
-    step: float | None = None
-    job_start: float | None = None
-    restarts: int = 0
-
-    @property
-    def slope_bytes_per_hour(self) -> float | None:
-        return None if self.slope_bytes_per_second is None else self.slope_bytes_per_second * 3600
-
-
-@dataclass
-class _Job:
-    """One run of the training process, from its first sample to a restart."""
-
-    start: float
-    trend_start: float | None = None
-    history: FloorHistory = field(default_factory=FloorHistory)
-    warm_floors: list[float] = field(default_factory=list)
-    first_step: float = math.nan  # the job's first known step: no trend before it advances
-    jumps: list[Jump] = field(default_factory=list)
-    scanned: int = 0  # next boundary (index over all buckets appended) to scan for jumps
-    longest_transient: int = 0  # buckets: the longest rise-and-return of the floor so far
-    transients_scanned: int = 0  # next bucket (index as ``scanned``) to look for one at
-    appended: int = 0
-    largest: list[float] = field(default_factory=list)  # bucket transients: the largest
-    # few, ascending (note_transient)
-    sigma: float = 0.0
-    sigma_due: int = 0
-    scatter: float = 0.0  # of single floors (at least sigma): see floor_noise
-    last_fit: float = -math.inf
-    rise_limit: float = math.inf  # a floor above this (level at the last fit, plus a jump's
-    # threshold) is news on a floor counted flat: it is refit at once
-    growing: bool = False
-    slope: float = 0.0  # continuous trend (bytes/s) at the last fit: jumps are found around it
-    leaking: bool = False
-    # the last few floors (one envelope): a restart is a floor far below all of them
-    last_floors: list[float] = field(default_factory=list)
-    last_step: float = math.nan
-    jump_times: np.ndarray = field(default_factory=lambda: np.empty(0))  # of ``jumps``
-    jump_levels: np.ndarray = field(  # 0, then the cumulative sizes of ``jumps``
-        default_factory=lambda: np.zeros(1))
-
-    def note_transient(self, value: float, recurrences: int) -> None:
-        """Keep the ``recurrences`` largest bucket transients (peak less floor); the
-        transient is the smallest of them: one that came back in that many buckets. The
-        largest alone is often no in-step memory at all: the bucket where the warm-up's
-        last ramp, a restart or a poll gap lands reads the floor's own rise of many GiB as
-        transient, and the forecast, floor plus transient, then filled a healthy chip
-        hours early. An eval's or checkpoint's buffers recur, and count once they do."""
-        top = self.largest
-        if len(top) < recurrences:
-            bisect.insort(top, value)
-        elif value > top[0]:
-            top[0] = value
-            top.sort()
-
-    @property
-    def transient(self) -> float:
-        """The in-step transient that recurs (:meth:`note_transient`); 0 before any."""
-        return self.largest[0] if self.largest else 0.0
-
-    def add_jumps(self, found: list[Jump]) -> None:
-        """Keep the last 1024 jumps; the arrays that correct floors for them change only
-        here, so fits reuse them instead of rebuilding them twice each."""
-        self.jumps.extend(found)
-        del self.jumps[:-1024]
-        if found:
-            self.jump_times = np.array([j.time for j in self.jumps])
-            self.jump_levels = np.concatenate(([0.0], np.cumsum([j.size for j in self.jumps])))
-
-    def corrected(self, data: np.ndarray) -> np.ndarray:
-        """The floors of ``data`` (rows time, step, floor, ...) with the jumps taken out,
-        expressed at today's level."""
-        if not self.jumps:
-            return data[2]
-        levels = self.jump_levels
-        return data[2] - levels.take(self.jump_times.searchsorted(data[0], side="right")) \
-            + levels[-1]
-
-
-@dataclass(frozen=True)
-class JobView:
-    """The detector's current job, read-only (``tpumon report`` draws it): when it began,
-    when its trend phase began (None while warming up), and the level shifts found in it
-    (the last 1024)."""
-
-    start: float
-    trend_start: float | None
-    jumps: tuple[Jump, ...]
 
 
 _UNFITTED = (Verdict.INSUFFICIENT_DATA, Verdict.WARMING_UP)
 _GROWTH = (Verdict.GROWING, Verdict.LEAK)
 _PENDING = "a level shift is being confirmed"
 _RESUMING = "samples resume after a gap: a restarted job or the same one, told at the next floor"
-
-#: What a leak alert keeps of the assessment that raised it.
-_ALERT_FIELDS = ("predicted_oom_time", "predicted_oom_time_low", "predicted_oom_time_high",
-                 "predicted_oom_step", "predicted_oom_step_low", "predicted_oom_step_high",
-                 "slope_bytes_per_second", "slope_bytes_per_step", "window_seconds")
-
-
-def slope_fields(per_s: float, low: float, high: float,
-                 steps_per_second: float | None) -> dict[str, float]:
-    """An assessment's slopes per second and, where steps are known, per step (the same
-    growth, rescaled)."""
-    out = dict(slope_bytes_per_second=per_s, slope_bytes_per_second_low=low,
-               slope_bytes_per_second_high=high)
-    if steps_per_second:
-        out.update(slope_bytes_per_step=per_s / steps_per_second,
-                   slope_bytes_per_step_low=low / steps_per_second,
-                   slope_bytes_per_step_high=high / steps_per_second)
-    return out
-
-
-def oom_forecast(now: float, step: float, time_to_oom: float, window: float,
-                 steps_per_second: float | None) -> dict[str, float | None]:
-    """An assessment's OOM forecast fields: the time (and step, where steps are known)
-    ``time_to_oom`` seconds after ``now`` (at ``step``, NaN if unknown), with the band
-    calibrated on the detector's own errors for a forecast made on ``window`` seconds of
-    evidence (``forecast_band``)."""
-    earliest, latest = oom_band(time_to_oom, window)
-    ttos = (time_to_oom, earliest, latest)
-    times = [now + t for t in ttos]
-    steps: list[float | None] = [None, None, None]
-    if steps_per_second and not math.isnan(step):
-        steps = [step + t * steps_per_second for t in ttos]
-    return dict(predicted_oom_time=times[0], predicted_oom_time_low=times[1],
-                predicted_oom_time_high=times[2], predicted_oom_step=steps[0],
-                predicted_oom_step_low=steps[1], predicted_oom_step_high=steps[2])
-
-
-def moment(time: float, step: float) -> dict:
-    """A sample's time and step (None if unknown), as alerts and warnings keep it."""
-    return {"time": time, "step": None if math.isnan(step) else int(step)}
-
-
-def leak_alert(time: float, step: float, assessment: Assessment) -> dict:
-    """A leak alert raised at the sample (time, step; NaN if unknown) by an assessment: when,
-    and what was forecast and measured then, for a post-mortem against the OOM that came."""
-    return {**moment(time, step), "reason": assessment.reason,
-            **{k: getattr(assessment, k) for k in _ALERT_FIELDS}}
 
 
 class _Said(NamedTuple):
@@ -325,7 +107,7 @@ class ChipDetector:
         self._pending: list[np.ndarray] = []
         self._open: _OpenBucket | None = None
         self._last: _LastSample | None = None
-        self._job: _Job | None = None
+        self._job: Job | None = None
         self._after_break = False
 
     @property
@@ -464,7 +246,7 @@ class ChipDetector:
         if job is None or (self._after_break and self._is_restart(job, b)):
             if job is not None:
                 self.restarts += 1
-            job = self._job = _Job(start=b.start)
+            job = self._job = Job(start=b.start)
         self._after_break = False
         job.last_floors.append(b.floor)
         del job.last_floors[:-self._envelope]
@@ -477,7 +259,7 @@ class ChipDetector:
         if job.trend_start is None or self._fit_due(job, b.start, b.floor):
             self._assess(job, b)  # else, between fits, the last assessment stands
 
-    def _is_restart(self, job: _Job, b: _Bucket) -> bool:
+    def _is_restart(self, job: Job, b: _Bucket) -> bool:
         """A new job: the step went back, or the floor is far below where it was: below
         the lower envelope of the last floors, not the last floor alone. The bucket that a
         poll gap cuts short holds few polls, and its floor reads high (no poll between two
@@ -489,7 +271,7 @@ class ChipDetector:
         drop = self.settings.restart_drop_fraction * (self.total or 0.0)
         return bool(job.last_floors) and b.floor < min(job.last_floors) - drop
 
-    def _warm_up(self, job: _Job, b: _Bucket) -> None:
+    def _warm_up(self, job: Job, b: _Bucket) -> None:
         """Warm-up ends once it lasted ``warmup_seconds``, the last two floors agree and,
         where steps are known, the step has advanced: a process loading its weights and
         compiling sits at step 0 on a plateau well under its training level, and the rise
@@ -509,14 +291,14 @@ class ChipDetector:
             job.warm_floors = []
             self._trend_bucket(job, b)
 
-    def _trend_bucket(self, job: _Job, b: _Bucket) -> None:
+    def _trend_bucket(self, job: Job, b: _Bucket) -> None:
         job.history.append(b.start, b.last_step, b.floor, b.peak)
         job.appended += 1
         job.note_transient(b.peak - b.floor, self.settings.transient_recurrences)
 
     # ------------------------------------------------------------------ level shifts
 
-    def _jump_threshold(self, job: _Job) -> float:
+    def _jump_threshold(self, job: Job) -> float:
         cfg = self.settings
         return max(cfg.jump_sigmas * job.sigma, cfg.jump_min_fraction * (self.total or 0.0))
 
@@ -525,7 +307,7 @@ class ChipDetector:
         stair of a burst (``jumps.scan``)."""
         return self.settings.step_change_min_fraction * (self.total or 0.0)
 
-    def _update_jumps(self, job: _Job) -> None:
+    def _update_jumps(self, job: Job) -> None:
         """Refresh the noise scale and scan the boundaries that arrived since the last fit."""
         k, e = self._confirm, self._envelope
         if job.appended >= job.sigma_due:  # the noise scale changes slowly: refresh it rarely
@@ -544,7 +326,7 @@ class ChipDetector:
         job.scanned = start + next_local
         job.add_jumps(found)
 
-    def _update_transients(self, job: _Job) -> None:
+    def _update_transients(self, job: Job) -> None:
         """Look for rises-and-returns in the floors since the last look: only on a chip
         where a staircase may have begun (``_early``), the first time over the whole
         history kept, so a chip without stairs costs nothing."""
@@ -557,7 +339,7 @@ class ChipDetector:
         job.longest_transient = max(job.longest_transient, longest)
 
     @staticmethod
-    def _kept_since(job: _Job, scanned: int, look_back: int) -> tuple[np.ndarray, int, int]:
+    def _kept_since(job: Job, scanned: int, look_back: int) -> tuple[np.ndarray, int, int]:
         """For an incremental scan that goes on from bucket ``scanned`` (an index counted
         from the job's first bucket, as the scans' bookmarks are), looking ``look_back``
         buckets behind it: the kept floors from there on (rows time, step, floor, peak),
@@ -568,7 +350,7 @@ class ChipDetector:
         return (job.history.recent(len(job.history) - begin), scanned - oldest - begin,
                 oldest + begin)
 
-    def _early(self, job: _Job) -> int:
+    def _early(self, job: Job) -> int:
         """Buckets that confirm a rise of a step change's size on this chip, once a
         staircase may have begun (at least two such jumps: the next one calls it): twice
         the chip's longest rise-and-return so far and two more (the level after a shift is
@@ -588,7 +370,7 @@ class ChipDetector:
         return min(max(2 * job.longest_transient + 2, 2 * e), k)
 
     @staticmethod
-    def _detrended(job: _Job, rows: np.ndarray) -> np.ndarray:
+    def _detrended(job: Job, rows: np.ndarray) -> np.ndarray:
         """Floors less the trend of an established leak: a steady leak is then level and a
         step still stands out. Not before: an unconfirmed step would itself be the trend."""
         if not len(rows[0]) or job.slope <= 0 or not job.leaking:
@@ -597,7 +379,7 @@ class ChipDetector:
 
     # ------------------------------------------------------------------ assessment
 
-    def _assess(self, job: _Job, b: _Bucket) -> None:
+    def _assess(self, job: Job, b: _Bucket) -> None:
         base = dict(total_bytes=self.total, job_start=job.start, restarts=self.restarts,
                     step=None if math.isnan(b.last_step) else b.last_step, floor_bytes=b.floor)
         if job.trend_start is None:
@@ -614,7 +396,7 @@ class ChipDetector:
         self._update_jumps(job)
         self._set(self._fit(job, b, base), b)
 
-    def _fit_due(self, job: _Job, now: float, floor: float) -> bool:
+    def _fit_due(self, job: Job, now: float, floor: float) -> bool:
         """Whether a bucket at ``now``, in the trend phase, is assessed: at every bucket
         until a fit gave a verdict; then refit often while something grows, rarely on a
         flat floor (bounded CPU), unless its floor rose clear of the last fit's level
@@ -641,7 +423,7 @@ class ChipDetector:
             # the forecast against the OOM that came
             self.alert = leak_alert(b.trigger_time, b.trigger_step, self.assessment)
 
-    def _choose_window(self, job: _Job, now: float) -> tuple[float, bool]:
+    def _choose_window(self, job: Job, now: float) -> tuple[float, bool]:
         """The longest window, back to the trend start, whose growth neither accelerates
         (a leak that began mid-run must not be diluted by flat hours before it) nor slows
         down, and whether growth in it slows down (a cache saturating, not a leak).
@@ -670,7 +452,7 @@ class ChipDetector:
                     length *= 1.5
             return now - length, slowing
 
-    def _shape(self, job: _Job, y: np.ndarray) -> tuple[bool, bool, bool] | None:
+    def _shape(self, job: Job, y: np.ndarray) -> tuple[bool, bool, bool] | None:
         """Whether the growth of floors ``y`` accelerates, whether it slows down, and
         whether its last third still grows (beyond noise), from the levels of its thirds;
         None with fewer than 9 floors."""
@@ -690,7 +472,7 @@ class ChipDetector:
             early - late > max(noise, self.settings.slowdown_fraction * early)
         return accelerating, slowing, late > noise
 
-    def _fit(self, job: _Job, b: _Bucket, base: dict) -> _Said:
+    def _fit(self, job: Job, b: _Bucket, base: dict) -> _Said:
         now = b.start
         start, decelerating = self._choose_window(job, now)
         data, fit, recent = self._window_fit(job, start, now)
@@ -745,7 +527,7 @@ class ChipDetector:
         job.leaking = False
         return self._no_leak(job, common, decelerating)
 
-    def _plan_refits(self, job: _Job, fit: TrendFit, stair: float) -> None:
+    def _plan_refits(self, job: Job, fit: TrendFit, stair: float) -> None:
         """How soon the next fit comes (``_fit_due``). Often while the floor grows
         (significant at 95 %) fast enough to fill HBM within the horizon, or a staircase
         goes on, not only once it is a leak: a leak that starts mid-run sits just short of
@@ -757,7 +539,7 @@ class ChipDetector:
             fit.slope_low > 0 and headroom < fit.slope * self.settings.horizon_seconds)
         job.rise_limit = math.inf if job.growing else fit.level + self._jump_threshold(job)
 
-    def _window_fit(self, job: _Job, start: float, now: float) -> tuple[
+    def _window_fit(self, job: Job, start: float, now: float) -> tuple[
             np.ndarray, TrendFit | None, tuple[float, float, float] | None]:
         """Floors from ``start`` on, their fit, and Sen's slope of their recent half;
         narrowed to the recent half while that half grows significantly faster than the
@@ -814,9 +596,9 @@ class ChipDetector:
         return slope if going_on else 0.0
 
     def _forecast(self, common: dict, rate: float, steps_per_second: float | None,
-                  level: float, job: _Job, floors: np.ndarray, b: _Bucket,
+                  level: float, job: Job, floors: np.ndarray, b: _Bucket,
                   stairs: Staircase | None) -> _Said:
-        """When floor plus the transient (``_Job.note_transient``) reaches capacity, at this rate;
+        """When floor plus the transient (``Job.note_transient``) reaches capacity, at this rate;
         ``floors``: the fit's window (rows as ``FloorHistory.window``); ``stairs`` when the
         growth is a staircase alone (the reason describes it)."""
         window = b.start - floors.item(0, 0)
@@ -839,7 +621,7 @@ class ChipDetector:
         growth = stairs.describe() if stairs else f"floor grows {per}"
         return _Said(Verdict.LEAK, f"{growth}; {describe_oom(tto)}", common)
 
-    def _not_a_leak_yet(self, job: _Job, tto: float, floors: np.ndarray, window: float,
+    def _not_a_leak_yet(self, job: Job, tto: float, floors: np.ndarray, window: float,
                         stairs: Staircase | None, rate: float) -> tuple[Verdict, str] | None:
         """What growth that would OOM in ``tto`` seconds is while it is not (yet) a leak,
         and why; None if it is a leak. Growth that would fill HBM within the horizon, on
@@ -872,7 +654,7 @@ class ChipDetector:
                                          f"last {stalled} (a cache may have filled)")
         return None
 
-    def _stalled(self, job: _Job, data: np.ndarray, rate: float) -> str | None:
+    def _stalled(self, job: Job, data: np.ndarray, rate: float) -> str | None:
         """How long the floor has grown slower than ``rate`` (the window's), when it has:
         the last eighth of the window's floors (12 at least) grow significantly slower (Sen's
         95 % interval under it). A cache that filled at the end of a long flat window fits
@@ -889,7 +671,7 @@ class ChipDetector:
             return None
         return describe_time_left(t[-1] - t[0])
 
-    def _no_leak(self, job: _Job, common: dict, decelerating: bool) -> _Said:
+    def _no_leak(self, job: Job, common: dict, decelerating: bool) -> _Said:
         least = self._step_change_size()
         big = [j for j in job.jumps if j.size >= least]
         if big:

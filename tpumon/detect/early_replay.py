@@ -27,7 +27,7 @@ from tpumon.detect.job_replay import (Advance, ChipRun, Jobs, SeriesResult, job_
                                       job_results, replay_job, run_chip)
 
 if TYPE_CHECKING:
-    from tpumon.detect.detector import DetectorSettings
+    from tpumon.detect.verdict import DetectorSettings
     from tpumon.trace.spill import Spill, SpilledSeries
 
 Key = tuple[str, str]

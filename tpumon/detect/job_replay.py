@@ -17,8 +17,8 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 
-from tpumon.detect.detector import (Assessment, ChipDetector, DetectorSettings, Verdict,
-                                    leak_alert)
+from tpumon.detect.detector import ChipDetector
+from tpumon.detect.verdict import Assessment, DetectorSettings, Verdict, leak_alert
 from tpumon.detect.pooling import JobPool, pool_job
 from tpumon.trace.schema import SeriesColumns, SeriesSource
 

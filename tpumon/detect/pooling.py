@@ -39,8 +39,8 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from tpumon.detect.detector import (Assessment, Verdict, describe_growth, oom_forecast,
-                                    slope_fields)
+from tpumon.common.describe import describe_growth
+from tpumon.detect.verdict import Assessment, Verdict, oom_forecast, slope_fields
 from tpumon.detect.jumps import Jump
 from tpumon.detect.robust import median
 from tpumon.common.describe import describe_oom, time_to_oom

@@ -13,7 +13,7 @@ import tempfile
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
-from tpumon.detect.detector import DetectorSettings
+from tpumon.detect.verdict import DetectorSettings
 from tpumon.detect.early_replay import EarlyReplay
 from tpumon.detect.job_replay import (Advance, ChipRun, Jobs, SeriesResult, group_jobs,
                                       job_results, replay_job, run_chip)

@@ -17,7 +17,8 @@ from collections import deque
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Iterable, Mapping
 
-from tpumon.detect import Assessment, Verdict, describe_growth
+from tpumon.common.describe import describe_growth
+from tpumon.detect import Assessment, Verdict
 from tpumon.common.describe import time_to_oom
 from tpumon.detect.forecast_band import BAND_LABEL
 from tpumon.notify.settings import AlertSettings

@@ -20,7 +20,8 @@ from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from tpumon.detect import Assessment, ChipDetector, DetectorSettings, Verdict, describe_growth
+from tpumon.common.describe import describe_growth
+from tpumon.detect import Assessment, ChipDetector, DetectorSettings, Verdict
 from tpumon.detect.floors import group_by_bucket
 from tpumon.detect.jumps import Jump
 from tpumon.detect.pooling import pool_job

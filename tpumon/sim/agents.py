@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from tpumon.detect.detector import Assessment, Verdict
+from tpumon.detect.verdict import Assessment, Verdict
 from tpumon.common.identity import Identity
 from tpumon.common.samples import ChipSample, RuntimeReading
 from tpumon.sim.naming import accelerator_type
