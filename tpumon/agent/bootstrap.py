@@ -249,7 +249,7 @@ def notification_channels(config: Config, env: Mapping[str, str] | None = None) 
     """The channels whose secret is configured (value, file or systemd credential). The
     delivery code (notifier, outbox, HTTP posts, the channels) is imported only for a
     channel configured: an agent without Slack or PagerDuty runs without it (0.3-0.6 MiB
-    of RSS, docs/benchmarks.md, issue 25)."""
+    of RSS, docs/benchmarks.md)."""
     def at_least(level: str) -> tuple[str, ...]:
         return SEVERITIES[SEVERITIES.index(level):]
 

@@ -17,8 +17,7 @@ def format_bytes(value: float | None, signed: bool = False,
                  like: float | None = None) -> str:
     """'31.75 GiB', '812.3 MiB', '118.7 KiB', '512 B'; '+1.2 MiB' with ``signed``; '-' for
     None; in the unit ``like`` would be written in, when given (both ends of a range). The
-    one way: ``watch``'s narrow columns write it so too (issue 43: '31.7Gi' there and
-    '31.75 GiB' everywhere else)."""
+    one way: ``watch``'s narrow columns write it so too."""
     if value is None or math.isnan(value):
         return "-"
     magnitude = abs(value)

@@ -68,8 +68,8 @@ class ProcessState:
 
     @property
     def verdict_reason(self) -> str | None:
-        """Why :attr:`verdict` is what it is where the word alone does not say: a
-        process whose verdict read ``unknown`` with no reason (issue 43)."""
+        """Why :attr:`verdict` is what it is where the word alone does not say (``unknown``,
+        ``warming_up``, ``growing``); None for the others."""
         verdict = self.verdict
         if verdict == "unknown":
             return ("it reports no live-tensor count, so its tensors are not judged "
@@ -160,7 +160,7 @@ def with_hbm_growth(processes: Mapping[int, ProcessState], chip_processes: Mappi
 def trusted_uids(allowed_uids: Collection[int]) -> frozenset[int]:
     """The users whose processes may page without holding a chip: reporter.allowed_uids,
     root and the agent's own user. Anyone may send a report, so a report alone is no
-    job: a stranger's short-lived reporters each raised a JobEnded (issue 42)."""
+    job: a stranger's short-lived reporters would each raise a JobEnded."""
     return frozenset({0, os.geteuid(), *allowed_uids})
 
 
