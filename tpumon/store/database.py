@@ -147,8 +147,8 @@ class Retention:
     @property
     def outbox_bytes(self) -> int:
         """The notification outbox's share of the cap (outbox.db and its WAL, beside the
-        history in the state directory): a sixteenth, between 256 KiB and 16 MiB. The
-        outbox used to be outside the cap, and every local user could add to it."""
+        history in the state directory): a sixteenth, between 256 KiB and 16 MiB. Inside
+        the cap, as every local user can add to the outbox."""
         return min(max(self.max_bytes // 16, 64 * PAGE_SIZE), 16 * 2**20)
 
     @property
