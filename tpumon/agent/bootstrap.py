@@ -332,8 +332,8 @@ SPARSEST_SIMULATED_POLLS = 60.0  # simulated s between polls at most (see check_
 def check_simulation_pace(config: Config) -> None:
     """Refuse a simulation whose polls would come more than SPARSEST_SIMULATED_POLLS
     simulated seconds apart: so sparse, the polls catch the step's sawtooth at random
-    phases, the floors under it are not found, and the linear leak read 'ok' (1200x at
-    0.25 s, 90 s apart); at 60 s it is called within hours, at 15 (make demo) within one.
+    phases, the floors under it are not found, and the linear leak reads 'ok' at 90 s
+    apart; at 60 s it is called within hours, at 15 (make demo) within one.
     Say so when the bound (simulator.max_lag) makes the simulated job wait for polls."""
     poll, acceleration = config["agent.poll_interval"], config["simulator.acceleration"]
     apart = poll * acceleration

@@ -42,8 +42,8 @@ SCHEMA_VERSION = 1
 PAGE_SIZE = 4096
 # SQLite's page cache per connection (its default is 2,000 KiB). The agent appends at the
 # right edge of a few B-trees and rewrites a checkpoint (~75 KiB a chip) each minute: 128
-# pages hold a transaction's dirty pages and the paths to them. The default filled as the
-# file grew over days and was ~1.5 MiB of the agent's RSS growth in the week-long soak.
+# pages hold a transaction's dirty pages and the paths to them. The default fills as the
+# file grows over days: ~1.5 MiB of the agent's RSS growth in a week.
 CACHE_KIB = 512
 MINUTE = 60.0
 
