@@ -341,8 +341,8 @@ class AlertTracker:
                 self.active[key] = replace(alert, raised=self.active[key].raised)
                 continue
             if key not in self._pending and _waits_for_snapshots(alert):
-                # said, so that a warning held back is not a warning missing: in the demo
-                # the journal had the OOM page and, for minutes, no word of the warning
+                # said, so that a warning held back is not a warning missing (the journal
+                # would show the OOM page and, for minutes, no word of the warning)
                 log.info("alert %s on %s waits up to %s for its process's tensor snapshots",
                          alert.name, alert.subject, format_hours(SNAPSHOT_WAIT))
             since, since_wall = self._pending.setdefault(key, (now, wall))

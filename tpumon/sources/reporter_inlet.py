@@ -167,7 +167,7 @@ class Pacer:
     """When the receiving thread sleeps, and for how long, between looks at the sockets.
 
     Each wake-up costs the agent ~0.1-0.3 ms of CPU on a VM (cold caches, the GIL), so at
-    10 reports a second waking for each was half the agent's budget. While messages come
+    10 reports a second waking for each would be half the agent's budget. While messages come
     faster than the thread's sleep, it sleeps between looks and takes what gathered, as
     long as that stays under half of the fullest queue it reads: the datagram socket's
     kernel queue (shared by every datagram sender), and for a connection two looks'

@@ -137,7 +137,7 @@ def read_ahead(items: Iterator[T]) -> Iterator[T]:
     """``items``, the next one made on a thread of its own while the caller works on this
     one (one ahead: memory stays bounded), an exception raised where the caller takes the
     item. A trace's parse (pyarrow) and the grouping of the table before (numpy) both let
-    go of the GIL: on two cores, the second was otherwise idle while a trace was read."""
+    go of the GIL: on two cores, the second would otherwise idle while a trace is read."""
     import queue
     import threading
 
