@@ -104,9 +104,9 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 # one scanner for every report: json.loads builds a new decoder for each call given a hook,
-# and JSONDecoder.decode's two Python frames and two regex matches around the scanner are
-# a fifth of a report's parsing; the decoder's __init__
-# sets scan_once, which typeshed does not declare
+# and JSONDecoder.decode's two Python frames and two regex matches around the scanner are a
+# fifth of a report's parsing; the decoder's __init__ sets scan_once, which typeshed does
+# not declare
 _SCAN = json.JSONDecoder(object_pairs_hook=_unique_keys).scan_once  # type: ignore[attr-defined]
 _JSON_SPACE = " \t\n\r"  # RFC 8259's whitespace, all JSONDecoder.decode skips
 
