@@ -19,8 +19,8 @@ The connecting user (``SO_PEERCRED``) is what the quota counts.
 
 The datagram socket at the documented address stays for reporters of earlier versions
 (and for any reporter whose connection failed): its kernel queue holds just
-``net.unix.max_dgram_qlen`` datagrams for every sender together, which is why
-connections came. It is read at most its queue length per turn.
+``net.unix.max_dgram_qlen`` datagrams for every sender together, which is why reporters
+connect where they can. It is read at most its queue length per turn.
 
 The thread does not wake for every message either: it takes whatever is waiting, then
 sleeps while more gather (:class:`Pacer`). The poll takes what waits too, just before it
