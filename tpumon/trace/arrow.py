@@ -208,10 +208,10 @@ class ShortLines:
     thread, blocks ahead of its parsers) that ends at the first line of ``longest`` bytes
     or more, and says so in ``refused``. pyarrow refuses a row longer than a block only
     once it parses that block, and by then its read-ahead has taken several more (hundreds
-    of MiB for a line of 1 GiB); an end of file here stops the
-    reading at once (an exception raised in pyarrow's I/O thread could abort the process
-    at exit), and the caller hands the file to the strict parser, which names the line.
-    Cheap: one ``find`` per half-``longest`` of data, each stopping at the first newline."""
+    of MiB for a line of 1 GiB); an end of file here stops the reading at once (an
+    exception raised in pyarrow's I/O thread could abort the process at exit), and the
+    caller hands the file to the strict parser, which names the line. Cheap: one ``find``
+    per half-``longest`` of data, each stopping at the first newline."""
 
     def __init__(self, raw: BinaryIO, longest: int) -> None:
         self._raw, self._longest, self._window = raw, longest, max(longest // 2, 1)
