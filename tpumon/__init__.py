@@ -9,7 +9,7 @@ def package_version(name: str) -> str:
     The distribution's own metadata file is read first where it lies beside the package
     of the same name (a wheel's install): importing ``importlib.metadata`` and searching
     every path entry for one name costs the agent ~1.8 MiB of RSS it keeps for good
-    (docs/benchmarks.md, issue 25), for one label of ``tpumon_build_info``."""
+    (docs/benchmarks.md), for one label of ``tpumon_build_info``."""
     return _installed_beside(name) or _searched(name)
 
 

@@ -110,7 +110,7 @@ class PollState:
 
 
 class AgentState:
-    """Holds the published poll state: the one thing the agent's readers (the exporter,
+    """Holds the published poll state: the one thing the agent's readers (the metrics,
     /api/status, the alert log) share with the poll loop."""
 
     def __init__(self, identity: Identity, inventory: ChipInventory) -> None:

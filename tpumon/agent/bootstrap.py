@@ -249,7 +249,7 @@ def notification_channels(config: Config, env: Mapping[str, str] | None = None) 
     """The channels whose secret is configured (value, file or systemd credential). The
     delivery code (notifier, outbox, HTTP posts, the channels) is imported only for a
     channel configured: an agent without Slack or PagerDuty runs without it (0.3-0.6 MiB
-    of RSS, docs/benchmarks.md, issue 25)."""
+    of RSS, docs/benchmarks.md)."""
     def at_least(level: str) -> tuple[str, ...]:
         return SEVERITIES[SEVERITIES.index(level):]
 
@@ -332,8 +332,8 @@ SPARSEST_SIMULATED_POLLS = 60.0  # simulated s between polls at most (see check_
 def check_simulation_pace(config: Config) -> None:
     """Refuse a simulation whose polls would come more than SPARSEST_SIMULATED_POLLS
     simulated seconds apart: so sparse, the polls catch the step's sawtooth at random
-    phases, the floors under it are not found, and the linear leak read 'ok' (1200x at
-    0.25 s, 90 s apart); at 60 s it is called within hours, at 15 (make demo) within one.
+    phases, the floors under it are not found, and the linear leak reads 'ok' at 90 s
+    apart; at 60 s it is called within hours, at 15 (make demo) within one.
     Say so when the bound (simulator.max_lag) makes the simulated job wait for polls."""
     poll, acceleration = config["agent.poll_interval"], config["simulator.acceleration"]
     apart = poll * acceleration

@@ -4,7 +4,7 @@ reporters' socket...) stay what they are; these say how each lives in the agent.
 
 What a reload applies, by component: the poll interval (the agent itself,
 ``tpumon.agent.loop``), the log level, the [alerts] thresholds (the tracker that pages on them,
-read by the exporter too), the reporters' allowed uids, and the Slack and PagerDuty
+read by the metrics too), the reporters' allowed uids, and the Slack and PagerDuty
 channels when notifications were already on. Nothing that holds state is rebuilt.
 """
 
@@ -39,7 +39,7 @@ class LogLevel(Component):
 
 class AlertThresholds(Component):
     """The [alerts] section in the alert tracker that pages on it (the notifier's, or the
-    alert log's without one); the exporter's tpumon_alert_* gauges read it there."""
+    alert log's without one); the metrics' tpumon_alert_* gauges read it there."""
 
     name = "alert thresholds"
 

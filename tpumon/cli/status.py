@@ -166,7 +166,7 @@ def _process_verdict(p: dict[str, Any]) -> str:
 
 def output_console() -> Console:
     """The terminal as it is; without one (a pipe, a file) wide enough that no cell is cut
-    short ('insufficien…' was what a pipe read)."""
+    short (not 'insufficien…' in a pipe)."""
     console = Console()
     return console if console.is_terminal else Console(width=160)
 

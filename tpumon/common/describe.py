@@ -1,8 +1,8 @@
 """How every view says what one assessment says: its growth, its time to OOM, and what a
 set of chips' verdicts add up to. ``status``, ``watch``, the agent's index page, /report,
 the log, notifications, ``analyze`` and the slice view all write these through the
-functions here, so one poll reads the same, byte for byte, wherever it is shown
-(issue 43: a table said "3.9 h" beside a reason saying "OOM in 4.1 h").
+functions here, so one poll reads the same, byte for byte, wherever it is shown (never
+"3.9 h" in a table beside "OOM in 4.1 h" in its reason).
 
 The time to OOM is counted from the assessment's own moment (the end of its evidence
 window, the moment the forecast was made), not from whenever a view happens to render

@@ -1,11 +1,11 @@
-"""Directories and files no other user can redirect (issue 42).
+"""Directories and files no other user can redirect.
 
 The agent usually runs as root or as its own user, and writes its databases and binds its
-sockets where the configuration says. A directory another user owns, or may write to,
-lets that user put a symbolic link where the agent is about to write: root then created
+sockets where the configuration says. A directory another user owns, or may write to, lets
+that user put a symbolic link where the agent is about to write: root would then create
 ``history.db`` and ``outbox.db`` in a directory of the user's choosing, and the socket's
-``chmod`` made a root-only file world-writable. So a state or socket directory must be
-the agent's user's or root's, writable by no one else, and not itself a link; the
+``chmod`` would make a root-only file world-writable. So a state or socket directory must
+be the agent's user's or root's, writable by no one else, and not itself a link; the
 databases are created without following a link, and the socket's mode is set on its
 descriptor, never through its path.
 """

@@ -1,6 +1,6 @@
 """The values that flow from sources to the agent's state: plain, immutable records.
 
-Sources create these and know nothing of what happens to them; the state, the exporter,
+Sources create these and know nothing of what happens to them; the state, the metrics,
 the detector and the store only read them. Keeping them frozen is what lets a scrape read
 one poll while the poll thread builds the next, without locks.
 """

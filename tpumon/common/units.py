@@ -17,8 +17,7 @@ def format_bytes(value: float | None, signed: bool = False,
                  like: float | None = None) -> str:
     """'31.75 GiB', '812.3 MiB', '118.7 KiB', '512 B'; '+1.2 MiB' with ``signed``; '-' for
     None; in the unit ``like`` would be written in, when given (both ends of a range). The
-    one way: ``watch``'s narrow columns write it so too (issue 43: '31.7Gi' there and
-    '31.75 GiB' everywhere else)."""
+    one way: ``watch``'s narrow columns write it so too."""
     if value is None or math.isnan(value):
         return "-"
     magnitude = abs(value)
@@ -52,8 +51,8 @@ def format_growth(bytes_per_step: float | None, bytes_per_hour: float | None,
 
 def format_hours(seconds: float) -> str:
     """A span of time, to come or gone: '40 s', '45 min', '5.3 h', '12 d'. The one way
-    every view writes a time to OOM (the log once said 'OOM in 4.4 h' and 'in 4 h 23 min'
-    in one second)."""
+    every view writes a time to OOM (never 'OOM in 4.4 h' in one line and 'in 4 h 23 min'
+    in the next)."""
     seconds = max(seconds, 0.0)
     if seconds < 60:
         return f"{seconds:.0f} s"

@@ -21,7 +21,7 @@ status document and the alert carry the raw text; JSON escapes what JSON needs i
   so that one event is one line and an attack shows in the log instead of acting on it;
   applied by the log formatters of :mod:`tpumon.agent.logs` to every message.
 - :func:`for_label`: a Prometheus label value without control characters (the text
-  format escapes only ``\\``, ``"`` and newline; a raw ESC reached whoever ran curl).
+  format escapes only ``\\``, ``"`` and newline; a raw ESC would reach whoever runs curl).
 
 Sources may still refuse or trim what they take in (a report's framework must be
 printable, a runtime's label keeps its printable characters): that is validation, which

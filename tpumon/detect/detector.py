@@ -264,8 +264,8 @@ class ChipDetector:
         the lower envelope of the last floors, not the last floor alone. The bucket that a
         poll gap cuts short holds few polls, and its floor reads high (no poll between two
         steps) by up to the in-step transient, several GiB: against it, the next floor at
-        the level where memory always was looked like a drop, and a gap of a few dropped
-        polls restarted the job (warm-up again, its jumps and evidence lost)."""
+        the level where memory always was would look like a drop, and a gap of a few
+        dropped polls would restart the job (warm-up again, its jumps and evidence lost)."""
         if b.first_step < job.last_step:  # False when either is unknown (NaN)
             return True
         drop = self.settings.restart_drop_fraction * (self.total or 0.0)
@@ -359,9 +359,9 @@ class ChipDetector:
         at most the full confirmation. A chip whose floor has never risen and come back
         confirms sooner; one where an eval's buffers stay for twenty minutes waits for
         forty and more. Before two stairs, the full window: a shorter one finds jumps in a
-        steady leak's scattered floors and takes them out of its trend (tried: linear leaks
-        were called later on every seed of the benchmark). Brings the chip's longest
-        rise-and-return up to date when it is needed."""
+        steady leak's scattered floors and takes them out of its trend, so linear leaks are
+        called later. Brings the chip's longest rise-and-return up to date when it is
+        needed."""
         k, e = self._confirm, self._envelope
         least = self._step_change_size()
         if sum(j.size >= least for j in job.jumps) < self.settings.staircase_min_jumps - 1:
@@ -611,11 +611,11 @@ class ChipDetector:
             not_yet = self._not_a_leak_yet(job, tto, floors, window, stairs, rate)
             if not_yet:
                 # a rise not yet confirmed as a jump is no rate to forecast with: 'ok' beside
-                # "OOM in 4.5 h" told two stories (issue 43); the other verdicts say theirs
+                # "OOM in 4.5 h" would tell two stories; the other verdicts say theirs
                 return _Said(*not_yet, fit_only if not_yet[1] == _PENDING else common)
             job.leaking = True
         # the reason gives the assessment's own figures (its slope, its forecast), as every
-        # view that shows them beside it does (tpumon.describe)
+        # view that shows them beside it does (tpumon.common.describe)
         per = describe_growth(common.get("slope_bytes_per_step"),
                               common["slope_bytes_per_second"] * 3600)
         growth = stairs.describe() if stairs else f"floor grows {per}"

@@ -1,18 +1,17 @@
 """Jobs replayed while the rest of their trace is still being read (``tpumon analyze``).
 
-A trace is spilled table by table (:mod:`tpumon.trace.spill`) and was replayed only once
-the whole file had been read: on a 2-core VM a third of the time went to reading, with the
-other core half idle. But a series whose rows stopped coming is most likely whole: a trace
-written series after series (``tpumon export``) or host after host ends each series long
-before the file ends. So once every series of a host is absent from the table just read,
-that host's job is replayed at once by a forked worker, from what the spill file holds of
-it; a slice's chips (hosts ``…-w-N``: more of its workers may come) are each run on their
-own, to be pooled at the end. At the end a guess is kept only where it proved right: the
-job has exactly those series, and none of them got another row or was read again (the
-validating parser reads a file anew). Its results are then what replaying after the read
-gives, and a wrong guess costs only the work spent on it; a series is guessed twice at
-most. A trace whose rows are interleaved by time closes no series before its end, and is
-replayed as before.
+A trace is spilled table by table (:mod:`tpumon.trace.spill`); replaying only once the
+whole file is read would leave a core half idle through the read, a third of the time on 2
+cores. But a series whose rows stopped coming is most likely whole: a trace written series
+after series (``tpumon export``) or host after host ends each series long before the file
+ends. So once every series of a host is absent from the table just read, that host's job is
+replayed at once by a forked worker, from what the spill file holds of it; a slice's chips
+(hosts ``…-w-N``: more of its workers may come) are each run on their own, to be pooled at
+the end. At the end a guess is kept only where it proved right: the job has exactly those
+series, and none of them got another row or was read again (the validating parser reads a
+file anew). Its results are then what replaying after the read gives, and a wrong guess
+costs only the work spent on it; a series is guessed twice at most. A trace whose rows are
+interleaved by time closes no series before its end, and is replayed after the read.
 """
 
 from __future__ import annotations
@@ -35,7 +34,7 @@ Key = tuple[str, str]
 #: The workers' niceness: the read is what everything waits for.
 NICENESS = 5
 
-#: Traces smaller than this (a table or two) are replayed after the read, as before.
+#: Traces smaller than this (a table or two) are replayed after the read.
 EARLY_MIN_BYTES = 64 << 20
 
 

@@ -9,11 +9,10 @@ and at every page the ratio of the real time left to the forecast one was kept; 
 is that ratio's central 92 % in the page's bin of extrapolation (forecast time to OOM over
 the evidence window: a forecast 4 windows ahead errs more than one a window ahead).
 
-Calibrated on ``bench/detect.py`` seeds 0-3 (the simulator's leaks) and
-``bench/nuisances.py`` seed 0 (leaks mixed with a healthy job's nuisances), 8,634 pages;
-judged on seeds 4-7 and seed 1, which the calibration never saw (docs/benchmarks.md,
-"The forecast's band"). ``bench/forecast_band.py`` measures it again and prints the table
-below; a change to the detector that moves the pages is followed by a new table.
+The table below is ``bench/forecast_band.py``'s, calibrated on the simulator's leaks
+(``bench/detect.py`` seeds 0-3, ``bench/nuisances.py`` seed 0) and judged on seeds the
+calibration never saw (docs/benchmarks.md, the forecast's band); a change to the detector
+that moves the pages is followed by a new table.
 """
 
 from __future__ import annotations

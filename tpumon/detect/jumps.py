@@ -60,7 +60,7 @@ def scan(times: Sequence[float], steps: Sequence[float], floors: Sequence[float]
     ``last`` is the boundary of the last jump found (-1: none), in this call or an earlier
     one: the level before a boundary is taken from there on, so a stair that comes less
     than ``k`` buckets after the one before is a jump of its own, measured from the level
-    that one left (it was skipped, and lost for good, while jumps had to be ``k`` apart).
+    that one left, not skipped and lost.
     Two stairs closer together than ``k`` buckets (a burst) are two jumps when each is
     larger than ``burst_threshold`` as well (see ``_burst``).
     With ``early`` (fewer than ``k`` buckets), a rise larger than ``burst_threshold`` too is
@@ -172,10 +172,10 @@ def _burst(f: list[float], c2: int, k: int, e: int, threshold: float,
     ``k`` buckets before it: (c, the first stair's size, the second's), or None.
 
     Stairs that come at random times (recompilations, a cache that never stops growing)
-    often come closer together than a confirmation window; each was then refused as a jump
-    (the level after the first rises on, the level before the second is not level) and
-    the whole burst was lost. Each stair must pass the test of a single jump on its own
-    size: a sharp step, level on both sides, the side between the two being the plateau
+    often come closer together than a confirmation window; each fails the test of a single
+    jump (the level after the first rises on, the level before the second is not level),
+    and the whole burst would be lost. Each stair must pass the test of a single jump on its
+    own size: a sharp step, level on both sides, the side between the two being the plateau
     (at least two envelopes long, so that its start and end are different envelopes). So
     a ramp, however steep or noisy, is not a burst (its plateau and sides rise as much as
     its steps), nor is a buffer held for a while (the level after it falls back).
@@ -209,7 +209,7 @@ def _compound(f: list[float], c2: int, k: int, e: int, threshold: float,
 
     Three or more stairs within one confirmation window (a burst of recompilations) fail
     every other test: no boundary has a level on both sides, and the plateaus between them
-    are shorter than two envelopes. The rise they made was lost for good (no jump, and a
+    are shorter than two envelopes. The rise they made would be lost (no jump, and a
     "saturating" trend: a rise, then flat), though the floor is level for a whole window
     before it and after it. What the floors show is a stair of a step change's size
     (``burst_threshold``) where the rise begins, held, and one where it ends, level at

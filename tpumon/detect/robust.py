@@ -70,8 +70,8 @@ def _differences(xy: np.ndarray) -> np.ndarray:
     WINDOW_POINTS points: the pairs among its last n points are the table's last pairs
     (as in :meth:`PairwiseSlopes.tail`), so the points go at the end of a buffer of
     WINDOW_POINTS and the table's suffix indexes it. Built afresh for each fit, the index
-    arrays took ~1 MiB of new memory, and on this VM new pages cost more than the
-    arithmetic (docs/benchmarks.md)."""
+    arrays would take ~1 MiB of new memory a fit, and new pages cost more than the
+    arithmetic."""
     n = len(xy)
     if CACHED_PAIRS < n <= WINDOW_POINTS:
         i, j = _window_pairs()

@@ -7,13 +7,13 @@ steps is the most direct evidence of a leak there is, and combined with a growin
 floor it makes a leak verdict certain; and uncached compiles that keep coming after
 warm-up mean recompilation.
 
-Method, as for HBM floors (detector.py), on (step, count) points: ignore the first
+Method, as for HBM floors (detect/detector.py), on (step, count) points: ignore the first
 ``warmup_steps`` of a run (model, optimizer state, first compiles), then Sen's slope and
 Mann-Kendall over the window since, kept to at most ``max_points`` points by thinning
 (every other point, so cost and memory stay bounded over any run). Growing: significant
 (z >= ``z_threshold``, lower end of the slope interval above 0), still rising in the
 recent half of the window, and by at least ``min_growth`` over the window. Pure
-computation, like the rest of ``detect``.
+computation, like the leak detector.
 """
 
 from __future__ import annotations

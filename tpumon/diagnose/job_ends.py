@@ -297,8 +297,8 @@ def _latest_step(view: JobView, processes: Mapping[int, ProcessState]) -> JobVie
 def _holders(owners: Mapping[str, int], processes: Mapping[int, ProcessState],
              trusted: Collection[int] | None = None) -> dict[int, list[str]]:
     """Each live job's pid and the chips it holds: a process holding chips, or a
-    reporting process of a ``trusted`` uid that holds none. Anyone may report: 600
-    short-lived reporters of another user in 30 s were 746 outbox events (issue 42)."""
+    reporting process of a ``trusted`` uid that holds none. Anyone may report, so a
+    stranger's short-lived reporters would otherwise each end a job and page."""
     out = _chips_by_pid(owners)
     for pid, state in processes.items():
         if not state.report.exited and (trusted is None or state.report.uid in trusted):

@@ -3,7 +3,7 @@ one drives.
 
 Fed each poll with the reporter socket's reading. Keeps, per process, the trend of its
 live tensor count, of its uncached compiles and of its resident host memory
-(``detect.counts``: Sen's slope and Mann-Kendall over steps), forgets processes that
+(``diagnose.counts``: Sen's slope and Mann-Kendall over steps), forgets processes that
 stopped reporting, and attributes chips to processes so that the HBM detector gets step
 numbers and the diagnosis can name a cause.
 
@@ -12,7 +12,7 @@ Two verdicts per process, because a run dies of either:
 - ``verdict`` (device tensors): a live count that rises steadily is a ``leak`` only when
   memory grows with it (the HBM floor of a chip it drives, or its own RSS: on a CPU backend
   device buffers are host memory); a rise alone is ``growing``. A count can rise with
-  nothing new alive (torch_xla's counters under SPMD did; see instrument/torch_xla.py), and
+  nothing new alive (torch_xla's counters under SPMD can; see instrument/torch_xla.py), and
   a leak of a few bytes a step never kills a job, so the count alone never calls a leak.
 - ``host_verdict``: the process's RSS, step-indexed, as reported: a host-side leak (a
   Python list of losses or arrays, ``total_loss += loss`` keeping graphs, a growing cache)
@@ -68,8 +68,8 @@ class ProcessState:
 
     @property
     def verdict_reason(self) -> str | None:
-        """Why :attr:`verdict` is what it is where the word alone does not say: a
-        process whose verdict read ``unknown`` with no reason (issue 43)."""
+        """Why :attr:`verdict` is what it is where the word alone does not say (``unknown``,
+        ``warming_up``, ``growing``); None for the others."""
         verdict = self.verdict
         if verdict == "unknown":
             return ("it reports no live-tensor count, so its tensors are not judged "
@@ -160,7 +160,7 @@ def with_hbm_growth(processes: Mapping[int, ProcessState], chip_processes: Mappi
 def trusted_uids(allowed_uids: Collection[int]) -> frozenset[int]:
     """The users whose processes may page without holding a chip: reporter.allowed_uids,
     root and the agent's own user. Anyone may send a report, so a report alone is no
-    job: a stranger's short-lived reporters each raised a JobEnded (issue 42)."""
+    job: a stranger's short-lived reporters would each raise a JobEnded."""
     return frozenset({0, os.geteuid(), *allowed_uids})
 
 

@@ -5,8 +5,8 @@ stay the same.
 Why the text format whatever the scraper prefers: Prometheus asks for OpenMetrics first
 (2.x: ``application/openmetrics-text;version=1.0.0,...``), and prometheus-client's
 OpenMetrics writer escapes every sample's name a character at a time, which made a scrape
-of the agent ~30 % dearer than the same scrape in the text format (docs/benchmarks.md,
-issue 25). OpenMetrics would give tpumon's series nothing: they carry no exemplars and no
+of the agent ~30 % dearer than the same scrape in the text format (docs/benchmarks.md).
+OpenMetrics would give tpumon's series nothing: they carry no exemplars and no
 ``_created`` samples. node_exporter answers Prometheus in the text format too
 (client_golang serves OpenMetrics only when an exporter opts in).
 

@@ -200,8 +200,8 @@ def _tensor_details(snap: PollState, chip: str, settings: AlertSettings) -> dict
 def _stalls(snap: PollState, settings: AlertSettings) -> Iterable[Alert]:
     """Reporting processes with no step for the stall time while their own chips (those
     they hold, or whose step they drive) hold memory. Never this host's chips at large: a
-    silent process of another user was paged as stuck 'while its chips hold 57.9 GiB' of
-    the real job's chips (issue 42)."""
+    silent process of another user would be paged as stuck while the real job's chips
+    hold memory."""
     chips = snap.runtime.chips if snap.runtime is not None else {}
     for pid, state in snap.processes.items():
         silent = snap.time - state.report.received
@@ -341,8 +341,8 @@ class AlertTracker:
                 self.active[key] = replace(alert, raised=self.active[key].raised)
                 continue
             if key not in self._pending and _waits_for_snapshots(alert):
-                # said, so that a warning held back is not a warning missing: in the demo
-                # the journal had the OOM page and, for minutes, no word of the warning
+                # said, so that a warning held back is not a warning missing (the journal
+                # would show the OOM page and, for minutes, no word of the warning)
                 log.info("alert %s on %s waits up to %s for its process's tensor snapshots",
                          alert.name, alert.subject, format_hours(SNAPSHOT_WAIT))
             since, since_wall = self._pending.setdefault(key, (now, wall))

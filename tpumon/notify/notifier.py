@@ -1,7 +1,7 @@
 """The notifier thread: alerts from the published poll states, through the outbox, to Slack
 and PagerDuty, without ever holding up a poll or a scrape.
 
-It reads the agent's state like an exporter does (data flows sources -> detector -> state
+It reads the agent's state as the metrics do (data flows sources -> detector -> state
 -> notifiers), records each raise and resolve in the outbox before anything is sent, and
 then drains the outbox per channel: in order, one request at a time, at most one per
 channel's ``min_interval``; after a 429, a 5xx or a network error the channel backs off

@@ -1,5 +1,5 @@
 """The [alerts] thresholds, in a module of their own: the alert trackers hold them (a
-SIGHUP reload changes them) and the exporter reads them from there, so the exported
+SIGHUP reload changes them) and the metrics read them from there, so the exported
 thresholds the Prometheus rules compare against are the ones the agent pages on."""
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """Slack incoming webhooks: one message per alert raise or resolve.
 
 Each message is one line naming the alert, host, worker, chip, growth, ETA and likely
-cause. Alerts that fire together used to go out as one message of up to 20 lines, which
-reads better, but a webhook takes no idempotency key: a message whose post was cut short
-by a kill -9 is sent again after the restart, and a batch repeated all its lines (41
-repeated lines in 10 kills, issue 42). One line per message repeats one at most, marked as
+cause, not one message for the alerts that fire together: a webhook takes no idempotency
+key, so a message whose post was cut short by a kill -9 is sent again after the restart,
+and a batch would repeat all its lines. One line per message repeats one at most, marked as
 a possible repeat; Slack's rate (about one message a second per channel) then spreads a
 leak on eight chips over eight seconds.
 

@@ -368,10 +368,9 @@ def _envelope(times: np.ndarray, used: np.ndarray, gap: float,
     a few thousand points whatever the length of the series.
 
     A bin without a sample of its own, between two samples closer than ``gap`` (polls
-    sparser than the bins), spans the two samples around it: the series passes through
-    it, and a band of isolated one-bin islands would be drawn zero pixels wide (the
-    band was missing from every report of a sparse series). Bins inside a gap of ``gap``
-    seconds or more are NaN: a time without samples is drawn as a gap."""
+    sparser than the bins), spans the two samples around it: the series passes through it,
+    and a band of isolated one-bin islands would be drawn zero pixels wide. Bins inside a
+    gap of ``gap`` seconds or more are NaN: a time without samples is drawn as a gap."""
     bins = max(1, min(most, len(times) // SAMPLES_PER_BIN))
     t0, t1 = float(times[0]), float(times[-1])
     width = max((t1 - t0) / bins, 1e-9)

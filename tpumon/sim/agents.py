@@ -120,7 +120,7 @@ class AgentFleet:
     """Every worker of ``spec`` that is not down, served until :meth:`close`: one thread
     waits on every listening socket and hands each connection to its server (a thread per
     request, as ThreadingHTTPServer does), not a serve_forever thread per server: with
-    those, a 1,024-worker fleet did not answer in time on a 2-core VM (docs/benchmarks.md)."""
+    those, a 1,024-worker fleet does not answer in time on 2 cores (docs/benchmarks.md)."""
 
     def __init__(self, spec: FleetSpec) -> None:
         self.spec = spec

@@ -119,7 +119,7 @@ def start_slice(spec: SliceSpec, ports: list[int]) -> list[SimulatedHost]:
             clock = SimClock(spec.acceleration, max_lag=spec.max_lag)
             scenario = host_scenario(spec.scenario, k, spec.hosts)
             # one SPMD program: every host steps at worker 0's pace (a host drawing its own
-            # ran 1.3x slower than the rest and fired TPUMonHostStepTimeOutlier)
+            # runs up to 1.3x slower than the rest and fires TPUMonHostStepTimeOutlier)
             workload = Workload(scenario, chips=spec.chips, hbm_total_bytes=spec.hbm_total_bytes,
                                 seed=spec.seed + k, start_time=clock.now(), **pace)
             step_time = workload.params.step_time_s

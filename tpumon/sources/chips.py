@@ -82,7 +82,7 @@ def file_identity(st: os.stat_result) -> FileId:
     file named accel0 is a regular file); for anything else (a test's stand-in device) the
     file itself, (``st_dev``, ``st_ino``). The link's text is no identity: inside
     ``unshare -Urm`` any user can mount a tmpfs on /dev and open a file named accel0, and
-    /proc/PID/fd then reads /dev/accel0 (issue 42)."""
+    /proc/PID/fd then reads /dev/accel0."""
     if stat.S_ISCHR(st.st_mode):
         return (st.st_rdev,)
     return (st.st_dev, st.st_ino)

@@ -5,11 +5,11 @@ Why not grpcio, which the simulator serves with and tpu-info's own client uses: 
 makes one small call a second, and for that grpcio's C core is the heavier half of the
 agent. Importing it costs ~16 MiB of RSS, its channels keep 6-7 threads that wake 12-18
 times a second with nothing to do, and a call is handed from the calling thread to those
-threads and back. Why not grpclib (the agent's client until session 17): its HTTP/2 is h2,
-in Python, and one call ran ~1,250 Python function calls, cold, every second: 54-64 % of
-the agent's poll thread. libcurl's HTTP/2 (nghttp2) is C, runs on the calling thread, and
-has no threads of its own for an address given as an IP literal or a unix socket; a call
-here is a few dozen Python calls (docs/benchmarks.md, issue 25).
+threads and back. Why not grpclib: its HTTP/2 is h2, in Python, and one call runs ~1,250
+Python function calls, cold, every second: over half of the agent's poll thread. libcurl's
+HTTP/2 (nghttp2) is C, runs on the calling thread, and has no threads of its own for an
+address given as an IP literal or a unix socket; a call here is a few dozen Python calls
+(docs/benchmarks.md).
 
 A unary call on the wire (gRPC over HTTP/2, PROTOCOL-HTTP2.md): a POST to
 ``/package.Service/Method`` with ``content-type: application/grpc`` and ``te: trailers``,

@@ -19,8 +19,8 @@ The connecting user (``SO_PEERCRED``) is what the quota counts.
 
 The datagram socket at the documented address stays for reporters of earlier versions
 (and for any reporter whose connection failed): its kernel queue holds just
-``net.unix.max_dgram_qlen`` datagrams for every sender together, which is why
-connections came. It is read at most its queue length per turn.
+``net.unix.max_dgram_qlen`` datagrams for every sender together, which is why reporters
+connect where they can. It is read at most its queue length per turn.
 
 The thread does not wake for every message either: it takes whatever is waiting, then
 sleeps while more gather (:class:`Pacer`). The poll takes what waits too, just before it
@@ -167,7 +167,7 @@ class Pacer:
     """When the receiving thread sleeps, and for how long, between looks at the sockets.
 
     Each wake-up costs the agent ~0.1-0.3 ms of CPU on a VM (cold caches, the GIL), so at
-    10 reports a second waking for each was half the agent's budget. While messages come
+    10 reports a second waking for each would be half the agent's budget. While messages come
     faster than the thread's sleep, it sleeps between looks and takes what gathered, as
     long as that stays under half of the fullest queue it reads: the datagram socket's
     kernel queue (shared by every datagram sender), and for a connection two looks'

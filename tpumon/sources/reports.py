@@ -58,8 +58,7 @@ class ProcessReport(NamedTuple):
 
     A named tuple, not a frozen dataclass: one is made for every report (ten a second and
     more), and a frozen dataclass's ``__init__`` (``object.__setattr__`` for each of its
-    17 fields) and ``dataclasses.replace`` cost ~7 and ~11 us warm on this VM against
-    ~2.5 for each here (docs/benchmarks.md)."""
+    17 fields) and ``dataclasses.replace`` cost ~7 and ~11 us against ~2.5 for each here."""
 
     pid: int
     uid: int
@@ -105,9 +104,9 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 # one scanner for every report: json.loads builds a new decoder for each call given a hook,
-# and JSONDecoder.decode's two Python frames and two regex matches around the scanner are
-# a fifth of a report's parsing (docs/benchmarks.md, issue 25); the decoder's __init__
-# sets scan_once, which typeshed does not declare
+# and JSONDecoder.decode's two Python frames and two regex matches around the scanner are a
+# fifth of a report's parsing; the decoder's __init__ sets scan_once, which typeshed does
+# not declare
 _SCAN = json.JSONDecoder(object_pairs_hook=_unique_keys).scan_once  # type: ignore[attr-defined]
 _JSON_SPACE = " \t\n\r"  # RFC 8259's whitespace, all JSONDecoder.decode skips
 

@@ -1,4 +1,4 @@
-"""Who serves each runtime port, and whether its figures may be believed (issue 42).
+"""Who serves each runtime port, and whether its figures may be believed.
 
 libtpu's metric service has no credentials: between jobs nobody listens on 8431, and any
 local user who binds it first can serve made-up HBM figures (pages, a hidden leak). The

@@ -42,8 +42,8 @@ SCHEMA_VERSION = 1
 PAGE_SIZE = 4096
 # SQLite's page cache per connection (its default is 2,000 KiB). The agent appends at the
 # right edge of a few B-trees and rewrites a checkpoint (~75 KiB a chip) each minute: 128
-# pages hold a transaction's dirty pages and the paths to them. The default filled as the
-# file grew over days and was ~1.5 MiB of the agent's RSS growth in the week-long soak.
+# pages hold a transaction's dirty pages and the paths to them. The default fills as the
+# file grows over days: ~1.5 MiB of the agent's RSS growth in a week.
 CACHE_KIB = 512
 MINUTE = 60.0
 
@@ -147,8 +147,8 @@ class Retention:
     @property
     def outbox_bytes(self) -> int:
         """The notification outbox's share of the cap (outbox.db and its WAL, beside the
-        history in the state directory): a sixteenth, between 256 KiB and 16 MiB. The
-        outbox used to be outside the cap, and every local user could add to it."""
+        history in the state directory): a sixteenth, between 256 KiB and 16 MiB. Inside
+        the cap, as every local user can add to the outbox."""
         return min(max(self.max_bytes // 16, 64 * PAGE_SIZE), 16 * 2**20)
 
     @property

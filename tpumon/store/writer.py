@@ -117,8 +117,8 @@ class StoreWriter:
         self._next_maintenance: float | None = None
         self._retry_at = 0.0
         self._retry_delay = RETRY_MIN
-        # its size from the start: `status` said "history.db (0 B)" until the first write,
-        # where the start-up log line had just said 108.5 KiB
+        # its size from the start, so that `status` agrees with the start-up log line before
+        # the first write
         self._health = StoreHealth(str(database_path(state_dir)), up=db is not None,
                                    size_bytes=0 if db is None else db.size_bytes())
         if open_error is not None:

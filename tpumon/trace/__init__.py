@@ -6,7 +6,8 @@ trace rows).
 
 A data format, not a layer of the agent (which reads no traces): may import ``common``
 only. Imports nothing itself, so neither numpy nor pyarrow loads until a trace is read;
-the names that ``tpumon.trace`` offered as one module still resolve here, on first use.
+its main names (``read_trace``, ``write_trace``, ``TraceRow``, ...) resolve here on first
+use.
 """
 
 from __future__ import annotations

@@ -37,9 +37,8 @@ if TYPE_CHECKING:
 _BLOCK_BYTES = 16 << 20
 
 #: Rows of a Parquet trace read at a time by :func:`read_tables`, row group by row group:
-#: one ``iter_batches`` over the whole file held more the longer the file (0.41 GiB of
-#: peak RSS at 2M rows, 0.64 GiB at 9.5M, read alone), one per row group did not (0.17,
-#: 0.20 GiB). A row group is then the most held at once: a file written as one huge
+#: one ``iter_batches`` over the whole file holds more the longer the file, one per row
+#: group does not. A row group is then the most held at once: a file written as one huge
 #: group is read as one.
 _PARQUET_BATCH_ROWS = 1 << 18
 
@@ -57,9 +56,8 @@ def small_pages() -> Iterator[None]:
 
     numpy advises huge pages (madvise) for every array of 4 MiB or more. Where the kernel
     then compacts memory to find them (transparent huge pages with defrag on madvise, as on
-    many VMs), each such array costs kernel time when first written: on this project's
-    2-core VM, grouping an 8M-row trace into series took 1.5 s of CPU, 1.3 s of it in the
-    kernel, and 0.5 s with small pages (bench/analyze_speed.py). Reading a trace makes a
+    many VMs), each such array costs kernel time when first written: grouping a trace into
+    series takes three times the CPU, most of it in the kernel. Reading a trace makes a
     few dozen such arrays once, so huge pages buy nothing back. Forked workers inherit the
     setting; it is restored on the way out (numpy's switch is process-wide)."""
     import numpy as np
@@ -106,15 +104,15 @@ def read_table(path: str, fmt: str) -> pa.Table:
 
 #: Rows gathered into one table by :func:`read_tables` before it is handed on: tens of MiB
 #: of columns, so that memory stays bounded whatever the trace's length, and large enough
-#: that each series gets a long run of rows from each (few chunks to read back). With
-#: 2M, a 50M-row CSV peaked at 0.55 GiB of RSS, with 1M at 0.34 GiB, as fast.
+#: that each series gets a long run of rows from each (few chunks to read back). Twice
+#: as many cost more memory and gain no speed.
 TABLE_ROWS = 1_000_000
 
 #: Bytes of CSV or JSON Lines parsed per block by :func:`read_tables`' streaming readers:
-#: pyarrow's default. The 16 MiB blocks of :func:`read_table` made the streaming reader's
-#: peak RSS 0.7 GiB on a 10M-row CSV (its blocks, freed in turn, were not given back to
-#: the system), 1 MiB blocks 0.11 GiB, at the same speed (bench/analyze_speed.py). Its
-#: default memory pool too (mimalloc): the C library's held more.
+#: pyarrow's default. With the 16 MiB blocks of :func:`read_table` the streaming reader
+#: holds several times the memory (its blocks, freed in turn, are not given back to the
+#: system), at the same speed. Its default memory pool too (mimalloc): the C library's
+#: holds more.
 _STREAM_BLOCK_BYTES = 1 << 20
 
 
@@ -139,7 +137,7 @@ def read_ahead(items: Iterator[T]) -> Iterator[T]:
     """``items``, the next one made on a thread of its own while the caller works on this
     one (one ahead: memory stays bounded), an exception raised where the caller takes the
     item. A trace's parse (pyarrow) and the grouping of the table before (numpy) both let
-    go of the GIL: on two cores, the second was otherwise idle while a trace was read."""
+    go of the GIL: on two cores, the second would otherwise idle while a trace is read."""
     import queue
     import threading
 
@@ -209,11 +207,11 @@ class ShortLines:
     """A binary file read as pyarrow's CSV reader reads it (``read(size)``, from its I/O
     thread, blocks ahead of its parsers) that ends at the first line of ``longest`` bytes
     or more, and says so in ``refused``. pyarrow refuses a row longer than a block only
-    once it parses that block, and by then its read-ahead has taken several more (a trace
-    whose second line ran on for 1 GiB took 150-300 MiB); an end of file here stops the
-    reading at once (an exception raised in pyarrow's I/O thread could abort the process
-    at exit), and the caller hands the file to the strict parser, which names the line.
-    Cheap: one ``find`` per half-``longest`` of data, each stopping at the first newline."""
+    once it parses that block, and by then its read-ahead has taken several more (hundreds
+    of MiB for a line of 1 GiB); an end of file here stops the reading at once (an
+    exception raised in pyarrow's I/O thread could abort the process at exit), and the
+    caller hands the file to the strict parser, which names the line. Cheap: one ``find``
+    per half-``longest`` of data, each stopping at the first newline."""
 
     def __init__(self, raw: BinaryIO, longest: int) -> None:
         self._raw, self._longest, self._window = raw, longest, max(longest // 2, 1)
@@ -276,9 +274,8 @@ def _read_csv(file: BinaryIO) -> pa.Table:
     read, convert = _csv_options(_BLOCK_BYTES)
     bounded = ShortLines(file, MAX_LINE_CHARS)
     try:
-        # the C library's allocator, not pyarrow's default (mimalloc): on this project's VM,
-        # mimalloc's handling of the parse's short-lived blocks cost 0.5-0.8 s more of
-        # kernel time on an 8M-row file (bench/analyze_speed.py)
+        # the C library's allocator, not pyarrow's default (mimalloc), whose handling of the
+        # parse's short-lived blocks costs much more kernel time
         table = pcsv.read_csv(bounded, read_options=read, convert_options=convert,
                               memory_pool=pa.system_memory_pool())
     finally:

@@ -28,8 +28,8 @@ INT_LIMIT = 2**63
 STEP_LIMIT = 2**53
 
 #: The longest line a trace may have, in characters (a row is well under 1 KiB). A longer
-#: one is refused once this much of it has been read, never held whole: a 1 GiB line used
-#: to be read into memory (2.2 GB RSS) before the parser refused it.
+#: one is refused once this much of it has been read, never held whole: a line of 1 GiB
+#: costs its first MiB of memory, not 1 GiB.
 MAX_LINE_CHARS = 1 << 20
 
 

@@ -3,8 +3,8 @@
 A replay needs each series whole, in time order, and the chips of one job together (their
 evidence is pooled), but a trace's rows come interleaved: every poll writes one row per
 chip, so the last row of any series may be the file's last. Holding every series in memory
-made ``analyze``'s peak RSS grow with the trace (1.26 GB for 8.2M rows; a day of a
-1,024-chip pod is 88M). So the trace is read in tables of a bounded size
+would make ``analyze``'s peak RSS grow with the trace (a day of a 1,024-chip pod is 88M
+rows). So the trace is read in tables of a bounded size
 (:func:`tpumon.trace.arrow.read_tables`), each table's rows are grouped by series and
 appended to one temporary file (:class:`Spill`), and a series is read back whole only when
 its replay needs it (:meth:`SpilledSeries.load`), then dropped. Memory is one table being

@@ -1,9 +1,10 @@
 """Bounds on the exporter's connections, so that no local user or scanner can starve it.
 
-Any local user can connect to the agent's port. A slowloris (thousands of connections, each
-sending a header every few seconds) used to hold a thread per connection for as long as it
-liked, and when the connections closed, every held thread rendered a full /metrics for a
-client that had gone: minutes of both cores, and scrapes timed out throughout. Here:
+Any local user can connect to the agent's port. Unbounded, a slowloris (thousands of
+connections, each sending a header every few seconds) holds a thread per connection for as
+long as it likes, and when the connections close, every held thread renders a full
+/metrics for a client that has gone: minutes of both cores, and scrapes time out
+throughout. Here:
 
 - at most MAX_CONNECTIONS are open at once; a new one past that pushes out the connection
   that has been reading its request longest (an attacker's, since a scraper sends its whole

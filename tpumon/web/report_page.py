@@ -9,9 +9,9 @@ by a whole on-call channel draws once.
 No request ever waits for another's drawing: one draws (a lock taken without blocking), and
 the others are answered at once with the last page drawn, or 503 with Retry-After when
 there is none yet. A failed drawing's answer is kept too, so that a broken store is not
-drawn again for every click. Before, the requests that came while a page was drawn waited
-on the lock, each holding one of the HTTP server's 64 connection slots: 100 of them at the
-cache's expiry left Prometheus' scrapes unanswered (docs/security.md).
+drawn again for every click. Requests waiting on the lock would each hold one of the HTTP
+server's 64 connection slots, and a hundred at the cache's expiry would leave Prometheus'
+scrapes unanswered (docs/security.md).
 Nothing of tpumon.report is imported here: the agent never loads it.
 """
 

@@ -51,8 +51,8 @@ def _assessment(snap: PollState, chip: str, up: bool) -> dict[str, Any]:
         return {"verdict": None, "reason": None, **reported}
     end = None if up else _ended(snap, chip)
     if end is not None:
-        # a forecast for a job that died is no forecast: "leak, OOM in 26 min" stayed on
-        # every view after the demo's job had run out of memory
+        # a forecast for a job that died is no forecast: "leak, OOM in 26 min" would stay on
+        # every view after the job ran out of memory
         step = f" at step {end.view.step:,}" if end.view.step is not None else ""
         return {**reported, "verdict": a.verdict.value,
                 "reason": f"job ended ({end.cause}){step}; before it: {a.reason}",
