@@ -18,9 +18,9 @@ It also checks feed-mode equivalence on a few series: the agent feeds one poll a
 time, analyze a whole series at once, so one array, single samples and chunks of 777
 must give the same ``assessment`` and ``alert``.
 
-With ``--baseline-ref REF`` (e.g. HEAD) it also times the detector of tpumon/detect/ as it
-is at that git revision, loaded from ``git show``, runs interleaved with the current
-code's: on a shared machine, before and after are only comparable from one process.
+With ``--baseline-ref REF`` (e.g. HEAD) it also times tpumon's replay as it is at that git
+revision (``git archive``, imported under a name of its own), runs interleaved with the
+current code's: on a shared machine, before and after are only comparable from one process.
 
     python bench/detect_speed.py TRACE [--dump OUT.json] [--compare REF.json]
                                  [--runs 3] [--feed-series 16] [--baseline-ref HEAD]
@@ -170,29 +170,40 @@ def detector_only(columns: dict, replay: Callable = replay_series) -> list:
             for (host, chip), c in columns.items()]
 
 
-DETECT_MODULES = ("robust", "jumps", "floors", "detector", "replay")
+def load_baseline(ref: str) -> types.SimpleNamespace:
+    """tpumon as it is at git revision ``ref``, imported beside today's under a name of its
+    own (every ``tpumon`` in its imports renamed: any revision, whatever its layout), for
+    its replay in the same process; returns a namespace with its ``analyze_file`` and
+    ``replay_series``."""
+    import importlib
+    import tarfile
+    import tempfile
+    from io import BytesIO
 
-
-def load_baseline(ref: str) -> types.ModuleType:
-    """tpumon/detect/ at git revision ``ref`` as a package of its own (reading traces with
-    today's tpumon.trace); returns its replay module."""
     root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-    package = f"_detect_at_{re.sub(r'[^A-Za-z0-9]', '_', ref)}"
-    sys.modules[package] = types.ModuleType(package)
-    module = None
-    for name in DETECT_MODULES:  # in dependency order
-        source = subprocess.run(["git", "-C", root, "show", f"{ref}:tpumon/detect/{name}.py"],
-                                check=True, capture_output=True, text=True).stdout
-        source = re.sub(r"\btpumon\.detect\b(?=[ .])", package, source)
-        module = types.ModuleType(f"{package}.{name}")
-        module.__file__ = f"<git {ref}:tpumon/detect/{name}.py>"
-        sys.modules[module.__name__] = module  # dataclasses look their module up
-        setattr(sys.modules[package], name, module)
-        exec(compile(source, module.__file__, "exec"), module.__dict__)
-    return module
+    package = f"_tpumon_at_{re.sub(r'[^A-Za-z0-9]', '_', ref)}"
+    archive = subprocess.run(["git", "-C", root, "archive", ref, "tpumon"], check=True,
+                             capture_output=True).stdout
+    directory = tempfile.mkdtemp(prefix="detect-speed-")
+    with tarfile.open(fileobj=BytesIO(archive)) as tar:
+        tar.extractall(directory, filter="data")
+    os.rename(os.path.join(directory, "tpumon"), os.path.join(directory, package))
+    for folder, _, files in os.walk(os.path.join(directory, package)):
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                with open(path) as f:
+                    text = f.read()
+                with open(path, "w") as f:
+                    f.write(re.sub(r"\btpumon(?=[. ])", package, text))
+    sys.path.insert(0, directory)
+    replay = importlib.import_module(f"{package}.detect.replay")
+    series = getattr(replay, "replay_series", None) or importlib.import_module(
+        f"{package}.detect.job_replay").replay_series
+    return types.SimpleNamespace(analyze_file=replay.analyze_file, replay_series=series)
 
 
-def timed(columns: dict, path: str, runs: int, baseline: types.ModuleType | None,
+def timed(columns: dict, path: str, runs: int, baseline: types.SimpleNamespace | None,
           ref: str | None) -> tuple[dict[str, list[float]], list[SeriesResult]]:
     """CPU seconds of each variant in each of ``runs`` rounds, the variants interleaved
     within a round; and the current analyze_file's results."""
