@@ -495,13 +495,9 @@ def _stream_parquet(file: BinaryIO) -> Iterator[pa.Table]:
 def _parquet_checked(table: pa.Table) -> pa.Table:
     import pyarrow as pa
 
-    missing = [c for c in REQUIRED if c not in table.column_names]
-    if missing:
-        raise NeedsStrictParser("missing required column " + ", ".join(map(repr, missing)))
-    if "step" not in table.column_names:
-        table = table.append_column("step", pa.nulls(len(table), pa.int64()))
+    selected = _select(table)
     try:
-        return _select(table).cast(arrow_schema(), safe=True)
+        return selected.cast(arrow_schema(), safe=True)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
         raise NeedsStrictParser(f"a column of the wrong type: {exc}") from None
 
