@@ -163,7 +163,6 @@ def test_jobs_replayed_by_forked_workers_give_the_same_results(monkeypatch):
 def assert_forked_replay_is_the_same(cols: dict, monkeypatch) -> None:
     """Two forked workers give the results of one process, alerts included (some)."""
     from tpumon.detect import replay
-    from tpumon.detect.job_replay import job_name
 
     alone = replay_columns(cols)
     monkeypatch.setattr(replay, "PARALLEL_MIN_SAMPLES", 0)
@@ -177,8 +176,7 @@ def test_a_job_that_is_most_of_the_trace_is_replayed_chip_by_chip_in_parallel(mo
     """A slice of many chips is one job, often the whole trace: its chips are replayed by
     the forked workers one by one and pooled by the parent (it was once replayed whole by
     one worker, the other cores idle), with the same results as one process."""
-    from tpumon.detect import replay
-    from tpumon.detect.job_replay import job_name
+    from tpumon.detect.job_replay import job_name, worker_tasks
 
     cols = dict(columns("linear-leak", 6, 11, leak_chip_spread=0.3))
     first = next(iter(cols.values()))
@@ -188,7 +186,7 @@ def test_a_job_that_is_most_of_the_trace_is_replayed_chip_by_chip_in_parallel(mo
         jobs.setdefault(job_name(host), []).append((host, chip, c))
     job_list = list(jobs.items())
     sizes = [sum(len(c.times) for _, _, c in series) for _, series in job_list]
-    tasks = replay._tasks(job_list, sizes, 2)
+    tasks = worker_tasks(job_list, sizes, 2)
     assert sorted(tasks) == [(0, 0), (0, 1), (0, 2), (0, 3), (1, None)]
     assert tasks[-1] == (1, None)  # largest first: the small job last
     assert_forked_replay_is_the_same(cols, monkeypatch)

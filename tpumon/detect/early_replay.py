@@ -23,7 +23,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from tpumon.detect.job_replay import (Advance, ChipRun, Jobs, SeriesResult, job_name,
-                                      job_results, replay_job, run_chip)
+                                      job_results, replay_job, run_chip, worker_tasks)
 
 if TYPE_CHECKING:
     from tpumon.detect.verdict import DetectorSettings
@@ -141,33 +141,23 @@ class EarlyReplay:
 
     def replay(self, jobs: Jobs, sizes: list[int], replayed: Advance) -> list[SeriesResult]:
         """Every job's results, in order: a guess that held, else replayed now by the same
-        workers, largest first (a job too large for one worker chip by chip, as
-        ``replay._tasks`` splits it)."""
-        share = sum(sizes) / (2 * self.workers)
-        pending: list[AsyncResult | list[AsyncResult] | None] = []
-        later: list[tuple[int, int, int | None]] = []  # (samples, job, chip) to submit
-        for j, ((job, series), size) in enumerate(zip(jobs, sizes, strict=True)):
-            pending.append(self._held(job, series))
-            if pending[-1] is not None:
+        workers, as ``job_replay.worker_tasks`` splits them (largest first)."""
+        held = [self._held(job, series) for job, series in jobs]
+        whole: dict[int, AsyncResult] = {}
+        chips: dict[tuple[int, int], AsyncResult] = {}
+        for j, i in worker_tasks(jobs, sizes, self.workers):
+            if held[j] is not None:
                 continue
-            if size <= share or len(series) == 1:
-                later.append((size, j, None))
-            else:
-                pending[-1] = [None] * len(series)  # type: ignore[list-item]
-                later += [(s.samples, j, i) for i, (_, _, s) in enumerate(series)]
-        for _, j, i in sorted(later, key=lambda t: -t[0]):
             job, series = jobs[j]
             if i is None:
-                pending[j] = self._workers().apply_async(replay_job, (job, series,
-                                                                      self.settings))
+                whole[j] = self._workers().apply_async(replay_job, (job, series,
+                                                                    self.settings))
             else:
-                chips = pending[j]
-                assert isinstance(chips, list)
-                chips[i] = self._workers().apply_async(run_chip, (series[i][2],
-                                                                   self.settings, True))
+                chips[j, i] = self._workers().apply_async(run_chip, (series[i][2],
+                                                                     self.settings, True))
         results: list[SeriesResult] = []
-        for (job, series), size, done in zip(jobs, sizes, pending, strict=True):
-            assert done is not None
+        for j, ((job, series), size) in enumerate(zip(jobs, sizes, strict=True)):
+            done = held[j] or whole.get(j) or [chips[j, i] for i in range(len(series))]
             if isinstance(done, list):
                 runs: list[ChipRun] = [r.get() for r in done]
                 results += job_results(job, series, runs)

@@ -213,6 +213,25 @@ Advance = Callable[[int], None]
 #: Jobs by name, each with its chips' series: (host, chip, series).
 Jobs = list[tuple[str, list[tuple[str, str, SeriesSource]]]]
 
+#: A worker's task: a job replayed whole (its index, None), or one chip of a job too large
+#: for one worker (job index, chip index), pooled afterwards by the parent.
+Task = tuple[int, int | None]
+
+
+def worker_tasks(jobs: Jobs, sizes: list[int], workers: int) -> list[Task]:
+    """The workers' tasks, largest first (the last to finish is then a small one): each
+    job whole, but a job of more than a 1/(2 workers) share of the samples (a slice of
+    hundreds of chips may be the whole trace) chip by chip, so that it keeps every worker
+    busy; its chips are pooled by the parent, from their detectors' logs."""
+    share = sum(sizes) / (2 * max(workers, 1))
+    tasks: list[tuple[int, Task]] = []
+    for j, (_, series) in enumerate(jobs):
+        if sizes[j] <= share or len(series) == 1:
+            tasks.append((sizes[j], (j, None)))
+        else:
+            tasks += [(c.samples, (j, i)) for i, (_, _, c) in enumerate(series)]
+    return [task for _, task in sorted(tasks, key=lambda t: -t[0])]
+
 
 def replay_job(job: str, series: Sequence[tuple[str, str, SeriesSource]],
                settings: DetectorSettings | None = None) -> list[SeriesResult]:

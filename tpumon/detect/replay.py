@@ -15,8 +15,8 @@ from contextlib import contextmanager
 
 from tpumon.detect.verdict import DetectorSettings
 from tpumon.detect.early_replay import EarlyReplay
-from tpumon.detect.job_replay import (Advance, ChipRun, Jobs, SeriesResult, group_jobs,
-                                      job_results, replay_job, run_chip)
+from tpumon.detect.job_replay import (Advance, ChipRun, Jobs, SeriesResult, Task, group_jobs,
+                                      job_results, replay_job, run_chip, worker_tasks)
 from tpumon.trace.read import read_trace_columns, spill_trace
 from tpumon.trace.schema import SeriesColumns, SeriesSource, TraceFormatError
 from tpumon.trace.spill import Keep, Spill, SpilledSeries
@@ -117,10 +117,11 @@ def replay_columns(columns: Mapping[tuple[str, str], SeriesSource],
     for (host, chip), c in columns.items():
         jobs.setdefault(named[host, chip], []).append((host, chip, c))
     tasks, told = list(jobs.items()), replayed or _ignore
+    sizes = [sum(c.samples for _, _, c in series) for _, series in tasks]
     if early is not None and early.started:
-        done = early.replay(tasks, [sum(c.samples for _, _, c in s) for _, s in tasks], told)
+        done = early.replay(tasks, sizes, told)
     else:
-        done = _replay_jobs(tasks, settings, workers, told)
+        done = _replay_jobs(tasks, sizes, settings, workers, told)
     by_key = {(r.host, r.chip): r for r in done}
     return [by_key[key] for key in columns]
 
@@ -128,10 +129,6 @@ def replay_columns(columns: Mapping[tuple[str, str], SeriesSource],
 #: Fewer samples than this are replayed in this process: forking would cost more than it
 #: saves (a 2-core VM replays about 2M samples a second per core).
 PARALLEL_MIN_SAMPLES = 1_000_000
-
-#: A worker's task: a job replayed whole (its index, None), or one chip of a job too large
-#: for one worker (job index, chip index), pooled afterwards by the parent.
-_Task = tuple[int, int | None]
 
 #: What forked workers replay: inherited from the parent at the fork, never pickled.
 _FORKED: tuple[Jobs, DetectorSettings | None] | None = None
@@ -147,10 +144,9 @@ def _ignore(_: int) -> None:
     return None
 
 
-def _replay_jobs(jobs: Jobs, settings: DetectorSettings | None, workers: int,
-                 replayed: Advance) -> list[SeriesResult]:
-    sizes = [sum(c.samples for _, _, c in series) for _, series in jobs]
-    tasks = _tasks(jobs, sizes, workers)
+def _replay_jobs(jobs: Jobs, sizes: list[int], settings: DetectorSettings | None,
+                 workers: int, replayed: Advance) -> list[SeriesResult]:
+    tasks = worker_tasks(jobs, sizes, workers)
     if workers < 2 or len(tasks) < 2 or sum(sizes) < PARALLEL_MIN_SAMPLES or \
             "fork" not in multiprocessing.get_all_start_methods():
         results = []
@@ -183,22 +179,7 @@ def _replay_jobs(jobs: Jobs, settings: DetectorSettings | None, workers: int,
         job_results(job, series, [runs[j, i] for i in range(len(series))]))]
 
 
-def _tasks(jobs: Jobs, sizes: list[int], workers: int) -> list[_Task]:
-    """The workers' tasks, largest first (the last to finish is then a small one): each
-    job whole, but a job of more than a 1/(2 workers) share of the samples (a slice of
-    hundreds of chips may be the whole trace) chip by chip, so that it keeps every worker
-    busy; its chips are pooled by the parent, from their detectors' logs."""
-    share = sum(sizes) / (2 * max(workers, 1))
-    tasks: list[tuple[int, _Task]] = []
-    for j, (_, series) in enumerate(jobs):
-        if sizes[j] <= share or len(series) == 1:
-            tasks.append((sizes[j], (j, None)))
-        else:
-            tasks += [(c.samples, (j, i)) for i, (_, _, c) in enumerate(series)]
-    return [task for _, task in sorted(tasks, key=lambda t: -t[0])]
-
-
-def _replay_forked(task: _Task) -> list[SeriesResult] | ChipRun:
+def _replay_forked(task: Task) -> list[SeriesResult] | ChipRun:
     assert _FORKED is not None
     jobs, settings = _FORKED
     j, chip = task
