@@ -96,6 +96,7 @@ bench: system-deps-bench venv
 	$(BIN)/python bench/detect.py
 	$(BIN)/python bench/false_alarms.py
 	$(BIN)/python bench/nuisances.py
+	$(BIN)/python bench/line_to_oom.py
 	$(BIN)/python bench/forecast_band.py
 	$(BIN)/python bench/analyze_speed.py
 	$(BIN)/python bench/report_speed.py
