@@ -331,3 +331,44 @@ def test_the_post_mortem_reaches_the_agents_verdicts_at_any_scrape_interval(
 def _series(result: subprocess.CompletedProcess) -> dict:
     assert result.returncode == 0, result.stderr
     return {(s["host"], s["chip"]): s for s in json.loads(result.stdout)["series"]}
+
+
+def test_nan_points_are_no_samples(tmp_path):
+    """A staleness marker comes back as NaN from VictoriaMetrics (remote_write carries
+    Prometheus' markers when a target goes); a NaN value, capacity or step is no sample
+    and no step, never a crash converting it."""
+    import http.server
+    import threading
+    import urllib.parse
+
+    at = [1000.0, 1001.0, 1002.0, 1003.0]
+    values = {"tpumon_hbm_used_bytes": ["100", "NaN", "300", "400"],
+              "tpumon_hbm_total_bytes": ["1000", "1000", "NaN", "1000"],
+              "tpumon_chip_step": ["1", "2", "3", "NaN"]}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            query = urllib.parse.parse_qs(urllib.parse.urlparse(self.path).query)["query"][0]
+            metric = query.split("{", 1)[0]
+            result = [] if metric not in values else [{
+                "metric": {"__name__": metric, "slice": "s", "host": "s-w-0", "chip": "0"},
+                "values": [[t, v] for t, v in zip(at, values[metric])]}]
+            body = json.dumps({"status": "success",
+                               "data": {"resultType": "matrix", "result": result}}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        rows = slice_rows(f"http://127.0.0.1:{server.server_address[1]}", "s", 999.0, 1004.0)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert [(r.time, r.step, r.hbm_used_bytes, r.hbm_total_bytes) for r in rows] == [
+        (1000.0, 1, 100, 1000), (1003.0, None, 400, 1000)]

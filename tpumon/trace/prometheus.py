@@ -188,17 +188,20 @@ def _series_rows(host: str, chip: str, used: dict[float, float], total: dict[flo
                  steps: dict[float, float], clock: dict[float, float]) -> Iterator[TraceRow]:
     """One chip's rows: each sample (or evaluation point) dated by the agent's clock when
     exported (a poll scraped twice, or seen at several points, is kept once), else by
-    Prometheus'. A scrape's series share its timestamp, so they are matched by it."""
+    Prometheus'. A scrape's series share its timestamp, so they are matched by it.
+    A NaN is no sample: a staleness marker (what Prometheus' remote_write sends when a
+    target goes, and VictoriaMetrics returns) or a NaN written as one."""
     last = -math.inf
     for at in sorted(used):
         when = clock.get(at, None if clock else at)  # never two clocks in one series
-        capacity = total.get(at)
-        if when is None or when <= last or capacity is None:
+        capacity, value = total.get(at), used[at]
+        if when is None or not math.isfinite(when) or when <= last or capacity is None \
+                or not math.isfinite(capacity) or not math.isfinite(value):
             continue
         last = when
         step = steps.get(at)
-        yield TraceRow(when, host, chip, None if step is None else int(step), int(used[at]),
-                       int(capacity))
+        yield TraceRow(when, host, chip, None if step is None or not math.isfinite(step)
+                       else int(step), int(value), int(capacity))
 
 
 def _escape(value: str) -> str:
