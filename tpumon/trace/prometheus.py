@@ -189,8 +189,9 @@ def _series_rows(host: str, chip: str, used: dict[float, float], total: dict[flo
     """One chip's rows: each sample (or evaluation point) dated by the agent's clock when
     exported (a poll scraped twice, or seen at several points, is kept once), else by
     Prometheus'. A scrape's series share its timestamp, so they are matched by it.
-    A NaN is no sample: a staleness marker (what Prometheus' remote_write sends when a
-    target goes, and VictoriaMetrics returns) or a NaN written as one."""
+    A NaN is no sample: a staleness marker (Prometheus writes one when a series goes
+    missing from a scrape or its target goes; its own API hides them, but remote_write
+    forwards them and VictoriaMetrics returns them) or a NaN written as one."""
     last = -math.inf
     for at in sorted(used):
         when = clock.get(at, None if clock else at)  # never two clocks in one series
