@@ -33,9 +33,7 @@ import dataclasses
 import json
 import math
 import os
-import re
 import statistics
-import subprocess
 import sys
 import time
 import types
@@ -176,27 +174,10 @@ def load_baseline(ref: str) -> types.SimpleNamespace:
     its replay in the same process; returns a namespace with its ``analyze_file`` and
     ``replay_series``."""
     import importlib
-    import tarfile
-    import tempfile
-    from io import BytesIO
 
-    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-    package = f"_tpumon_at_{re.sub(r'[^A-Za-z0-9]', '_', ref)}"
-    archive = subprocess.run(["git", "-C", root, "archive", ref, "tpumon"], check=True,
-                             capture_output=True).stdout
-    directory = tempfile.mkdtemp(prefix="detect-speed-")
-    with tarfile.open(fileobj=BytesIO(archive)) as tar:
-        tar.extractall(directory, filter="data")
-    os.rename(os.path.join(directory, "tpumon"), os.path.join(directory, package))
-    for folder, _, files in os.walk(os.path.join(directory, package)):
-        for name in files:
-            if name.endswith(".py"):
-                path = os.path.join(folder, name)
-                with open(path) as f:
-                    text = f.read()
-                with open(path, "w") as f:
-                    f.write(re.sub(r"\btpumon(?=[. ])", package, text))
-    sys.path.insert(0, directory)
+    from revision import import_revision
+
+    package = import_revision(ref)
     replay = importlib.import_module(f"{package}.detect.replay")
     series = getattr(replay, "replay_series", None) or importlib.import_module(
         f"{package}.detect.job_replay").replay_series

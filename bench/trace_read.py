@@ -10,7 +10,7 @@ directory, writes it with write_trace, and times:
   the installed tpumon has it, and its memory (one more run, under tracemalloc).
 
 With ``--baseline-ref REF`` (e.g. HEAD) it also times read_trace of
-tpumon/trace.py as it is at that git revision, loaded from ``git show``, so
+tpumon's trace reader as it is at that git revision (bench/revision.py), so
 that before and after come from the same process on the same machine.
 
     python bench/trace_read.py [--rows 1000000] [--runs 5] [--format csv|jsonl|both]
@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import argparse
 import collections
+import importlib
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -49,15 +49,11 @@ def make_trace(directory: str, rows: int, fmt: str) -> tuple[str, int]:
 
 
 def load_baseline(ref: str) -> types.ModuleType:
-    """tpumon/trace.py at git revision ``ref``, as a module of its own."""
-    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-    source = subprocess.run(["git", "-C", root, "show", f"{ref}:tpumon/trace.py"],
-                            check=True, capture_output=True, text=True).stdout
-    module = types.ModuleType(f"trace_at_{ref}")
-    module.__file__ = f"<git {ref}:tpumon/trace.py>"
-    sys.modules[module.__name__] = module  # dataclasses look their module up
-    exec(compile(source, module.__file__, "exec"), module.__dict__)
-    return module
+    """tpumon's trace reader at git revision ``ref`` (bench/revision.py: any layout, the
+    one trace.py module of old or today's trace package), as a module of its own."""
+    from revision import import_revision
+
+    return importlib.import_module(import_revision(ref) + ".trace")
 
 
 def time_runs(fn, runs: int) -> list[float]:
