@@ -236,6 +236,14 @@ def test_sim_writes_a_trace_that_reads_back(tmp_path):
     assert len(rows) == 360 * 4
     assert {r.chip for r in rows} == {"0", "1", "2", "3"}
     assert rows[-1].step > rows[0].step
+    parquet = tmp_path / "leak.parquet"  # written as Parquet, by its name as read
+    result = run("sim", "--scenario", "chip0-leak", "--write-trace", str(parquet),
+                 "--duration", "1h", "--poll-interval", "10", "--seed", "4")
+    assert result.returncode == 0, result.stderr
+    assert parquet.read_bytes()[:4] == b"PAR1"
+    assert [(r.host, r.chip, r.step, r.hbm_used_bytes, round(r.time, 3))
+            for r in read_trace(parquet)] == [
+        (r.host, r.chip, r.step, r.hbm_used_bytes, r.time) for r in rows]
     assert_one_line_error(run("sim", "--write-trace", str(tmp_path / "no/such/dir.csv"),
                               "--duration", "1m"), "--write-trace", "No such file")
     assert_one_line_error(run("sim", "--write-trace", str(out), "--duration", "soon"), "--duration")

@@ -136,9 +136,9 @@ def test_the_forecast_at_alert_time_is_compared_with_the_death():
     job.wait()
     [end] = feed(tracker, job, {"0": 0}, reporting(job.pid, 61_234), owners=False)
     assert end.cause == "hbm_oom"
-    assert end.forecast_comparison() == ("forecast at 08:00 UTC for step 61,100 "
+    assert end.forecast_comparison() == ("forecast made at 08:00 UTC: OOM at step 61,100 "
                                          "(60,400-61,900); died at step 61,234")
-    assert end.summary().endswith("; forecast at 08:00 UTC for step 61,100 (60,400-61,900); "
+    assert end.summary().endswith("; forecast made at 08:00 UTC: OOM at step 61,100 (60,400-61,900); "
                                   "died at step 61,234")
 
 
@@ -151,7 +151,7 @@ def test_a_forecast_across_midnight_is_dated_and_a_death_without_a_step_reads_we
                                                  "predicted_oom_time": made + 7680},
                    reading_time=made + 8460)
     end = JobEnd(made + 8500, view, "hbm_oom", "chip 0 full")
-    assert end.forecast_comparison() == ("forecast at 22:49 UTC for 11-30 00:57 UTC; died "
+    assert end.forecast_comparison() == ("forecast made at 22:49 UTC: OOM at 11-30 00:57 UTC; died "
                                          "after 11-30 01:10 UTC (its last sample)")
     snap = PollState(time=made + 8500, identity=Identity("h"),
                      inventory=inventory_for("v4", 4), job_ends=(end,))

@@ -173,3 +173,9 @@ def test_status_metric_and_list_metrics_read_the_runtime_like_tpu_info(simulated
     assert "p99.9" in timing.stdout and " ms" in timing.stdout
     assert_one_line_error(tpumon("status", "--direct", "--runtime-ports", port, "--metric",
                                  "no_such_metric"), "--metric no_such_metric", "unknown")
+    for core in ("hbm_usage", "duty_cycle_percent", "tpumon_hbm_used_bytes"):
+        # listed by --list-metrics, shown by status itself: said so, not "unknown"
+        assert core in listed.stdout
+        assert_one_line_error(tpumon("status", "--direct", "--runtime-ports", port,
+                                     "--metric", core), f"--metric {core}",
+                              "without --metric")

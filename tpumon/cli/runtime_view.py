@@ -27,6 +27,8 @@ from tpumon.common.untrusted_text import for_terminal as shown
 CORE = {USAGE: ("hbm_usage", "tpumon_hbm_used_bytes"),
         TOTAL: ("hbm_usage", "tpumon_hbm_total_bytes"),
         DUTY_CYCLE: ("duty_cycle_percent", "tpumon_tensorcore_duty_cycle_ratio")}
+#: every name of the core metrics: the runtime's, tpu-info's and tpumon's
+_CORE_NAMES = frozenset(CORE) | {name for names in CORE.values() for name in names}
 PERCENTILES = (("p50", 0.5), ("p90", 0.9), ("p95", 0.95), ("p99.9", 0.999))
 
 
@@ -80,6 +82,11 @@ def show(config: Config, metric: str | None, fmt: str) -> None:
     spec = None
     if metric is not None:
         spec = find_spec(metric)
+        if spec is None and metric in _CORE_NAMES:
+            click.echo(f"tpumon: --metric {metric}: HBM and the duty cycle are what tpumon "
+                       "status shows without --metric (--metric is for the runtime's other "
+                       "metrics)", err=True)
+            sys.exit(2)
         if spec is None:
             names = ", ".join(s.short for s in CATALOG)
             click.echo(f"tpumon: --metric {metric}: unknown metric; known: {names}", err=True)

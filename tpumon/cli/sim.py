@@ -93,7 +93,8 @@ def hbm_total_bytes(chip_type: str) -> int:
               help="The simulated slice's name (NODE_ID in each host's tpu-env).")
 @click.option("--list", "list_scenarios", is_flag=True, help="List the scenarios and exit.")
 @click.option("--write-trace", type=click.Path(dir_okay=False, allow_dash=True), default=None,
-              help="Write a trace file (CSV, or JSON Lines for .jsonl) instead of serving.")
+              help="Write a trace file instead of serving: CSV, or JSON Lines for .jsonl, "
+              "Parquet for .parquet.")
 @click.option("--duration", default="24h", show_default=True,
               help="Simulated length of the trace with --write-trace.")
 @click.option("--poll-interval", type=float, default=5.0, show_default=True,
@@ -169,12 +170,13 @@ def _write_trace(scenario: str, path: str, duration_s: float, poll_interval: flo
     """Write the trace beside ``path`` and rename it over it once complete, so a failure
     half-way never leaves a truncated file where an older trace was."""
     from tpumon.sim.tracegen import generate_trace
+    from tpumon.trace.read import format_from_name
     from tpumon.trace.write import write_trace
 
     rows = generate_trace(scenario, duration_s=duration_s, poll_interval_s=poll_interval,
                           chips=chips, seed=seed, hbm_total_bytes=total,
                           poll_jitter_s=min(0.05, poll_interval / 2))
-    fmt = "jsonl" if path.endswith(".jsonl") else "csv"
+    fmt = format_from_name(path)
     if path == "-":
         count = write_trace(rows, sys.stdout, format=fmt)
     else:

@@ -16,7 +16,7 @@ is named from that last view, never more certain than it allows:
 - ``unknown``: anything between.
 
 When the detector had raised a leak with a forecast on one of the job's chips, the end says
-how the forecast compared: "forecast at 02:14 UTC for step 61,100; died at step 61,234".
+how the forecast compared: "forecast made at 02:14 UTC: OOM at step 61,100; died at step 61,234".
 
 A process whose reporter heard its end has last words (tpumon.sources.last_words): an XLA
 out-of-memory error makes the cause ``hbm_oom`` whatever the last poll saw, with the
@@ -121,7 +121,7 @@ class JobEnd:
         return self.view.pid
 
     def forecast_comparison(self) -> str | None:
-        """"forecast at 02:14 UTC for step 61,100; died at step 61,234", when the detector
+        """"forecast made at 02:14 UTC: OOM at step 61,100; died at step 61,234", when the detector
         had forecast an OOM for one of the job's chips."""
         f = self.view.forecast
         if not f or f.get("predicted_oom_time") is None:
@@ -137,7 +137,7 @@ class JobEnd:
         last = self.view.reading_time or self.time  # on the forecast's clock
         died = (f"at step {self.view.step:,}" if self.view.step is not None else
                 f"after {clock(last, made)} (its last sample)")
-        return f"forecast at {at} for {target}; died {died}"
+        return f"forecast made at {at}: OOM at {target}; died {died}"
 
     def known_issue(self) -> KnownIssue | None:
         """A known issue of the process's framework release that its last words match."""
