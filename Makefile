@@ -86,7 +86,7 @@ test: system-deps-test lint
 test-fast: system-deps-test lint
 	$(BIN)/python -m pytest -q -m "not e2e and not slow" -n auto --durations=5
 
-# Real PyTorch/XLA and JAX on CPU against the agent (a separate ~7 GB venv).
+# Real PyTorch/XLA and JAX on CPU against the agent (a separate ~7 GiB venv).
 test-frameworks:
 	scripts/frameworks-venv
 	RUN_FRAMEWORK_TESTS=1 .venv-frameworks/bin/python -m pytest -q --durations=5 tests/frameworks
