@@ -247,6 +247,9 @@ def test_sim_writes_a_trace_that_reads_back(tmp_path):
     assert_one_line_error(run("sim", "--write-trace", str(tmp_path / "no/such/dir.csv"),
                               "--duration", "1m"), "--write-trace", "No such file")
     assert_one_line_error(run("sim", "--write-trace", str(out), "--duration", "soon"), "--duration")
+    assert_one_line_error(run("sim", "--write-trace", str(tmp_path / "leak.txt"), "--duration",
+                              "1m"), "leak.txt", "cannot write .txt")  # as export refuses it
+    assert not (tmp_path / "leak.txt").exists()
 
 
 @pytest.mark.parametrize("args, fragment", [

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import math
 import os
 import sys
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterator
 
 import click
 
@@ -16,40 +15,12 @@ from tpumon.cli.history_store import history_path, reading_history
 from tpumon.cli.options import config_option, history_selection, state_dir_option
 from tpumon.cli.progress import bars, counted
 from tpumon.cli.timespec import parse_when
+from tpumon.cli.trace_output import output_format, write_whole
 from tpumon.cli.prometheus_source import (check_prometheus_options, prometheus_options,
                                           prometheus_rows)
 from tpumon.store.database import HistoryDB
 from tpumon.store.trace_rows import end_rows, export_rows
 from tpumon.trace.schema import TraceRow
-from tpumon.trace.write import write_trace
-
-WRITABLE = {".csv": "csv", ".jsonl": "jsonl", ".parquet": "parquet"}  # suffix -> format
-
-
-def output_format(output: str) -> str:
-    """The trace format for an output file, from its suffix; one that the command cannot
-    write is refused (it once wrote CSV into x.parquet)."""
-    suffix = Path(output).suffix.lower()
-    if output == "-" or suffix in WRITABLE:
-        return WRITABLE.get(suffix, "csv")
-    raise click.ClickException(f"{output}: cannot write {suffix or 'a file without a suffix'}"
-                               f"; give a name ending {' or '.join(WRITABLE)}, or '-'")
-
-
-def write_whole(rows: Iterable[TraceRow], output: str, fmt: str) -> int:
-    """Write beside ``output`` and rename over it when complete: an error half-way leaves
-    an existing file as it was."""
-    if output == "-":
-        return write_trace(rows, output, fmt)
-    partial = f"{output}.partial"
-    try:
-        count = write_trace(rows, partial, fmt)
-        os.replace(partial, output)
-    finally:
-        with contextlib.suppress(OSError):
-            os.unlink(partial)
-    return count
-
 
 def describe_selection(db: HistoryDB, since: str | None, until: str | None) -> str:
     """What there is to select from, so the next try can be right."""

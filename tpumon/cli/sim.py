@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import re
 import signal
-import sys
 import threading
 import time
 from typing import TYPE_CHECKING, Any
@@ -93,8 +91,8 @@ def hbm_total_bytes(chip_type: str) -> int:
               help="The simulated slice's name (NODE_ID in each host's tpu-env).")
 @click.option("--list", "list_scenarios", is_flag=True, help="List the scenarios and exit.")
 @click.option("--write-trace", type=click.Path(dir_okay=False, allow_dash=True), default=None,
-              help="Write a trace file instead of serving: CSV, or JSON Lines for .jsonl, "
-              "Parquet for .parquet.")
+              help="Write a trace file instead of serving, in the format its name ends "
+              "with (.csv, .jsonl or .parquet; - for CSV on stdout).")
 @click.option("--duration", default="24h", show_default=True,
               help="Simulated length of the trace with --write-trace.")
 @click.option("--poll-interval", type=float, default=5.0, show_default=True,
@@ -167,27 +165,19 @@ def command(config_path: str | None, scenario: str | None, chips: int | None,
 
 def _write_trace(scenario: str, path: str, duration_s: float, poll_interval: float,
                  chips: int, seed: int, total: int) -> None:
-    """Write the trace beside ``path`` and rename it over it once complete, so a failure
-    half-way never leaves a truncated file where an older trace was."""
+    """Write the trace as ``tpumon export`` writes one: its format from the name, whole or
+    not at all (a failure half-way never leaves a truncated file where an older trace was)."""
+    from tpumon.cli.trace_output import output_format, write_whole
     from tpumon.sim.tracegen import generate_trace
-    from tpumon.trace.read import format_from_name
-    from tpumon.trace.write import write_trace
 
+    fmt = output_format(path)
     rows = generate_trace(scenario, duration_s=duration_s, poll_interval_s=poll_interval,
                           chips=chips, seed=seed, hbm_total_bytes=total,
                           poll_jitter_s=min(0.05, poll_interval / 2))
-    fmt = format_from_name(path)
-    if path == "-":
-        count = write_trace(rows, sys.stdout, format=fmt)
-    else:
-        partial = f"{path}.partial"
-        try:
-            count = write_trace(rows, partial, format=fmt)
-            os.replace(partial, path)
-        except OSError as exc:
-            with contextlib.suppress(OSError):
-                os.unlink(partial)
-            raise ConfigError(f"--write-trace {path}: {exc.strerror or exc}") from None
+    try:
+        count = write_whole(rows, path, fmt)
+    except OSError as exc:
+        raise ConfigError(f"--write-trace {path}: {exc.strerror or exc}") from None
     log.info("wrote %d rows of scenario %s to %s", count, scenario, path)
 
 

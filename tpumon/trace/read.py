@@ -261,17 +261,11 @@ def _text_only(name: str) -> Iterator[None]:
                                "or Parquet named .parquet)") from None
 
 
-def format_from_name(name: str) -> str:
-    """A trace's format from its file name: JSON Lines for .jsonl, Parquet for .parquet,
-    else CSV (the one rule every command that reads or writes a trace follows)."""
-    lower = name.lower()
-    return "jsonl" if lower.endswith(".jsonl") else \
-        "parquet" if lower.endswith(".parquet") else "csv"
-
-
 def _resolve_format(format: str | None, name: str) -> str:
     if format is None:
-        return format_from_name(name)
+        lower = name.lower()
+        return "jsonl" if lower.endswith(".jsonl") else \
+            "parquet" if lower.endswith(".parquet") else "csv"
     if format not in FORMATS:
         raise ValueError(f"unknown trace format {format!r}; expected one of {FORMATS}")
     return format
