@@ -77,14 +77,14 @@ def segment_moments(x: np.ndarray, y: np.ndarray, windows: np.ndarray,
             np.where(nan, np.nan, rms))
 
 
-def least_separation(job: nz.Job) -> float:
+def least_separation(m: nz.Model) -> float:
     """The least d' between any chip's truth and a linear leak that must be paged at that
-    moment (see the module docstring); inf when the job has no must-page moment."""
-    m = job.model
+    moment (see the module docstring); inf when the job has no must-page moment. From the
+    job's model alone (``nuisances.make_model``): no polls are sampled."""
     worst = math.inf
     offsets = (m.offsets - m.offsets[0]) / nz.GB
     for seg in m.segments:
-        start, stop = seg.warm_end, min(seg.stop, job.end)
+        start, stop = seg.warm_end, min(seg.stop, m.end)
         if stop - start < MIN_WINDOW_S:
             continue
         t = np.arange(start, stop, GRID_S)
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> None:
     for family in families:
         seps, cross = [], [[0, 0], [0, 0]]
         for fam, seed in nz.tasks([family], args.seed, args.scale):
-            sep = least_separation(nz.make_job(fam, seed))
+            sep = least_separation(nz.make_model(fam, seed))
             seps.append(sep)
             if paged is not None:
                 if (fam, seed) not in paged:

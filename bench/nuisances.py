@@ -76,6 +76,7 @@ import sys
 import time
 import zlib
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -503,8 +504,34 @@ def _size_leak(model: Model, leak: Leak) -> float:
     return oom
 
 
+class _Drawn(NamedTuple):
+    """A job as drawn before its polls are sampled (``rng`` then samples them)."""
+
+    rng: np.random.Generator
+    hosts: int
+    generation: str
+    model: Model
+    leak: Leak | None
+    oom: float | None
+    own: dict[int, float | None]
+
+
+def make_model(family: str, seed: int) -> Model:
+    """The model of the job of that seed of a family, as :func:`make_job` draws it, without
+    sampling its polls (most of a job's making)."""
+    return _draw(family, seed).model
+
+
 def make_job(family: str, seed: int) -> Job:
     """The job of that seed of a family, exactly as a sweep draws it."""
+    rng, hosts, generation, model, leak, oom, own = _draw(family, seed)
+    name = f"nz-{family.replace('+', '-')}-{seed}"
+    chips = _sample(rng, model, name, hosts, own)
+    return Job(family, seed, name, generation, model, chips, T0, model.end,
+               None if leak is None else leak.onset, oom)
+
+
+def _draw(family: str, seed: int) -> _Drawn:
     if family not in FAMILIES:
         raise ValueError(f"unknown family {family!r}: one of {', '.join(FAMILIES)}")
     rng = _rng(family, seed)
@@ -534,10 +561,7 @@ def make_job(family: str, seed: int) -> Job:
         leak, oom = None, None
     model.end = end
     model.poll = max(model.poll, (end - T0) / MAX_SAMPLES)
-    name = f"nz-{family.replace('+', '-')}-{seed}"
-    chips = _sample(rng, model, name, hosts, own)
-    return Job(family, seed, name, generation, model, chips, T0, end,
-               None if leak is None else leak.onset, oom)
+    return _Drawn(rng, hosts, generation, model, leak, oom, own)
 
 
 def _sample(rng: np.random.Generator, model: Model, name: str, hosts: int,

@@ -43,12 +43,11 @@ def test_window_fits_are_least_squares_and_nan_before_the_start():
 def _one_cache(tau_hours: float, slope_share_per_hour: float):
     """A healthy job's model with one cache from its start, filling at first by that share
     of HBM per hour with that time constant, and nothing else."""
-    job = nz.make_job("cache-slow", 0)
-    m = job.model
+    m = nz.make_model("cache-slow", 0)
     m.steps, m.holds, m.evals = [], [], []
     size = slope_share_per_hour * m.capacity * tau_hours
-    m.caches = [(job.start, tau_hours * HOUR, size)] if tau_hours else []
-    return job
+    m.caches = [(nz.T0, tau_hours * HOUR, size)] if tau_hours else []
+    return m
 
 
 def test_a_flat_floor_has_no_must_page_moment():
@@ -86,3 +85,11 @@ def test_pages_of_another_sweep_are_one_clear_error(tmp_path):
         assert "has no job steps" in str(e.code) and "another seed or scale" in str(e.code)
     else:
         raise AssertionError("no error")
+
+
+def test_a_model_is_the_one_its_job_is_made_of():
+    for family, seed in (("cache-slow", 3), ("linear", 5)):
+        model, job = nz.make_model(family, seed), nz.make_job(family, seed)
+        assert (model.end, model.poll, model.caches, model.steps) == \
+            (job.end, job.model.poll, job.model.caches, job.model.steps)
+        assert lto.least_separation(model) == lto.least_separation(job.model)
