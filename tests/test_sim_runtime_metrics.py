@@ -179,3 +179,8 @@ def test_status_metric_and_list_metrics_read_the_runtime_like_tpu_info(simulated
         assert_one_line_error(tpumon("status", "--direct", "--runtime-ports", port,
                                      "--metric", core), f"--metric {core}",
                               "without --metric")
+    # piped, the table keeps every name whole (rich cut them at 80 columns: 'hlo.execution.t…')
+    piped = tpumon("status", "--direct", "--runtime-ports", port, "--list-metrics")
+    assert piped.returncode == 0 and "…" not in piped.stdout
+    for row in rows.values():
+        assert row["runtime_metric"] in piped.stdout and row["tpumon_metric"] in piped.stdout

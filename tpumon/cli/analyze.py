@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from tpumon.cli.format import output_console
 from tpumon.cli.progress import bars
 from tpumon.cli.trace_input import spilled
 from tpumon.cli.prometheus_source import (check_prometheus_options, prometheus_options,
@@ -168,4 +169,4 @@ def _print(results: list[SeriesResult], fmt: str) -> None:
     if fmt == "json":
         click.echo(json.dumps({"series": [r.to_json() for r in results]}, indent=2))
     else:
-        render_table(results, Console())
+        render_table(results, output_console())

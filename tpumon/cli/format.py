@@ -1,11 +1,26 @@
-"""Cells and lines that several client commands write alike (status, watch, snapshot):
-one wording each, so that every view of one poll reads the same."""
+"""Cells and lines that several client commands write alike (status, watch, snapshot), and
+the console they write tables to: one wording each, so that every view of one poll reads
+the same."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from rich.console import Console
+
 from tpumon.common.describe import chip_time_to_oom, oom_cell
+
+
+#: A pipe's or a file's width: no table is wider, so none is cut ('insufficien…',
+#: 'megascale.dcn_transfer…'); a table takes only the width its cells need.
+PIPE_WIDTH = 1000
+
+
+def output_console() -> Console:
+    """The terminal as it is; without one (a pipe, a file), wide enough that no cell is cut
+    short and no line wrapped, so that grep and awk see whole names."""
+    console = Console()
+    return console if console.is_terminal else Console(width=PIPE_WIDTH)
 
 
 def format_pct(value: float | None) -> str:

@@ -15,6 +15,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from tpumon.cli.format import output_console
 from tpumon.agent.bootstrap import build
 from tpumon.common.config import Config
 from tpumon.common.units import format_bytes
@@ -110,7 +111,7 @@ def _emit(fmt: str, doc: dict[str, Any], table: Any, error: str | None) -> None:
     if fmt == "json":
         click.echo(json.dumps(doc, indent=2))
         return
-    console = Console()
+    console = output_console()
     if error is not None:
         console.print(f"[yellow]tpu_runtime: down: {shown(error)}[/]", highlight=False)
         return

@@ -16,6 +16,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from tpumon.cli.format import output_console
 from tpumon.client.http import ClientAuth
 from tpumon.common.config import Config, ConfigError, parse_listen_address
 from tpumon.common.describe import describe_growth, oom_cell
@@ -111,7 +112,7 @@ def show_slice(config: Config, fmt: str, opts: dict[str, Any], auth: ClientAuth)
     if fmt == "json":
         click.echo(json.dumps(view.to_json(), indent=2))
     else:
-        console = Console()
+        console = output_console()
         console.print(shown(summary_line(view)), highlight=False, soft_wrap=True)
         console.print(slice_table(view))
         for line in problems(view):

@@ -20,7 +20,7 @@ from rich.table import Table
 
 from tpumon.cli.options import agent_client_options, agent_option, config_option
 from tpumon.cli.agent_choice import agent_url
-from tpumon.cli.format import snapshot_line
+from tpumon.cli.format import output_console, snapshot_line
 from tpumon.client.http import AgentClient, AgentError, ClientAuth
 from tpumon.common.config import load_config
 from tpumon.common.units import format_bytes
@@ -67,7 +67,7 @@ def command(config_path: str | None, agent: str | None, auth: ClientAuth, pid: i
     elif result.get("error"):
         raise click.ClickException(f"pid {asked['pid']}: {snapshot_line(result)}")
     else:
-        _render(asked["pid"], result, Console())
+        _render(asked["pid"], result, output_console())
     if result.get("error"):
         raise SystemExit(1)
 

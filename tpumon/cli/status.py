@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tpumon.cli.agent_choice import agent_to_ask, ask_agent
-from tpumon.cli.format import format_eta, format_pct, snapshot_line
+from tpumon.cli.format import format_eta, format_pct, output_console, snapshot_line
 from tpumon.cli.options import (agent_client_options, agent_option, config_option,
                                 direct_option, ports_value, runtime_ports_option)
 from tpumon.client.http import (ClientAuth)
@@ -162,13 +162,6 @@ def _process_verdict(p: dict[str, Any]) -> str:
     if p.get("host_verdict") == "leak":
         verdict += ", [bold red]host leak[/]"
     return verdict
-
-
-def output_console() -> Console:
-    """The terminal as it is; without one (a pipe, a file) wide enough that no cell is cut
-    short (not 'insufficien…' in a pipe)."""
-    console = Console()
-    return console if console.is_terminal else Console(width=160)
 
 
 def from_runtime(config: Config) -> dict[str, Any]:
