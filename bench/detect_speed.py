@@ -82,7 +82,11 @@ def differences(ref: Any, new: Any, where: str) -> list[str]:
             if k in new:
                 out += differences(ref[k], new[k], f"{where}.{k}")
         return out
-    if isinstance(ref, list):
+    if dataclasses.is_dataclass(ref) and not isinstance(ref, type):
+        # field by field: a NaN field (a jump's unknown step) is never == itself
+        return [d for f in dataclasses.fields(ref) for d in differences(
+            getattr(ref, f.name), getattr(new, f.name), f"{where}.{f.name}")]
+    if isinstance(ref, (list, tuple)):
         if len(ref) != len(new):
             return [f"{where}: {len(ref)} entries != {len(new)}"]
         return [d for i, (a, b) in enumerate(zip(ref, new))

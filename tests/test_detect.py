@@ -23,6 +23,7 @@ from tpumon.store.checkpoint import dump_detector
 
 T0 = 1750000000.0
 GB = 1e9
+GiB = 2.0**30
 
 
 def scenario_series(scenario: str, hours: float, poll: float = 10.0, seed: int = 7,
@@ -903,3 +904,55 @@ def test_steps_that_never_move_do_not_hold_the_trend_back_past_the_hour():
     assert d.job is not None and d.job.trend_start is not None
     assert d.job.trend_start <= T0 + 1.1 * 3600, (d.job.trend_start - T0) / 3600
     assert d.alert is not None, d.assessment.reason
+
+
+def _with_fill(arrays, size: float, start_h: float, tau_h: float):
+    """A cache of ``size`` bytes filling from ``start_h`` with time constant ``tau_h`` (hours)
+    on top of a series' floor."""
+    t, s, u, total = arrays
+    h = (t - T0) / 3600
+    return t, s, u + size * np.where(h > start_h, -np.expm1(-(h - start_h) / tau_h), 0.0), total
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_cache_filling_fast_near_capacity_does_not_page(seed):
+    """A cache of 6.3 GiB filling with a 9-minute time constant at 1.44 h, from a floor of
+    17 GiB under a transient of 4.7 GiB (bench/nuisances.py seed 1's cache-fast job 1000025,
+    chip 0). The floors read high by hundreds of MiB, the rise lands at a third's boundary,
+    and a line through the window (flat, the fill, flat) paged at 2.0 h, "OOM in 27 min".
+    A fill settling near 23.3 GiB fits those floors far better than the line: ``growing``,
+    with the fill's asymptote in the reason, and no page. Without that test it pages."""
+    arrays = _with_fill(_synthetic(4.0, 10.0, 17 * GiB, 0.0, 4.7 * GiB, 0.1, 5e6, 0.0, seed),
+                        6.3 * GiB, 1.44, 0.15)
+    assert not no_alert(run(arrays, DetectorSettings(fill_f_limit=math.inf)))
+    d = ChipDetector()
+    d.log = []
+    d.update(*arrays)
+    assert no_alert(d), d.alert
+    reasons = [a.reason for _, _, a in d.log if "fits a cache filling to" in a.reason]
+    assert reasons and all(a.verdict is Verdict.GROWING for _, _, a in d.log
+                           if "fits a cache filling" in a.reason)
+    # the fill's asymptote: the cache's 23.3 GiB, a little over (floors only ever read high)
+    settles = float(reasons[0].split("filling to ")[1].split(" GiB better than a line")[0])
+    assert 23.0 <= settles <= 24.5, reasons[0]
+
+
+def test_a_leak_with_a_cache_filling_beside_it_still_pages_hours_ahead():
+    """A leak of 1 GiB/h from 14 GiB, and a cache of 3 GiB filling from 1 h (20-minute time
+    constant) beside it; HBM is full at 11.7 h. While the cache fills, a fill fits the
+    window's floors better than a line and the page waits (it came at 1.3 h without that
+    test, on the cache's own rise); once the cache has filled, the leak's line is all that
+    fits, and it pages with 8 hours to go."""
+    rate = GiB / 3600
+    t, s, u, total = _with_fill(_synthetic(14.0, 10.0, 14 * GiB, rate, 3 * GiB, 0.1, 5e6, 0.0, 0),
+                                3 * GiB, 1.0, 0.33)
+    h = (t - T0) / 3600
+    floor = 14 * GiB + rate * (t - T0) + 3 * GiB * np.where(h > 1, -np.expm1(-(h - 1) / 0.33), 0)
+    oom = t[np.flatnonzero(floor + 3 * GiB >= total)[0]]
+    keep = t <= oom
+    arrays = (t[keep], s[keep], np.minimum(u[keep], total[keep]), total[keep])
+    before = run(arrays, DetectorSettings(fill_f_limit=math.inf)).alert
+    d = run(arrays)
+    assert before is not None and d.alert is not None
+    assert before["time"] < d.alert["time"] < oom - 8 * 3600, (
+        (before["time"] - T0) / 3600, (d.alert["time"] - T0) / 3600, (oom - T0) / 3600)

@@ -38,6 +38,7 @@ from tpumon.detect.floors import group_by_bucket
 from tpumon.detect.job import Job, JobView, floor_noise
 from tpumon.detect.robust import (PairwiseSlopes, TrendFit, lower_quartiles, median,
                                   sen_mann_kendall)
+from tpumon.detect.saturation import Fill, best_fill
 from tpumon.detect.staircase import Staircase, find_staircase
 from tpumon.detect.verdict import (Assessment, DetectorSettings, Verdict, leak_alert, moment,
                                    oom_forecast, slope_fields)
@@ -652,7 +653,21 @@ class ChipDetector:
                 return Verdict.GROWING, (f"HBM full in {describe_time_left(tto)} at "
                                          "this rate, but the floor grew more slowly in the "
                                          f"last {stalled} (a cache may have filled)")
+            fill = self._benign_fill(job, floors)
+            if fill is not None:
+                return Verdict.GROWING, (f"HBM full in {describe_time_left(tto)} at "
+                                         "this rate, but the floor fits a cache filling to "
+                                         f"{format_bytes(fill.asymptote)} better than a "
+                                         "line")
         return None
+
+    def _benign_fill(self, job: Job, data: np.ndarray) -> Fill | None:
+        """A fill under capacity (``saturation.best_fill``) that fits the window's floors
+        much better than a line does, if one does: a cache is filling."""
+        total = self.total or 0.0
+        ceiling = total - job.transient - self.settings.fill_margin_fraction * total
+        fill = best_fill(data[0], job.corrected(data), ceiling)
+        return fill if fill is not None and fill.f >= self.settings.fill_f_limit else None
 
     def _stalled(self, job: Job, data: np.ndarray, rate: float) -> str | None:
         """How long the floor has grown slower than ``rate`` (the window's), when it has:
