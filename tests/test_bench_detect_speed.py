@@ -24,5 +24,6 @@ def test_jumps_with_unknown_steps_are_the_same_and_a_changed_size_is_named():
 
 
 def test_floats_are_compared_bit_for_bit_and_tuples_entry_by_entry():
-    assert detect_speed.differences((0.1 + 0.2,), (0.3,), "t") == ["t[0]: 0.30000000000000004 != 0.3"]
+    assert detect_speed.differences((0.1 + 0.2,), (0.3,), "t") == [
+        "t[0]: 0.30000000000000004 != 0.3"]
     assert detect_speed.differences((1.0, 2.0), (1.0,), "t") == ["t: 2 entries != 1"]

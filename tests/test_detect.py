@@ -956,3 +956,23 @@ def test_a_leak_with_a_cache_filling_beside_it_still_pages_hours_ahead():
     assert before is not None and d.alert is not None
     assert before["time"] < d.alert["time"] < oom - 8 * 3600, (
         (before["time"] - T0) / 3600, (d.alert["time"] - T0) / 3600, (oom - T0) / 3600)
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+def test_a_sample_that_is_not_a_number_is_no_sample(bad):
+    """One NaN among a leak's samples made a bucket's floor NaN, and every fit over it
+    flat: an 8-hour leak of 1 GiB/h read "ok, no significant growth". Such a sample (in
+    the time, the usage or the capacity) is dropped, however the samples arrive."""
+    t, s, u, total = _synthetic(8.0, 10.0, 14 * GiB, GiB / 3600, 3 * GiB, 0.1, 5e6, 0.0, 1)
+    clean = run((t, s, u, total))
+    assert clean.alert is not None
+    for column in (2, 3, 0):
+        arrays = [t.copy(), s.copy(), u.copy(), total.copy()]
+        arrays[column][500] = bad  # at 1.4 h, in the window of every fit that follows
+        whole = run(tuple(arrays))
+        one_by_one = ChipDetector()
+        for i in range(len(t)):
+            one_by_one.update(*(a[i:i + 1] for a in arrays))
+        for d in (whole, one_by_one):
+            assert d.alert is not None and d.assessment.verdict is Verdict.LEAK, column
+            assert abs(d.alert["time"] - clean.alert["time"]) <= 600, column

@@ -33,6 +33,26 @@ def test_every_fill_is_least_squares_with_a_size_that_never_shrinks():
         assert rss[row] == pytest.approx(float(((y - c - a * shape) ** 2).sum()), rel=1e-6)
 
 
+def test_a_fill_that_would_shrink_is_flat_at_the_floors_mean():
+    """Falling floors: the unbounded least squares of every shape has a negative size; the
+    best fill that never shrinks is then no fill at all, the floors' mean (checked against
+    scipy's bounded least squares)."""
+    from scipy.optimize import lsq_linear
+    rng = np.random.default_rng(7)
+    t = np.sort(rng.uniform(0, 1, 30))
+    y = 9.0 - 2.0 * t + rng.normal(0, 0.05, len(t))
+    shapes = -np.expm1(-np.maximum(t[None, :] - np.array([[0.0], [0.4]]), 0)
+                       / np.array([[0.3], [0.1]]))
+    rss, asymptote = saturation._fits(shapes, y)
+    for row, shape in enumerate(shapes):
+        bounded = lsq_linear(np.stack([np.ones_like(t), shape], 1), y,
+                             bounds=([-np.inf, 0.0], [np.inf, np.inf]))
+        c, a = bounded.x
+        assert a == pytest.approx(0.0, abs=1e-9) and c == pytest.approx(y.mean())
+        assert asymptote[row] == pytest.approx(y.mean())
+        assert rss[row] == pytest.approx(float(((y - y.mean()) ** 2).sum()))
+
+
 def test_the_line_is_least_squares():
     rng = np.random.default_rng(4)
     u = np.sort(rng.uniform(0, 1, 30))
@@ -52,7 +72,7 @@ def test_a_cache_filling_is_found_with_its_asymptote_and_beats_the_line():
     assert fill is not None
     assert fill.asymptote == pytest.approx(26 * GIB, abs=0.15 * GIB)
     assert 300 < fill.tau < 1200 and abs(fill.start - 12 * 60) <= 300
-    assert fill.f > 100
+    assert fill.f > 50
 
 
 @pytest.mark.parametrize("seed", range(8))
@@ -63,7 +83,7 @@ def test_a_line_shows_no_fill_better_than_itself(seed):
     t = np.sort(rng.uniform(0, 2 * HOUR, 48))
     y = 14 * GIB + 0.5 * GIB * t / HOUR + rng.exponential(0.08 * GIB, len(t))
     fill = best_fill(t, y, 30 * GIB)
-    assert fill is None or fill.f < 30, fill
+    assert fill is None or fill.f < 15, fill  # DetectorSettings.fill_f_limit
 
 
 def test_a_fill_that_would_settle_over_capacity_is_none():
@@ -87,14 +107,20 @@ def test_a_ceiling_that_some_fill_as_good_as_the_best_crosses_is_none():
     taus, starts = saturation._shape_grid()
     u = t / t[-1]
     rss, asymptote = saturation._fits(
-        -np.expm1(-np.maximum(u[None, :] - starts[:, None], 0) / taus[:, None]), y)
-    alike = asymptote[rss <= rss.min() + 3.84 * rss.min() / (len(t) - 4)]
+        -np.expm1(-np.maximum(u[None, :] - starts[:, None], 0) / taus[:, None]), y - y.mean())
+    alike = y.mean() + asymptote[rss <= rss.min() + 3.84 * rss.min() / (len(t) - 4)]
     assert alike.max() > found.asymptote + 0.1 * GIB  # the range is there to cross
     assert best_fill(t, y, (found.asymptote + alike.max()) / 2) is None
-    assert best_fill(t, y, alike.max()) == found
+    assert best_fill(t, y, alike.max() + 1.0) == found  # a byte over: rounding
 
 
-def test_too_few_floors_or_no_window_say_nothing():
+def test_too_few_floors_no_window_or_no_number_say_nothing():
     t = np.arange(7, dtype=float)
     assert best_fill(t, t, 100.0) is None
     assert best_fill(np.zeros(10), np.arange(10.0), 100.0) is None
+    t = np.arange(20, dtype=float)
+    for bad in (np.nan, np.inf):
+        y = np.sqrt(t)
+        y[5] = bad
+        assert best_fill(t, y, 100.0) is None
+        assert best_fill(np.where(t == 5, bad, t), np.sqrt(t), 100.0) is None

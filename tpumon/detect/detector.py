@@ -136,14 +136,20 @@ class ChipDetector:
     # ------------------------------------------------------------------ input
 
     def update(self, times, steps, used, totals) -> None:
-        """Add samples (arrays or sequences of equal length; steps NaN where unknown)."""
+        """Add samples (arrays or sequences of equal length; steps NaN where unknown). A
+        sample whose time, usage or capacity is not a finite number is no sample: one NaN in
+        a bucket made its floor NaN, and the trend's every fit over it came out flat."""
         if len(times) == 1 and self._extend_open(times[0], steps[0], used[0], totals[0]):
             return
-        t = np.asarray(times, dtype=float)
-        if t.size == 0:
+        batch = np.vstack([np.asarray(times, dtype=float), np.asarray(steps, dtype=float),
+                           np.asarray(used, dtype=float), np.asarray(totals, dtype=float)])
+        finite = np.isfinite(batch[0]) & np.isfinite(batch[2]) & np.isfinite(batch[3])
+        if not finite.all():
+            batch = batch[:, finite]
+        if batch.shape[1] == 0:
             return
-        batch = np.vstack([t, np.asarray(steps, dtype=float), np.asarray(used, dtype=float)])
-        self.total = float(np.asarray(totals, dtype=float)[-1])
+        self.total = float(batch[3, -1])
+        batch = batch[:3]
         if self.width is None:
             self._pending.append(batch)
             batch = np.concatenate(self._pending, axis=1)
@@ -164,7 +170,7 @@ class ChipDetector:
         on one-element arrays; False (nothing changed) for anything else."""
         t, st, u = float(time), float(step), float(used)
         if self._open is None or self._last is None or self.width is None \
-                or not (math.isfinite(t) and math.isfinite(u)):
+                or not (math.isfinite(t) and math.isfinite(u) and math.isfinite(total)):
             return False
         last, bucket = self._last, self._open
         if not 0 <= t - last.time < self.settings.restart_gap_seconds or st < last.step \

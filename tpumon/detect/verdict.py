@@ -39,7 +39,7 @@ class DetectorSettings:
     max_extrapolation: float = 5.0    # time to OOM at most this many evidence windows
     # detect/saturation.py: no page while a fill settling under capacity (by this share of
     # HBM at least) fits the window's floors this much better than a line (F statistic)
-    fill_f_limit: float = 30.0
+    fill_f_limit: float = 15.0
     fill_margin_fraction: float = 0.02
     restart_gap_seconds: float = 120.0
     restart_drop_fraction: float = 0.05  # floor this much (of HBM) lower after a gap: new job
