@@ -648,23 +648,19 @@ class ChipDetector:
                 return Verdict.OK, _PENDING
         if tto > self.settings.horizon_seconds:
             return Verdict.OK, f"slow growth: OOM would take {describe_time_left(tto)}"
+        full = f"HBM full in {describe_time_left(tto)} at this rate"
         if tto > self.settings.max_extrapolation * window:
-            return Verdict.GROWING, (f"HBM full in {describe_time_left(tto)} at "
-                                     "this rate, "
-                                     f"on {window / 3600:.1f} h of evidence (a cache may yet "
-                                     "settle)")
+            return Verdict.GROWING, (f"{full}, on {window / 3600:.1f} h of evidence (a cache "
+                                     "may yet settle)")
         if stairs is None:
             stalled = self._stalled(job, floors, rate)
             if stalled:
-                return Verdict.GROWING, (f"HBM full in {describe_time_left(tto)} at "
-                                         "this rate, but the floor grew more slowly in the "
+                return Verdict.GROWING, (f"{full}, but the floor grew more slowly in the "
                                          f"last {stalled} (a cache may have filled)")
             fill = self._benign_fill(job, floors)
             if fill is not None:
-                return Verdict.GROWING, (f"HBM full in {describe_time_left(tto)} at "
-                                         "this rate, but the floor fits a cache filling to "
-                                         f"{format_bytes(fill.asymptote)} better than a "
-                                         "line")
+                return Verdict.GROWING, (f"{full}, but the floor fits a cache filling to "
+                                         f"{format_bytes(fill.asymptote)} better than a line")
         return None
 
     def _benign_fill(self, job: Job, data: np.ndarray) -> Fill | None:
