@@ -130,3 +130,24 @@ def test_analyze_on_the_command_line_gives_what_it_gave_before(tmp_path):
     out = CliRunner().invoke(main, ["analyze", str(path), "--format", "json"])
     assert out.exit_code == 0, out.output
     assert json.loads(out.stdout)["series"] == expected(path)
+
+
+def _slow_touch(path):
+    import time
+    time.sleep(0.5)
+    with open(path, "w") as out:
+        out.write("done")
+
+
+def test_a_guess_still_running_at_the_end_is_let_finish_not_killed(tmp_path):
+    """Killing a worker mid-task can leave the pool's results queue locked, and the pool's
+    own threads then wait on it for ever; at a normal end the workers finish what runs."""
+    trace = tmp_path / "trace.csv"
+    trace.write_text("x\n")
+    done = tmp_path / "done"
+    with EarlyReplay(workers=2) as replay:
+        replay.start([str(trace)])
+        assert replay.started
+        replay._workers().apply_async(_slow_touch, (str(done),))
+    assert done.read_text() == "done"
+    assert not replay.started

@@ -73,10 +73,17 @@ class EarlyReplay:
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        if self._pool is not None:
-            self._pool.terminate()  # every result was collected, or none is wanted
-            self._pool.join()
-            self._pool = None
+        if self._pool is None:
+            return
+        if kind is None:
+            # A guess that did not hold may still be running. Pool.terminate() would kill
+            # its worker, maybe while it holds the results queue's lock, and the pool's
+            # task thread then waits on that lock for ever (CI hung so, once): let it end.
+            self._pool.close()
+        else:
+            self._pool.terminate()  # interrupted: nothing is wanted, and no wait
+        self._pool.join()
+        self._pool = None
 
     @property
     def started(self) -> bool:
