@@ -5,6 +5,9 @@ reading it whole, whether the guesses held or not."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import time
 
 import pytest
 from click.testing import CliRunner
@@ -14,6 +17,7 @@ from tpumon.detect import early_replay
 from tpumon.detect.early_replay import EarlyReplay
 from tpumon.detect.replay import read_path, replay_columns, spilled_path
 from tpumon.sim.tracegen import generate_trace
+from tpumon.trace import TraceFormatError
 from tpumon.trace.write import write_trace
 
 SLICE = "t1v-n-5f0c1a2b"
@@ -132,22 +136,106 @@ def test_analyze_on_the_command_line_gives_what_it_gave_before(tmp_path):
     assert json.loads(out.stdout)["series"] == expected(path)
 
 
-def _slow_touch(path):
-    import time
-    time.sleep(0.5)
+
+def _slow_touch(path, seconds=0.5):
+    """A task that says it started (its pid in ``path``.pid), then ends after ``seconds``."""
+    with open(f"{path}.pid", "w") as out:
+        out.write(str(os.getpid()))
+    time.sleep(seconds)
     with open(path, "w") as out:
         out.write("done")
 
 
-def test_a_guess_still_running_at_the_end_is_let_finish_not_killed(tmp_path):
+def started(trace):
+    """An EarlyReplay whose workers run (2 of them)."""
+    replay = EarlyReplay(workers=2)
+    replay.start([str(trace)])
+    assert replay.started
+    return replay
+
+
+def wait_for(path):
+    deadline = time.monotonic() + 60
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never came"
+        time.sleep(0.01)
+
+
+@pytest.fixture
+def trace(tmp_path):
+    path = tmp_path / "trace.csv"
+    path.write_text("x\n")
+    return path
+
+
+def test_a_guess_still_running_at_the_end_is_let_finish_not_killed(tmp_path, trace):
     """Killing a worker mid-task can leave the pool's results queue locked, and the pool's
     own threads then wait on it for ever; at a normal end the workers finish what runs."""
-    trace = tmp_path / "trace.csv"
-    trace.write_text("x\n")
     done = tmp_path / "done"
-    with EarlyReplay(workers=2) as replay:
-        replay.start([str(trace)])
-        assert replay.started
-        replay._workers().apply_async(_slow_touch, (str(done),))
+    with started(trace) as replay:
+        replay._run(_slow_touch, (str(done),))
     assert done.read_text() == "done"
     assert not replay.started
+
+
+def test_after_an_error_what_runs_ends_and_what_is_queued_is_dropped(tmp_path, trace):
+    running = [tmp_path / f"running{i}" for i in range(2)]
+    queued = [tmp_path / f"queued{i}" for i in range(4)]
+    with pytest.raises(ValueError), started(trace) as replay:
+        for path in running:
+            replay._run(_slow_touch, (str(path), 1.5))
+        for path in running:
+            wait_for(tmp_path / f"{path.name}.pid")  # both workers busy
+        for path in queued:
+            replay._run(_slow_touch, (str(path), 0.0))
+        raise ValueError("a malformed row")
+    assert [p.read_text() for p in running] == ["done", "done"]
+    assert not any(p.exists() or (tmp_path / f"{p.name}.pid").exists() for p in queued)
+
+
+def test_ctrl_c_ends_the_workers_at_once(tmp_path, trace):
+    done = tmp_path / "done"
+    began = time.monotonic()
+    with pytest.raises(KeyboardInterrupt), started(trace) as replay:
+        replay._run(_slow_touch, (str(done), 60.0))
+        wait_for(tmp_path / "done.pid")
+        raise KeyboardInterrupt
+    assert time.monotonic() - began < 30
+    assert not done.exists()
+
+
+def test_ctrl_c_at_the_terminal_reaches_the_reading_process_not_the_workers(tmp_path, trace):
+    """The terminal sends SIGINT to the whole process group: a worker it killed would
+    take its task's result with it, and the pool would wait for that result for ever."""
+    done = tmp_path / "done"
+    replay = started(trace)
+    try:
+        result = replay._run(_slow_touch, (str(done), 1.0))
+        wait_for(tmp_path / "done.pid")
+        os.kill(int((tmp_path / "done.pid").read_text()), signal.SIGINT)
+        result.get(timeout=60)
+    finally:
+        replay.__exit__(KeyboardInterrupt, None, None)
+    assert done.read_text() == "done"
+
+
+
+def test_a_malformed_row_after_hosts_were_guessed_is_one_error_line(tmp_path):
+    """The error reaches the reader after hosts were replayed early: the workers end (what
+    runs ends, what is queued is dropped) and ``analyze`` says what and where, once."""
+    path = tmp_path / "trace.csv"
+    write_trace(by_series(rows_of(HOSTS)), path, "csv")
+    lines = path.read_text().splitlines()
+    fields = lines[-1].split(",")
+    fields[4] = "lots"  # hbm_used_bytes of the last host's last row
+    lines[-1] = ",".join(fields)
+    path.write_text("\n".join(lines) + "\n")
+    replay = EarlyReplay(workers=2)
+    with pytest.raises(TraceFormatError, match="lots"), replay, \
+            spilled_path(str(path), early=replay) as series:
+        replay_columns(series, workers=2, early=replay)
+    assert replay._hosts and not replay.started  # guessed before the row was read; ended
+    out = CliRunner().invoke(main, ["analyze", str(path), "--format", "json"])
+    assert out.exit_code == 1 and out.stdout == ""
+    assert out.stderr.strip().splitlines() == [
+        f"Error: {path}:{len(lines)}: column 'hbm_used_bytes': 'lots' is not an integer"]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 from multiprocessing.pool import AsyncResult, Pool
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Callable, Sequence
@@ -36,6 +37,24 @@ NICENESS = 5
 
 #: Traces smaller than this (a table or two) are replayed after the read.
 EARLY_MIN_BYTES = 64 << 20
+
+#: In a worker: the pool's event, set when what is still queued is no longer wanted.
+_CANCELLED: Any = None
+
+
+def _start_worker(cancelled: Any) -> None:
+    """A worker: below the reading threads, deaf to Ctrl-C (the reading process ends it
+    at once; one killed mid-task could leave the pool's queues locked), and told by
+    ``cancelled`` when the tasks still queued are no longer wanted."""
+    global _CANCELLED
+    os.nice(NICENESS)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _CANCELLED = cancelled
+
+
+def _unless_cancelled(task: Callable[..., Any], args: tuple) -> Any:
+    """``task(*args)``, or None once the reading process has given up on the results."""
+    return None if _CANCELLED is not None and _CANCELLED.is_set() else task(*args)
 
 
 class _Guess:
@@ -63,6 +82,7 @@ class EarlyReplay:
     def __init__(self, settings: DetectorSettings | None = None, workers: int = 1) -> None:
         self.settings, self.workers = settings, workers
         self._pool: Pool | None = None
+        self._cancelled: Any = None  # the workers' event (_start_worker)
         self._last: dict[Key, tuple[int, float]] = {}  # each series' (samples, last time)
         self._hosts: dict[str, _Guess] = {}
         self._chips: dict[Key, _Guess] = {}
@@ -75,13 +95,17 @@ class EarlyReplay:
                  tb: TracebackType | None) -> None:
         if self._pool is None:
             return
-        if kind is None:
-            # A guess that did not hold may still be running. Pool.terminate() would kill
-            # its worker, maybe while it holds the results queue's lock, and the pool's
-            # task thread then waits on that lock for ever (CI hung so, once): let it end.
-            self._pool.close()
+        # Pool.terminate() kills a worker mid-task, maybe while it holds the results
+        # queue's lock, and the pool's task thread then waits on that lock for ever (CI hung
+        # so once, on a guess that did not hold and was still running): the workers end
+        # what runs. After an error the queued tasks return at once; after Ctrl-C nothing
+        # is waited for (a second Ctrl-C ends even that rare hang).
+        if kind is not None and not issubclass(kind, Exception):
+            self._pool.terminate()
         else:
-            self._pool.terminate()  # interrupted: nothing is wanted, and no wait
+            if kind is not None:
+                self._cancelled.set()
+            self._pool.close()
         self._pool.join()
         self._pool = None
 
@@ -100,8 +124,10 @@ class EarlyReplay:
             return
         if self.workers >= 2 and size >= EARLY_MIN_BYTES:
             # below the reading threads: the workers take what CPU the read leaves idle
-            self._pool = multiprocessing.get_context("fork").Pool(
-                self.workers, initializer=os.nice, initargs=(NICENESS,))
+            context = multiprocessing.get_context("fork")
+            self._cancelled = context.Event()
+            self._pool = context.Pool(self.workers, initializer=_start_worker,
+                                      initargs=(self._cancelled,))
 
     def after_table(self, spill: Spill) -> None:
         """Told after each table is spilled: replay what it closed."""
@@ -140,11 +166,12 @@ class EarlyReplay:
                 args: tuple) -> _Guess:
         for key, _ in series:
             self._guessed[key] = self._guessed.get(key, 0) + 1
-        return _Guess(series, self._workers().apply_async(task, args))
+        return _Guess(series, self._run(task, args))
 
-    def _workers(self) -> Pool:
+    def _run(self, task: Callable[..., Any], args: tuple) -> AsyncResult:
+        """``task(*args)`` queued to the workers."""
         assert self._pool is not None, "start() decides whether there are workers"
-        return self._pool
+        return self._pool.apply_async(_unless_cancelled, (task, args))
 
     def replay(self, jobs: Jobs, sizes: list[int], replayed: Advance) -> list[SeriesResult]:
         """Every job's results, in order: a guess that held, else replayed now by the same
@@ -157,11 +184,9 @@ class EarlyReplay:
                 continue
             job, series = jobs[j]
             if i is None:
-                whole[j] = self._workers().apply_async(replay_job, (job, series,
-                                                                    self.settings))
+                whole[j] = self._run(replay_job, (job, series, self.settings))
             else:
-                chips[j, i] = self._workers().apply_async(run_chip, (series[i][2],
-                                                                     self.settings, True))
+                chips[j, i] = self._run(run_chip, (series[i][2], self.settings, True))
         results: list[SeriesResult] = []
         for j, ((job, series), size) in enumerate(zip(jobs, sizes, strict=True)):
             done = held[j] or whole.get(j) or [chips[j, i] for i in range(len(series))]
