@@ -174,6 +174,7 @@ def test_a_guess_still_running_at_the_end_is_let_finish_not_killed(tmp_path, tra
     done = tmp_path / "done"
     with started(trace) as replay:
         replay._run(_slow_touch, (str(done),))
+        wait_for(tmp_path / "done.pid")
     assert done.read_text() == "done"
     assert not replay.started
 
@@ -239,3 +240,17 @@ def test_a_malformed_row_after_hosts_were_guessed_is_one_error_line(tmp_path):
     assert out.exit_code == 1 and out.stdout == ""
     assert out.stderr.strip().splitlines() == [
         f"Error: {path}:{len(lines)}: column 'hbm_used_bytes': 'lots' is not an integer"]
+
+
+def test_at_a_normal_end_what_is_still_queued_is_not_run(tmp_path, trace):
+    """Every result wanted was collected: a guess still queued is dropped, not replayed."""
+    running = [tmp_path / f"running{i}" for i in range(2)]
+    queued = tmp_path / "queued"
+    with started(trace) as replay:
+        for path in running:
+            replay._run(_slow_touch, (str(path), 1.0))
+        for path in running:
+            wait_for(tmp_path / f"{path.name}.pid")
+        replay._run(_slow_touch, (str(queued), 0.0))
+    assert [p.read_text() for p in running] == ["done", "done"]
+    assert not queued.exists()

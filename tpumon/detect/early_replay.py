@@ -98,13 +98,13 @@ class EarlyReplay:
         # Pool.terminate() kills a worker mid-task, maybe while it holds the results
         # queue's lock, and the pool's task thread then waits on that lock for ever (CI hung
         # so once, on a guess that did not hold and was still running): the workers end
-        # what runs. After an error the queued tasks return at once; after Ctrl-C nothing
-        # is waited for (a second Ctrl-C ends even that rare hang).
+        # what runs, and what is still queued (a guess that did not hold, or anything after
+        # an error) returns at once. After Ctrl-C nothing is waited for (a second Ctrl-C
+        # ends even that rare hang).
         if kind is not None and not issubclass(kind, Exception):
             self._pool.terminate()
         else:
-            if kind is not None:
-                self._cancelled.set()
+            self._cancelled.set()  # every result wanted was collected, or none is
             self._pool.close()
         self._pool.join()
         self._pool = None
