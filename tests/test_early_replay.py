@@ -4,9 +4,11 @@ reading it whole, whether the guesses held or not."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import threading
 import time
 
 import pytest
@@ -139,8 +141,9 @@ def test_analyze_on_the_command_line_gives_what_it_gave_before(tmp_path):
 
 def _slow_touch(path, seconds=0.5):
     """A task that says it started (its pid in ``path``.pid), then ends after ``seconds``."""
-    with open(f"{path}.pid", "w") as out:
+    with open(f"{path}.pid.part", "w") as out:
         out.write(str(os.getpid()))
+    os.replace(f"{path}.pid.part", f"{path}.pid")  # whole when seen
     time.sleep(seconds)
     with open(path, "w") as out:
         out.write("done")
@@ -184,7 +187,7 @@ def test_after_an_error_what_runs_ends_and_what_is_queued_is_dropped(tmp_path, t
     queued = [tmp_path / f"queued{i}" for i in range(4)]
     with pytest.raises(ValueError), started(trace) as replay:
         for path in running:
-            replay._run(_slow_touch, (str(path), 1.5))
+            replay._run(_slow_touch, (str(path), 3.0))
         for path in running:
             wait_for(tmp_path / f"{path.name}.pid")  # both workers busy
         for path in queued:
@@ -248,9 +251,35 @@ def test_at_a_normal_end_what_is_still_queued_is_not_run(tmp_path, trace):
     queued = tmp_path / "queued"
     with started(trace) as replay:
         for path in running:
-            replay._run(_slow_touch, (str(path), 1.0))
+            replay._run(_slow_touch, (str(path), 3.0))
         for path in running:
             wait_for(tmp_path / f"{path.name}.pid")
         replay._run(_slow_touch, (str(queued), 0.0))
     assert [p.read_text() for p in running] == ["done", "done"]
     assert not queued.exists()
+
+
+@pytest.mark.parametrize("error", [None, ValueError])
+@pytest.mark.parametrize("replaced", [False, True])
+def test_a_worker_killed_mid_task_does_not_hold_the_end_for_ever(tmp_path, trace, error,
+                                                                 replaced):
+    """A worker killed (for memory, say) takes its task's result with it: the end does
+    not wait for that result, at once or after the pool has replaced the worker."""
+    lost = tmp_path / "lost"
+    ended = threading.Event()
+
+    def run():
+        with contextlib.suppress(ValueError), started(trace) as replay:
+            replay._run(_slow_touch, (str(lost), 60.0))
+            wait_for(tmp_path / "lost.pid")
+            os.kill(int((tmp_path / "lost.pid").read_text()), signal.SIGKILL)
+            if replaced:
+                time.sleep(1.0)  # the pool's worker thread looks every 0.1 s
+            if error is not None:
+                raise error("a malformed row")
+        ended.set()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    assert ended.wait(60), "the end waited for a task whose worker was killed"
+    assert not lost.exists()

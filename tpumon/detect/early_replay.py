@@ -83,6 +83,8 @@ class EarlyReplay:
         self.settings, self.workers = settings, workers
         self._pool: Pool | None = None
         self._cancelled: Any = None  # the workers' event (_start_worker)
+        self._results: list[AsyncResult] = []  # of every task queued
+        self._first_workers: list[Any] = []  # the pool's processes as started
         self._last: dict[Key, tuple[int, float]] = {}  # each series' (samples, last time)
         self._hosts: dict[str, _Guess] = {}
         self._chips: dict[Key, _Guess] = {}
@@ -106,8 +108,24 @@ class EarlyReplay:
         else:
             self._cancelled.set()  # every result wanted was collected, or none is
             self._pool.close()
+            self._wait_for_running(self._pool)
         self._pool.join()
         self._pool = None
+
+    def _wait_for_running(self, pool: Pool) -> None:
+        """Wait for the tasks still running, or terminate the workers if one of them died
+        (killed for memory, say): its task's result never comes, and a closed pool waits
+        for it for ever."""
+        pending = [r for r in self._results if not r.ready()]
+        while pending:
+            # a worker ends by itself only once closed, after its last task; one that died
+            # earlier was replaced by the pool and is known by the first ones' exit codes
+            workers = self._first_workers + list(pool._pool)  # type: ignore[attr-defined]
+            if any(w.exitcode not in (None, 0) for w in workers):
+                pool.terminate()
+                return
+            pending[0].wait(0.1)
+            pending = [r for r in pending if not r.ready()]
 
     @property
     def started(self) -> bool:
@@ -128,6 +146,7 @@ class EarlyReplay:
             self._cancelled = context.Event()
             self._pool = context.Pool(self.workers, initializer=_start_worker,
                                       initargs=(self._cancelled,))
+            self._first_workers = list(self._pool._pool)  # type: ignore[attr-defined]
 
     def after_table(self, spill: Spill) -> None:
         """Told after each table is spilled: replay what it closed."""
@@ -171,7 +190,9 @@ class EarlyReplay:
     def _run(self, task: Callable[..., Any], args: tuple) -> AsyncResult:
         """``task(*args)`` queued to the workers."""
         assert self._pool is not None, "start() decides whether there are workers"
-        return self._pool.apply_async(_unless_cancelled, (task, args))
+        result = self._pool.apply_async(_unless_cancelled, (task, args))
+        self._results.append(result)
+        return result
 
     def replay(self, jobs: Jobs, sizes: list[int], replayed: Advance) -> list[SeriesResult]:
         """Every job's results, in order: a guess that held, else replayed now by the same
