@@ -83,7 +83,6 @@ class EarlyReplay:
         self.settings, self.workers = settings, workers
         self._pool: Pool | None = None
         self._cancelled: Any = None  # the workers' event (_start_worker)
-        self._results: list[AsyncResult] = []  # of every task queued
         self._first_workers: list[Any] = []  # the pool's processes as started
         self._last: dict[Key, tuple[int, float]] = {}  # each series' (samples, last time)
         self._hosts: dict[str, _Guess] = {}
@@ -116,7 +115,7 @@ class EarlyReplay:
         """Wait for the tasks still running, or terminate the workers if one of them died
         (killed for memory, say): its task's result never comes, and a closed pool waits
         for it for ever."""
-        pending = [r for r in self._results if not r.ready()]
+        pending = pool._cache  # type: ignore[attr-defined]  # CPython's Pool: tasks not done
         while pending:
             # a worker ends by itself only once closed, after its last task; one that died
             # earlier was replaced by the pool and is known by the first ones' exit codes
@@ -124,8 +123,8 @@ class EarlyReplay:
             if any(w.exitcode not in (None, 0) for w in workers):
                 pool.terminate()
                 return
-            pending[0].wait(0.1)
-            pending = [r for r in pending if not r.ready()]
+            for result in list(pending.values())[:1]:
+                result.wait(0.1)
 
     @property
     def started(self) -> bool:
@@ -190,9 +189,7 @@ class EarlyReplay:
     def _run(self, task: Callable[..., Any], args: tuple) -> AsyncResult:
         """``task(*args)`` queued to the workers."""
         assert self._pool is not None, "start() decides whether there are workers"
-        result = self._pool.apply_async(_unless_cancelled, (task, args))
-        self._results.append(result)
-        return result
+        return self._pool.apply_async(_unless_cancelled, (task, args))
 
     def replay(self, jobs: Jobs, sizes: list[int], replayed: Advance) -> list[SeriesResult]:
         """Every job's results, in order: a guess that held, else replayed now by the same
