@@ -386,6 +386,27 @@ def test_a_step_change_whose_jumps_are_the_jobs_staircase_joins_it():
     assert pooled["0"].verdict is Verdict.STEP_CHANGE
 
 
+def test_a_chip_that_shares_only_a_staircases_first_and_last_jumps_does_not_climb_it():
+    """``bench/nuisances.py`` one-chip 1000014 (seed 1): rank 9 leaks in a staircase beside
+    the job's two step changes, which every chip has. A sibling whose jumps are the job's
+    two step changes has jumps that are each a stair of rank 9's, but not rank 9's stairs
+    between them: it shares the step changes, not the leak, and does not join. One that
+    has every stair between its first and its last does, and stairs of the leak before its
+    first jump or after its last (not yet confirmed on it, or before its trend) do not keep
+    it out."""
+    leak = stepped(Verdict.LEAK, [(0.5, 1.0), (1.1, 1.3), (1.6, 0.9), (2.1, 1.5), (2.6, 1.1),
+                                  (3.1, 1.4)], own=1.4)
+    steps_only = stepped(Verdict.STEP_CHANGE, [(1.1, 1.4), (2.1, 1.6)])
+    every_stair = stepped(Verdict.STEP_CHANGE, [(1.1, 1.4), (1.6, 0.8), (2.1, 1.6)])
+    one_missed = stepped(Verdict.STEP_CHANGE, [(1.1, 1.4), (1.6, 0.8), (2.6, 1.0)])
+    chips = {"9": leak, "0": steps_only, "1": every_stair, "2": one_missed}
+    pooled = pool_jobs(chips, {c: "job" for c in chips})
+    assert {c for c, a in pooled.items() if a.verdict is Verdict.LEAK} == {"9", "1"}
+    # the replay, deciding incrementally, says the same
+    alerts = replayed_as_pool_job([[(100.0, 0.0, a)] for a in chips.values()])
+    assert sorted(alerts) == [0, 2]
+
+
 def test_a_step_change_joins_when_a_staircase_comes_though_its_own_is_unchanged():
     """The replay decides pooled verdicts incrementally: chip 1 (two jumps) says nothing
     new when chip 0's leak, first a trend, becomes a staircase of the same jumps at t=300

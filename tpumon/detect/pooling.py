@@ -19,8 +19,12 @@ leak): a chip of the job whose floor rose in the very same stairs, flat between 
 a trend of ~0 and its own verdict ``step_change``, and its growth is no evidence of joining
 at all. It joins when its own permanent jumps, at least two, are the staircase's: each
 within a floor envelope in time of a leaking chip's jump (both chips' detectors call that
-one moment) and of its size (half to twice, as rates join). One rank's staircase does not
-pull in chips whose jumps, if any, came at other moments or at other sizes.
+one moment) and of its size (half to twice, as rates join), and the staircase's stairs
+between its first jump and its last are each one of its own. One rank's staircase does
+not pull in chips whose jumps, if any, came at other moments or at other sizes, nor chips
+that share only some of its stairs: a rank whose floor climbs a staircase beside the
+job's two step changes counts them as stairs too, and the chips that rose in those two
+alone do not leak.
 
 A job is what the caller knows: the agent groups chips by the process that holds them,
 ``tpumon analyze`` by slice (a host name less its ``-w-N`` worker suffix). Pure and
@@ -133,8 +137,8 @@ class Stairs:
         self.widest = 0.0
 
     def has_all(self, a: Assessment) -> bool:
-        """Whether each of a chip's own jumps is one of these: within the wider of the two
-        chips' envelopes in time, half to twice its size."""
+        """Whether a chip climbs these stairs: each of its own jumps is one of them, and
+        each of them between its first jump and its last is one of its own (``_alike``)."""
         if self._leaks is not None:
             pairs = sorted((j.time, j.size, b.envelope_seconds or 0.0)
                            for b in self._leaks for j in b.level_jumps)
@@ -143,16 +147,28 @@ class Stairs:
             self.sizes = [s for _, s, _ in pairs]
             self.spans = [e for _, _, e in pairs]
             self.widest = max(self.spans, default=0.0)
-        return bool(self.times) and all(self._has(j, a.envelope_seconds or 0.0)
-                                        for j in a.level_jumps)
+        span = a.envelope_seconds or 0.0
+        return (bool(self.times) and all(self._has(j, span) for j in a.level_jumps)
+                and self._none_missed(a.level_jumps, span))
 
     def _has(self, jump: Jump, span: float) -> bool:
         reach = max(span, self.widest)
         lo = bisect.bisect_left(self.times, jump.time - reach)
         hi = bisect.bisect_right(self.times, jump.time + reach)
-        return any(abs(self.times[i] - jump.time) <= max(span, self.spans[i])
-                   and self.sizes[i] / 2 <= jump.size <= 2 * self.sizes[i]
-                   for i in range(lo, hi))
+        return any(self._alike(i, jump, span) for i in range(lo, hi))
+
+    def _none_missed(self, jumps: Sequence[Jump], span: float) -> bool:
+        """Whether each of these stairs from a chip's first jump to its last (``span``: its
+        envelope) is one of its ``jumps``."""
+        lo = bisect.bisect_left(self.times, min(j.time for j in jumps) - span)
+        hi = bisect.bisect_right(self.times, max(j.time for j in jumps) + span)
+        return all(any(self._alike(i, j, span) for j in jumps) for i in range(lo, hi))
+
+    def _alike(self, i: int, jump: Jump, span: float) -> bool:
+        """Whether stair ``i`` and a chip's ``jump`` are one moment (within the wider of
+        the two chips' envelopes) and of one size (half to twice)."""
+        return (abs(self.times[i] - jump.time) <= max(span, self.spans[i])
+                and self.sizes[i] / 2 <= jump.size <= 2 * self.sizes[i])
 
 
 def _may_climb(a: Assessment) -> bool:
