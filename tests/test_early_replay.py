@@ -138,7 +138,6 @@ def test_analyze_on_the_command_line_gives_what_it_gave_before(tmp_path):
     assert json.loads(out.stdout)["series"] == expected(path)
 
 
-
 def _slow_touch(path, seconds=0.5):
     """A task that says it started (its pid in ``path``.pid), then ends after ``seconds``."""
     with open(f"{path}.pid.part", "w") as out:
@@ -223,7 +222,6 @@ def test_ctrl_c_at_the_terminal_reaches_the_reading_process_not_the_workers(tmp_
     assert done.read_text() == "done"
 
 
-
 def test_a_malformed_row_after_hosts_were_guessed_is_one_error_line(tmp_path):
     """The error reaches the reader after hosts were replayed early: the workers end (what
     runs ends, what is queued is dropped) and ``analyze`` says what and where, once."""
@@ -283,3 +281,17 @@ def test_a_worker_killed_mid_task_does_not_hold_the_end_for_ever(tmp_path, trace
     thread.start()
     assert ended.wait(60), "the end waited for a task whose worker was killed"
     assert not lost.exists()
+
+
+def test_a_worker_killed_mid_task_whose_result_is_wanted_is_an_error_not_a_wait(tmp_path,
+                                                                               trace):
+    """Before, ``replay()`` waited in ``AsyncResult.get()`` for ever."""
+    from tpumon.detect.workers import WorkerDied
+
+    lost = tmp_path / "lost"
+    with pytest.raises(WorkerDied, match="killed by signal 9"), started(trace) as replay:
+        result = replay._run(_slow_touch, (str(lost), 60.0))
+        wait_for(tmp_path / "lost.pid")
+        os.kill(int((tmp_path / "lost.pid").read_text()), signal.SIGKILL)
+        replay._result(result)
+    assert not lost.exists() and not replay.started

@@ -22,6 +22,7 @@ from tpumon.common.describe import describe_growth
 from tpumon.detect.early_replay import EarlyReplay
 from tpumon.detect.job_replay import SeriesResult, describe_forecast
 from tpumon.detect.replay import replay_columns, usable_cores
+from tpumon.detect.workers import WorkerDied
 from tpumon.trace.schema import SeriesSource, TraceFormatError
 
 #: Widest host name shown: the table fits 80 columns with every other column full.
@@ -133,8 +134,11 @@ def command(trace: str | None, fmt: str, prometheus: str | None, slice_name: str
 
         columns = series_from_rows(prometheus_rows(prometheus, slice_name, since, until,
                                                    resolution))
-        with bars() as progress:  # as a directory of the slice's traces
-            results = _replay(columns, progress)
+        try:
+            with bars() as progress:  # as a directory of the slice's traces
+                results = _replay(columns, progress)
+        except WorkerDied as exc:
+            raise click.ClickException(str(exc)) from None
         _print(results, fmt)
         return
     if trace is None:
@@ -143,7 +147,7 @@ def command(trace: str | None, fmt: str, prometheus: str | None, slice_name: str
         with bars() as progress, EarlyReplay(workers=usable_cores()) as early, \
                 spilled(trace, progress, early=early) as series:
             results = _replay(series, progress, early)
-    except TraceFormatError as exc:
+    except (TraceFormatError, WorkerDied) as exc:
         raise click.ClickException(str(exc)) from None
     except OSError as exc:  # the trace's, or the spill file's (a full disk: names it)
         raise click.ClickException(f"{exc.filename or trace}: {exc.strerror or exc}") \

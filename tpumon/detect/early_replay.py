@@ -18,22 +18,19 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import signal
 from multiprocessing.pool import AsyncResult, Pool
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from tpumon.detect.job_replay import (Advance, ChipRun, Jobs, SeriesResult, job_name,
                                       job_results, replay_job, run_chip, worker_tasks)
+from tpumon.detect.workers import dead_worker, result_of, start_worker
 
 if TYPE_CHECKING:
     from tpumon.detect.verdict import DetectorSettings
     from tpumon.trace.spill import Spill, SpilledSeries
 
 Key = tuple[str, str]
-
-#: The workers' niceness: the read is what everything waits for.
-NICENESS = 5
 
 #: Traces smaller than this (a table or two) are replayed after the read.
 EARLY_MIN_BYTES = 64 << 20
@@ -43,12 +40,10 @@ _CANCELLED: Any = None
 
 
 def _start_worker(cancelled: Any) -> None:
-    """A worker: below the reading threads, deaf to Ctrl-C (the reading process ends it
-    at once; one killed mid-task could leave the pool's queues locked), and told by
-    ``cancelled`` when the tasks still queued are no longer wanted."""
+    """A worker (``workers.start_worker``: below the reading threads, deaf to Ctrl-C), told
+    by ``cancelled`` when the tasks still queued are no longer wanted."""
     global _CANCELLED
-    os.nice(NICENESS)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    start_worker()
     _CANCELLED = cancelled
 
 
@@ -117,10 +112,7 @@ class EarlyReplay:
         for it for ever."""
         pending = pool._cache  # type: ignore[attr-defined]  # CPython's Pool: tasks not done
         while pending:
-            # a worker ends by itself only once closed, after its last task; one that died
-            # earlier was replaced by the pool and is known by the first ones' exit codes
-            workers = self._first_workers + list(pool._pool)  # type: ignore[attr-defined]
-            if any(w.exitcode not in (None, 0) for w in workers):
+            if dead_worker(pool, self._first_workers) is not None:
                 pool.terminate()
                 return
             for result in list(pending.values())[:1]:
@@ -209,12 +201,17 @@ class EarlyReplay:
         for j, ((job, series), size) in enumerate(zip(jobs, sizes, strict=True)):
             done = held[j] or whole.get(j) or [chips[j, i] for i in range(len(series))]
             if isinstance(done, list):
-                runs: list[ChipRun] = [r.get() for r in done]
+                runs: list[ChipRun] = [self._result(r) for r in done]
                 results += job_results(job, series, runs)
             else:
-                results += done.get()
+                results += self._result(done)
             replayed(size)
         return results
+
+    def _result(self, result: AsyncResult) -> Any:
+        """A task's result (``workers.result_of``: ``WorkerDied`` if a worker died)."""
+        assert self._pool is not None
+        return result_of(result, self._pool, self._first_workers)
 
     def _held(self, job: str, series: Sequence[tuple[str, str, Any]]
               ) -> AsyncResult | list[AsyncResult] | None:

@@ -15,6 +15,7 @@ from contextlib import contextmanager
 
 from tpumon.detect.verdict import DetectorSettings
 from tpumon.detect.early_replay import EarlyReplay
+from tpumon.detect.workers import result_of, start_worker
 from tpumon.detect.job_replay import (Advance, ChipRun, Jobs, SeriesResult, Task, group_jobs,
                                       job_results, replay_job, run_chip, worker_tasks)
 from tpumon.trace.read import read_trace_columns, spill_trace
@@ -157,11 +158,13 @@ def _replay_jobs(jobs: Jobs, sizes: list[int], settings: DetectorSettings | None
     global _FORKED
     _FORKED = (jobs, settings)
     try:
-        with multiprocessing.get_context("fork").Pool(min(workers, len(tasks))) as pool:
+        with multiprocessing.get_context("fork").Pool(min(workers, len(tasks)),
+                                                       initializer=start_worker) as pool:
+            first = list(pool._pool)  # type: ignore[attr-defined]  # see dead_worker
+            queued = [pool.apply_async(_replay_forked, (task,)) for task in tasks]
             outputs: list[list[SeriesResult] | ChipRun] = []  # in the tasks' order
-            for (j, i), done in zip(tasks, pool.imap(_replay_forked, tasks, chunksize=1),
-                                    strict=True):
-                outputs.append(done)
+            for (j, i), result in zip(tasks, queued, strict=True):
+                outputs.append(result_of(result, pool, first))
                 replayed(sizes[j] if i is None else jobs[j][1][i][2].samples)
     finally:
         _FORKED = None
