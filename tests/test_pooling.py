@@ -407,6 +407,30 @@ def test_a_chip_that_shares_only_a_staircases_first_and_last_jumps_does_not_clim
     assert sorted(alerts) == [0, 2]
 
 
+def test_what_does_not_keep_a_chip_out_of_the_staircase_it_climbs():
+    """(From a review.) Another rank's staircase of its own; a stair under a step change's
+    size (1 % of HBM: the chip lists no smaller jump); a stair of the leak at one moment
+    with the chip's first jump (within an envelope), of another size."""
+    from tpumon.detect.pooling import Stairs
+
+    leak = stepped(Verdict.LEAK, [(1.0, 1.4), (2.0, 1.4), (3.0, 1.4)], own=1.4)
+    climber = stepped(Verdict.STEP_CHANGE, [(1.0, 1.4), (2.0, 1.4)])
+
+    def leaking(chips):
+        pooled = pool_jobs(chips, {c: "job" for c in chips})
+        return sorted(c for c, a in pooled.items() if a.verdict is Verdict.LEAK)
+
+    other = stepped(Verdict.LEAK, [(1.5, 0.4), (2.5, 0.4), (3.5, 0.4)], own=0.4)
+    assert leaking({"A": leak, "B": other, "c": climber}) == ["A", "B", "c"]
+    small = stepped(Verdict.LEAK, [(1.0, 1.4), (1.5, 0.3), (2.0, 1.4), (3.0, 1.4)], own=1.4)
+    assert leaking({"A": small, "c": climber}) == ["A", "c"]  # 0.3 GiB < 0.32 GiB
+    big = stepped(Verdict.LEAK, [(1.0, 1.4), (1.5, 0.4), (2.0, 1.4), (3.0, 1.4)], own=1.4)
+    assert leaking({"A": big, "c": climber}) == ["A"]  # a stair it should have shown
+    near = stepped(Verdict.LEAK, [(1.0 - 400 / 3600, 0.5), (1.0, 1.4), (2.0, 1.4)], own=1.4)
+    assert leaking({"A": near, "c": climber}) == ["A", "c"]  # 400 s: one envelope (480 s)
+    assert not Stairs([leak]).has_all(dataclasses.replace(climber, level_jumps=()))
+
+
 def test_a_step_change_joins_when_a_staircase_comes_though_its_own_is_unchanged():
     """The replay decides pooled verdicts incrementally: chip 1 (two jumps) says nothing
     new when chip 0's leak, first a trend, becomes a staircase of the same jumps at t=300

@@ -3,18 +3,19 @@ one error, not a wait for ever; Ctrl-C at the terminal does not kill them."""
 
 from __future__ import annotations
 
-import multiprocessing
+import functools
 import os
 import signal
 import threading
 import time
 
+import psutil
 import pytest
 from click.testing import CliRunner
 
 from tpumon.cli import main
 from tpumon.detect import replay
-from tpumon.detect.workers import WorkerDied, result_of, start_worker
+from tpumon.detect.workers import WorkerDied, Workers
 from tpumon.sim.tracegen import generate_trace
 from tpumon.trace.write import write_trace
 
@@ -37,9 +38,10 @@ def _pid_of(path) -> int:
 
 
 @pytest.fixture
-def pool():
-    with multiprocessing.get_context("fork").Pool(2, initializer=start_worker) as p:
-        yield p, list(p._pool)
+def workers():
+    pool = Workers(2)
+    yield pool
+    pool.end()
 
 
 def waited(function, limit: float = 60.0):
@@ -60,53 +62,94 @@ def waited(function, limit: float = 60.0):
     return out[0]
 
 
-def test_a_worker_killed_mid_task_ends_the_wait_with_an_error(tmp_path, pool):
-    p, first = pool
+def test_a_worker_killed_mid_task_ends_the_wait_with_an_error(tmp_path, workers):
     started = tmp_path / "pid"
-    result = p.apply_async(_pid_then_sleep, (str(started), 60.0))
+    result = workers.pool.apply_async(_pid_then_sleep, (str(started), 60.0))
     os.kill(_pid_of(started), signal.SIGKILL)  # as the kernel's OOM killer does
-    how, what = waited(lambda: result_of(result, p, first))
+    how, what = waited(lambda: workers.result(result))
     assert how == "raised" and isinstance(what, WorkerDied)
     assert str(what).startswith("a replay worker process died (killed by signal 9) "
-                                "(out of memory?)")
+                                "(out of memory?); the replay cannot finish")
+    began = time.monotonic()
+    assert waited(workers.end)[0] == "returned"
+    assert time.monotonic() - began < 30
 
 
-def test_a_wait_for_a_task_queued_behind_a_killed_one_ends_too(tmp_path, pool):
-    """The pool replaces the dead worker; the task it ran is lost, and the pool cannot say
-    which it was: any wait after a death ends (the replay needs every result)."""
-    p, first = pool
+def test_a_worker_killed_before_the_wait_began_still_ends_it(tmp_path, workers):
+    """The pool replaces a dead worker at once, and the task the dead one ran is lost, and
+    the pool cannot say which it was: any wait after a death ends (the replay needs every
+    result), though the pool's workers are all alive again."""
     started = tmp_path / "pid"
-    lost = p.apply_async(_pid_then_sleep, (str(started), 60.0))
+    lost = workers.pool.apply_async(_pid_then_sleep, (str(started), 60.0))
     os.kill(_pid_of(started), signal.SIGKILL)
     time.sleep(1.0)  # replaced: the pool's worker thread looks every 0.1 s
-    later = p.apply_async(_pid_then_sleep, (str(tmp_path / "later"), 60.0))
-    assert waited(lambda: result_of(later, p, first))[0] == "raised"
+    assert all(w.exitcode is None for w in workers.pool._pool)
+    later = workers.pool.apply_async(_pid_then_sleep, (str(tmp_path / "later"), 60.0))
+    assert waited(lambda: workers.result(later))[0] == "raised"
     assert not lost.ready()
 
 
-def test_results_come_as_they_did_while_the_workers_live(tmp_path, pool):
-    p, first = pool
-    result = p.apply_async(_pid_then_sleep, (str(tmp_path / "pid"), 0.5))
-    assert waited(lambda: result_of(result, p, first)) == ("returned", "done")
+def _sibling_pids() -> list[int]:
+    return [c.pid for c in psutil.Process(os.getppid()).children() if c.pid != os.getpid()]
 
 
-def test_a_worker_sent_sigint_finishes_its_task(tmp_path, pool):
+def _kill_idle_sibling(path: str) -> str:
+    """Kill the other worker, idle: waiting for a task, it holds the task queue's lock."""
+    time.sleep(0.3)  # the other worker back in its wait for a task
+    for pid in _sibling_pids():
+        os.kill(pid, signal.SIGKILL)
+    return _pid_then_sleep(path, 0.5)
+
+
+def test_a_pool_whose_idle_worker_was_killed_ends_without_waiting_for_its_lock(tmp_path,
+                                                                                 workers):
+    """``Pool.terminate()`` waits for the task queue's lock, which a worker killed while
+    it waited for a task holds for ever: the end gives it ABANDON_WAIT_S, then kills what
+    is left (a review found analyze's end hung so)."""
+    result = workers.pool.apply_async(_kill_idle_sibling, (str(tmp_path / "pid"),))
+    assert waited(lambda: workers.result(result))[0] == "raised"
+    began = time.monotonic()
+    assert waited(workers.end)[0] == "returned"
+    assert time.monotonic() - began < 30
+    assert all(w.exitcode is not None for w in [*workers.first, *workers.pool._pool])
+
+
+def test_results_come_as_they_did_while_the_workers_live(tmp_path, workers):
+    result = workers.pool.apply_async(_pid_then_sleep, (str(tmp_path / "pid"), 0.5))
+    assert waited(lambda: workers.result(result)) == ("returned", "done")
+
+
+def test_a_worker_sent_sigint_finishes_its_task(tmp_path, workers):
     """The terminal sends Ctrl-C to the whole process group: the reading process ends the
     workers; a worker killed by it would take its task's result with it."""
-    p, first = pool
     started = tmp_path / "pid"
-    result = p.apply_async(_pid_then_sleep, (str(started), 1.0))
+    result = workers.pool.apply_async(_pid_then_sleep, (str(started), 1.0))
     os.kill(_pid_of(started), signal.SIGINT)
-    assert waited(lambda: result_of(result, p, first)) == ("returned", "done")
+    assert waited(lambda: workers.result(result)) == ("returned", "done")
 
 
 def _die(task):
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def test_analyze_says_in_one_line_that_a_worker_died(tmp_path, monkeypatch):
-    """A trace replayed by forked workers (2 cores), one of which the kernel kills: before,
-    ``tpumon analyze`` waited for its result for ever."""
+def _kill_the_other_once_idle(flag, task):
+    """The first task: once the other worker has run the rest and waits for more (holding
+    the task queue's lock), kill it; the others: nothing."""
+    try:
+        os.close(os.open(flag, os.O_CREAT | os.O_EXCL))
+    except FileExistsError:
+        return None
+    time.sleep(2.0)
+    for pid in _sibling_pids():
+        os.kill(pid, signal.SIGKILL)
+    time.sleep(0.5)
+
+
+@pytest.mark.parametrize("killed", ["busy", "idle"])
+def test_analyze_says_in_one_line_that_a_worker_died(tmp_path, monkeypatch, killed):
+    """A trace replayed by forked workers (2 cores), one of which the kernel kills, busy or
+    idle: before, ``tpumon analyze`` waited for ever for its result, or at its end for
+    the lock the idle one held."""
     rows = []
     for host, seed in (("a", 1), ("b", 2), ("c", 3)):
         rows += generate_trace("linear-leak", duration_s=3600, poll_interval_s=30, chips=2,
@@ -115,7 +158,9 @@ def test_analyze_says_in_one_line_that_a_worker_died(tmp_path, monkeypatch):
     write_trace(rows, path, "csv")
     monkeypatch.setattr(replay, "PARALLEL_MIN_SAMPLES", 0)
     monkeypatch.setattr("tpumon.cli.analyze.usable_cores", lambda: 2)
-    monkeypatch.setattr(replay, "_replay_forked", _die)  # in the forked workers
+    task = _die if killed == "busy" else \
+        functools.partial(_kill_the_other_once_idle, str(tmp_path / "flag"))
+    monkeypatch.setattr(replay, "_replay_forked", task)  # in the forked workers
     how, out = waited(lambda: CliRunner().invoke(main, ["analyze", str(path)]))
     assert how == "returned"
     assert out.exit_code == 1 and out.stdout == ""

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-from multiprocessing.pool import AsyncResult, Pool
+from multiprocessing.pool import AsyncResult
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from tpumon.detect.job_replay import (Advance, ChipRun, Jobs, SeriesResult, job_name,
                                       job_results, replay_job, run_chip, worker_tasks)
-from tpumon.detect.workers import dead_worker, result_of, start_worker
+from tpumon.detect.workers import Workers, start_worker
 
 if TYPE_CHECKING:
     from tpumon.detect.verdict import DetectorSettings
@@ -76,9 +76,8 @@ class EarlyReplay:
 
     def __init__(self, settings: DetectorSettings | None = None, workers: int = 1) -> None:
         self.settings, self.workers = settings, workers
-        self._pool: Pool | None = None
+        self._workers: Workers | None = None
         self._cancelled: Any = None  # the workers' event (_start_worker)
-        self._first_workers: list[Any] = []  # the pool's processes as started
         self._last: dict[Key, tuple[int, float]] = {}  # each series' (samples, last time)
         self._hosts: dict[str, _Guess] = {}
         self._chips: dict[Key, _Guess] = {}
@@ -89,8 +88,9 @@ class EarlyReplay:
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        if self._pool is None:
+        if self._workers is None:
             return
+        workers, self._workers = self._workers, None
         # Pool.terminate() kills a worker mid-task, maybe while it holds the results
         # queue's lock, and the pool's task thread then waits on that lock for ever (CI hung
         # so once, on a guess that did not hold and was still running): the workers end
@@ -98,30 +98,32 @@ class EarlyReplay:
         # an error) returns at once. After Ctrl-C nothing is waited for (a second Ctrl-C
         # ends even that rare hang).
         if kind is not None and not issubclass(kind, Exception):
-            self._pool.terminate()
+            workers.end()
+            return
+        self._cancelled.set()  # every result wanted was collected, or none is
+        workers.pool.close()
+        if self._wait_for_running(workers):
+            workers.pool.join()
         else:
-            self._cancelled.set()  # every result wanted was collected, or none is
-            self._pool.close()
-            self._wait_for_running(self._pool)
-        self._pool.join()
-        self._pool = None
+            workers.abandon()
 
-    def _wait_for_running(self, pool: Pool) -> None:
-        """Wait for the tasks still running, or terminate the workers if one of them died
-        (killed for memory, say): its task's result never comes, and a closed pool waits
-        for it for ever."""
-        pending = pool._cache  # type: ignore[attr-defined]  # CPython's Pool: tasks not done
+    @staticmethod
+    def _wait_for_running(workers: Workers) -> bool:
+        """Wait for the tasks still running; False, at once, if a worker died (killed for
+        memory, say): its task's result never comes, and a closed pool waits for it for
+        ever."""
+        pending = workers.pool._cache  # type: ignore[attr-defined]  # CPython's: not done
         while pending:
-            if dead_worker(pool, self._first_workers) is not None:
-                pool.terminate()
-                return
+            if workers.dead() is not None:
+                return False
             for result in list(pending.values())[:1]:
                 result.wait(0.1)
+        return True
 
     @property
     def started(self) -> bool:
         """Whether the workers run (they then replay the rest too)."""
-        return self._pool is not None
+        return self._workers is not None
 
     def start(self, files: Sequence[str]) -> None:
         """Told the trace's files before any is read: start the workers if they are large
@@ -133,15 +135,12 @@ class EarlyReplay:
             return
         if self.workers >= 2 and size >= EARLY_MIN_BYTES:
             # below the reading threads: the workers take what CPU the read leaves idle
-            context = multiprocessing.get_context("fork")
-            self._cancelled = context.Event()
-            self._pool = context.Pool(self.workers, initializer=_start_worker,
-                                      initargs=(self._cancelled,))
-            self._first_workers = list(self._pool._pool)  # type: ignore[attr-defined]
+            self._cancelled = multiprocessing.get_context("fork").Event()
+            self._workers = Workers(self.workers, _start_worker, (self._cancelled,))
 
     def after_table(self, spill: Spill) -> None:
         """Told after each table is spilled: replay what it closed."""
-        if self._pool is None:
+        if self._workers is None:
             return
         hosts: dict[str, list[tuple[Key, SpilledSeries]]] = {}
         active: set[str] = set()
@@ -180,8 +179,8 @@ class EarlyReplay:
 
     def _run(self, task: Callable[..., Any], args: tuple) -> AsyncResult:
         """``task(*args)`` queued to the workers."""
-        assert self._pool is not None, "start() decides whether there are workers"
-        return self._pool.apply_async(_unless_cancelled, (task, args))
+        assert self._workers is not None, "start() decides whether there are workers"
+        return self._workers.pool.apply_async(_unless_cancelled, (task, args))
 
     def replay(self, jobs: Jobs, sizes: list[int], replayed: Advance) -> list[SeriesResult]:
         """Every job's results, in order: a guess that held, else replayed now by the same
@@ -209,9 +208,9 @@ class EarlyReplay:
         return results
 
     def _result(self, result: AsyncResult) -> Any:
-        """A task's result (``workers.result_of``: ``WorkerDied`` if a worker died)."""
-        assert self._pool is not None
-        return result_of(result, self._pool, self._first_workers)
+        """A task's result (``Workers.result``: ``WorkerDied`` if a worker died)."""
+        assert self._workers is not None
+        return self._workers.result(result)
 
     def _held(self, job: str, series: Sequence[tuple[str, str, Any]]
               ) -> AsyncResult | list[AsyncResult] | None:

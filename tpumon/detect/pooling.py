@@ -19,12 +19,13 @@ leak): a chip of the job whose floor rose in the very same stairs, flat between 
 a trend of ~0 and its own verdict ``step_change``, and its growth is no evidence of joining
 at all. It joins when its own permanent jumps, at least two, are the staircase's: each
 within a floor envelope in time of a leaking chip's jump (both chips' detectors call that
-one moment) and of its size (half to twice, as rates join), and the staircase's stairs
-between its first jump and its last are each one of its own. One rank's staircase does
-not pull in chips whose jumps, if any, came at other moments or at other sizes, nor chips
-that share only some of its stairs: a rank whose floor climbs a staircase beside the
-job's two step changes counts them as stairs too, and the chips that rose in those two
-alone do not leak.
+one moment) and of its size (half to twice, as rates join), and one leaking chip's
+stairs between its first jump and its last (not at either, and of a step change's size:
+smaller jumps a step change does not list) are each one of its own. One rank's staircase
+does not pull in chips whose jumps, if any, came at other moments or at other sizes, nor
+chips that share only some of its stairs: a rank whose floor climbs a staircase beside
+the job's two step changes counts them as stairs too, and the chips that rose in those
+two alone do not leak. Another rank's staircase of its own keeps no chip out.
 
 A job is what the caller knows: the agent groups chips by the process that holds them,
 ``tpumon analyze`` by slice (a host name less its ``-w-N`` worker suffix). Pure and
@@ -44,10 +45,14 @@ from typing import Iterable, Mapping, Sequence
 import numpy as np
 
 from tpumon.common.describe import describe_growth
-from tpumon.detect.verdict import Assessment, Verdict, oom_forecast, slope_fields
+from tpumon.detect.verdict import (Assessment, DetectorSettings, Verdict, oom_forecast,
+                                   slope_fields)
 from tpumon.detect.jumps import Jump
 from tpumon.detect.robust import median
 from tpumon.common.describe import describe_oom, time_to_oom
+
+#: The smallest jump a step change lists, as a share of HBM (the detector's setting).
+_STEP_CHANGE_FRACTION = DetectorSettings.step_change_min_fraction
 
 
 def pool_jobs(assessments: Mapping[str, Assessment],
@@ -126,8 +131,9 @@ def _pooled_leak(a: Assessment, rate: float, stairs: Stairs) -> bool:
 
 class Stairs:
     """The jumps of a job's staircase leaks (``Assessment.level_jumps`` of its chips whose
-    own verdict is leak at a rate), sorted by time, each with its chip's envelope span;
-    sorted when first asked (most polls of a job no step change may join)."""
+    own verdict is leak at a rate), sorted by time, each with its chip's envelope span, and
+    each leak's own; sorted when first asked (most polls of a job no step change may
+    join)."""
 
     def __init__(self, leaks: Iterable[Assessment]) -> None:
         self._leaks: Iterable[Assessment] | None = leaks
@@ -135,21 +141,40 @@ class Stairs:
         self.sizes: list[float] = []
         self.spans: list[float] = []
         self.widest = 0.0
+        self.leaks: list[Stairs] = []  # each leak's own, to ask ``_none_missed`` of
+
+    def _sort(self) -> None:
+        if self._leaks is None:
+            return
+        leaks, self._leaks = [b for b in self._leaks if b.level_jumps], None
+        self._keep(sorted((j.time, j.size, b.envelope_seconds or 0.0)
+                          for b in leaks for j in b.level_jumps))
+        for b in leaks:
+            own = Stairs(())
+            own._keep(sorted((j.time, j.size, b.envelope_seconds or 0.0)
+                             for j in b.level_jumps))
+            self.leaks.append(own)
+
+    def _keep(self, stairs: list[tuple[float, float, float]]) -> None:
+        self._leaks = None
+        self.times = [t for t, _, _ in stairs]
+        self.sizes = [s for _, s, _ in stairs]
+        self.spans = [e for _, _, e in stairs]
+        self.widest = max(self.spans, default=0.0)
 
     def has_all(self, a: Assessment) -> bool:
-        """Whether a chip climbs these stairs: each of its own jumps is one of them, and
-        each of them between its first jump and its last is one of its own (``_alike``)."""
-        if self._leaks is not None:
-            pairs = sorted((j.time, j.size, b.envelope_seconds or 0.0)
-                           for b in self._leaks for j in b.level_jumps)
-            self._leaks = None
-            self.times = [t for t, _, _ in pairs]
-            self.sizes = [s for _, s, _ in pairs]
-            self.spans = [e for _, _, e in pairs]
-            self.widest = max(self.spans, default=0.0)
+        """Whether a chip climbs these stairs: each of its own jumps is one of them, and one
+        leaking chip's stairs between its first jump and its last are each one of its own
+        (``_none_missed``; another rank's staircase of its own does not keep it out)."""
+        self._sort()
         span = a.envelope_seconds or 0.0
-        return (bool(self.times) and all(self._has(j, span) for j in a.level_jumps)
-                and self._none_missed(a.level_jumps, span))
+        jumps = a.level_jumps
+        if not (self.times and jumps) or not all(self._has(j, span) for j in jumps):
+            return False
+        # a step change lists only jumps of a step change's size (1 % of HBM); a leak's
+        # stairs smaller than that are no stairs it could show
+        least = _STEP_CHANGE_FRACTION * (a.total_bytes or 0.0)
+        return any(leak._none_missed(jumps, span, least) for leak in self.leaks)
 
     def _has(self, jump: Jump, span: float) -> bool:
         reach = max(span, self.widest)
@@ -157,12 +182,17 @@ class Stairs:
         hi = bisect.bisect_right(self.times, jump.time + reach)
         return any(self._alike(i, jump, span) for i in range(lo, hi))
 
-    def _none_missed(self, jumps: Sequence[Jump], span: float) -> bool:
-        """Whether each of these stairs from a chip's first jump to its last (``span``: its
-        envelope) is one of its ``jumps``."""
-        lo = bisect.bisect_left(self.times, min(j.time for j in jumps) - span)
-        hi = bisect.bisect_right(self.times, max(j.time for j in jumps) + span)
-        return all(any(self._alike(i, j, span) for j in jumps) for i in range(lo, hi))
+    def _none_missed(self, jumps: Sequence[Jump], span: float, least: float) -> bool:
+        """Whether each of these stairs of ``least`` bytes or more, between a chip's first
+        jump and its last (not one moment with either: ``span``, its envelope), is one of
+        its ``jumps``."""
+        first, last = min(j.time for j in jumps), max(j.time for j in jumps)
+        lo = bisect.bisect_right(self.times, first)
+        hi = bisect.bisect_left(self.times, last)
+        return all(any(self._alike(i, j, span) for j in jumps) for i in range(lo, hi)
+                   if self.sizes[i] >= least
+                   and first + max(span, self.spans[i]) < self.times[i]
+                   < last - max(span, self.spans[i]))
 
     def _alike(self, i: int, jump: Jump, span: float) -> bool:
         """Whether stair ``i`` and a chip's ``jump`` are one moment (within the wider of

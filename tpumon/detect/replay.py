@@ -15,7 +15,7 @@ from contextlib import contextmanager
 
 from tpumon.detect.verdict import DetectorSettings
 from tpumon.detect.early_replay import EarlyReplay
-from tpumon.detect.workers import result_of, start_worker
+from tpumon.detect.workers import Workers
 from tpumon.detect.job_replay import (Advance, ChipRun, Jobs, SeriesResult, Task, group_jobs,
                                       job_results, replay_job, run_chip, worker_tasks)
 from tpumon.trace.read import read_trace_columns, spill_trace
@@ -158,14 +158,15 @@ def _replay_jobs(jobs: Jobs, sizes: list[int], settings: DetectorSettings | None
     global _FORKED
     _FORKED = (jobs, settings)
     try:
-        with multiprocessing.get_context("fork").Pool(min(workers, len(tasks)),
-                                                       initializer=start_worker) as pool:
-            first = list(pool._pool)  # type: ignore[attr-defined]  # see dead_worker
-            queued = [pool.apply_async(_replay_forked, (task,)) for task in tasks]
+        pool = Workers(min(workers, len(tasks)))
+        try:
+            queued = [pool.pool.apply_async(_replay_forked, (task,)) for task in tasks]
             outputs: list[list[SeriesResult] | ChipRun] = []  # in the tasks' order
             for (j, i), result in zip(tasks, queued, strict=True):
-                outputs.append(result_of(result, pool, first))
+                outputs.append(pool.result(result))
                 replayed(sizes[j] if i is None else jobs[j][1][i][2].samples)
+        finally:
+            pool.end()
     finally:
         _FORKED = None
     whole: dict[int, list[SeriesResult]] = {}

@@ -4,8 +4,9 @@ for their results that cannot hang.
 A ``multiprocessing`` pool loses a task whose worker dies: the kernel's OOM killer ends it,
 or a signal, and its result never comes; ``AsyncResult.get()`` and ``Pool.imap`` then wait
 for ever, and so did ``tpumon analyze``, silently, on a trace too big for the machine.
-:func:`result_of` waits in short slices and looks at the workers between them: one that
-died ends the wait with :class:`WorkerDied`, which ``analyze`` prints as one line.
+:meth:`Workers.result` waits in short slices and looks at the workers between them: one
+that died ends the wait with :class:`WorkerDied`, which ``analyze`` prints as one line;
+and :meth:`Workers.end` does not wait on the locks a dead worker may hold.
 
 The workers run below the reading process (the read is what everything waits for) and
 ignore SIGINT: the terminal sends Ctrl-C to the whole process group, and a worker killed
@@ -15,10 +16,12 @@ it for ever. The reading process gets the Ctrl-C and ends the workers itself.
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
-from multiprocessing.pool import AsyncResult, Pool
-from typing import Any, Sequence, TypeVar
+import threading
+from multiprocessing.pool import AsyncResult
+from typing import Any, Callable
 
 #: The workers' niceness.
 NICENESS = 5
@@ -26,17 +29,19 @@ NICENESS = 5
 #: How long a wait for a result sleeps between looks at the workers, in seconds.
 LOOK_EVERY_S = 0.2
 
-T = TypeVar("T")
+#: How long a pool that lost a worker is given to end (``Workers.abandon``), in seconds.
+ABANDON_WAIT_S = 2.0
 
 
 class WorkerDied(RuntimeError):
-    """A worker process died mid-task (killed for memory, say): its result never comes."""
+    """A worker process died (killed for memory, say): the task it ran, if any, never ends,
+    and the pool cannot say which that was."""
 
     def __init__(self, exitcode: int) -> None:
         how = f"killed by signal {-exitcode}" if exitcode < 0 else f"exit code {exitcode}"
         hint = " (out of memory?)" if exitcode == -signal.SIGKILL else ""
-        super().__init__(f"a replay worker process died ({how}){hint}; its jobs' results "
-                         "are lost: analyze again, with fewer jobs in parallel "
+        super().__init__(f"a replay worker process died ({how}){hint}; the replay cannot "
+                         "finish: analyze again, with fewer jobs in parallel "
                          "(taskset -c 0 tpumon analyze ...)")
         self.exitcode = exitcode
 
@@ -47,24 +52,62 @@ def start_worker(*_: Any) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def dead_worker(pool: Pool, first: Sequence[Any]) -> int | None:
-    """The exit code of a worker of ``pool`` that died, None if none did. ``first``: the
-    pool's processes as started (``Pool._pool`` then); one that died was replaced since, and
-    only they still know. A worker ends by itself (exit code 0) only once the pool is
-    closed, after its last task."""
-    for worker in [*first, *pool._pool]:  # type: ignore[attr-defined]  # CPython's Pool
-        if worker.exitcode not in (None, 0):
-            return int(worker.exitcode)
-    return None
+class Workers:
+    """A pool of forked workers (``count``, each started by ``initializer(*initargs)``)
+    whose results are waited for, and whose end is, without hanging on a worker that
+    died."""
 
+    def __init__(self, count: int, initializer: Callable[..., None] = start_worker,
+                 initargs: tuple = ()) -> None:
+        self.pool = multiprocessing.get_context("fork").Pool(
+            count, initializer=initializer, initargs=initargs)
+        # the processes as started: one that died is replaced by the pool, and only this
+        # list still knows it
+        self.first: list[Any] = list(self.pool._pool)  # type: ignore[attr-defined]
 
-def result_of(result: AsyncResult, pool: Pool, first: Sequence[Any]) -> Any:
-    """``result.get()``, or :class:`WorkerDied` as soon as a worker of ``pool`` has died: its
-    task, maybe this one, is lost (the pool cannot say which)."""
-    while not result.ready():
-        result.wait(LOOK_EVERY_S)
-        if not result.ready():
-            exitcode = dead_worker(pool, first)
-            if exitcode is not None:
-                raise WorkerDied(exitcode)
-    return result.get()
+    def dead(self) -> int | None:
+        """The exit code of a worker that died, None if none did. A worker ends by itself
+        (exit code 0) only once the pool is closed, after its last task; a task that
+        called ``sys.exit(0)`` would go unseen (none does)."""
+        for worker in [*self.first, *self.pool._pool]:  # type: ignore[attr-defined]
+            if worker.exitcode not in (None, 0):
+                return int(worker.exitcode)
+        return None
+
+    def result(self, result: AsyncResult) -> Any:
+        """``result.get()``, or :class:`WorkerDied` as soon as a worker has died: its task,
+        maybe this one, is lost."""
+        while not result.ready():
+            result.wait(LOOK_EVERY_S)
+            if not result.ready():
+                exitcode = self.dead()
+                if exitcode is not None:
+                    raise WorkerDied(exitcode)
+        return result.get()
+
+    def end(self) -> None:
+        """Stop the workers, whatever they are doing: ``Pool.terminate()``, or
+        :meth:`abandon` where a worker died."""
+        if self.dead() is None:
+            self.pool.terminate()
+            self.pool.join()
+        else:
+            self.abandon()
+
+    def abandon(self) -> None:
+        """End a pool that lost a worker. ``Pool.terminate()`` waits on the queues' locks,
+        and a worker killed while it held one (an idle worker holds the task queue's while
+        it waits for a task; one sending a result, the results queue's) holds it for ever:
+        so it is given ``ABANDON_WAIT_S`` in a thread of its own, the workers still alive
+        then are killed, and the pool's threads, if stuck, are left (daemon threads do not
+        hold the process's exit)."""
+        ender = threading.Thread(target=self.pool.terminate, daemon=True,
+                                 name="tpumon-pool-end")
+        ender.start()
+        ender.join(ABANDON_WAIT_S)
+        alive = [w for w in [*self.first, *self.pool._pool]  # type: ignore[attr-defined]
+                 if w.exitcode is None]
+        for worker in alive:
+            worker.kill()
+        for worker in alive:
+            worker.join(ABANDON_WAIT_S)  # SIGKILL: at once
