@@ -79,3 +79,38 @@ def test_alert_carries_the_forecast_made_then_with_its_interval(slice_dir):
         full = series["hbm_full_after_alert"]["step"]
         assert alert["step"] < alert["predicted_oom"]["interval"]["step"][0] <= full * 1.2
 
+
+
+@pytest.mark.parametrize("command,option,value", [
+    ("analyze", "--since", "1h"), ("analyze", "--until", "1h"),
+    ("analyze", "--resolution", "60"), ("report", "--resolution", "60"),
+    ("export", "--resolution", "60")])
+def test_an_option_only_prometheus_reads_is_refused_without_it(tmp_path, command, option,
+                                                              value):
+    """`analyze demo.csv --since 1h` replayed the whole trace and exited 0, as if --since
+    had been obeyed (a newcomer's run of the README)."""
+    path = tmp_path / "t.csv"
+    write_trace(generate_trace("healthy", duration_s=600, poll_interval_s=30, chips=1,
+                               seed=1), path, "csv")
+    args = [command, str(path)] if command != "export" else [
+        command, "--state-dir", str(tmp_path), "-o", str(tmp_path / "out.csv")]
+    out = CliRunner().invoke(main, [*args, option, value])
+    assert out.exit_code == 2 and out.stdout == ""
+    assert out.stderr.strip().splitlines()[-1] == f"Error: {option} needs --prometheus URL"
+    assert not (tmp_path / "out.csv").exists()
+
+
+@pytest.mark.parametrize("name,header,message", [
+    ("notes.txt", "hello world, this is not a trace",
+     ":1: missing required column 'time', 'host', 'chip', 'hbm_used_bytes', "
+     "'hbm_total_bytes' in the header"),
+    ("t.csv", "time,host,chip,step,hbm_used_bytes,hbm_total_bytes",
+     ": no samples to analyze (only a header?)")])
+def test_a_file_of_one_line_is_told_by_its_header(tmp_path, name, header, message):
+    """A one-line file that is no trace was "no samples to analyze (only a header?)": its
+    header is checked as a longer file's is (a newcomer's run of the README)."""
+    path = tmp_path / name
+    path.write_text(header + "\n")
+    out = CliRunner().invoke(main, ["analyze", str(path)])
+    assert out.exit_code == 1 and out.stdout == ""
+    assert out.stderr.strip().splitlines() == [f"Error: {path}{message}"]

@@ -118,3 +118,21 @@ def test_snapshot_through_basic_auth_reaches_the_agent(agents, pki):  # noqa: F8
     assert "no reporter socket" in result.stderr  # the agent's own answer
     # not turned away by the password (the agent's port may hold "401" itself)
     assert "401" not in result.stderr.replace(agents["auth"], "")
+
+
+def test_another_server_on_the_agents_port_is_not_called_an_agent(tmp_path):
+    """A newcomer's `python3 -m http.server 9847` was "the agent at ... refused: HTTP 404"."""
+    import functools
+    import http.server
+    import threading
+
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        result = run("status", "--agent", url)
+    finally:
+        server.shutdown()
+    assert_one_line_error(result, f"{url} answered HTTP 404, not as a tpumon agent does")
+    assert "refused" not in result.stderr

@@ -172,12 +172,12 @@ def test_status_metric_and_list_metrics_read_the_runtime_like_tpu_info(simulated
     timing = tpumon("status", "--direct", "--runtime-ports", port, "--metric", "hlo_exec_timing")
     assert "p99.9" in timing.stdout and " ms" in timing.stdout
     assert_one_line_error(tpumon("status", "--direct", "--runtime-ports", port, "--metric",
-                                 "no_such_metric"), "--metric no_such_metric", "unknown")
+                                 "no_such_metric"), "Error: --metric no_such_metric", "unknown")
     for core in ("hbm_usage", "duty_cycle_percent", "tpumon_hbm_used_bytes"):
         # listed by --list-metrics, shown by status itself: said so, not "unknown"
         assert core in listed.stdout
         assert_one_line_error(tpumon("status", "--direct", "--runtime-ports", port,
-                                     "--metric", core), f"--metric {core}",
+                                     "--metric", core), f"Error: --metric {core}",
                               "without --metric")
     # piped, the table keeps every name whole (rich cut them at 80 columns: 'hlo.execution.t…')
     piped = tpumon("status", "--direct", "--runtime-ports", port, "--list-metrics")

@@ -128,7 +128,8 @@ def command(trace: str | None, fmt: str, prometheus: str | None, slice_name: str
     counted in a line on stderr. With --prometheus URL --slice NAME, replays every chip of
     the slice from what Prometheus scraped instead of a trace.
     """
-    if check_prometheus_options(prometheus, slice_name, trace is not None):
+    if check_prometheus_options(prometheus, slice_name, trace is not None,
+                                resolution=resolution, since=since, until=until):
         assert prometheus is not None and slice_name is not None
         from tpumon.report.data import series_from_rows
 

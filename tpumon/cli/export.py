@@ -70,7 +70,8 @@ def command(config_path: str | None, state_dir: str | None, since: str | None,
     fmt = fmt or output_format(output)
     if fmt == "parquet" and output == "-":
         raise click.UsageError("parquet is written to a file: give -o FILE.parquet")
-    if check_prometheus_options(prometheus, slice_name, state_dir is not None or around_end):
+    if check_prometheus_options(prometheus, slice_name, state_dir is not None or around_end,
+                                resolution=resolution):
         assert prometheus is not None and slice_name is not None
         _write([r for r in prometheus_rows(prometheus, slice_name, since, until, resolution)
                 if (not hosts or r.host in hosts) and (not chips or r.chip in chips)],

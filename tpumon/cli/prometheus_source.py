@@ -33,11 +33,15 @@ def prometheus_options(command: Callable) -> Callable:
 
 
 def check_prometheus_options(prometheus: str | None, slice_name: str | None,
-                             other_source: bool) -> bool:
-    """Whether --prometheus is in use; a usage error when half given or mixed."""
+                             other_source: bool, **only_with: object) -> bool:
+    """Whether --prometheus is in use; a usage error when half given or mixed, or when an
+    option that only --prometheus reads (``only_with``: option name less its dashes, its
+    value) is given without it: ignored, it would look obeyed."""
     if prometheus is None:
-        if slice_name is not None:
-            raise click.UsageError("--slice needs --prometheus URL")
+        given = ["--slice"] if slice_name is not None else []
+        given += [f"--{name}" for name, value in only_with.items() if value is not None]
+        if given:
+            raise click.UsageError(f"{given[0]} needs --prometheus URL")
         return False
     if not slice_name:
         raise click.UsageError("--prometheus needs --slice NAME")

@@ -66,7 +66,8 @@ def command(trace: str | None, config_path: str | None, state_dir: str | None,
     with ExitStack() as stack:
         progress: Progress | None = None
         if check_prometheus_options(prometheus, slice_name,
-                                    trace is not None or state_dir is not None):
+                                    trace is not None or state_dir is not None,
+                                    resolution=resolution):
             assert prometheus is not None and slice_name is not None
             source = f"{prometheus} slice {slice_name}"
             # the range was Prometheus' question; the samples carry the agents' clocks

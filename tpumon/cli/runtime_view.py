@@ -84,13 +84,13 @@ def show(config: Config, metric: str | None, fmt: str) -> None:
     if metric is not None:
         spec = find_spec(metric)
         if spec is None and metric in _CORE_NAMES:
-            click.echo(f"tpumon: --metric {metric}: HBM and the duty cycle are what tpumon "
+            click.echo(f"Error: --metric {metric}: HBM and the duty cycle are what tpumon "
                        "status shows without --metric (--metric is for the runtime's other "
                        "metrics)", err=True)
             sys.exit(2)
         if spec is None:
             names = ", ".join(s.short for s in CATALOG)
-            click.echo(f"tpumon: --metric {metric}: unknown metric; known: {names}", err=True)
+            click.echo(f"Error: --metric {metric}: unknown metric; known: {names}", err=True)
             sys.exit(2)
     snap = read_runtime(config)
     error = runtime_error(snap)
@@ -101,7 +101,7 @@ def show(config: Config, metric: str | None, fmt: str) -> None:
     doc = metric_document(snap, spec)
     listed = snap.runtime is not None and spec.runtime_name in snap.runtime.supported
     if error is None and not listed:
-        click.echo(f"tpumon: the runtime does not list {spec.runtime_name} "
+        click.echo(f"Error: the runtime does not list {spec.runtime_name} "
                    "(tpumon status --list-metrics shows what it serves)", err=True)
         sys.exit(1)
     _emit(fmt, {**doc, "error": error}, lambda c: _metric_table(doc, spec, c), error)

@@ -151,7 +151,7 @@ class AgentClient:
                                         context=self._context) as response:
                 return json.loads(response.read())
         except urllib.error.HTTPError as exc:
-            raise AgentError(f"the agent at {self.url} refused: {_error(exc)}") from None
+            raise AgentError(_refusal(self.url, exc)) from None
         except ValueError:
             raise AgentError(f"the agent at {self.url} did not answer in JSON") from None
         except OSError as exc:
@@ -161,10 +161,14 @@ class AgentClient:
             raise AgentUnreachable(f"no agent answering at {self.url}: {reason}") from None
 
 
-def _error(exc: urllib.error.HTTPError) -> str:
-    """The agent's own error message, else the HTTP status."""
+def _refusal(url: str, exc: urllib.error.HTTPError) -> str:
+    """The agent's own error message; else the HTTP status, and a 401 says what to give;
+    any other status without the agent's JSON error may well be another server on the
+    port (a newcomer's `http.server` on 9847 was "the agent ... refused: HTTP 404")."""
     try:
-        return str(json.loads(exc.read())["error"])
+        return f"the agent at {url} refused: {json.loads(exc.read())['error']}"
     except (ValueError, KeyError, TypeError, OSError):
-        return f"HTTP {exc.code}" + (" (give --agent-user and --agent-password-file)"
-                                     if exc.code == 401 else "")
+        if exc.code == 401:
+            return (f"the agent at {url} refused: HTTP 401 (give --agent-user and "
+                    "--agent-password-file)")
+        return f"{url} answered HTTP {exc.code}, not as a tpumon agent does (another server?)"

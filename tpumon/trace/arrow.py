@@ -294,10 +294,16 @@ def _stream_csv(file: BinaryIO) -> Iterator[pa.Table]:
     bounded = ShortLines(file, MAX_LINE_CHARS)
     try:
         with pcsv.open_csv(bounded, read_options=read, convert_options=convert) as reader:
+            rows = False
             for batch in reader:
                 if bounded.refused:
                     break
+                rows = True
                 yield _csv_checked(pa.Table.from_batches([batch]))
+            if not rows and not bounded.refused:
+                # a header alone is still checked: a one-line file that is no trace is
+                # "missing required column", not "no samples (only a header?)"
+                _csv_checked(reader.schema.empty_table())
     finally:
         if bounded.refused:
             raise NeedsStrictParser(f"a line of {MAX_LINE_CHARS:,} bytes or more")
