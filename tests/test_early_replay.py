@@ -295,3 +295,24 @@ def test_a_worker_killed_mid_task_whose_result_is_wanted_is_an_error_not_a_wait(
         os.kill(int((tmp_path / "lost.pid").read_text()), signal.SIGKILL)
         replay._result(result)
     assert not lost.exists() and not replay.started
+
+
+@pytest.mark.parametrize("error", [None, ValueError])
+def test_an_idle_worker_killed_does_not_hold_the_end_for_ever(trace, error):
+    """An idle worker waits for a task holding the task queue's lock: killed so, it keeps
+    the others from their stop signal, and the pool's join() waited for ever (a review
+    hung `analyze` so on a 72 MB trace). Both are killed here: one of them held it."""
+    ended = threading.Event()
+
+    def run():
+        with contextlib.suppress(ValueError), started(trace) as replay:
+            time.sleep(0.5)  # both idle, waiting for a task
+            for worker in replay._workers.first:
+                os.kill(worker.pid, signal.SIGKILL)
+            if error is not None:
+                raise error("a malformed row")
+        ended.set()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    assert ended.wait(60), "the end waited for workers that could not stop"

@@ -426,8 +426,15 @@ def test_what_does_not_keep_a_chip_out_of_the_staircase_it_climbs():
     assert leaking({"A": small, "c": climber}) == ["A", "c"]  # 0.3 GiB < 0.32 GiB
     big = stepped(Verdict.LEAK, [(1.0, 1.4), (1.5, 0.4), (2.0, 1.4), (3.0, 1.4)], own=1.4)
     assert leaking({"A": big, "c": climber}) == ["A"]  # a stair it should have shown
-    near = stepped(Verdict.LEAK, [(1.0 - 400 / 3600, 0.5), (1.0, 1.4), (2.0, 1.4)], own=1.4)
-    assert leaking({"A": near, "c": climber}) == ["A", "c"]  # 400 s: one envelope (480 s)
+    for at in (1.0 - 400 / 3600, 1.0 + 400 / 3600, 2.0 - 400 / 3600):  # within an envelope
+        near = stepped(Verdict.LEAK, [(1.0, 1.4), (at, 0.5), (2.0, 1.4), (3.0, 1.4)], own=1.4)
+        assert leaking({"A": near, "c": climber}) == ["A", "c"], at
+    apart = stepped(Verdict.LEAK, [(1.0, 1.4), (1.0 + 600 / 3600, 0.5), (2.0, 1.4)], own=1.4)
+    assert leaking({"A": apart, "c": climber}) == ["A"]  # 600 s: beyond its envelope
+    # another rank's staircase at other times does not let in a chip that missed a stair
+    skipped = stepped(Verdict.STEP_CHANGE, [(1.0, 1.4), (3.0, 1.4)])
+    later = stepped(Verdict.LEAK, [(5.0, 1.4), (6.0, 1.4), (7.0, 1.4)], own=1.4)
+    assert leaking({"A": leak, "B": later, "c": skipped}) == ["A", "B"]
     assert not Stairs([leak]).has_all(dataclasses.replace(climber, level_jumps=()))
 
 

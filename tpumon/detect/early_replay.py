@@ -100,25 +100,9 @@ class EarlyReplay:
         if kind is not None and not issubclass(kind, Exception):
             workers.end()
             return
-        self._cancelled.set()  # every result wanted was collected, or none is
-        workers.pool.close()
-        if self._wait_for_running(workers):
-            workers.pool.join()
-        else:
-            workers.abandon()
-
-    @staticmethod
-    def _wait_for_running(workers: Workers) -> bool:
-        """Wait for the tasks still running; False, at once, if a worker died (killed for
-        memory, say): its task's result never comes, and a closed pool waits for it for
-        ever."""
-        pending = workers.pool._cache  # type: ignore[attr-defined]  # CPython's: not done
-        while pending:
-            if workers.dead() is not None:
-                return False
-            for result in list(pending.values())[:1]:
-                result.wait(0.1)
-        return True
+        if workers.dead() is None:  # a worker killed in the event's lock would hold it
+            self._cancelled.set()  # every result wanted was collected, or none is
+        workers.finish()
 
     @property
     def started(self) -> bool:

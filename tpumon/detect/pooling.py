@@ -17,15 +17,16 @@ keep their own.
 A job's leak may be a staircase (jumps that keep coming, ``Assessment.level_jumps`` of a
 leak): a chip of the job whose floor rose in the very same stairs, flat between them, has
 a trend of ~0 and its own verdict ``step_change``, and its growth is no evidence of joining
-at all. It joins when its own permanent jumps, at least two, are the staircase's: each
-within a floor envelope in time of a leaking chip's jump (both chips' detectors call that
-one moment) and of its size (half to twice, as rates join), and one leaking chip's
-stairs between its first jump and its last (not at either, and of a step change's size:
-smaller jumps a step change does not list) are each one of its own. One rank's staircase
-does not pull in chips whose jumps, if any, came at other moments or at other sizes, nor
-chips that share only some of its stairs: a rank whose floor climbs a staircase beside
-the job's two step changes counts them as stairs too, and the chips that rose in those
-two alone do not leak. Another rank's staircase of its own keeps no chip out.
+at all. It joins when it climbs one leaking chip's staircase: its own permanent jumps, at
+least two, are each one of that chip's stairs, within a floor envelope in time (both
+chips' detectors call that one moment) and of its size (half to twice, as rates join),
+and that chip's stairs between its first jump and its last (not at either, and of a step
+change's size: smaller jumps a step change does not list) are each one of its own. One
+rank's staircase does not pull in chips whose jumps, if any, came at other moments or at
+other sizes, nor chips that share only some of its stairs: a rank whose floor climbs a
+staircase beside the job's two step changes counts them as stairs too, and the chips
+that rose in those two alone do not leak. Another rank's staircase neither keeps a chip
+out nor lets it in.
 
 A job is what the caller knows: the agent groups chips by the process that holds them,
 ``tpumon analyze`` by slice (a host name less its ``-w-N`` worker suffix). Pure and
@@ -163,18 +164,20 @@ class Stairs:
         self.widest = max(self.spans, default=0.0)
 
     def has_all(self, a: Assessment) -> bool:
-        """Whether a chip climbs these stairs: each of its own jumps is one of them, and one
-        leaking chip's stairs between its first jump and its last are each one of its own
-        (``_none_missed``; another rank's staircase of its own does not keep it out)."""
+        """Whether a chip climbs one leaking chip's stairs: each of its own jumps is one of
+        them, and each of them between its first jump and its last is one of its own
+        (``_none_missed``). Another rank's staircase, of its own or at other times, neither
+        keeps it out nor lets it in."""
         self._sort()
         span = a.envelope_seconds or 0.0
         jumps = a.level_jumps
         if not (self.times and jumps) or not all(self._has(j, span) for j in jumps):
-            return False
+            return False  # (all the leaks' stairs at once: most chips stop here, cheaply)
         # a step change lists only jumps of a step change's size (1 % of HBM); a leak's
         # stairs smaller than that are no stairs it could show
         least = _STEP_CHANGE_FRACTION * (a.total_bytes or 0.0)
-        return any(leak._none_missed(jumps, span, least) for leak in self.leaks)
+        return any(all(leak._has(j, span) for j in jumps)
+                   and leak._none_missed(jumps, span, least) for leak in self.leaks)
 
     def _has(self, jump: Jump, span: float) -> bool:
         reach = max(span, self.widest)

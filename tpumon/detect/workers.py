@@ -65,12 +65,13 @@ class Workers:
         # list still knows it
         self.first: list[Any] = list(self.pool._pool)  # type: ignore[attr-defined]
 
-    def dead(self) -> int | None:
-        """The exit code of a worker that died, None if none did. A worker ends by itself
-        (exit code 0) only once the pool is closed, after its last task; a task that
-        called ``sys.exit(0)`` would go unseen (none does)."""
+    def dead(self, ours: tuple[int, ...] = (0,)) -> int | None:
+        """The exit code of a worker that died, None if none did; ``ours``: exit codes that
+        are no death. A worker ends by itself (exit code 0) only once the pool is closed,
+        after its last task (a task that called ``sys.exit(0)`` would go unseen: none
+        does); ``Pool.terminate()`` ends the workers with SIGTERM."""
         for worker in [*self.first, *self.pool._pool]:  # type: ignore[attr-defined]
-            if worker.exitcode not in (None, 0):
+            if worker.exitcode is not None and worker.exitcode not in ours:
                 return int(worker.exitcode)
         return None
 
@@ -86,13 +87,35 @@ class Workers:
         return result.get()
 
     def end(self) -> None:
-        """Stop the workers, whatever they are doing: ``Pool.terminate()``, or
-        :meth:`abandon` where a worker died."""
-        if self.dead() is None:
-            self.pool.terminate()
-            self.pool.join()
-        else:
+        """Stop the workers, whatever they are doing (``Pool.terminate()``)."""
+        if self.dead() is not None:
             self.abandon()
+        else:  # terminate() sends SIGTERM last, once past its waits
+            self._unless_one_dies(self._terminate, ours=(0, -signal.SIGTERM))
+
+    def finish(self) -> None:
+        """Let the workers end what they run, then stop (``Pool.close()``, ``join()``):
+        what is queued is the caller's to have made quick."""
+        self.pool.close()
+        self._unless_one_dies(self.pool.join)
+
+    def _terminate(self) -> None:
+        self.pool.terminate()
+        self.pool.join()
+
+    def _unless_one_dies(self, end: Callable[[], None], ours: tuple[int, ...] = (0,)
+                         ) -> None:
+        """``end()``, in a thread of its own, waited for while every worker lives; if one
+        dies first (or had), :meth:`abandon`: the pool's ``join()`` and ``terminate()``
+        wait without a limit for workers to take their stop signal, on a queue whose lock a
+        dead one may hold."""
+        ender = threading.Thread(target=end, daemon=True, name="tpumon-pool-end")
+        ender.start()
+        while ender.is_alive():
+            if self.dead(ours) is not None:
+                self.abandon()
+                return
+            ender.join(LOOK_EVERY_S)
 
     def abandon(self) -> None:
         """End a pool that lost a worker. ``Pool.terminate()`` waits on the queues' locks,
