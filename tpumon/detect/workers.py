@@ -111,11 +111,13 @@ class Workers:
         dead one may hold."""
         ender = threading.Thread(target=end, daemon=True, name="tpumon-pool-end")
         ender.start()
-        while ender.is_alive():
-            if self.dead(ours) is not None:
-                self.abandon()
-                return
+        while ender.is_alive() and self.dead(ours) is None:
             ender.join(LOOK_EVERY_S)
+        if self.dead(ours) is not None:
+            # also when ``end()`` returned: a join() that found the dead workers gone ends
+            # at once, and the pool's finalizer, run when it is collected, would wait for
+            # the lock one of them held
+            self.abandon()
 
     def abandon(self) -> None:
         """End a pool that lost a worker. ``Pool.terminate()`` waits on the queues' locks,
