@@ -264,23 +264,32 @@ def test_a_worker_killed_mid_task_does_not_hold_the_end_for_ever(tmp_path, trace
     """A worker killed (for memory, say) takes its task's result with it: the end does
     not wait for that result, at once or after the pool has replaced the worker."""
     lost = tmp_path / "lost"
+
+    def kill(replay):
+        replay._run(_slow_touch, (str(lost), 60.0))
+        wait_for(tmp_path / "lost.pid")
+        os.kill(int((tmp_path / "lost.pid").read_text()), signal.SIGKILL)
+        if replaced:
+            time.sleep(1.0)  # the pool's worker thread looks every 0.1 s
+
+    assert ends(trace, kill, error), "the end waited for a task whose worker was killed"
+    assert not lost.exists()
+
+
+def ends(trace, body, error, limit: float = 60.0) -> bool:
+    """Whether an EarlyReplay whose workers run ``body(replay)``, then ``error`` raised (if
+    not None), ends (its ``__exit__``) within ``limit`` seconds, in a thread of its own."""
     ended = threading.Event()
 
     def run():
         with contextlib.suppress(ValueError), started(trace) as replay:
-            replay._run(_slow_touch, (str(lost), 60.0))
-            wait_for(tmp_path / "lost.pid")
-            os.kill(int((tmp_path / "lost.pid").read_text()), signal.SIGKILL)
-            if replaced:
-                time.sleep(1.0)  # the pool's worker thread looks every 0.1 s
+            body(replay)
             if error is not None:
                 raise error("a malformed row")
         ended.set()
 
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    assert ended.wait(60), "the end waited for a task whose worker was killed"
-    assert not lost.exists()
+    threading.Thread(target=run, daemon=True).start()
+    return ended.wait(limit)
 
 
 def test_a_worker_killed_mid_task_whose_result_is_wanted_is_an_error_not_a_wait(tmp_path,
@@ -302,17 +311,9 @@ def test_an_idle_worker_killed_does_not_hold_the_end_for_ever(trace, error):
     """An idle worker waits for a task holding the task queue's lock: killed so, it keeps
     the others from their stop signal, and the pool's join() waited for ever (a review
     hung `analyze` so on a 72 MB trace). Both are killed here: one of them held it."""
-    ended = threading.Event()
+    def kill(replay):
+        time.sleep(0.5)  # both idle, waiting for a task
+        for worker in replay._workers.first:
+            os.kill(worker.pid, signal.SIGKILL)
 
-    def run():
-        with contextlib.suppress(ValueError), started(trace) as replay:
-            time.sleep(0.5)  # both idle, waiting for a task
-            for worker in replay._workers.first:
-                os.kill(worker.pid, signal.SIGKILL)
-            if error is not None:
-                raise error("a malformed row")
-        ended.set()
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    assert ended.wait(60), "the end waited for workers that could not stop"
+    assert ends(trace, kill, error), "the end waited for workers that could not stop"
