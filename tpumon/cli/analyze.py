@@ -135,11 +135,8 @@ def command(trace: str | None, fmt: str, prometheus: str | None, slice_name: str
 
         columns = series_from_rows(prometheus_rows(prometheus, slice_name, since, until,
                                                    resolution))
-        try:
-            with bars() as progress:  # as a directory of the slice's traces
-                results = _replay(columns, progress)
-        except WorkerDied as exc:
-            raise click.ClickException(str(exc)) from None
+        with bars() as progress:  # as a directory of the slice's traces
+            results = _replay(columns, progress)
         _print(results, fmt)
         return
     if trace is None:
@@ -148,7 +145,7 @@ def command(trace: str | None, fmt: str, prometheus: str | None, slice_name: str
         with bars() as progress, EarlyReplay(workers=usable_cores()) as early, \
                 spilled(trace, progress, early=early) as series:
             results = _replay(series, progress, early)
-    except (TraceFormatError, WorkerDied) as exc:
+    except TraceFormatError as exc:
         raise click.ClickException(str(exc)) from None
     except OSError as exc:  # the trace's, or the spill file's (a full disk: names it)
         raise click.ClickException(f"{exc.filename or trace}: {exc.strerror or exc}") \
@@ -162,8 +159,11 @@ def _replay(columns: Mapping[tuple[str, str], SeriesSource], progress: Progress,
             early: EarlyReplay | None = None) -> list[SeriesResult]:
     samples = sum(c.samples for c in columns.values())
     task = progress.add_task(f"replaying {samples:,} samples", total=samples)
-    return replay_columns(columns, workers=usable_cores(),
-                          replayed=lambda n: progress.advance(task, n), early=early)
+    try:
+        return replay_columns(columns, workers=usable_cores(),
+                              replayed=lambda n: progress.advance(task, n), early=early)
+    except WorkerDied as exc:  # the kernel's OOM killer, most likely: one line, no wait
+        raise click.ClickException(str(exc)) from None
 
 
 def _print(results: list[SeriesResult], fmt: str) -> None:

@@ -131,53 +131,49 @@ def _pooled_leak(a: Assessment, rate: float, stairs: Stairs) -> bool:
 
 
 class Stairs:
-    """The jumps of a job's staircase leaks (``Assessment.level_jumps`` of its chips whose
-    own verdict is leak at a rate), sorted by time, each with its chip's envelope span, and
-    each leak's own; sorted when first asked (most polls of a job no step change may
-    join)."""
+    """The stairs of a job's staircase leaks (``Assessment.level_jumps`` of its chips whose
+    own verdict is leak at a rate): all of them at once, and each leak's own; sorted when
+    first asked (most polls of a job no step change may join)."""
 
     def __init__(self, leaks: Iterable[Assessment]) -> None:
         self._leaks: Iterable[Assessment] | None = leaks
-        self.times: list[float] = []
-        self.sizes: list[float] = []
-        self.spans: list[float] = []
-        self.widest = 0.0
-        self.leaks: list[Stairs] = []  # each leak's own, to ask ``_none_missed`` of
-
-    def _sort(self) -> None:
-        if self._leaks is None:
-            return
-        leaks, self._leaks = [b for b in self._leaks if b.level_jumps], None
-        self._keep(sorted((j.time, j.size, b.envelope_seconds or 0.0)
-                          for b in leaks for j in b.level_jumps))
-        for b in leaks:
-            own = Stairs(())
-            own._keep(sorted((j.time, j.size, b.envelope_seconds or 0.0)
-                             for j in b.level_jumps))
-            self.leaks.append(own)
-
-    def _keep(self, stairs: list[tuple[float, float, float]]) -> None:
-        self._leaks = None
-        self.times = [t for t, _, _ in stairs]
-        self.sizes = [s for _, s, _ in stairs]
-        self.spans = [e for _, _, e in stairs]
-        self.widest = max(self.spans, default=0.0)
+        self._all = _Staircase([])
+        self._each: list[_Staircase] = []
 
     def has_all(self, a: Assessment) -> bool:
         """Whether a chip climbs one leaking chip's stairs: each of its own jumps is one of
         them, and each of them between its first jump and its last is one of its own
-        (``_none_missed``). Another rank's staircase, of its own or at other times, neither
-        keeps it out nor lets it in."""
-        self._sort()
+        (``_Staircase.none_missed``). Another rank's staircase, of its own or at other
+        times, neither keeps it out nor lets it in."""
+        if self._leaks is not None:
+            leaks, self._leaks = [b for b in self._leaks if b.level_jumps], None
+            self._all = _Staircase([(j, b) for b in leaks for j in b.level_jumps])
+            self._each = [_Staircase([(j, b) for j in b.level_jumps]) for b in leaks]
         span = a.envelope_seconds or 0.0
         jumps = a.level_jumps
-        if not (self.times and jumps) or not all(self._has(j, span) for j in jumps):
+        if not jumps or not self._all.has_each(jumps, span):
             return False  # (all the leaks' stairs at once: most chips stop here, cheaply)
         # a step change lists only jumps of a step change's size (1 % of HBM); a leak's
         # stairs smaller than that are no stairs it could show
         least = _STEP_CHANGE_FRACTION * (a.total_bytes or 0.0)
-        return any(all(leak._has(j, span) for j in jumps)
-                   and leak._none_missed(jumps, span, least) for leak in self.leaks)
+        return any(leak.has_each(jumps, span) and leak.none_missed(jumps, span, least)
+                   for leak in self._each)
+
+
+class _Staircase:
+    """Stairs sorted by time, each with its leaking chip's envelope span."""
+
+    def __init__(self, stairs: list[tuple[Jump, Assessment]]) -> None:
+        ordered = sorted((j.time, j.size, b.envelope_seconds or 0.0) for j, b in stairs)
+        self.times = [t for t, _, _ in ordered]
+        self.sizes = [s for _, s, _ in ordered]
+        self.spans = [e for _, _, e in ordered]
+        self.widest = max(self.spans, default=0.0)
+
+    def has_each(self, jumps: Sequence[Jump], span: float) -> bool:
+        """Whether each of a chip's ``jumps`` is one of these stairs (``span``: its
+        envelope)."""
+        return bool(self.times) and all(self._has(j, span) for j in jumps)
 
     def _has(self, jump: Jump, span: float) -> bool:
         reach = max(span, self.widest)
@@ -185,7 +181,7 @@ class Stairs:
         hi = bisect.bisect_right(self.times, jump.time + reach)
         return any(self._alike(i, jump, span) for i in range(lo, hi))
 
-    def _none_missed(self, jumps: Sequence[Jump], span: float, least: float) -> bool:
+    def none_missed(self, jumps: Sequence[Jump], span: float, least: float) -> bool:
         """Whether each of these stairs of ``least`` bytes or more, between a chip's first
         jump and its last (not one moment with either: ``span``, its envelope), is one of
         its ``jumps``."""

@@ -158,15 +158,15 @@ def _replay_jobs(jobs: Jobs, sizes: list[int], settings: DetectorSettings | None
     global _FORKED
     _FORKED = (jobs, settings)
     try:
-        pool = Workers(min(workers, len(tasks)))
+        forked = Workers(min(workers, len(tasks)))
         try:
-            queued = [pool.pool.apply_async(_replay_forked, (task,)) for task in tasks]
+            queued = [forked.pool.apply_async(_replay_forked, (task,)) for task in tasks]
             outputs: list[list[SeriesResult] | ChipRun] = []  # in the tasks' order
             for (j, i), result in zip(tasks, queued, strict=True):
-                outputs.append(pool.result(result))
+                outputs.append(forked.result(result))
                 replayed(sizes[j] if i is None else jobs[j][1][i][2].samples)
         finally:
-            pool.end()
+            forked.end()
     finally:
         _FORKED = None
     whole: dict[int, list[SeriesResult]] = {}
