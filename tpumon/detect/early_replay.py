@@ -95,8 +95,8 @@ class EarlyReplay:
         # queue's lock, and the pool's task thread then waits on that lock for ever (CI hung
         # so once, on a guess that did not hold and was still running): the workers end
         # what runs, and what is still queued (a guess that did not hold, or anything after
-        # an error) returns at once. After Ctrl-C nothing is waited for (a second Ctrl-C
-        # ends even that rare hang).
+        # an error) returns at once. After Ctrl-C they are terminated at once (Workers.end:
+        # a pool left waiting on a lock is abandoned).
         if kind is not None and not issubclass(kind, Exception):
             workers.end()
             return
