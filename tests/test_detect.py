@@ -791,6 +791,29 @@ def test_noisy_floors_of_slow_polls_are_not_read_as_a_saturating_cache():
     assert lead > 0.6, lead
 
 
+@pytest.mark.parametrize("poll", [5.0, 10.0, 15.0, 30.0])
+def test_a_straight_line_never_reads_as_growth_slowing_down(poll):
+    """A floor that grows on a straight line, no noise: once it is seen to grow, no fit
+    says it slows down. The window's shape compared the levels of its thirds, the middle
+    third a floor or two longer than the others when the floors did not divide by three:
+    on 13 floors a line's thirds rose by 5 floors' growth, then 4, which read as a cache
+    saturating (``ok``) between two ``growing`` verdicts (3 times in 3 hours at 5-15 s
+    polls; the demo's leaking chips said so a minute into a restart)."""
+    start = 1.7e9
+    t = start + np.arange(0.0, 3 * 3600.0, poll)
+    used = 12 * 2**30 + 2e5 * (t - start)  # full in about a day
+    total = np.full(len(t), 32.0 * 2**30)
+    detector, said, every = ChipDetector(), [], int(60 / poll)  # a minute's polls at a time
+    for i in range(0, len(t), every):
+        part = slice(i, i + every)
+        detector.update(t[part], (t[part] - start) / 2, used[part], total[part])
+        said.append(detector.assessment)
+    first = next(i for i, a in enumerate(said) if a.verdict in (Verdict.GROWING, Verdict.LEAK))
+    after = {(a.verdict.value, a.reason) for a in said[first:]
+             if a.verdict not in (Verdict.GROWING, Verdict.LEAK)}
+    assert not after, after
+
+
 def test_an_irregular_staircase_is_called_over_an_hour_before_its_oom():
     """An irregular staircase (1.2 GB at random steps, 21 s polls, no step numbers): its
     third jump is confirmed while the fourth is rising. That rise held every call back
