@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
+
 from test_notify import SETTINGS, healthy, snap
 from test_notify import leak as leaking
 from tpumon.agent.loop import log_verdict_changes
@@ -56,3 +58,29 @@ def test_alerts_are_logged_without_a_notifier(caplog):
                for m in raised), lines
     assert len(raised) == 2
     assert sum(m.startswith("alert resolve: ") for _, m in lines) == 2, lines
+
+
+def test_a_restart_of_the_job_is_logged_once(caplog):
+    """A real detector sees the step go back after an hour of training: the log says the
+    job restarted, once, beside the verdict's return to warming up."""
+    from tpumon.detect import ChipDetector
+
+    detector = ChipDetector()
+    total = 32 * 2**30
+    every = np.arange(0.0, 3 * 3600.0, 10.0)
+    first, second = every[every < 5400], every[every >= 5460]  # a minute's gap between
+    polls = np.concatenate([first, second])
+    steps = np.concatenate([first / 2, (second - 5460) / 2])  # the step counter starts over
+    used = np.concatenate([12 * 2**30 + 2e5 * first, 8 * 2**30 + 0 * second])
+    assessments = []
+    with caplog.at_level(logging.INFO, logger="tpumon.agent"):
+        for i in range(0, len(polls), 6):  # a minute at a time, as the agent's polls come
+            before = {"0": detector.assessment}
+            detector.update(polls[i:i + 6] + 1.7e9, steps[i:i + 6], used[i:i + 6],
+                            np.full(len(polls[i:i + 6]), float(total)))
+            assessments.append(detector.assessment)
+            log_verdict_changes(before, {"0": detector.assessment})
+    restarted = [r.getMessage() for r in caplog.records if "restarted" in r.getMessage()]
+    assert restarted == ["chip 0: its job restarted (the step went back or memory fell to "
+                         "a new baseline; 1 restart(s) seen): the trend starts over"]
+    assert assessments[-1].restarts == 1 and assessments[0].restarts == 0

@@ -57,9 +57,15 @@ QUIET_START = (Verdict.WARMING_UP, Verdict.INSUFFICIENT_DATA)  # every chip star
 def log_verdict_changes(before: Mapping[str, Assessment],
                         after: Mapping[str, Assessment]) -> None:
     """One log line per chip whose verdict changed, with the reason and the forecast: the
-    journal says when a leak was called or cleared, with or without Slack and PagerDuty."""
+    journal says when a leak was called or cleared, with or without Slack and PagerDuty.
+    A restart of the chip's job gets its own line: without it, a leak's verdict going back
+    to warming up read as a leak that cured itself."""
     for chip, a in sorted(after.items()):
         was = before.get(chip)
+        if was is not None and a.restarts > was.restarts:
+            log.info("chip %s: its job restarted (the step went back or memory fell to a "
+                     "new baseline; %d restart(s) seen): the trend starts over", chip,
+                     a.restarts)
         if was is not None and was.verdict is a.verdict:
             continue
         if a.verdict in QUIET_START and (was is None or was.verdict in QUIET_START):
