@@ -278,7 +278,7 @@ def headroom_at_onset(probe: Workload, onset: int) -> float:
     floors = probe.floor_bytes(time_at_step(probe, probe.jobs[-1], ref_step))
     transient = largest_transient(p)
     return min((probe.hbm_total_bytes - f - transient) / k
-               for f, k in zip(floors, probe.leak_bytes_per_step_by_chip) if k > 0)
+               for f, k in zip(floors, probe.leak_bytes_per_step_by_chip, strict=True) if k > 0)
 
 
 def largest_transient(p: Scenario) -> float:

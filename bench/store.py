@@ -74,7 +74,7 @@ def seven_days(days: int) -> None:
         if s is not None and s.runtime_up:
             pending.append((t, s.step, s.hbm_used_bytes, s.hbm_total_bytes))
         if k % 60 == 59 and pending:  # detectors fed a minute at a time (same result as
-            times, steps, used, totals = zip(*pending)  # per poll, at a fraction of the cost)
+            times, steps, used, totals = zip(*pending, strict=True)  # per poll, at a fraction of the cost)
             for c, detector in detectors.items():
                 detector.update(times, steps, [u[int(c)] for u in used], totals)
             pending = []

@@ -412,7 +412,7 @@ def test_probes_ask_a_path_the_agent_serves():
         assert probe["httpGet"]["port"] == "metrics"
         statuses = []
         body = b"".join(app({"PATH_INFO": probe["httpGet"]["path"], "REQUEST_METHOD": "GET"},
-                            lambda status, headers: statuses.append(status)))
+                            lambda status, headers, *, into=statuses: into.append(status)))
         assert statuses == ["200 OK"], (probe["httpGet"]["path"], body)
 
 

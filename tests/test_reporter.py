@@ -470,7 +470,7 @@ def test_the_agent_gives_each_chip_its_process_step(tmp_path, receiver, runtime_
         steps = list(range(100, 112))
         for step in steps:
             reporter.step(step)
-            wait_for(lambda: r.poll().processes.get(os.getpid()) and
+            wait_for(lambda step=step: r.poll().processes.get(os.getpid()) and
                      r.poll().processes[os.getpid()].step == step, 5)
             snap = agent.poll_once()
             assert snap.chip_steps == {"0": step, "1": step}

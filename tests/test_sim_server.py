@@ -71,7 +71,7 @@ def test_one_chip_per_port(simulator):
     sim = simulator(Workload("healthy", start_time=0.0), ManualClock(5000.0), ports=(0, 0, 0, 0))
     source = TpuRuntimeSource("127.0.0.1", sim.ports, 1.0, inventory_for("v4", 4))
     reading = source.poll()
-    assert {c: s.port for c, s in reading.chips.items()} == dict(zip("0123", sim.ports))
+    assert {c: s.port for c, s in reading.chips.items()} == dict(zip("0123", sim.ports, strict=True))
 
 
 def test_job_restart_closes_and_reopens_the_port(simulator):

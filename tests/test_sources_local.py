@@ -2,7 +2,6 @@
 
 import logging
 import os
-import re
 import subprocess
 import sys
 import threading

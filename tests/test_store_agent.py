@@ -75,7 +75,7 @@ def test_restart_mid_run_resumes_verdict_slope_and_forecast(tmp_path):
     finally:
         sim.stop()
     for chip, samples in seen.items():
-        t, used, total = (np.array(c, dtype=float) for c in zip(*samples))
+        t, used, total = (np.array(c, dtype=float) for c in zip(*samples, strict=True))
         reference = ChipDetector()
         reference.update(t, np.full(len(t), np.nan), used, total)
         resumed = second.state.current.assessments[chip]

@@ -274,7 +274,7 @@ def columns_as_series(columns):
         assert len(c.times) == len(c.steps) == len(c.used) == len(c.total) > 0
         series[key] = [(t, None if math.isnan(s) else int(s), u, tot)
                        for t, s, u, tot in zip(c.times.tolist(), c.steps.tolist(),
-                                               c.used.tolist(), c.total.tolist())]
+                                               c.used.tolist(), c.total.tolist(), strict=True)]
     return series
 
 
