@@ -155,7 +155,8 @@ def resolved_env(container: dict) -> dict[str, str]:
 
 # --- schemas -------------------------------------------------------------------------
 
-DURATION = r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"
+DURATION = (r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?"
+            r"(([0-9]+)ms)?)$")
 LABEL_SELECTOR = {
     "type": "object", "additionalProperties": False,
     "properties": {

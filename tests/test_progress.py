@@ -25,8 +25,8 @@ def on_a_terminal(*args: str, stdout=None) -> tuple[int, str]:
     status and all it drew (bars included: a transient bar is drawn, then erased)."""
     main_fd, term = pty.openpty()
     child = subprocess.Popen([*TPUMON, *args], stdin=subprocess.DEVNULL,
-                             stdout=term if stdout is None else stdout, stderr=term, env={**clean_env(), "COLUMNS": "100",
-                                               "TERM": "xterm"})
+                             stdout=term if stdout is None else stdout, stderr=term,
+                             env={**clean_env(), "COLUMNS": "100", "TERM": "xterm"})
     os.close(term)
     drawn = b""
     while True:

@@ -479,7 +479,8 @@ def test_the_agent_gives_each_chip_its_process_step(tmp_path, receiver, runtime_
         rows = list(export_rows(store._db))
         assert [r.step for r in rows if r.chip == "0"] == steps
         text = generate_latest(registry).decode()
-        assert f'tpumon_process_step{{accelerator_type="",framework="fake",host="h",pid="{os.getpid()}",rank="3",slice="",worker=""}} 111.0' in text
+        assert (f'tpumon_process_step{{accelerator_type="",framework="fake",host="h",'
+                f'pid="{os.getpid()}",rank="3",slice="",worker=""}} 111.0') in text
         assert 'tpumon_process_compiles_total{' in text and 'cache="miss"' in text
     finally:
         source.close()
