@@ -72,7 +72,7 @@ demo-pod: system-deps-pod venv
 	$(BIN)/python scripts/demo-pod --hosts $(DEMO_HOSTS) --scenario $(DEMO_POD_SCENARIO)
 
 lint: $(STAMP)
-	$(BIN)/ruff check tpumon
+	$(BIN)/ruff check tpumon tests bench
 	$(BIN)/mypy
 
 # The whole suite: the unit tests on every core (pytest-xdist), then the end-to-end ones

@@ -107,7 +107,8 @@ GROUPS: tuple[Group, ...] = (
     Group("healthy", "healthy", 14, 2),
     Group("slice-healthy", "healthy", 3, 1, hosts=4, jsonl=True),
     Group("slow-poll-healthy", "healthy", 4, 1, poll=(30.0, 60.0)),
-    Group("step-change", "step-change", 12, 2, overrides=(("step_change_at_step", (3_000, 40_000)),)),
+    Group("step-change", "step-change", 12, 2,
+          overrides=(("step_change_at_step", (3_000, 40_000)),)),
     Group("saturating-cache", "saturating-cache", 6, 1),
     Group("job-restart", "job-restart", 6, 1, overrides=(("restarts", (1, 2)),)),
 )
@@ -136,7 +137,8 @@ class TraceSpec:
         return self.host if self.hosts == 1 else f"{self.host}-w-{chip_index // CHIPS}"
 
     def workload(self) -> Workload:
-        """The workload ``rows()`` polls (a separate instance: sampling it does not change the trace)."""
+        """The workload ``rows()`` polls (a separate instance: sampling it does not change the
+        trace)."""
         return Workload(self.scenario, chips=CHIPS * self.hosts,
                         hbm_total_bytes=self.hbm_total_bytes,
                         seed=self.seed, start_time=START_TIME, **dict(self.overrides))
@@ -161,7 +163,8 @@ class TraceSpec:
                 f"poll_interval_s={self.poll_interval_s!r}, chips={CHIPS * self.hosts}, "
                 f"host={self.host!r}, "
                 f"seed={self.seed}, drop_probability={self.drop_probability!r}, "
-                f"poll_jitter_s={self.poll_jitter_s!r}, hbm_total_bytes={self.hbm_total_bytes}{extra})")
+                f"poll_jitter_s={self.poll_jitter_s!r}, "
+                f"hbm_total_bytes={self.hbm_total_bytes}{extra})")
         return call if self.steps else call + " with step blanked"
 
 
@@ -237,7 +240,8 @@ def calibrate_leak(spec: TraceSpec, group: Group, rng: random.Random) -> Case | 
              "irregular": round(target / rng.uniform(6.0, 10.0))}.get(group.leak or "", 1)
     # Every fault field a scalar: ranges would be drawn from the seed's stream and shift the
     # other parameters between the probe and the final run.
-    fixed = {**dict(spec.overrides), "leak_onset_step": onset, "leak_bytes_per_step": 0, "stair_bytes": 0}
+    fixed = {**dict(spec.overrides), "leak_onset_step": onset, "leak_bytes_per_step": 0,
+             "stair_bytes": 0}
     if every > 1:
         fixed["stair_every_steps"] = every
     if group.leak == "rate-change":
@@ -278,12 +282,13 @@ def headroom_at_onset(probe: Workload, onset: int) -> float:
     floors = probe.floor_bytes(time_at_step(probe, probe.jobs[-1], ref_step))
     transient = largest_transient(p)
     return min((probe.hbm_total_bytes - f - transient) / k
-               for f, k in zip(floors, probe.leak_bytes_per_step_by_chip) if k > 0)
+               for f, k in zip(floors, probe.leak_bytes_per_step_by_chip, strict=True) if k > 0)
 
 
 def largest_transient(p: Scenario) -> float:
     """The largest peak above the floor: a step's activations plus a save, or an eval's."""
-    return max(p.train_transient_bytes + p.checkpoint_bytes, p.eval_transient_bytes) * (1 + p.chip_imbalance)
+    return max(p.train_transient_bytes + p.checkpoint_bytes,
+               p.eval_transient_bytes) * (1 + p.chip_imbalance)
 
 
 def steps_after_onset_at_oom(w: Workload, onset: int) -> int | None:
@@ -411,7 +416,8 @@ def evaluate_rule(rule: PromRule, s: Series, interval: float = EVAL_INTERVAL_S) 
 def rule_firings(rule: PromRule, s: Series, interval: float = EVAL_INTERVAL_S) -> list[Detection]:
     """Every time the rule starts firing over one series (an alert resolves and can fire again)."""
     grid = eval_grid(s.times, interval)
-    xs, ys = (s.times, s.used) if rule.floor_s is None else min_over_time_points(s, grid, rule.floor_s)
+    xs, ys = ((s.times, s.used) if rule.floor_s is None
+              else min_over_time_points(s, grid, rule.floor_s))
     slope, level = windowed_ols(xs, ys, grid, rule.range_s)
     total = instant(s.times, s.total, grid)
     return [Detection(float(grid[k]), crossing_time(grid[k], level[k], slope[k], total[k]))
@@ -450,7 +456,8 @@ def window_sums(v: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     return prefix[hi] - prefix[lo]
 
 
-def min_over_time_points(s: Series, grid: np.ndarray, window_s: float) -> tuple[np.ndarray, np.ndarray]:
+def min_over_time_points(s: Series, grid: np.ndarray, window_s: float
+                         ) -> tuple[np.ndarray, np.ndarray]:
     """The subquery ``min_over_time(used[window])`` at every grid time that has samples.
 
     Each sample falls in the grid cell ``(g - step, g]``; a window of k cells is the sliding
@@ -528,7 +535,8 @@ class Throughput:
         return self.samples / seconds if seconds > 0 else math.inf
 
 
-def run_tpumon(analyze: AnalyzeFile, path: str) -> tuple[dict[Key, Detection], Throughput, list[str]]:
+def run_tpumon(analyze: AnalyzeFile, path: str
+               ) -> tuple[dict[Key, Detection], Throughput, list[str]]:
     """Replay the corpus file through the detector; detections, timings, contract violations.
 
     Timings are CPU seconds of this process (one core), not wall time: the machines here
@@ -577,13 +585,15 @@ HIT, MISS, LATE, EARLY, FALSE_ALARM, QUIET = "hit", "miss", "late", "early", "fa
 
 @dataclass(frozen=True)
 class Outcome:
-    """One series judged: hit/miss/late (after the OOM)/early (before the onset) or false alarm/quiet."""
+    """One series judged: hit/miss/late (after the OOM)/early (before the onset) or false
+    alarm/quiet."""
 
     truth: Truth
     detection: Detection
     verdict: str
     lead: float | None = None  # hits: share of onset-to-OOM left at the alert
-    forecast_error: float | None = None  # hits: |forecast - OOM| / (OOM - alert); inf without a forecast
+    # hits: |forecast - OOM| / (OOM - alert); inf without a forecast
+    forecast_error: float | None = None
 
 
 def judge(truth: Truth, d: Detection) -> Outcome:
@@ -685,7 +695,8 @@ class Scores:
     def near_job_start(self, seconds: float) -> int:
         """Alerts raised so soon after a (re)start that the warm-up ramp is in every window."""
         return sum(o.detection.alert_time is not None
-                   and o.truth.since_job_start(o.detection.alert_time) < seconds for o in self.outcomes)
+                   and o.truth.since_job_start(o.detection.alert_time) < seconds
+                   for o in self.outcomes)
 
     def where(self, keep: Callable[[Truth], bool]) -> Scores:
         return Scores(tuple(o for o in self.outcomes if keep(o.truth)))
@@ -735,18 +746,21 @@ SUMMARY: tuple[Metric, ...] = (
     false_alarm_metric("saturating-cache", False),
     false_alarm_metric("job-restart", False),
     false_alarm_metric(OTHER_CHIPS, False),
-    Metric("alerts before the onset (leaking series)", "-", lambda s: s.count(EARLY), lambda x: f"{x:.0f}"),
-    Metric("alerts after the OOM (leaking series)", "-", lambda s: s.count(LATE), lambda x: f"{x:.0f}"),
-    Metric("first alerts within 2 h of a job start (all series)", "-", lambda s: s.near_job_start(2 * HOUR),
+    Metric("alerts before the onset (leaking series)", "-", lambda s: s.count(EARLY),
            lambda x: f"{x:.0f}"),
-    Metric("median lead (detected leaks)", ">= 0.8", lambda s: s.median_lead, ratio, lambda x: x >= 0.8),
+    Metric("alerts after the OOM (leaking series)", "-", lambda s: s.count(LATE),
+           lambda x: f"{x:.0f}"),
+    Metric("first alerts within 2 h of a job start (all series)", "-",
+           lambda s: s.near_job_start(2 * HOUR), lambda x: f"{x:.0f}"),
+    Metric("median lead (detected leaks)", ">= 0.8", lambda s: s.median_lead, ratio,
+           lambda x: x >= 0.8),
     Metric("10th-percentile lead (detected leaks)", ">= 0.6", lambda s: s.p10_lead, ratio,
            lambda x: x >= 0.6),
     Metric("median lead (all leaks, miss = 0)", "-", lambda s: s.median_lead_all, ratio),
     Metric("median hours from onset to alert (detected leaks)", "-", lambda s: s.median_delay_h,
            lambda x: "n/a" if math.isnan(x) else f"{x:.2f}"),
-    Metric("median OOM-forecast error at alert", "<= 25%", lambda s: s.median_forecast_error, percent,
-           lambda x: x <= 0.25),
+    Metric("median OOM-forecast error at alert", "<= 25%", lambda s: s.median_forecast_error,
+           percent, lambda x: x <= 0.25),
 )
 THROUGHPUT_TARGET = 200_000.0
 
@@ -764,7 +778,8 @@ def table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
     return lines + ["| " + " | ".join(r) + " |" for r in rows]
 
 
-def summary_table(columns: Sequence[tuple[str, Scores | None]], throughput: Throughput | None) -> list[str]:
+def summary_table(columns: Sequence[tuple[str, Scores | None]],
+                  throughput: Throughput | None) -> list[str]:
     rows = [[m.name, m.target] + [cell(m, s) for _, s in columns] for m in SUMMARY]
     shown = "n/a"
     if throughput is not None:
@@ -777,7 +792,8 @@ def summary_table(columns: Sequence[tuple[str, Scores | None]], throughput: Thro
 
 def categories() -> list[str]:
     """Leaking groups first, then every kind of non-leaking series."""
-    return [g.name for g in GROUPS if g.leak] + [OTHER_CHIPS] + [g.name for g in GROUPS if not g.leak]
+    return ([g.name for g in GROUPS if g.leak] + [OTHER_CHIPS]
+            + [g.name for g in GROUPS if not g.leak])
 
 
 def hours_to_oom(t: Truth) -> float:
@@ -803,7 +819,8 @@ def category_table(columns: Sequence[tuple[str, Scores | None]]) -> list[str]:
              ("leaking, poll >= 20 s", lambda t: t.leaking and t.spec.poll_interval_s >= 20),
              ("leaking, OOM < 8 h after onset", lambda t: t.leaking and hours_to_oom(t) < 8),
              ("leaking, OOM >= 8 h after onset", lambda t: t.leaking and hours_to_oom(t) >= 8),
-             ("leaking, 16 GiB chips", lambda t: t.leaking and t.spec.hbm_total_bytes == 16 * 2**30)]
+             ("leaking, 16 GiB chips",
+              lambda t: t.leaking and t.spec.hbm_total_bytes == 16 * 2**30)]
     rows = []
     for name, keep in cuts:
         present = [s.where(keep) for _, s in columns if s is not None]
@@ -823,8 +840,9 @@ def every_firing_table(every: Sequence[tuple[str, list[tuple[Outcome, bool]]]]) 
         rows.append([f"`{name}`", f"{s.count(HIT)}/{s.positives}", ratio(s.median_lead),
                      percent(s.median_forecast_error), f"{false_clean}/{s.negatives}",
                      f"{false_early}/{s.positives}"])
-    return table(["rule", "leaks paged between onset and OOM", "median lead", "median forecast error",
-                  "non-leaking series paged", "leaking series paged before the onset"], rows)
+    return table(["rule", "leaks paged between onset and OOM", "median lead",
+                  "median forecast error", "non-leaking series paged",
+                  "leaking series paged before the onset"], rows)
 
 
 def composition(cases: Sequence[Case]) -> list[str]:
@@ -834,9 +852,11 @@ def composition(cases: Sequence[Case]) -> list[str]:
         if not mine:
             continue
         leaking = sum(t.leaking for _, ts in mine for t in ts)
-        rows.append([g.name, str(len(mine)), str(leaking), str(sum(s.hosts for s, _ in mine) * CHIPS - leaking),
+        rows.append([g.name, str(len(mine)), str(leaking),
+                     str(sum(s.hosts for s, _ in mine) * CHIPS - leaking),
                      str(sum(not spec.steps for spec, _ in mine))])
-    return table(["group", "traces", "leaking series", "non-leaking series", "traces without steps"], rows)
+    return table(["group", "traces", "leaking series", "non-leaking series",
+                  "traces without steps"], rows)
 
 
 def failure_lines(name: str, scores: Scores) -> list[str]:
@@ -849,8 +869,10 @@ def failure_line(o: Outcome) -> str:
     t, spec = o.truth, o.truth.spec
     facts = [f"alert {when(o.detection.alert_time)}"]
     if t.leaking:
-        facts += [f"onset {when(t.onset_time)} (step {t.onset_step} of the job)", f"OOM {when(t.oom_time)}"]
-    return (f"- **{o.verdict}** {t.category}: host `{spec.host}` chip {t.chip}, scenario {spec.scenario}, "
+        facts += [f"onset {when(t.onset_time)} (step {t.onset_step} of the job)",
+                  f"OOM {when(t.oom_time)}"]
+    return (f"- **{o.verdict}** {t.category}: host `{spec.host}` chip {t.chip}, "
+            f"scenario {spec.scenario}, "
             f"seed {spec.seed}; {', '.join(facts)}; poll {spec.poll_interval_s} s, "
             f"drop {100 * spec.drop_probability:.1f}%, steps {'yes' if spec.steps else 'no'}. "
             f"Repro: `{spec.repro()}`")
@@ -878,15 +900,18 @@ def weak_hits(scores: Scores, title: str, badness: Callable[[Outcome], float], l
     return [f"### tpumon: worst {n} {title} among hits", ""] + (listed or ["none"])
 
 
-def throughput_lines(tp: Throughput | None, rule_seconds: dict[str, float], samples: int) -> list[str]:
+def throughput_lines(tp: Throughput | None, rule_seconds: dict[str, float],
+                     samples: int) -> list[str]:
     lines = ["## Throughput (one process)", ""]
     if tp is not None:
-        lines += [f"- tpumon end to end, `analyze_file(csv)` (what `tpumon analyze` runs), CPU time: "
+        lines += [f"- tpumon end to end, `analyze_file(csv)` (what `tpumon analyze` runs), "
+                  f"CPU time: "
                   f"{tp.rate(tp.end_to_end_s):,.0f} samples/s ({tp.samples:,} samples in "
                   f"{tp.end_to_end_s:.2f} s)",
                   f"- of which reading the CSV (`read_trace_columns`): "
                   f"{tp.rate(tp.read_s):,.0f} samples/s",
-                  f"- tpumon detector only (columns in memory): {tp.rate(tp.detector_s):,.0f} samples/s"]
+                  f"- tpumon detector only (columns in memory): "
+                  f"{tp.rate(tp.detector_s):,.0f} samples/s"]
     lines += [f"- baseline `{name}` (numpy, arrays in memory): {samples / s:,.0f} samples/s"
               for name, s in rule_seconds.items() if s > 0]
     return lines
@@ -949,8 +974,8 @@ def render(run: Run, all_failures: bool) -> str:
     if run.columns[0][1] is None:
         lines += ["**tpumon.detect.replay is not there yet: tpumon's column is n/a.**", ""]
     lines += ["## Summary", ""] + summary_table(run.columns, run.throughput) + [""]
-    lines += ["## Per category", "", "Leaking rows: detected/series · median lead · median forecast "
-              "error; other rows: series with a false alarm.", ""]
+    lines += ["## Per category", "", "Leaking rows: detected/series · median lead · "
+              "median forecast error; other rows: series with a false alarm.", ""]
     lines += category_table(run.columns) + [""]
     lines += ["## Baselines judged on every firing", "",
               "A Prometheus alert resolves and can fire again, so the first firing (above, the way "
@@ -1015,8 +1040,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a small corpus (CI smoke test)")
     parser.add_argument("--seed", type=int, default=0, help="corpus seed (default 0)")
     parser.add_argument("--keep-trace", metavar="DIR",
-                        help="write the corpus traces (corpus.csv, corpus.jsonl) here and keep them")
-    parser.add_argument("--all-failures", action="store_true", help="list the baselines' failures too")
+                        help="write the corpus traces (corpus.csv, corpus.jsonl) here and keep "
+                             "them")
+    parser.add_argument("--all-failures", action="store_true",
+                        help="list the baselines' failures too")
     parser.add_argument("--check", action="store_true", help="exit 1 when tpumon misses a target")
     parser.add_argument("--seeds", type=seed_range, metavar="A-B",
                         help="only tpumon's F1, false alarms and leads on each of these "

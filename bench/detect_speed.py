@@ -89,7 +89,7 @@ def differences(ref: Any, new: Any, where: str) -> list[str]:
     if isinstance(ref, (list, tuple)):
         if len(ref) != len(new):
             return [f"{where}: {len(ref)} entries != {len(new)}"]
-        return [d for i, (a, b) in enumerate(zip(ref, new))
+        return [d for i, (a, b) in enumerate(zip(ref, new, strict=True))
                 for d in differences(a, b, f"{where}[{i}]")]
     if isinstance(ref, float):
         same = (math.isnan(ref) and math.isnan(new)) or ref.hex() == new.hex()
@@ -157,7 +157,7 @@ def check_feed_modes(columns: dict, count: int) -> list[str]:
 def speedup(before: list[float], after: list[float]) -> float:
     """Median over rounds of before/after: both ran in the same round, under the same load
     from whatever else shares the machine, which a ratio of medians would not cancel."""
-    return statistics.median(b / a for b, a in zip(before, after))
+    return statistics.median(b / a for b, a in zip(before, after, strict=True))
 
 
 def cpu_seconds(fn: Callable[[], Any]) -> tuple[float, Any]:

@@ -158,7 +158,7 @@ def minute_shares(samples: list[tuple[float, float]], window: float = 60.0) -> l
     parts = int(span // window)
     edges = [0] + [_nearest(times, times[0] + span * k / parts) for k in range(1, parts + 1)]
     return [(samples[j][1] - samples[i][1]) / (times[j] - times[i])
-            for i, j in zip(edges, edges[1:]) if j > i]
+            for i, j in zip(edges, edges[1:], strict=False) if j > i]
 
 
 def _nearest(times: list[float], t: float) -> int:

@@ -101,7 +101,8 @@ def torch_xla_bench() -> None:
     print(f"| tracking off | {off * 1e3:.2f} ms | | |")
     print(f"| tracking on | {on * 1e3:.2f} ms | {(on / off - 1) * 100:+.1f}% | "
           f"{(on - off) / calls * 1e6:+.1f} us |")
-    print(f"| (an empty TorchFunctionMode) | {empty * 1e3:.2f} ms | {(empty / off2 - 1) * 100:+.1f}% | "
+    print(f"| (an empty TorchFunctionMode) | {empty * 1e3:.2f} ms | "
+          f"{(empty / off2 - 1) * 100:+.1f}% | "
           f"{(empty - off2) / calls * 1e6:+.1f} us |")
 
 
@@ -147,7 +148,8 @@ def jax_bench() -> None:
         plain = median_ms(lambda: live_jax.snapshot(1), repeats)
         sited = median_ms(lambda: live_jax.snapshot(1, tracker), repeats)
         snap = live_jax.snapshot(1, tracker)
-        print(f"| {snap.total_count:,} | {plain:.1f} ms | {sited:.1f} ms | {len(snap.to_json()):,} B |")
+        print(f"| {snap.total_count:,} | {plain:.1f} ms | {sited:.1f} ms | "
+              f"{len(snap.to_json()):,} B |")
     del kept
 
     @jax.jit

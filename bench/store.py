@@ -73,8 +73,9 @@ def seven_days(days: int) -> None:
         checkpoints = {}
         if s is not None and s.runtime_up:
             pending.append((t, s.step, s.hbm_used_bytes, s.hbm_total_bytes))
-        if k % 60 == 59 and pending:  # detectors fed a minute at a time (same result as
-            times, steps, used, totals = zip(*pending)  # per poll, at a fraction of the cost)
+        # detectors fed a minute at a time (same result as per poll, at a fraction of the cost)
+        if k % 60 == 59 and pending:
+            times, steps, used, totals = zip(*pending, strict=True)
             for c, detector in detectors.items():
                 detector.update(times, steps, [u[int(c)] for u in used], totals)
             pending = []
@@ -101,7 +102,8 @@ def seven_days(days: int) -> None:
     h = writer.health
     print(f"\n{h.polls_written_total:,} polls written in {time.perf_counter() - wall:.0f} s "
           f"wall; dropped {h.dropped_polls_total}, write errors {h.write_errors_total}; "
-          f"writer CPU per poll over the run {h.write_cpu_seconds_total / h.polls_written_total * 1e6:.0f} us, "
+          f"writer CPU per poll over the run "
+          f"{h.write_cpu_seconds_total / h.polls_written_total * 1e6:.0f} us, "
           f"wall {h.write_seconds_total / h.polls_written_total * 1e6:.0f} us "
           f"(median of hours {statistics.median(per_hour) * 1e6:.0f} us)")
 
@@ -156,7 +158,8 @@ def poll_latency(blocks: int, per_block: int, gap: float = 0.05) -> None:
     print("|---|---|---|---|")
     for k in ("off", "on"):
         print(f"| {k} | {med[k]:.2f} ms | {p99[k]:.2f} ms | {max(times[k]) * 1e3:.2f} ms |")
-    print(f"\nratio on/off: median {med['on'] / med['off']:.2f}x, p99 {p99['on'] / p99['off']:.2f}x; "
+    print(f"\nratio on/off: median {med['on'] / med['off']:.2f}x, "
+          f"p99 {p99['on'] / p99['off']:.2f}x; "
           f"{writer.health.polls_written_total:,} polls written, "
           f"dropped {writer.health.dropped_polls_total}")
     for checkpoint, label in ((False, "queueing a poll"), (True, "with a checkpoint of 4 chips")):

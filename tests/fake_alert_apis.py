@@ -3,8 +3,9 @@ API v2 do (../shared/spec/reference.md, "Alert delivery"), for the notifier and 
 tests.
 
 Each validates a request the way the real service does (Slack: a JSON object with `text`,
-`blocks` or legacy `attachments` (what Alertmanager sends), else 400 `invalid_payload`; PagerDuty: routing_key, event_action, dedup_key
-length, and summary/source/severity on a trigger, else 400 "invalid event"), records it,
+`blocks` or legacy `attachments` (what Alertmanager sends), else 400 `invalid_payload`;
+PagerDuty: routing_key, event_action, dedup_key length, and summary/source/severity on a
+trigger, else 400 "invalid event"), records it,
 and answers success unless a test scripted other answers with ``respond``. ``stop_answering``
 makes it drop connections, as an unreachable service would; ``delay`` (seconds, settable
 any time) holds every answer that long, as an overloaded service would; ``arrived`` counts

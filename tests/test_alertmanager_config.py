@@ -80,7 +80,8 @@ def test_secrets_come_from_files_and_resolved_alerts_are_sent():
     assert slack["api_url_file"] == "/etc/alertmanager/slack-webhook-url"
     assert pagerduty["routing_key_file"] == "/etc/alertmanager/pagerduty-routing-key"
     assert "api_url" not in slack and "routing_key" not in pagerduty
-    assert "global" not in config() or not {"slack_api_url", "pagerduty_url"} & set(config()["global"])
+    assert "global" not in config() or not {"slack_api_url", "pagerduty_url"} & set(
+        config()["global"])
     assert slack["send_resolved"] is True and pagerduty["send_resolved"] is True
 
 
@@ -106,7 +107,8 @@ def leak_notification(tmp_path) -> Path:
                              "Chip 2 of t1v-n-pod-a-w-3 (worker 3, slice llama-pod-a, v4-32): "
                              "the HBM floor grows 40.26kiB/step, 417.1MiB/h; OOM in 5h 18m 0s "
                              "(step 62000). Likely cause: retained_tensors."),
-                       alert(name, "warning", "0", "t1v-n-pod-a-w-1", "Chip 0 of t1v-n-pod-a-w-1 ...")],
+                       alert(name, "warning", "0", "t1v-n-pod-a-w-1",
+                             "Chip 0 of t1v-n-pod-a-w-1 ...")],
             "groupLabels": {"slice": "llama-pod-a", "alertname": name},
             "commonLabels": {"alertname": name, "severity": "warning", "slice": "llama-pod-a",
                              "accelerator_type": "v4-32", "job": "tpumon"},

@@ -17,16 +17,21 @@ from tpumon.trace.write import write_trace
 SLICE = "t1v-n-39fc0729a1b2c3d4"
 
 
-@pytest.fixture(scope="module")
-def slice_dir(tmp_path_factory):
-    """A two-host slice recorded one file per host: host 0 leaks, host 1 is healthy."""
-    directory = tmp_path_factory.mktemp("slice")
+def write_slice(directory):
+    """Write a two-host slice into ``directory``, one trace file per host (host 0 leaks,
+    host 1 is healthy) beside a file that is not a trace; return ``directory``."""
     for worker, scenario in ((0, "linear-leak"), (1, "healthy")):
         rows = generate_trace(scenario, duration_s=12 * 3600, poll_interval_s=10, chips=2,
                               seed=3 + worker, host=f"{SLICE}-w-{worker}")
         write_trace(rows, directory / f"w{worker}.csv")
     (directory / "notes.txt").write_text("not a trace\n")
     return directory
+
+
+@pytest.fixture(scope="module")
+def slice_dir(tmp_path_factory):
+    """A two-host slice recorded one file per host: host 0 leaks, host 1 is healthy."""
+    return write_slice(tmp_path_factory.mktemp("slice"))
 
 
 def test_short_host_keeps_the_worker_and_the_start():

@@ -102,7 +102,8 @@ def test_for_duration_is_held_at_every_evaluation_and_a_gap_resets_it():
 def test_floor_rule_sees_through_the_sawtooth_that_rule_a_fits():
     rng = np.random.default_rng(3)
     times = T0 + np.arange(0, 12 * HOUR, 10.0)
-    floor = 16e9 + (TOTAL - 16e9) / (20 * HOUR) * (times - T0)  # the floor reaches the total in 20 h
+    # the floor reaches the total in 20 h
+    floor = 16e9 + (TOTAL - 16e9) / (20 * HOUR) * (times - T0)
     used = floor + 5e9 * rng.uniform(0, 1, len(times)) ** 3
     s = series(times, used)
     d = bd.evaluate_rule(bd.RULE_FLOOR, s)
@@ -153,7 +154,8 @@ def test_judge_gives_lead_and_forecast_error_and_names_every_failure():
     assert hit.verdict == bd.HIT
     assert hit.lead == pytest.approx(0.75)  # 7500 s of 10000 left
     assert hit.forecast_error == pytest.approx(1000 / 7500)
-    assert bd.judge(leak(), bd.Detection(3500.0)).forecast_error == math.inf  # no forecast: no credit
+    # no forecast: no credit
+    assert bd.judge(leak(), bd.Detection(3500.0)).forecast_error == math.inf
     assert bd.judge(leak(), bd.Detection()).verdict == bd.MISS
     assert bd.judge(leak(), bd.Detection(11000.0, 0.0)).verdict == bd.LATE
     assert bd.judge(leak(), bd.Detection(999.0, 0.0)).verdict == bd.EARLY
@@ -170,7 +172,8 @@ def test_scores_count_early_alerts_as_false_and_medians_over_hits():
         ("h", "5"): bd.Detection(10.0),  # ("h", "3") and ("h", "4") are not reported: quiet
     }
     s = bd.Scores(tuple(bd.judge_all(truths, detections)))
-    assert (s.count(bd.HIT), s.count(bd.EARLY), s.count(bd.MISS), s.count(bd.FALSE_ALARM)) == (2, 1, 1, 1)
+    assert (s.count(bd.HIT), s.count(bd.EARLY), s.count(bd.MISS),
+            s.count(bd.FALSE_ALARM)) == (2, 1, 1, 1)
     assert s.precision == pytest.approx(2 / 4) and s.recall == pytest.approx(2 / 4)
     assert s.f1 == pytest.approx(0.5)
     assert s.median_lead == pytest.approx(0.75) and s.median_lead_all == pytest.approx(0.25)
@@ -203,7 +206,8 @@ def test_full_corpus_has_the_required_composition():
     assert len(truths) - len(leaking) >= 0.4 * len(truths)  # false alarms are measured too
     assert {t.category for t in leaking} == {g.name for g in bd.GROUPS if g.leak}
     assert any(t.onset_step == 0 for t in leaking) and any(t.onset_step >= 5000 for t in leaking)
-    assert any(not t.spec.steps for t in leaking) and any(not t.spec.steps for t in truths if not t.leaking)
+    assert any(not t.spec.steps for t in leaking) and any(
+        not t.spec.steps for t in truths if not t.leaking)
     assert len({t.key for t in truths}) == len(truths)
     # the late kinds of issue 20: multi-host slices, slow polls, JSON Lines traces
     assert any(spec.hosts >= 4 for spec, _ in cases) and any(
@@ -228,7 +232,8 @@ def test_leaks_are_calibrated_to_oom_in_their_groups_range_after_the_onset(group
     assert spec.duration_s > w.oom_time - bd.START_TIME  # the trace runs until the job dies
     chips = bd.CHIPS * group.hosts
     assert len(positives) == (1 if group.scenario == "chip0-leak" else chips)
-    assert [t.category for t in truths if not t.leaking] == [bd.OTHER_CHIPS] * (chips - len(positives))
+    assert [t.category for t in truths if not t.leaking] == \
+        [bd.OTHER_CHIPS] * (chips - len(positives))
     if group.name == "restart+leak":
         first = w.jobs[0]
         assert first.end_reason == "crash" and bd.steps_done(w, first) < onset
@@ -240,7 +245,8 @@ def test_leaks_are_calibrated_to_oom_in_their_groups_range_after_the_onset(group
 def stand_in_analyze(path):
     """A trivial detector with tpumon's replay API: alerts halfway through any "leak" host."""
     if isinstance(path, str):  # the corpus directory
-        rows = [r for name in sorted(os.listdir(path)) for r in read_trace(os.path.join(path, name))]
+        rows = [r for name in sorted(os.listdir(path))
+                for r in read_trace(os.path.join(path, name))]
     else:
         rows = path
     by_series = defaultdict(list)
@@ -257,7 +263,8 @@ def stand_in_analyze(path):
 
 def test_tpumon_results_are_read_into_detections_and_contract_violations_found(tmp_path):
     rows = [TraceRow(T0 + i, "h", "0", i, 10, 100) for i in range(10)]
-    results = stand_in_analyze(rows) + [SimpleNamespace(host="x", chip=3, verdict="leak", alert=None)]
+    results = stand_in_analyze(rows) + [
+        SimpleNamespace(host="x", chip=3, verdict="leak", alert=None)]
     assert bd.tpumon_detections(results)[("x", "3")] == bd.Detection()
     assert bd.contract_violations(results) == ["x chip 3: verdict leak with alert null"]
 

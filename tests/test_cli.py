@@ -43,7 +43,8 @@ def test_version_and_help():
     for command in ("agent", "status", "sim", "version", "config"):
         assert re.search(rf"^\s+{command}\b", help_text, re.M), command
     agent_help = run("agent", "--help").stdout
-    for flag in ("--listen-address", "--simulate", "--config", "--runtime-ports", "--poll-interval"):
+    for flag in ("--listen-address", "--simulate", "--config", "--runtime-ports",
+                 "--poll-interval"):
         assert flag in agent_help
 
 
@@ -200,7 +201,8 @@ def test_agent_simulate_end_to_end(tmp_path):
                         r'[^}]*\} (\S+)', text)
         assert rss and float(rss.group(1)) > 10 * 2**20
         assert re.search(r'tpumon_source_up\{[^}]*source="tpu_runtime"[^}]*\} 1\.0', text)
-        verdicts = re.findall(r'tpumon_leak_verdict\{[^}]*chip="0"[^}]*verdict="(\w+)"[^}]*\} (\S+)', text)
+        verdicts = re.findall(
+            r'tpumon_leak_verdict\{[^}]*chip="0"[^}]*verdict="(\w+)"[^}]*\} (\S+)', text)
         assert len(verdicts) == 6 and [v for v, value in verdicts if value == "1.0"] in (
             ["insufficient_data"], ["warming_up"])
         status = run("status", "--agent", url.rsplit("/metrics", 1)[0], "--format", "json")

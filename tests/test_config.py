@@ -50,7 +50,8 @@ def test_config_path_from_environment(tmp_path):
 
 
 @pytest.mark.parametrize("text, message", [
-    ("[agent]\npoll_intervall = 1\n", "unknown key 'agent.poll_intervall' (did you mean 'agent.poll_interval'?)"),
+    ("[agent]\npoll_intervall = 1\n",
+     "unknown key 'agent.poll_intervall' (did you mean 'agent.poll_interval'?)"),
     ("[agnet]\npoll_interval = 1\n", "unknown key 'agnet' (did you mean 'agent'?)"),
     ("[agent]\npoll_interval = 'fast'\n", "agent.poll_interval must be a number, got 'fast'"),
     ("[agent]\npoll_interval = -1\n", "agent.poll_interval must be between 0.01 and 3600 s"),
@@ -86,7 +87,8 @@ def test_unreadable_or_missing_file(tmp_path):
 
 
 def test_bad_environment_values():
-    with pytest.raises(ConfigError, match="environment TPUMON_AGENT_POLL_INTERVAL: cannot read 'soon'"):
+    with pytest.raises(ConfigError,
+                       match="environment TPUMON_AGENT_POLL_INTERVAL: cannot read 'soon'"):
         load_config(None, env={"TPUMON_AGENT_POLL_INTERVAL": "soon"})
     with pytest.raises(ConfigError, match="unknown key 'TPUMON_AGENT_POLL'"):
         load_config(None, env={"TPUMON_AGENT_POLL": "1"})
@@ -95,7 +97,8 @@ def test_bad_environment_values():
 
 
 def test_flag_values_are_validated_too():
-    with pytest.raises(ConfigError, match="flag for agent.poll_interval: agent.poll_interval must be between 0.01"):
+    with pytest.raises(ConfigError, match="flag for agent.poll_interval: agent.poll_interval "
+                                          "must be between 0.01"):
         load_config(None, {"agent.poll_interval": 0.0}, env={})
 
 
@@ -108,7 +111,8 @@ def test_parse_ports_forms():
 
 
 def test_rendered_config_reads_back_identically(tmp_path):
-    original = load_config(write(tmp_path, "[agent]\npoll_interval = 2.5\n[runtime]\nports = [1, 2]\n"), env={})
+    original = load_config(
+        write(tmp_path, "[agent]\npoll_interval = 2.5\n[runtime]\nports = [1, 2]\n"), env={})
     rendered = render_toml(original)
     again = load_config(write(tmp_path, rendered), env={})
     assert again.values == original.values

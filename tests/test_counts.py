@@ -49,7 +49,8 @@ def test_a_restart_resets_the_trend_and_memory_stays_bounded():
 
 
 def test_diagnosis_names_the_most_specific_cause():
-    growing, flat = CountTrend(True, 1.0, 0.9, 9.0, 100, 500), CountTrend(False, 0.0, 0.0, 0.0, 100, 500)
+    growing, flat = (CountTrend(True, 1.0, 0.9, 9.0, 100, 500),
+                     CountTrend(False, 0.0, 0.0, 0.0, 100, 500))
     assert diagnose(growing, growing, True).code == "retained_tensors"
     assert diagnose(flat, CountTrend(True, 0.1, 0.05, 6.0, 100, 500), True).code == "recompilation"
     assert diagnose(flat, flat, True).code == "allocator"

@@ -526,7 +526,8 @@ def _synthetic(hours: float, poll: float, base: float, rate_per_s: float, peak: 
                idle: float, noise: float, drop: float, seed: int):
     """A training-like series: floor + sawtooth sampled at random phases + noise."""
     rng = np.random.default_rng(seed)
-    t = T0 + np.arange(0, hours * 3600, poll) + rng.uniform(0, poll * 0.1, int(hours * 3600 / poll) + 1)[:len(np.arange(0, hours * 3600, poll))]
+    t = T0 + np.arange(0, hours * 3600, poll) + rng.uniform(
+        0, poll * 0.1, int(hours * 3600 / poll) + 1)[:len(np.arange(0, hours * 3600, poll))]
     keep = rng.random(len(t)) >= drop
     t = t[keep]
     phase = rng.random(len(t))

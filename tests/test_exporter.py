@@ -96,7 +96,8 @@ def test_metrics_over_http(served):
     assert value(m, "tpumon_chip_owner_info", chip="0", pid=str(os.getpid())) == 1
     rss = value(m, "tpumon_training_process_resident_memory_bytes", pid=str(os.getpid()))
     assert rss > 10 * 2**20
-    assert value(m, "tpumon_host_memory_total_bytes") > value(m, "tpumon_host_memory_available_bytes")
+    assert value(m, "tpumon_host_memory_total_bytes") > value(
+        m, "tpumon_host_memory_available_bytes")
     assert value(m, "tpumon_build_info", version=__import__("tpumon").__version__) == 1
     assert value(m, "tpumon_poll_duration_seconds_count") == 1
     # every tpumon series carries the identity labels
@@ -132,7 +133,8 @@ def test_promtool_check_metrics_is_clean(served):
     text = get(served.base + "/metrics")[2]
     result = subprocess.run([require_tool("promtool"), "check", "metrics"], input=text, text=True,
                             capture_output=True, timeout=30)
-    assert result.returncode == 0 and result.stdout + result.stderr == "", result.stdout + result.stderr
+    assert result.returncode == 0 and result.stdout + result.stderr == "", \
+        result.stdout + result.stderr
 
 
 def test_landing_page_and_health(served):

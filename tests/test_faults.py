@@ -25,6 +25,7 @@ from concurrent import futures
 from types import SimpleNamespace
 
 import grpc
+from google.protobuf.message import DecodeError
 import numpy as np
 import psutil
 import pytest
@@ -222,7 +223,7 @@ def test_undecodable_bytes_from_the_runtime_are_a_reported_state():
     good = answer(USAGE, [gauge_entry(0, GiB)]).SerializeToString()
     # field 1 (the metric), length-delimited, claiming far more bytes than follow
     raw.payload = b"\x0a\xff\xff\xff\x07garbage"
-    with pytest.raises(Exception):
+    with pytest.raises(DecodeError):
         pb.MetricResponse.FromString(raw.payload)  # truly undecodable
     a = make_agent([raw.port], inventory=inventory_for("v4", 1))
     try:
@@ -337,7 +338,7 @@ def test_wall_clock_jumps_neither_stall_nor_burst_the_polls(runtime_servers, mon
     try:
         for jump in (-3600.0, 7200.0, 0.0):
             n = len(seen)
-            wait_for(lambda: len(seen) >= n + 8, 30)  # polls go on (a stall fails here)
+            wait_for(lambda n=n: len(seen) >= n + 8, 30)  # polls go on (a stall fails here)
             offset[0] += jump
     finally:
         stop.set()
@@ -508,6 +509,36 @@ class PollCounter(FakeRuntime):
         return answer(request.metric_name, [gauge_entry(d, value) for d in range(4)])
 
 
+def metrics_scrape_problems(text: str, seen: set[int]) -> list[str]:
+    """What is wrong with one scrape of /metrics: chips from more than one poll, or from
+    another poll than the poll counter's; adds the poll its chips came from to ``seen``."""
+    problems = []
+    parsed = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            parsed[(s.name, s.labels.get("chip"), s.labels.get("source"))] = s.value
+    used = {v for (n, _, _), v in parsed.items() if n == "tpumon_hbm_used_bytes"}
+    polls = parsed.get(("tpumon_source_polls_total", None, "tpu_runtime"))
+    errors = parsed.get(("tpumon_source_errors_total", None, "tpu_runtime"))
+    if used:
+        if len(used) != 1:
+            problems.append(f"/metrics mixed polls: {sorted(used)}")
+        elif errors == 0 and polls != next(iter(used)):
+            problems.append(f"/metrics: chips from poll {used}, counter {polls}")
+        seen.add(int(next(iter(used))))
+    return problems
+
+
+def status_scrape_problems(doc: dict) -> list[str]:
+    """What is wrong with one /api/status document: chips from more than one poll, or
+    (the runtime up) from another poll than the one it counts."""
+    used = {c["hbm_used_bytes"] for c in doc["chips"] if c["up"]}
+    if used and (len(used) != 1 or (doc["sources"]["tpu_runtime"]["up"]
+                                    and used != {doc["polls_total"]})):
+        return [f"/api/status mixed: {used} at poll {doc['polls_total']}"]
+    return []
+
+
 @pytest.mark.slow
 def test_scrapes_during_fast_polls_each_see_one_whole_poll():
     server = RuntimeServer(PollCounter())
@@ -527,19 +558,7 @@ def test_scrapes_during_fast_polls_each_see_one_whole_poll():
     def metrics_scraper() -> None:
         while not stop.is_set():
             try:
-                parsed = {}
-                for family in text_string_to_metric_families(get("/metrics")):
-                    for s in family.samples:
-                        parsed[(s.name, s.labels.get("chip"), s.labels.get("source"))] = s.value
-                used = {v for (n, _, _), v in parsed.items() if n == "tpumon_hbm_used_bytes"}
-                polls = parsed.get(("tpumon_source_polls_total", None, "tpu_runtime"))
-                errors = parsed.get(("tpumon_source_errors_total", None, "tpu_runtime"))
-                if used:
-                    if len(used) != 1:
-                        problems.append(f"/metrics mixed polls: {sorted(used)}")
-                    elif errors == 0 and polls != next(iter(used)):
-                        problems.append(f"/metrics: chips from poll {used}, counter {polls}")
-                    seen.add(int(next(iter(used))))
+                problems.extend(metrics_scrape_problems(get("/metrics"), seen))
                 scrapes[0] += 1
             except Exception as exc:  # noqa: BLE001 - collected, asserted below
                 problems.append(f"/metrics: {type(exc).__name__}: {exc}")
@@ -547,11 +566,7 @@ def test_scrapes_during_fast_polls_each_see_one_whole_poll():
     def status_scraper() -> None:
         while not stop.is_set():
             try:
-                doc = json.loads(get("/api/status"))
-                used = {c["hbm_used_bytes"] for c in doc["chips"] if c["up"]}
-                if used and (len(used) != 1 or (doc["sources"]["tpu_runtime"]["up"]
-                                                and used != {doc["polls_total"]})):
-                    problems.append(f"/api/status mixed: {used} at poll {doc['polls_total']}")
+                problems.extend(status_scrape_problems(json.loads(get("/api/status"))))
                 scrapes[0] += 1
             except Exception as exc:  # noqa: BLE001
                 problems.append(f"/api/status: {type(exc).__name__}: {exc}")

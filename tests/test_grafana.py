@@ -408,7 +408,7 @@ def test_every_query_returns_data_from_a_simulated_pod(tmp_path, processes, trai
     ports = [free_port() for _ in HOSTS]
     prom_port = free_port()
     base_env = clean_env() | DENSE_POLLS
-    for worker, (host, port) in enumerate(zip(HOSTS, ports)):
+    for worker, (host, port) in enumerate(zip(HOSTS, ports, strict=True)):
         env = {**base_env, "TPUMON_IDENTITY_HOSTNAME": host,
                "TPUMON_IDENTITY_WORKER": str(worker), "TPUMON_IDENTITY_SLICE": SLICE,
                "TPUMON_IDENTITY_ACCELERATOR_TYPE": ACCELERATOR,

@@ -23,7 +23,8 @@ sys.argv = ["tpumon"]
 import click
 from tpumon.cli import main
 main.get_command(click.Context(main), "agent")  # what running `tpumon agent` loads first
-import tpumon.agent.loop, tpumon.agent.bootstrap, tpumon.sources.tpu_runtime, tpumon.sources.pod_resources
+import tpumon.agent.loop, tpumon.agent.bootstrap
+import tpumon.sources.tpu_runtime, tpumon.sources.pod_resources
 import os
 print(os.environ.get("GRPC_VERBOSITY"), "grpc" in sys.modules, "tpu_info.metrics" in sys.modules)
 """

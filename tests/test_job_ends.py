@@ -138,8 +138,8 @@ def test_the_forecast_at_alert_time_is_compared_with_the_death():
     assert end.cause == "hbm_oom"
     assert end.forecast_comparison() == ("forecast made at 08:00 UTC: OOM at step 61,100 "
                                          "(60,400-61,900); died at step 61,234")
-    assert end.summary().endswith("; forecast made at 08:00 UTC: OOM at step 61,100 (60,400-61,900); "
-                                  "died at step 61,234")
+    assert end.summary().endswith("; forecast made at 08:00 UTC: OOM at step 61,100 "
+                                  "(60,400-61,900); died at step 61,234")
 
 
 def test_a_forecast_across_midnight_is_dated_and_a_death_without_a_step_reads_well():

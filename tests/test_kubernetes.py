@@ -155,7 +155,8 @@ def resolved_env(container: dict) -> dict[str, str]:
 
 # --- schemas -------------------------------------------------------------------------
 
-DURATION = r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"
+DURATION = (r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?"
+            r"(([0-9]+)ms)?)$")
 LABEL_SELECTOR = {
     "type": "object", "additionalProperties": False,
     "properties": {
@@ -412,7 +413,7 @@ def test_probes_ask_a_path_the_agent_serves():
         assert probe["httpGet"]["port"] == "metrics"
         statuses = []
         body = b"".join(app({"PATH_INFO": probe["httpGet"]["path"], "REQUEST_METHOD": "GET"},
-                            lambda status, headers: statuses.append(status)))
+                            lambda status, headers, *, into=statuses: into.append(status)))
         assert statuses == ["200 OK"], (probe["httpGet"]["path"], body)
 
 

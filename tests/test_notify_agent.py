@@ -82,10 +82,10 @@ def test_a_stalled_step_is_paged_and_resolved_without_leaking_secrets(tmp_path):
             assert "Resolved" in slack.wait_for_requests(2, 30)[1].body["text"]
             for name in ("pagerduty", "slack"):  # the snapshot after the deliveries
                 try:
-                    wait_for(lambda: agent.value("tpumon_notifier_deliveries_total",
-                                                 notifier=name) == 2, 30)
-                    wait_for(lambda: agent.value("tpumon_notifier_pending_notifications",
-                                                 notifier=name) == 0, 30)
+                    wait_for(lambda name=name: agent.value("tpumon_notifier_deliveries_total",
+                                                           notifier=name) == 2, 30)
+                    wait_for(lambda name=name: agent.value(
+                        "tpumon_notifier_pending_notifications", notifier=name) == 0, 30)
                 except AssertionError as failure:
                     raise AssertionError(f"{name}: {failure}; {received(slack, pagerduty)}; "
                                          f"the agent's log ends:\n{agent.log()[-3000:]}") from None

@@ -148,7 +148,7 @@ def test_the_report_says_what_analyze_says(scenario, seed):
             assert leaks[0] == result.alert["time"]
         else:
             assert not leaks
-        assert all(a[1] == b[0] for a, b in zip(chip.verdicts, chip.verdicts[1:]))
+        assert all(a[1] == b[0] for a, b in zip(chip.verdicts, chip.verdicts[1:], strict=False))
         assert chip.verdicts[0][0] == chip.start and chip.verdicts[-1][1] == chip.end
 
 

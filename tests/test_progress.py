@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from test_analyze import SLICE, slice_dir  # noqa: F401 - the fixture: a two-host slice
+from test_analyze import SLICE, write_slice
 from test_store import record_all
 from tools import clean_env
 from tpumon.sim.tracegen import generate_trace
@@ -25,8 +25,8 @@ def on_a_terminal(*args: str, stdout=None) -> tuple[int, str]:
     status and all it drew (bars included: a transient bar is drawn, then erased)."""
     main_fd, term = pty.openpty()
     child = subprocess.Popen([*TPUMON, *args], stdin=subprocess.DEVNULL,
-                             stdout=term if stdout is None else stdout, stderr=term, env={**clean_env(), "COLUMNS": "100",
-                                               "TERM": "xterm"})
+                             stdout=term if stdout is None else stdout, stderr=term,
+                             env={**clean_env(), "COLUMNS": "100", "TERM": "xterm"})
     os.close(term)
     drawn = b""
     while True:
@@ -44,6 +44,12 @@ def on_a_terminal(*args: str, stdout=None) -> tuple[int, str]:
 def piped(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([*TPUMON, *args], capture_output=True, text=True, timeout=120,
                           env=clean_env())
+
+
+@pytest.fixture(scope="module")
+def slice_dir(tmp_path_factory):
+    """test_analyze's two-host slice: host 0 leaks, host 1 is healthy."""
+    return write_slice(tmp_path_factory.mktemp("slice"))
 
 
 def samples(*traces) -> int:

@@ -352,7 +352,7 @@ def test_nan_points_are_no_samples(tmp_path):
             metric = query.split("{", 1)[0]
             result = [] if metric not in values else [{
                 "metric": {"__name__": metric, "slice": "s", "host": "s-w-0", "chip": "0"},
-                "values": [[t, v] for t, v in zip(at, values[metric])]}]
+                "values": [[t, v] for t, v in zip(at, values[metric], strict=True)]}]
             body = json.dumps({"status": "success",
                                "data": {"resultType": "matrix", "result": result}}).encode()
             self.send_response(200)

@@ -131,26 +131,31 @@ MUTATIONS = {
     "TPUMonHBMJump threshold 3 % -> 10 %": (
         ") > 0.03 * tpumon_hbm_total_bytes", ") > 0.10 * tpumon_hbm_total_bytes", "hbm.yml"),
     "TPUMonOOMForecast without the leak verdict": (
-        'and ignoring (verdict)\n            (tpumon_leak_verdict{verdict="leak"} == 1)\n        for: 2m',
+        'and ignoring (verdict)\n            (tpumon_leak_verdict{verdict="leak"} == 1)\n'
+        '        for: 2m',
         "\n        for: 2m", "leak.yml"),
     "TPUMonHBMJump without the guard for a chip that held nothing": (
         "          and\n          min_over_time(tpumon_hbm_used_bytes[5m] offset 10m)"
         " > 0.05 * tpumon_hbm_total_bytes\n", "",
         "hbm.yml"),
     "TPUMonHBMHigh on raw samples (in-step peaks) instead of the floor": (
-        "          min_over_time(tpumon_hbm_used_bytes[5m]) / tpumon_hbm_total_bytes\n            >",
-        "          max_over_time(tpumon_hbm_used_bytes[5m]) / tpumon_hbm_total_bytes\n            >",
+        "          min_over_time(tpumon_hbm_used_bytes[5m]) / tpumon_hbm_total_bytes\n"
+        "            >",
+        "          max_over_time(tpumon_hbm_used_bytes[5m]) / tpumon_hbm_total_bytes\n"
+        "            >",
         "hbm.yml"),
     "TPUMonTrainingStalled also where the chips hold nothing": (
         "group_left tpumon_hbm_used_bytes\n                ) > 0",
         "group_left tpumon_hbm_used_bytes\n                ) >= 0", "health.yml"),
     "TPUMonTrainingStalled on the host's chips, not the process's own": (
-        "and on (instance, job, pid)\n              (\n                max by (instance, job, pid) (\n"
+        "and on (instance, job, pid)\n              (\n"
+        "                max by (instance, job, pid) (\n"
         "                  tpumon_chip_owner_info * on (instance, job, chip) group_left ",
         "and on (instance, job)\n              (\n                max by (instance, job) (\n"
         "                  ", "health.yml"),
     "TPUMonTrainingStalled ignoring the exported stall time": (
-        "> ignoring (pid, framework, rank) group_left\n              tpumon_alert_training_stall_seconds",
+        "> ignoring (pid, framework, rank) group_left\n"
+        "              tpumon_alert_training_stall_seconds",
         "> 60", "health.yml"),
     "TPUMonJobDiedOOM also for a job that exited": (
         'tpumon_job_ends_total{cause=~"hbm_oom|host_oom"}', 'tpumon_job_ends_total',

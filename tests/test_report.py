@@ -110,7 +110,7 @@ def test_report_of_a_leak_via_the_command_line(traces, tmp_path):
     analyzed = [r.to_json() for r in analyze_file(str(trace))]
     rows = summary_rows(html)
     assert len(rows) == len(analyzed) == 2
-    for row, series in zip(rows, analyzed):
+    for row, series in zip(rows, analyzed, strict=True):
         assert row.startswith(f"<td>{series['chip']}</td>")
         assert series["verdict"] == "leak" and ">leak</span>" in row
         assert f"step {series['predicted_oom']['step']:,}" in row
@@ -138,7 +138,7 @@ def test_healthy_report_says_ok(reports):
 def test_leaking_reports_forecast_the_oom(reports, traces, scenario):
     html = reports[scenario][2].read_text()
     columns = read_trace_columns(traces[scenario])
-    for row, ((host, chip), c) in zip(summary_rows(html), columns.items()):
+    for row, ((host, chip), c) in zip(summary_rows(html), columns.items(), strict=True):
         result = replay_series(host, chip, *c)
         assert result.verdict == "leak" and ">leak</span>" in row
         assert f"at step {result.predicted_oom['step']:,}" in row

@@ -470,7 +470,7 @@ def test_the_agent_gives_each_chip_its_process_step(tmp_path, receiver, runtime_
         steps = list(range(100, 112))
         for step in steps:
             reporter.step(step)
-            wait_for(lambda: r.poll().processes.get(os.getpid()) and
+            wait_for(lambda step=step: r.poll().processes.get(os.getpid()) and
                      r.poll().processes[os.getpid()].step == step, 5)
             snap = agent.poll_once()
             assert snap.chip_steps == {"0": step, "1": step}
@@ -479,7 +479,8 @@ def test_the_agent_gives_each_chip_its_process_step(tmp_path, receiver, runtime_
         rows = list(export_rows(store._db))
         assert [r.step for r in rows if r.chip == "0"] == steps
         text = generate_latest(registry).decode()
-        assert f'tpumon_process_step{{accelerator_type="",framework="fake",host="h",pid="{os.getpid()}",rank="3",slice="",worker=""}} 111.0' in text
+        assert (f'tpumon_process_step{{accelerator_type="",framework="fake",host="h",'
+                f'pid="{os.getpid()}",rank="3",slice="",worker=""}} 111.0') in text
         assert 'tpumon_process_compiles_total{' in text and 'cache="miss"' in text
     finally:
         source.close()

@@ -71,7 +71,8 @@ def test_one_chip_per_port(simulator):
     sim = simulator(Workload("healthy", start_time=0.0), ManualClock(5000.0), ports=(0, 0, 0, 0))
     source = TpuRuntimeSource("127.0.0.1", sim.ports, 1.0, inventory_for("v4", 4))
     reading = source.poll()
-    assert {c: s.port for c, s in reading.chips.items()} == dict(zip("0123", sim.ports))
+    assert {c: s.port for c, s in reading.chips.items()} == dict(
+        zip("0123", sim.ports, strict=True))
 
 
 def test_job_restart_closes_and_reopens_the_port(simulator):
@@ -125,7 +126,8 @@ def test_agent_poll_loop_detects_a_leak_end_to_end(simulator):
     source.close()
     assert {"warming_up", "insufficient_data", "leak"} <= verdicts
     text = generate_latest(registry).decode()
-    assert 'tpumon_leak_verdict{accelerator_type="",chip="0",host="t1v-n-9-w-0",slice="",verdict="leak",worker=""} 1.0' in text
+    assert ('tpumon_leak_verdict{accelerator_type="",chip="0",host="t1v-n-9-w-0",slice="",'
+            'verdict="leak",worker=""} 1.0') in text
     predicted = state.current.assessments["0"].predicted_oom_time
     assert clock.t < predicted < workload.oom_time + 3600
 

@@ -88,8 +88,8 @@ def test_summary_names_the_slice_the_leak_and_the_first_oom():
     assert len(view.chips) == 16
     assert [(c.worker, c.chip) for c in view.chips[:5]] == \
         [("0", "0"), ("0", "1"), ("0", "2"), ("0", "3"), ("1", "0")]
-    assert summary_line(view) == \
-        "v4-32 slice my-tpu: 4 of 4 workers answered, 16 chips; 16 leaking, first OOM w-3 chip 0 in 6.0 h"
+    assert summary_line(view) == ("v4-32 slice my-tpu: 4 of 4 workers answered, 16 chips; "
+                                  "16 leaking, first OOM w-3 chip 0 in 6.0 h")
 
 
 def test_a_worker_that_does_not_answer_is_said_and_hides_nothing():
@@ -113,7 +113,8 @@ def test_a_slice_without_verdicts_is_not_called_leak_free():
                for w in range(4)]
     line = summary_line(build_view(answers))
     assert "no leak" not in line
-    assert line == "v4-32 slice my-tpu: 4 of 4 workers answered, 16 chips; 8 warming up, 8 collecting"
+    assert line == ("v4-32 slice my-tpu: 4 of 4 workers answered, 16 chips; 8 warming up, "
+                    "8 collecting")
     mixed = [WorkerAnswer("10.0.0.1", "http://10.0.0.1:9847",
                           status_doc(1, ["ok", "insufficient_data"]))]
     assert summary_line(build_view(mixed)).endswith("2 chips; 1 ok, 1 collecting")
@@ -185,8 +186,8 @@ def test_status_slice_from_metadata_on_a_slice_of_loopback_addresses(servers):
         metadata.close()
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0].strip() == ("v4-32 slice my-tpu: 3 of 4 workers answered, 6 chips; 3 leaking, 3 "
-                                "ok, first OOM w-0 chip 0 in 2.0 h; 1 down "
+    assert lines[0].strip() == ("v4-32 slice my-tpu: 3 of 4 workers answered, 6 chips; "
+                                "3 leaking, 3 ok, first OOM w-0 chip 0 in 2.0 h; 1 down "
                                 "(127.0.0.4)")
     assert sum(" leak " in line for line in lines) == 3
     assert any("127.0.0.4" in line and " down " in line for line in lines)

@@ -29,7 +29,8 @@ def snap(groups: list[TensorGroup], **kw) -> Snapshot:
 
 
 def doc() -> dict:
-    return json.loads(snap([TensorGroup((4, 8), "float32", "", 2, 256, {"a.py:1 (x)": 1})]).to_json())
+    return json.loads(
+        snap([TensorGroup((4, 8), "float32", "", 2, 256, {"a.py:1 (x)": 1})]).to_json())
 
 
 @pytest.mark.parametrize("dtype,short", [
@@ -198,7 +199,8 @@ def test_not_bytes_is_a_value_error():
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(min_value=-2**70, max_value=2**70)
     | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=30),
-    lambda children: st.lists(children, max_size=5) | st.dictionaries(st.text(max_size=12), children, max_size=5),
+    lambda children: st.lists(children, max_size=5)
+    | st.dictionaries(st.text(max_size=12), children, max_size=5),
     max_leaves=30)
 
 
@@ -291,8 +293,9 @@ def test_fuzz_nearly_valid_snapshots(d):
 @given(st.lists(st.tuples(st.lists(st.integers(min_value=0, max_value=2**20), max_size=4),
                           st.sampled_from(["float32", "bfloat16", "int8", "bool"]),
                           st.sampled_from(["", "xla:1"]), st.integers(min_value=1, max_value=1000),
-                          st.dictionaries(st.text(max_size=30).map(lambda t: clean_text(t or "x", 50)),
-                                          st.integers(min_value=1, max_value=3), max_size=3)),
+                          st.dictionaries(
+                              st.text(max_size=30).map(lambda t: clean_text(t or "x", 50)),
+                              st.integers(min_value=1, max_value=3), max_size=3)),
                 unique_by=lambda g: (tuple(g[0]), g[1], g[2]), max_size=30))
 @FUZZ
 @pytest.mark.slow
@@ -310,7 +313,8 @@ def test_make_snapshot_groups_and_counts_sites():
         ((), "float32", "", "a.py:1"): [3, 12], ((), "float32", "", None): [2, 8],
         ((), "float32", "", "b.py:2"): [1, 4], ((4,), "bfloat16", "tpu:1", None): [1, 8]})
     groups = {g.key: g for g in s.groups}
-    assert groups[(), "float32", ""] == TensorGroup((), "float32", "", 6, 24, {"a.py:1": 3, "b.py:2": 1})
+    assert groups[(), "float32", ""] == TensorGroup((), "float32", "", 6, 24,
+                                                    {"a.py:1": 3, "b.py:2": 1})
     assert groups[(4,), "bfloat16", "tpu:1"].sites == {}
     assert (s.total_count, s.total_bytes, s.step, s.tracking) == (7, 32, 7, True)
     Snapshot.from_json(s.to_json())
@@ -324,7 +328,8 @@ def test_clean_text():
 def test_site_names(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "sub").mkdir()
-    (tmp_path / "sub" / "train.py").write_text("x = 1\n    loss = model(x).mean()   \n" + "y" * 100 + "\n")
+    (tmp_path / "sub" / "train.py").write_text(
+        "x = 1\n    loss = model(x).mean()   \n" + "y" * 100 + "\n")
     namer = SiteNamer(("pytest",))
     path = str(tmp_path / "sub" / "train.py")
     assert namer.name(path, 2) == "sub/train.py:2 (loss = model(x).mean())"

@@ -2,7 +2,6 @@
 
 import logging
 import os
-import re
 import subprocess
 import sys
 import threading
@@ -25,7 +24,8 @@ from tools import free_port, wait_for
 
 def test_inventory_for_chip_types():
     v4 = inventory_for("v4", 4)
-    assert (v4.chip_type, v4.devices, v4.hbm_bytes_per_device) == ("v4", ["0", "1", "2", "3"], 32 * 2**30)
+    assert (v4.chip_type, v4.devices, v4.hbm_bytes_per_device) == (
+        "v4", ["0", "1", "2", "3"], 32 * 2**30)
     v3 = inventory_for("v3", 4)  # two TensorCores per chip, each with its own HBM
     assert v3.devices == [str(i) for i in range(8)] and v3.hbm_bytes_per_device == 8 * 2**30
 
@@ -36,10 +36,13 @@ def test_detect_chips_on_a_machine_without_tpus():
 
 
 def test_owner_paths_map_to_chip_indexes(monkeypatch):
-    assert scan_chip_owners(lambda: {"/dev/accel0": 100, "/dev/accel3": 101}) == {"0": 100, "3": 101}
+    assert scan_chip_owners(lambda: {"/dev/accel0": 100, "/dev/accel3": 101}) == {
+        "0": 100, "3": 101}
     # vfio paths are IOMMU groups, not chip indexes: tpu-info's chip order decides
-    fake_chips = [tpu_device.ChipInfo("0000:00:05", {0: tpu_device.CoreInfo(0, "0x0063", "/dev/vfio/12", "")}),
-                  tpu_device.ChipInfo("0000:00:06", {0: tpu_device.CoreInfo(0, "0x0063", "/dev/vfio/7", "")})]
+    fake_chips = [tpu_device.ChipInfo("0000:00:05",
+                                      {0: tpu_device.CoreInfo(0, "0x0063", "/dev/vfio/12", "")}),
+                  tpu_device.ChipInfo("0000:00:06",
+                                      {0: tpu_device.CoreInfo(0, "0x0063", "/dev/vfio/7", "")})]
     monkeypatch.setattr(chips.tpu_device, "get_chips", lambda: fake_chips)
     assert scan_chip_owners(lambda: {"/dev/vfio/7": 55, "/dev/vfio/12": 44}) == {"1": 55, "0": 44}
 
@@ -127,7 +130,8 @@ def test_an_unreadable_process_hides_no_other_owner(tmp_path):
 
 
 def test_host_source_reports_owner_rss_and_forgets_exited_pids():
-    child = subprocess.Popen([sys.executable, "-c", "import time; b=bytearray(64<<20); time.sleep(30)"])
+    child = subprocess.Popen([sys.executable, "-c",
+                              "import time; b=bytearray(64<<20); time.sleep(30)"])
     try:
         owners = {"0": os.getpid(), "1": os.getpid(), "2": child.pid}
         source = HostSource(lambda: owners)
@@ -182,7 +186,8 @@ def test_source_tracker_turns_failures_into_state(caplog):
     h = tracker.health
     assert (h.up, h.polls_total, h.errors_total, h.error) == (True, 4, 3, None)
     messages = [r.getMessage() for r in caplog.records]
-    assert messages == ["demo: down: no runtime", "demo: down: ValueError: garbage", "demo: up again"]
+    assert messages == ["demo: down: no runtime", "demo: down: ValueError: garbage",
+                        "demo: up again"]
 
 
 def test_journal_formatter_prefixes_priority():

@@ -14,7 +14,8 @@ from click.testing import CliRunner
 from tpumon.cli import COMMANDS, main
 
 HEAVY = ("grpc", "numpy", "prometheus_client", "tpu_info", "tpumon.agent.loop",
-         "tpumon.agent.bootstrap", "tpumon.metrics", "tpumon.web", "tpumon.detect", "matplotlib", "rich")
+         "tpumon.agent.bootstrap", "tpumon.metrics", "tpumon.web", "tpumon.detect", "matplotlib",
+         "rich")
 
 LOADED_BY = """
 import sys
@@ -51,7 +52,8 @@ def test_status_loads_neither_the_agent_nor_numpy_until_it_polls_the_runtime_its
     loaded = modules_loaded_by("status", "--help")
     assert "tpumon.cli.status" in loaded
     heavy = sorted(m for m in loaded if m.split(".")[0] in ("grpc", "numpy", "tpu_info")
-                   or m.startswith(("tpumon.agent.loop", "tpumon.agent.bootstrap", "tpumon.detect")))
+                   or m.startswith(("tpumon.agent.loop", "tpumon.agent.bootstrap",
+                                    "tpumon.detect")))
     assert not heavy, f"tpumon status imported {heavy}"
 
 

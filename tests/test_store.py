@@ -41,9 +41,11 @@ def trace(scenario="linear-leak", hours=8.0, interval=5.0, chips=2, seed=3, **kw
                                chips=chips, seed=seed, host=HOST, **kw))
 
 
-def record_all(state_dir, rows, retention=Retention(), checkpoint_every=None):
-    """Write rows through the real writer thread, as the agent does; return the writer
-    (stopped) and, with ``checkpoint_every``, the detectors fed alongside."""
+def record_all(state_dir, rows, retention=None, checkpoint_every=None):
+    """Write rows through the real writer thread, as the agent does (with ``retention``,
+    default ``Retention()``); return the writer (stopped) and, with ``checkpoint_every``,
+    the detectors fed alongside."""
+    retention = Retention() if retention is None else retention
     writer = StoreWriter(state_dir, retention, open_database(state_dir, retention))
     writer.start()
     detectors: dict[str, ChipDetector] = {}
@@ -143,8 +145,8 @@ def test_old_samples_roll_up_into_minute_floors_and_peaks(tmp_path):
     assert as_tuples(raw) == as_tuples([r for r in rows if r.time >= raw_start])
     assert newest - 4 * 3600 - 60 <= old[0].time < newest - 4 * 3600 + 60
     by_minute = {m: list(g) for m, g in groupby(rows, key=lambda r: math.floor(r.time / 60))}
-    for minute, group in groupby(old, key=lambda r: math.floor(r.time / 60)):
-        group, source = list(group), by_minute[minute]
+    for minute, rolled_up in groupby(old, key=lambda r: math.floor(r.time / 60)):
+        group, source = list(rolled_up), by_minute[minute]
         assert [r.hbm_used_bytes for r in group] == [min(r.hbm_used_bytes for r in source),
                                                       max(r.hbm_used_bytes for r in source)]
         assert (group[0].time, group[0].step) == (source[0].time, source[0].step)

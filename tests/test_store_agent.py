@@ -75,7 +75,7 @@ def test_restart_mid_run_resumes_verdict_slope_and_forecast(tmp_path):
     finally:
         sim.stop()
     for chip, samples in seen.items():
-        t, used, total = (np.array(c, dtype=float) for c in zip(*samples))
+        t, used, total = (np.array(c, dtype=float) for c in zip(*samples, strict=True))
         reference = ChipDetector()
         reference.update(t, np.full(len(t), np.nan), used, total)
         resumed = second.state.current.assessments[chip]
@@ -96,7 +96,8 @@ def test_kill_9_loses_at_most_the_write_delay_and_the_restart_resumes(tmp_path, 
         wait_for(lambda: (agent.value("tpumon_store_polls_written_total") or 0) >= 60, 60)
         m = agent.metrics()
         runtime = (("source", "tpu_runtime"),)
-        polled = m[("tpumon_source_polls_total", runtime)] - m[("tpumon_source_errors_total", runtime)]
+        polled = (m[("tpumon_source_polls_total", runtime)]
+                  - m[("tpumon_source_errors_total", runtime)])
         agent.proc.kill()
         agent.proc.wait(10)
     finally:

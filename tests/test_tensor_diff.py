@@ -74,7 +74,8 @@ def test_groups_are_sorted_by_bytes_growth_and_cut_to_top():
                  TensorGroup((1024,), "float32", "", 20, 20 * 4096),
                  TensorGroup((2,), "int8", "", 30, 60))
     d = diff(before, after)
-    assert [g.label() for g in d.grown] == ["bf16[4096,14336]", "f32[1024]", "s32[8]", "s8[2]", "f32[]"]
+    assert [g.label() for g in d.grown] == ["bf16[4096,14336]", "f32[1024]", "s32[8]", "s8[2]",
+                                            "f32[]"]
     text = d.summary(top=2)
     assert text.startswith("likely leak: +1 bf16[4096,14336] every 10 steps (112.0 MiB each); "
                            "+2 f32[1024] per step (4.0 KiB each); and 3 more growing groups")
@@ -206,7 +207,8 @@ def test_fuzz_diff_invariants(a, b, s1, s2, slope):
     growth = sum(max(g.count, 0) for g in b) - sum(g.count for g in a)
     assert sum(g.count_delta for g in d.grown) + sum(g.count_delta for g in d.shrunk) == growth
     assert all(g.count_delta > 0 or g.bytes_delta > 0 for g in d.grown)
-    assert [g.bytes_delta for g in d.grown] == sorted((g.bytes_delta for g in d.grown), reverse=True)
+    assert [g.bytes_delta for g in d.grown] == sorted((g.bytes_delta for g in d.grown),
+                                                      reverse=True)
     f = d.explained_fraction(slope)
     assert f is None or 0.0 <= f <= 1.0
     text = d.summary(slope)

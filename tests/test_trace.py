@@ -33,7 +33,8 @@ ROWS = [
     TraceRow(1750000000.0, "t1v-n-0a1b2c3d-w-0", "1", 1200, 22551724032, TOTAL),
     TraceRow(1750000005.125, "t1v-n-0a1b2c3d-w-0", "0", None, 22548578305, TOTAL),
     TraceRow(1750000005.125, 'odd "host", with comma', "chip-a", 0, 0, TOTAL),
-    TraceRow(1750000010.999, "t1v-n-0a1b2c3d-w-0", "0", 3, TOTAL + 5, TOTAL),  # used > total is data
+    # used > total is data
+    TraceRow(1750000010.999, "t1v-n-0a1b2c3d-w-0", "0", 3, TOTAL + 5, TOTAL),
 ]
 
 
@@ -216,13 +217,17 @@ JSONL_ERRORS = [
      "missing required key 'hbm_total_bytes'"),
     ('{' + GOOD.replace('"hbm_used_bytes": 5', '"hbm_used_bytes": 5.5') + '}\n', 1,
      "column 'hbm_used_bytes': 5.5 is not an integer"),
-    ('{' + GOOD.replace('"hbm_used_bytes": 5', '"hbm_used_bytes": 5.0') + '}\n', 1, "is not an integer"),
-    ('{' + GOOD.replace('"hbm_used_bytes": 5', '"hbm_used_bytes": true') + '}\n', 1, "is not an integer"),
+    ('{' + GOOD.replace('"hbm_used_bytes": 5', '"hbm_used_bytes": 5.0') + '}\n', 1,
+     "is not an integer"),
+    ('{' + GOOD.replace('"hbm_used_bytes": 5', '"hbm_used_bytes": true') + '}\n', 1,
+     "is not an integer"),
     ('{' + GOOD.replace('"time": 1', '"time": NaN') + '}\n', 1, "is not a finite number"),
     ('{' + GOOD.replace('"time": 1', '"time": null') + '}\n', 1, "column 'time' is empty"),
     ('{' + GOOD.replace('"host": "h"', '"host": 3') + '}\n', 1, "column 'host': 3 is not a string"),
-    ('{' + GOOD.replace('"chip": 0', '"chip": 0.5') + '}\n', 1, "column 'chip': 0.5 is not a string"),
-    ('{' + GOOD.replace('"time": 1', '"time": 9') + '}\n{' + GOOD + '}\n', 2, "is earlier than 9.000"),
+    ('{' + GOOD.replace('"chip": 0', '"chip": 0.5') + '}\n', 1,
+     "column 'chip': 0.5 is not a string"),
+    ('{' + GOOD.replace('"time": 1', '"time": 9') + '}\n{' + GOOD + '}\n', 2,
+     "is earlier than 9.000"),
 ]
 
 
@@ -274,7 +279,7 @@ def columns_as_series(columns):
         assert len(c.times) == len(c.steps) == len(c.used) == len(c.total) > 0
         series[key] = [(t, None if math.isnan(s) else int(s), u, tot)
                        for t, s, u, tot in zip(c.times.tolist(), c.steps.tolist(),
-                                               c.used.tolist(), c.total.tolist())]
+                                               c.used.tolist(), c.total.tolist(), strict=True)]
     return series
 
 

@@ -37,7 +37,6 @@ from prometheus_client import CollectorRegistry, Gauge
 
 from tools import Processes, clean_env, free_port, require_tool, wait_for
 from tpumon.common.config import ConfigError
-from tpumon.web.webconfig import live as webconfig
 from tpumon.web.http import MetricsServer
 from tpumon.web.webconfig.live import (CIPHERS_TLS12, CIPHERS_TLS13, BasicAuth,
                                        LiveWebConfig, load_web_config)

@@ -38,15 +38,16 @@ def floors_on_grid(w: Workload, t0: float, t1: float, dt: float) -> list[tuple[i
 
 
 def after_first_eval(w: Workload) -> float:
-    """A time just past the first eval, when the eval executable exists (healthy floor is then flat but for the cache)."""
+    """A time just past the first eval, when the eval executable exists (healthy floor is
+    then flat but for the cache)."""
     return t_at_step(w, w.params.eval_every_steps + 1)
 
 
 def test_scenario_registry_has_the_documented_names():
-    assert set(SCENARIOS) == {"healthy", "linear-leak", "fast-leak", "staircase-leak", "chip0-leak",
-                              "step-change", "job-restart", "job-exit", "host-oom", "saturating-cache",
-                              "irregular-staircase", "leak-rate-change", "stall",
-                              "slow-dcn"}
+    assert set(SCENARIOS) == {"healthy", "linear-leak", "fast-leak", "staircase-leak",
+                              "chip0-leak", "step-change", "job-restart", "job-exit", "host-oom",
+                              "saturating-cache", "irregular-staircase", "leak-rate-change",
+                              "stall", "slow-dcn"}
     for name, s in SCENARIOS.items():
         assert s.name == name and s.description and "\n" not in s.description
 
@@ -69,7 +70,8 @@ def test_overrides_are_applied_exactly_and_ranges_are_drawn_per_seed():
     assert len(draws) == 5
     lo, hi = SCENARIOS["healthy"].weights_bytes
     assert all(lo <= d <= hi for d in draws)
-    assert all(isinstance(Workload("healthy", seed=s).params.eval_every_steps, int) for s in range(5))
+    assert all(isinstance(Workload("healthy", seed=s).params.eval_every_steps, int)
+               for s in range(5))
 
 
 def test_custom_scenario_object_is_accepted():
@@ -82,7 +84,8 @@ def test_custom_scenario_object_is_accepted():
 
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
 def test_samples_lie_between_floor_and_total(name):
-    w = Workload(name, seed=3, leak_bytes_per_step=600_000) if "leak" in name else Workload(name, seed=3)
+    w = (Workload(name, seed=3, leak_bytes_per_step=600_000) if "leak" in name
+         else Workload(name, seed=3))
     total = w.hbm_total_bytes
     seen_up = 0
     for i in range(2500):
@@ -90,11 +93,12 @@ def test_samples_lie_between_floor_and_total(name):
         s, floor = w.sample(t), w.floor_bytes(t)
         assert s.hbm_total_bytes == total
         if not s.runtime_up:
-            assert s.step is None and s.hbm_used_bytes == () and s.duty_cycle_pct == () and floor == ()
+            assert s.step is None and s.hbm_used_bytes == () and s.duty_cycle_pct == () \
+                and floor == ()
             continue
         seen_up += 1
         assert len(s.hbm_used_bytes) == len(floor) == len(s.duty_cycle_pct) == 4
-        assert all(f <= u <= total for f, u in zip(floor, s.hbm_used_bytes))
+        assert all(f <= u <= total for f, u in zip(floor, s.hbm_used_bytes, strict=True))
         assert all(0.0 <= d <= 100.0 for d in s.duty_cycle_pct)
     assert seen_up > 500
 
@@ -127,7 +131,7 @@ def test_optimizer_state_appears_at_step_one():
     f0 = w.floor_bytes(w.params.warmup_s + 0.1)  # first step running: no optimizer state yet
     f1 = w.floor_bytes(t_at_step(w, 1) + 1e-3)
     expected = w.params.weights_bytes * w.params.optimizer_ratio
-    assert all(abs((b - a) - expected) < 0.05 * expected for a, b in zip(f0, f1))
+    assert all(abs((b - a) - expected) < 0.05 * expected for a, b in zip(f0, f1, strict=True))
 
 
 def test_first_eval_compiles_an_executable_that_stays():
@@ -137,7 +141,8 @@ def test_first_eval_compiles_an_executable_that_stays():
     during = w.floor_bytes(t_at_step(w, p.eval_every_steps) + 1.0)
     later = w.floor_bytes(t_at_step(w, 3 * p.eval_every_steps + 7))
     assert p.eval_executable_bytes > 10 * MB
-    assert all(abs(d - b - p.eval_executable_bytes) <= 1 for b, d in zip(before, during))
+    assert all(abs(d - b - p.eval_executable_bytes) <= 1
+               for b, d in zip(before, during, strict=True))
     assert later == during
 
 
@@ -145,7 +150,7 @@ def test_sawtooth_is_gigabytes_high_and_reaches_the_floor():
     w = Workload("healthy", seed=5)
     t0 = after_first_eval(w) + 60
     above = [u - f for i in range(3000) for u, f in
-             zip(w.sample(t0 + i * 0.21).hbm_used_bytes, w.floor_bytes(t0 + i * 0.21))]
+             zip(w.sample(t0 + i * 0.21).hbm_used_bytes, w.floor_bytes(t0 + i * 0.21), strict=True)]
     assert max(above) > 0.7 * w.params.train_transient_bytes
     assert min(above) < w.params.noise_bytes  # some polls land in the idle part of a step
 
@@ -171,13 +176,15 @@ def test_linear_leak_grows_by_the_rate_per_step_on_every_chip():
     assert all(abs(r - p.leak_bytes_per_step) <= p.leak_chip_spread * p.leak_bytes_per_step + 1e-6
                for r in rates)
     assert len(set(rates)) == 4  # small per-chip differences
-    t1, t2 = 2.5 * HOUR, 4.5 * HOUR  # the cache has (nearly) saturated; the fastest leak OOMs at 5 h
+    # the cache has (nearly) saturated; the fastest leak OOMs at 5 h
+    t1, t2 = 2.5 * HOUR, 4.5 * HOUR
     s1, s2 = w.sample(t1), w.sample(t2)
     f1, f2 = w.floor_bytes(t1), w.floor_bytes(t2)
     steps = s2.step - s1.step
     assert steps > 5_000
     for chip in range(4):
-        assert abs((f2[chip] - f1[chip]) - rates[chip] * steps) < 0.002 * rates[chip] * steps + 3 * MB
+        assert abs((f2[chip] - f1[chip]) - rates[chip] * steps) < \
+            0.002 * rates[chip] * steps + 3 * MB
 
 
 def test_linear_leak_ends_in_oom_hours_into_the_run():
@@ -209,7 +216,7 @@ def test_staircase_leak_jumps_by_a_fixed_amount_every_k_steps():
     p = w.params
     t0 = after_first_eval(w) + 3 * HOUR  # cache saturated: only the stairs move
     grid = floors_on_grid(w, t0, t0 + 2 * HOUR, 2.0)
-    jumps = [b[0] - a[0] for a, b in zip(grid, grid[1:]) if b[0] - a[0] > 1 * MB]
+    jumps = [b[0] - a[0] for a, b in zip(grid, grid[1:], strict=False) if b[0] - a[0] > 1 * MB]
     steps = w.sample(t0 + 2 * HOUR).step - w.sample(t0).step
     assert abs(len(jumps) - steps / p.stair_every_steps) <= 1
     assert all(abs(j - p.stair_bytes) < 0.05 * p.stair_bytes for j in jumps)
@@ -222,7 +229,7 @@ def test_step_change_is_one_permanent_jump_and_no_oom():
     t0 = after_first_eval(w)
     grid = floors_on_grid(w, t0, t0 + 12 * HOUR, 5.0)
     for chip in range(4):
-        diffs = [b[chip] - a[chip] for a, b in zip(grid, grid[1:])]
+        diffs = [b[chip] - a[chip] for a, b in zip(grid, grid[1:], strict=False)]
         big = [i for i, d in enumerate(diffs) if d > 0.5 * p.step_change_bytes]
         assert len(big) == 1
         assert abs(diffs[big[0]] - p.step_change_bytes) < 0.05 * p.step_change_bytes
@@ -332,9 +339,10 @@ def test_no_rows_while_the_runtime_is_down():
     first, second = w.jobs
     assert not any(first.end_time <= r.time < second.start_time for r in rows)
     times = sorted({r.time for r in rows})
-    assert max(b - a for a, b in zip(times, times[1:])) >= second.start_time - first.end_time - 10.0
+    assert max(b - a for a, b in zip(times, times[1:], strict=False)) >= \
+        second.start_time - first.end_time - 10.0
     steps = [r.step for r in rows if r.chip == "0"]
-    assert any(b < a for a, b in zip(steps, steps[1:]))
+    assert any(b < a for a, b in zip(steps, steps[1:], strict=False))
 
 
 def test_drop_probability_drops_about_that_fraction_without_changing_values():
@@ -346,7 +354,8 @@ def test_drop_probability_drops_about_that_fraction_without_changing_values():
 
 
 def test_trace_leak_matches_the_workload_ground_truth():
-    rows = [r for r in generate_trace("chip0-leak", duration_s=6 * HOUR, seed=4, poll_interval_s=60.0)]
+    rows = [r for r in generate_trace("chip0-leak", duration_s=6 * HOUR, seed=4,
+                                      poll_interval_s=60.0)]
     per_chip = defaultdict(list)
     for r in rows:
         per_chip[r.chip].append(r)
@@ -367,8 +376,10 @@ def test_generator_rejects_bad_arguments():
 
 
 def test_chips_and_host_are_passed_through():
-    rows = list(generate_trace("healthy", duration_s=60, chips=8, host="w-3", hbm_total_bytes=V4_HBM_TOTAL_BYTES))
-    assert {r.chip for r in rows} == {str(i) for i in range(8)} and {r.host for r in rows} == {"w-3"}
+    rows = list(generate_trace("healthy", duration_s=60, chips=8, host="w-3",
+                               hbm_total_bytes=V4_HBM_TOTAL_BYTES))
+    assert {r.chip for r in rows} == {str(i) for i in range(8)} and \
+        {r.host for r in rows} == {"w-3"}
     assert not math.isnan(rows[0].time)
 
 
@@ -384,7 +395,8 @@ def test_leak_starts_at_the_onset_step_and_the_oom_moves_out_by_as_many_steps():
     for n in (5_000, onset, 30_000):
         t = t_at_step(w, n) + 1e-3
         leaked_by_ref = min(n, onset) * 150_000  # what ref leaked that w had not yet
-        assert all(abs((r - f) - leaked_by_ref) <= 1 for r, f in zip(ref.floor_bytes(t), w.floor_bytes(t)))
+        assert all(abs((r - f) - leaked_by_ref) <= 1
+                   for r, f in zip(ref.floor_bytes(t), w.floor_bytes(t), strict=True))
     # The OOM bisection still holds: up one second before, gone at it, and the peak did not fit.
     oom = w.oom_time
     assert oom is not None and w.sample(oom - 1.0).runtime_up and not w.sample(oom).runtime_up
@@ -394,13 +406,14 @@ def test_leak_starts_at_the_onset_step_and_the_oom_moves_out_by_as_many_steps():
 
 
 def test_staircase_counts_its_stairs_from_the_onset():
-    w = Workload("staircase-leak", seed=4, leak_onset_step=6_000, stair_every_steps=500, cache_cap_bytes=0,
-                 eval_every_steps=0, leak_chip_spread=0)
+    w = Workload("staircase-leak", seed=4, leak_onset_step=6_000, stair_every_steps=500,
+                 cache_cap_bytes=0, eval_every_steps=0, leak_chip_spread=0)
     stair = w.params.stair_bytes
     floor = lambda n: w.floor_bytes(t_at_step(w, n) + 1e-3)[1]  # noqa: E731
     assert floor(6_000) == floor(2_000)  # nothing yet
     assert floor(6_499) == floor(6_000)
-    assert abs(floor(6_500) - floor(6_499) - stair) <= 1  # first stair a full period after the onset
+    # first stair a full period after the onset
+    assert abs(floor(6_500) - floor(6_499) - stair) <= 1
     assert abs(floor(8_000) - floor(6_000) - 4 * stair) <= 1
 
 
@@ -413,7 +426,7 @@ def test_irregular_stairs_come_at_random_steps_and_a_leak_can_change_rate():
     w = Workload("irregular-staircase", chips=1, seed=4, stair_every_steps=1000,
                  cache_cap_bytes=0, eval_every_steps=100)
     floors = [w._train_floors(n)[0] for n in range(200, 40_000, 20)]
-    rises = [i for i, (a, b) in enumerate(zip(floors, floors[1:])) if b - a > 1e8]
+    rises = [i for i, (a, b) in enumerate(zip(floors, floors[1:], strict=False)) if b - a > 1e8]
     assert 20 <= len(rises) <= 60  # ~40 expected
     gaps = np.diff(rises)
     assert gaps.std() > 0.4 * gaps.mean()  # irregular, not every N steps

@@ -89,7 +89,8 @@ class Processes:
 
     def check_alive(self) -> None:
         for name, proc in self.procs.items():
-            assert proc.poll() is None, f"{name} exited {proc.returncode}:\n{self.log(name)[-3000:]}"
+            assert proc.poll() is None, \
+                f"{name} exited {proc.returncode}:\n{self.log(name)[-3000:]}"
 
     def stop_all(self) -> None:
         for proc in reversed(list(self.procs.values())):

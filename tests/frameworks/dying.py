@@ -21,6 +21,34 @@ import time
 TORCH_WAYS = ("torch-oom", "mark-sharding-cpu")
 
 
+def install_users_hooks() -> None:
+    """An excepthook (chained to the one installed before it: the reporter's) and an
+    atexit handler of the user's own, each printing a line when it runs."""
+    previous = sys.excepthook
+
+    def users_hook(kind, value, tb):
+        print("users excepthook ran", flush=True)
+        previous(kind, value, tb)
+
+    sys.excepthook = users_hook  # installed after the reporter's: chains to it
+    atexit.register(lambda: print("users atexit ran", flush=True))
+
+
+def report_steps(reporter, seconds: float) -> int:
+    """Report a step every 10 ms for ``seconds``; the last step reported."""
+    start, step = time.monotonic(), 0
+    while time.monotonic() - start < seconds:  # the agent sees the job first
+        step += 1
+        reporter.step(step)
+        time.sleep(0.01)
+    return step
+
+
+def load():
+    """The worker thread's target (WAY thread): it raises."""
+    raise ValueError("bad record 17 in shard 3")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("way")
@@ -39,19 +67,8 @@ def main() -> None:
         import jax.numpy as jnp
         from tpumon.instrument import JaxReporter
         reporter = JaxReporter()
-    previous = sys.excepthook
-
-    def users_hook(kind, value, tb):
-        print("users excepthook ran", flush=True)
-        previous(kind, value, tb)
-
-    sys.excepthook = users_hook  # installed after the reporter's: chains to it
-    atexit.register(lambda: print("users atexit ran", flush=True))
-    start, step = time.monotonic(), 0
-    while time.monotonic() - start < args.seconds:  # the agent sees the job first
-        step += 1
-        reporter.step(step)
-        time.sleep(0.01)
+    install_users_hooks()
+    step = report_steps(reporter, args.seconds)
     print(f"dying at step {step}", flush=True)
     if args.way == "jax-oom":
         jnp.zeros((1 << 40,)).block_until_ready()
@@ -67,8 +84,6 @@ def main() -> None:
         model = torch.nn.Linear(64, 64)  # the bug: not moved to the XLA device first
         xs.mark_sharding(model.weight, mesh, ("data", "model"))
     elif args.way == "thread":
-        def load():
-            raise ValueError("bad record 17 in shard 3")
         worker = threading.Thread(target=load, name="loader")
         worker.start()
         worker.join()

@@ -80,7 +80,8 @@ def test_kept_tensors_are_named_with_their_lines(framework):
     assert before.tracking and after.tracking
     d = diff(before, after)
     big, loss = d.grown  # nothing else grew
-    assert (big.label(), big.cadence(), big.count_delta) == ("f32[256,1024]", "+1 every 10 steps", 5)
+    assert (big.label(), big.cadence(), big.count_delta) == (
+        "f32[256,1024]", "+1 every 10 steps", 5)
     assert (loss.label(), loss.cadence(), loss.count_delta) == ("f32[]", "+1 per step", 50)
     assert big.sites == {site(framework, "big"): 5}
     assert loss.sites == {site(framework, "loss"): 50}
@@ -145,7 +146,8 @@ def test_torch_xla_tracking_across_steps_with_the_programs_own_modes(tmp_path):
     assert sites[0] == f"modes.py:{a_line} (a = torch.ones(2, device=device) + 1)"
     assert sites[1].startswith("modes.py:") and "b = torch.ones" in sites[1]
     assert sites[2] == sites[0]
-    assert re.search(r"DEFAULT modes.py:\d+ \(d = torch.zeros\(2\)\) xla:0", done.stdout), done.stdout
+    assert re.search(r"DEFAULT modes.py:\d+ \(d = torch.zeros\(2\)\) xla:0",
+                     done.stdout), done.stdout
 
 
 def test_jax_tracking_switches_recording_back_as_it_was():

@@ -25,7 +25,7 @@ def loss_fn(params, x, y):
 @jax.jit
 def train_step(params, x, y):
     loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
-    return [p - 0.01 * g for p, g in zip(params, grads)], loss
+    return [p - 0.01 * g for p, g in zip(params, grads, strict=True)], loss
 
 
 def main() -> None:
