@@ -4,8 +4,11 @@ error line, a non-zero exit, and an existing output file left as it was."""
 from __future__ import annotations
 
 import json
+import os
+import stat
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -70,6 +73,56 @@ def test_export_refuses_a_file_it_cannot_write(state, tmp_path, name):
     one_line_error(run("export", "--state-dir", str(state), "-o", str(tmp_path / name)),
                    name, ".csv or .jsonl or .parquet")
     assert not (tmp_path / name).exists()
+
+
+@pytest.mark.parametrize("fmt, name", [("csv", "x.parquet"), ("parquet", "x.csv"),
+                                       ("jsonl", "x.CSV")])
+def test_export_refuses_a_format_its_name_contradicts(state, tmp_path, fmt, name):
+    """`export --format csv -o x.parquet` wrote CSV into x.parquet, which analyze then
+    failed to read as Parquet; an existing file is left as it was."""
+    out = tmp_path / name
+    out.write_text("an earlier export\n")
+    one_line_error(run("export", "--state-dir", str(state), "--format", fmt, "-o", str(out)),
+                   name, f"--format {fmt}")
+    assert out.read_text() == "an earlier export\n"
+
+
+def test_export_with_a_format_writes_any_name_and_analyze_reads_it_by_suffix(state, tmp_path):
+    """A name of another suffix takes --format; one that agrees with it is fine."""
+    result = run("export", "--state-dir", str(state), "--format", "csv", "-o",
+                 str(tmp_path / "trace.txt"))
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "trace.txt").read_text().startswith("time,host,chip,step,")
+    result = run("export", "--state-dir", str(state), "--format", "parquet", "-o",
+                 str(tmp_path / "trace.parquet"))
+    assert result.returncode == 0, result.stderr
+    analyzed = run("analyze", str(tmp_path / "trace.parquet"), "--format", "json")
+    assert analyzed.returncode == 0, analyzed.stderr
+    assert len(json.loads(analyzed.stdout)["series"]) == 2
+
+
+def test_export_to_a_fifo_or_a_symlink_writes_through_it(state, tmp_path):
+    """The output was written beside and renamed over: `--format csv -o /dev/null` as
+    root put a regular file in /dev/null's place, and a symlink was replaced by a file.
+    A FIFO stands in for the device here: it stays a FIFO, and its reader gets the trace;
+    a symlink stays a link, and the file it points at gets the trace."""
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    read: list[str] = []
+    reader = threading.Thread(target=lambda: read.append(fifo.read_text()), daemon=True)
+    reader.start()
+    result = run("export", "--state-dir", str(state), "--format", "csv", "-o", str(fifo))
+    reader.join(30)
+    assert result.returncode == 0, result.stderr
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    assert read and read[0].startswith("time,host,chip,step,") and read[0].count("\n") > 100
+    real, link = tmp_path / "real.csv", tmp_path / "link.csv"
+    real.write_text("an earlier export\n")
+    link.symlink_to(real)
+    result = run("export", "--state-dir", str(state), "-o", str(link))
+    assert result.returncode == 0, result.stderr
+    assert link.is_symlink() and real.read_text() == read[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link.csv", "pipe", "real.csv"]
 
 
 def test_export_writes_what_it_selected(state, tmp_path):

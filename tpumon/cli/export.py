@@ -51,8 +51,9 @@ def _around_end(db: HistoryDB, path: Path, hosts: set[str],
 @click.option("-o", "--output", default="-", show_default=True, type=click.Path(dir_okay=False,
               allow_dash=True), help="Output file; '-' is stdout.")
 @click.option("--format", "fmt", type=click.Choice(["csv", "jsonl", "parquet"]), default=None,
-              help="Trace format [default: jsonl for a .jsonl output, parquet for .parquet, "
-              "else csv]; parquet needs an output file.")
+              help="Trace format [default: from the output's suffix, .csv, .jsonl or "
+              ".parquet; csv on stdout]; another suffix needs it, and one of those three "
+              "must agree with it; parquet needs an output file.")
 @click.option("--around-end", is_flag=True,
               help="The hour of raw samples before the last job end the agent saw (kept at "
                    "full resolution whatever the retention; docs/job-ends.md) instead of the "
@@ -67,7 +68,7 @@ def command(config_path: str | None, state_dir: str | None, since: str | None,
     history as each minute's floor and peak. Safe to run while the agent writes. With
     --prometheus URL --slice NAME, the whole slice's history as Prometheus scraped it.
     """
-    fmt = fmt or output_format(output)
+    fmt = output_format(output, fmt)
     if fmt == "parquet" and output == "-":
         raise click.UsageError("parquet is written to a file: give -o FILE.parquet")
     if check_prometheus_options(prometheus, slice_name, state_dir is not None or around_end,

@@ -170,7 +170,7 @@ def _write_trace(scenario: str, path: str, duration_s: float, poll_interval: flo
     from tpumon.cli.trace_output import output_format, write_whole
     from tpumon.sim.tracegen import generate_trace
 
-    fmt = output_format(path)
+    fmt = output_format(path, can_ask=False)
     rows = generate_trace(scenario, duration_s=duration_s, poll_interval_s=poll_interval,
                           chips=chips, seed=seed, hbm_total_bytes=total,
                           poll_jitter_s=min(0.05, poll_interval / 2))
