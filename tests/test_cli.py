@@ -226,6 +226,28 @@ def test_agent_simulate_end_to_end(tmp_path):
             agent.kill()
 
 
+def test_sim_writes_a_slice_trace_as_it_serves_the_slice(tmp_path):
+    """--write-trace ignored --hosts: one host was written. Each host is now named,
+    scenario'd and seeded as `sim --hosts` serves it (worker-leak: only the last leaks)."""
+    from tpumon.sim.tracegen import generate_trace
+    from tpumon.trace.read import read_trace
+
+    out = tmp_path / "slice.csv"
+    result = run("sim", "--scenario", "worker-leak", "--hosts", "3", "--slice", "s1",
+                 "--write-trace", str(out), "--duration", "20m", "--poll-interval", "10",
+                 "--seed", "4")
+    assert result.returncode == 0, result.stderr
+    rows = list(read_trace(out))
+    assert [r.time for r in rows] == sorted(r.time for r in rows)
+    for k, scenario in enumerate(["healthy", "healthy", "linear-leak"]):
+        host = f"t1v-n-s1-w-{k}"
+        expected = generate_trace(scenario, duration_s=1200, poll_interval_s=10, seed=4 + k,
+                                  host=host, poll_jitter_s=0.05)
+        assert [(r.chip, r.step, r.hbm_used_bytes) for r in rows if r.host == host] == \
+            [(r.chip, r.step, r.hbm_used_bytes) for r in expected], host
+    assert len(rows) == 3 * 120 * 4
+
+
 @pytest.mark.e2e
 def test_sim_writes_a_trace_that_reads_back(tmp_path):
     from tpumon.trace.read import read_trace

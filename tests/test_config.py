@@ -39,7 +39,7 @@ def test_precedence_defaults_file_env_flags(tmp_path):
     assert config["agent.history_points"] == 100           # file beats default
     assert config["exporter.listen_address"] == "127.0.0.1:1"
     assert config["runtime.timeout"] == 1.0                 # default
-    assert config.origins["agent.poll_interval"].startswith("flag")
+    assert config.origins["agent.poll_interval"] == "command line"
     assert config.origins["agent.log_level"] == "environment TPUMON_AGENT_LOG_LEVEL"
     assert config.origins["agent.history_points"] == f"config file {path}"
 
@@ -58,7 +58,7 @@ def test_config_path_from_environment(tmp_path):
     ("[agent]\npoll_interval = 1e10\n", "agent.poll_interval must be between 0.01 and 3600 s"),
     ("[agent]\nhistory_points = 1.5\n", "agent.history_points must be an integer"),
     ("[agent]\nlog_level = 'loud'\n", "agent.log_level must be one of debug, info, warning, error"),
-    ("[runtime]\nports = [8431, 70000]\n", "runtime.ports has invalid port(s) [70000]"),
+    ("[runtime]\nports = [8431, 70000]\n", "runtime.ports has port(s) outside 1-65535: 70000"),
     ("[runtime]\nports = '8431'\n", "runtime.ports must be a list of integers"),
     ("[exporter]\nlisten_address = 'nowhere'\n", "exporter.listen_address is not HOST:PORT"),
     ("[simulator]\nscenario = 'Melt down!'\n", "simulator.scenario must be a scenario's name"),
@@ -97,7 +97,7 @@ def test_bad_environment_values():
 
 
 def test_flag_values_are_validated_too():
-    with pytest.raises(ConfigError, match="flag for agent.poll_interval: agent.poll_interval "
+    with pytest.raises(ConfigError, match="command line: agent.poll_interval "
                                           "must be between 0.01"):
         load_config(None, {"agent.poll_interval": 0.0}, env={})
 

@@ -125,6 +125,29 @@ def test_export_to_a_fifo_or_a_symlink_writes_through_it(state, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["link.csv", "pipe", "real.csv"]
 
 
+def test_a_trace_to_a_reader_that_leaves_early_ends_quietly():
+    """`tpumon sim --write-trace - | head` said "Error: --write-trace -: Broken pipe"
+    (export's stdout goes the same way: cli.trace_output). 30 h of polls are megabytes,
+    far more than a pipe holds: the writer meets the closed pipe."""
+    with subprocess.Popen([*TPUMON, "sim", "--write-trace", "-", "--duration", "30h"],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          env=clean_env()) as proc:
+        assert proc.stdout is not None and proc.stdout.readline().startswith(b"time,host,")
+        proc.stdout.close()  # as `head -1` does
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1 and err == b"", err
+
+
+def test_a_directory_without_traces_is_one_error_line(tmp_path):
+    """It said "no samples to analyze (only a header?)", of a directory."""
+    (tmp_path / "notes.txt").write_text("not a trace\n")
+    one_line_error(run("analyze", str(tmp_path)), "a directory without trace files",
+                   ".csv, .jsonl, .parquet")
+    one_line_error(run("report", str(tmp_path), "-o", str(tmp_path / "r")),
+                   "a directory without trace files")
+    assert not (tmp_path / "r").exists()
+
+
 def test_export_writes_what_it_selected(state, tmp_path):
     result = run("export", "--state-dir", str(state), "--chip", "1", "-o",
                  str(tmp_path / "one.jsonl"))

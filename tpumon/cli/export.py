@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import os
-import sys
 from pathlib import Path
 from typing import Iterator
 
@@ -94,9 +92,6 @@ def command(config_path: str | None, state_dir: str | None, since: str | None,
             with bars() as progress:
                 rows = write_whole(counted(itertools.chain([first], selected), progress,
                                            "exporting rows"), output, fmt)
-    except BrokenPipeError:  # `tpumon export | head`: the reader has what it wanted
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        sys.exit(1)
     except OSError as exc:
         raise click.ClickException(f"{output}: {exc.strerror or exc}") from None
     if output != "-":

@@ -78,7 +78,8 @@ def history_selection(command: Callable) -> Callable:
     for option in reversed((
             click.option("--since", default=None, metavar="WHEN",
                          help="Only samples from then on: Unix seconds, ISO 8601 (UTC unless "
-                              "a zone is given) or an age such as 6h or 2d."),
+                              "a zone is given) or an age such as 6h or 2d [default: the "
+                              "whole store; with --prometheus, 24h ago]."),
             click.option("--until", default=None, metavar="WHEN",
                          help="Only samples up to then."),
             click.option("--host", "hosts", multiple=True, help="Only this host (repeatable)."),

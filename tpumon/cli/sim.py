@@ -78,7 +78,7 @@ def hbm_total_bytes(chip_type: str) -> int:
 @click.option("--seed", type=int, default=None, help="Random seed [default: 0].")
 @click.option("--max-lag", type=float, default=None, metavar="SECONDS",
               help="Simulated seconds the job may run ahead of the last reader; 0 for "
-                   "no bound [default: 90].")
+                   "no bound [default: simulator.max_lag, 60].")
 @click.option("--listen", "listen_host", default="127.0.0.1", show_default=True,
               help="Address to serve on (keep it on loopback).")
 @click.option("--port", "ports", default="8431", show_default=True, metavar="LIST",
@@ -118,7 +118,8 @@ def command(config_path: str | None, scenario: str | None, chips: int | None,
     Serves libtpu's RuntimeMetricService so that 'tpumon agent --runtime-ports PORT' (or
     tpu-info) reads it as a real runtime; or, with --write-trace, writes the same workload
     as a trace file for 'tpumon analyze' and tests. With --hosts N, simulates N VMs of one
-    slice (attach an agent to each with 'tpumon agent --simulate --sim-host ADDRESS').
+    slice (attach an agent to each with 'tpumon agent --simulate --sim-host ADDRESS'), or
+    writes one trace of all N.
     """
     from tpumon.sim.pod import SLICE_SCENARIOS, check_scenario, host_scenario
     from tpumon.sim.workload import SCENARIOS, Workload
@@ -141,11 +142,13 @@ def command(config_path: str | None, scenario: str | None, chips: int | None,
     trace_seconds = parse_duration(duration)
     chip_count = config["simulator.chips"]
     total = hbm_total_bytes(config["simulator.chip_type"])
-    single = host_scenario(config["simulator.scenario"], 0, 1)
     if write_trace is not None:
-        _write_trace(single, write_trace, trace_seconds,
-                     poll_interval, chip_count, config["simulator.seed"], total)
+        scenarios = [host_scenario(config["simulator.scenario"], k, hosts)
+                     for k in range(hosts)]
+        _write_trace(scenarios, slice_name if hosts > 1 else None, write_trace,
+                     trace_seconds, poll_interval, chip_count, config["simulator.seed"], total)
         return
+    single = host_scenario(config["simulator.scenario"], 0, 1)
     if hosts > 1:
         if report_to and "{worker}" not in report_to:
             raise ConfigError("--report-to: with --hosts, name each worker's socket with "
@@ -163,22 +166,30 @@ def command(config_path: str | None, scenario: str | None, chips: int | None,
            exit_with_parent, report_to, kernel_log)
 
 
-def _write_trace(scenario: str, path: str, duration_s: float, poll_interval: float,
-                 chips: int, seed: int, total: int) -> None:
+def _write_trace(scenarios: list[str], slice_name: str | None, path: str, duration_s: float,
+                 poll_interval: float, chips: int, seed: int, total: int) -> None:
     """Write the trace as ``tpumon export`` writes one: its format from the name, whole or
-    not at all (a failure half-way never leaves a truncated file where an older trace was)."""
+    not at all (a failure half-way never leaves a truncated file where an older trace was).
+    Several hosts (a slice) are named, scenario'd and seeded as ``--hosts`` serves them
+    (worker k: t1v-n-SLICE-w-k, its share of a slice scenario, seed + k), merged in time."""
+    import heapq
+
     from tpumon.cli.trace_output import output_format, write_whole
     from tpumon.sim.tracegen import generate_trace
 
     fmt = output_format(path, can_ask=False)
-    rows = generate_trace(scenario, duration_s=duration_s, poll_interval_s=poll_interval,
-                          chips=chips, seed=seed, hbm_total_bytes=total,
-                          poll_jitter_s=min(0.05, poll_interval / 2))
+    hosts = [generate_trace(scenario, duration_s=duration_s, poll_interval_s=poll_interval,
+                            chips=chips, seed=seed + k, hbm_total_bytes=total,
+                            poll_jitter_s=min(0.05, poll_interval / 2),
+                            host=f"t1v-n-{slice_name}-w-{k}" if slice_name else "sim-w-0")
+             for k, scenario in enumerate(scenarios)]
+    rows = heapq.merge(*hosts, key=lambda row: row.time) if len(hosts) > 1 else hosts[0]
     try:
         count = write_whole(rows, path, fmt)
     except OSError as exc:
         raise ConfigError(f"--write-trace {path}: {exc.strerror or exc}") from None
-    log.info("wrote %d rows of scenario %s to %s", count, scenario, path)
+    log.info("wrote %d rows of scenario %s to %s", count, "/".join(dict.fromkeys(scenarios)),
+             path)
 
 
 def _serve(workload: "Workload", clock: "SimClock", host: str, ports: list[int], chips: int,

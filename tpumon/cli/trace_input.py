@@ -7,10 +7,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import click
 from rich.progress import Progress
 
 from tpumon.detect.early_replay import EarlyReplay
-from tpumon.detect.replay import spilled_path, trace_files
+from tpumon.detect.replay import TRACE_SUFFIXES, spilled_path, trace_files
 from tpumon.trace.schema import SeriesSource
 from tpumon.trace.spill import Keep
 
@@ -25,6 +26,9 @@ def spilled(trace: str, progress: Progress, keep: Keep | None = None,
     come are not known) and counts the rows. ``analyze`` and ``report`` read traces so;
     ``early``: ``analyze`` replays some jobs while the rest is read."""
     files = len(trace_files(trace))
+    if not files:
+        raise click.ClickException(f"{trace}: a directory without trace files (names ending "
+                                   f"{', '.join(TRACE_SUFFIXES)})")
     what = f"reading {files:,} trace file{'s' * (files != 1)}"
     task = progress.add_task(what, total=None)
     rows = 0

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
+import sys
 from pathlib import Path
 from typing import Iterable
 
@@ -45,7 +46,9 @@ def write_whole(rows: Iterable[TraceRow], output: str, fmt: str) -> int:
     end of any symlinks to it: a rename over /dev/null or a FIFO put a file in its place
     (``export --format csv -o /dev/null`` as root left every program on the machine
     writing to a file), and one over a symlink replaced the link."""
-    if output == "-" or _not_a_file(output):
+    if output == "-":
+        return _write_stdout(rows, fmt)
+    if _not_a_file(output):
         return write_trace(rows, output, fmt)
     target = os.path.realpath(output)
     partial = f"{target}.partial"
@@ -56,6 +59,16 @@ def write_whole(rows: Iterable[TraceRow], output: str, fmt: str) -> int:
         with contextlib.suppress(OSError):
             os.unlink(partial)
     return count
+
+
+def _write_stdout(rows: Iterable[TraceRow], fmt: str) -> int:
+    """To stdout, whose reader may leave early (``| head``: it has what it wanted): then
+    exit 1 quietly, not with an error line about a broken pipe."""
+    try:
+        return write_trace(rows, "-", fmt)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # exit's flush too
+        sys.exit(1)
 
 
 def _not_a_file(path: str) -> bool:

@@ -86,7 +86,7 @@ def _one_of(*choices: str) -> Callable[[Any], str | None]:
 
 def _ports(value: list[int]) -> str | None:
     bad = [p for p in value if not 0 < p < 65536]
-    return f"has invalid port(s) {bad}" if bad else None
+    return f"has port(s) outside 1-65535: {', '.join(map(str, bad))}" if bad else None
 
 
 def _fraction(value: Any) -> str | None:
@@ -370,7 +370,7 @@ def parse_listen_address(value: str) -> tuple[str, int]:
     """'HOST:PORT', ':PORT' or '[v6]:PORT' -> (host, port); host '' means all interfaces."""
     host, sep, port = value.rpartition(":")
     if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
-        raise ValueError(f"is not HOST:PORT ({value!r})")
+        raise ValueError("is not HOST:PORT (a port of 0-65535)")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
     return host, int(port)
@@ -450,7 +450,7 @@ def load_config(path: str | os.PathLike[str] | None = None,
     _apply_env(config, env)
     for dotted, value in (overrides or {}).items():
         if value is not None:
-            config.set(dotted, value, f"flag for {dotted}")
+            config.set(dotted, value, "command line")
     return config
 
 
