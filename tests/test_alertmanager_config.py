@@ -105,7 +105,7 @@ def leak_notification(tmp_path) -> Path:
     data = {"receiver": "slack-tpumon", "status": "firing",
             "alerts": [alert(name, "warning", "2", "t1v-n-pod-a-w-3",
                              "Chip 2 of t1v-n-pod-a-w-3 (worker 3, slice llama-pod-a, v4-32): "
-                             "the HBM floor grows 40.26kiB/step, 417.1MiB/h; OOM in 5h 18m 0s "
+                             "the HBM floor grows 40.26KiB/step, 417.1MiB/h; OOM in 5h 18m 0s "
                              "(step 62000). Likely cause: retained_tensors."),
                        alert(name, "warning", "0", "t1v-n-pod-a-w-1",
                              "Chip 0 of t1v-n-pod-a-w-1 ...")],
@@ -134,7 +134,7 @@ def test_slack_message_names_host_worker_chip_growth_and_eta(leak_notification):
     lines = text.splitlines()
     assert lines[0] == ":warning: *HBM leak on chip 2 of t1v-n-pod-a-w-3*"
     assert lines[1] == "host `t1v-n-pod-a-w-3` · worker `3` · chip `2`"
-    assert "40.26kiB/step, 417.1MiB/h; OOM in 5h 18m 0s (step 62000)" in lines[2]
+    assert "40.26KiB/step, 417.1MiB/h; OOM in 5h 18m 0s (step 62000)" in lines[2]
     assert "Likely cause: retained_tensors." in lines[2]
     assert lines[2].endswith("<https://github.com/tpumon/tpumon/blob/main/docs/alerts.md"
                              "#tpumonhbmleaksuspected|Runbook>")

@@ -16,7 +16,8 @@ is named from that last view, never more certain than it allows:
 - ``unknown``: anything between.
 
 When the detector had raised a leak with a forecast on one of the job's chips, the end says
-how the forecast compared: "forecast made at 02:14 UTC: OOM at step 61,100; died at step 61,234".
+how the forecast compared: "forecast made at 02:14 UTC: OOM at step 61,100
+(43,969-89,192); died at step 61,234".
 
 A process whose reporter heard its end has last words (tpumon.sources.last_words): an XLA
 out-of-memory error makes the cause ``hbm_oom`` whatever the last poll saw, with the
@@ -121,8 +122,8 @@ class JobEnd:
         return self.view.pid
 
     def forecast_comparison(self) -> str | None:
-        """"forecast made at 02:14 UTC: OOM at step 61,100; died at step 61,234", when the detector
-        had forecast an OOM for one of the job's chips."""
+        """"forecast made at 02:14 UTC: OOM at step 61,100 (43,969-89,192); died at step
+        61,234", when the detector had forecast an OOM for one of the job's chips."""
         f = self.view.forecast
         if not f or f.get("predicted_oom_time") is None:
             return None
