@@ -155,7 +155,7 @@ def test_leak_reaches_slack_and_pagerduty_through_prometheus_and_alertmanager(tm
         chips = re.findall(rf"host `{HOST}` · worker `0` · chip `(\d)`", text)
         assert chips, text
         assert f"HBM leak on chip {chips[0]} of {HOST}" in text
-        assert re.search(r"the HBM floor grows [\d.]+[kMG]iB/step, [\d.]+[kMG]iB/h; "
+        assert re.search(r"the HBM floor grows [\d.]+[KMG]iB/step, [\d.]+[KMG]iB/h; "
                          r"OOM in \d+h \d+m \d+s \(step \d+\)\.", text), text
         assert "docs/alerts.md#tpumonhbmleaksuspected" in text
         assert attachment["color"] == "warning"

@@ -131,6 +131,10 @@ def test_status_against_a_runtime(runtime_servers):
     assert doc["source"] == "runtime" and chips["0"]["verdict"] == "insufficient_data"
     table = run("status", "--direct", "--runtime-ports", str(server.port))
     assert table.returncode == 0 and "4.00 GiB" in table.stdout and "75.0 %" in table.stdout
+    # one reading has no verdict to explain chip by chip ("chip 0: insufficient_data: no
+    # samples yet"): one line says why
+    assert "no samples yet" not in table.stdout
+    assert table.stdout.count("verdicts need the agent's history") == 1
 
 
 @pytest.mark.e2e

@@ -54,8 +54,12 @@ def render_table(doc: dict[str, Any], console: Console) -> None:
                                       chip.get("growth_bytes_per_hour")),
                       format_eta(chip, doc["time"]), owner)
     console.print(table)
+    once = doc["source"] == "runtime"  # one poll here: no detector history, no verdict yet
+    if once:
+        console.print("verdicts need the agent's history: this is one reading of the "
+                      "runtime (start 'tpumon agent' for leak verdicts)", highlight=False)
     for chip in doc["chips"]:
-        if chip.get("reason"):
+        if chip.get("reason") and not once:
             console.print(shown(f"chip {chip['chip']}: {chip['verdict']}: {chip['reason']}"),
                           highlight=False)
         if chip.get("diagnosis"):
