@@ -815,6 +815,19 @@ def test_a_straight_line_never_reads_as_growth_slowing_down(poll):
     assert not after, after
 
 
+@pytest.mark.parametrize("slope", [1.0, -1.0])
+def test_the_shape_of_a_line_is_steady_whatever_its_length(slope):
+    """The shape test reads a line, rising or falling, of any length as neither speeding
+    up nor slowing down (its thirds' levels are lower quartiles: counted from the end of
+    each third where the floors fall)."""
+    from types import SimpleNamespace
+
+    detector, job = ChipDetector(), SimpleNamespace(scatter=0.0)
+    for n in range(9, 120):
+        y = 20 * 2**30 + slope * 3e7 * np.arange(n, dtype=float)
+        assert detector._shape(job, y) == (False, False, slope > 0), n
+
+
 def test_an_irregular_staircase_is_called_over_an_hour_before_its_oom():
     """An irregular staircase (1.2 GB at random steps, 21 s polls, no step numbers): its
     third jump is confirmed while the fourth is rising. That rise held every call back

@@ -139,13 +139,68 @@ def test_a_trace_to_a_reader_that_leaves_early_ends_quietly():
 
 
 def test_a_directory_without_traces_is_one_error_line(tmp_path):
-    """It said "no samples to analyze (only a header?)", of a directory."""
+    """It said "no samples to analyze (only a header?)", of a directory; a folder named
+    like a trace is no trace either (it was read, and failed: 'Is a directory')."""
     (tmp_path / "notes.txt").write_text("not a trace\n")
+    (tmp_path / "old.csv").mkdir()
     one_line_error(run("analyze", str(tmp_path)), "a directory without trace files",
                    ".csv, .jsonl, .parquet")
     one_line_error(run("report", str(tmp_path), "-o", str(tmp_path / "r")),
                    "a directory without trace files")
     assert not (tmp_path / "r").exists()
+
+
+def test_export_to_dev_stdout_appends_to_the_file_a_shell_appends_to(state, tmp_path):
+    """`export -o /dev/stdout >> app.log` renamed a new file over app.log (its earlier
+    lines gone, the shell writing to the old inode); opened for writing, it truncated it."""
+    log = tmp_path / "app.log"
+    log.write_text("earlier line\n")
+    inode = log.stat().st_ino
+    with open(log, "a") as out:
+        result = subprocess.run([*TPUMON, "export", "--state-dir", str(state), "--format",
+                                 "csv", "-o", "/dev/stdout"], stdout=out, stderr=subprocess.PIPE,
+                                text=True, timeout=60, env=clean_env())
+    assert result.returncode == 0, result.stderr
+    text = log.read_text()
+    assert log.stat().st_ino == inode and text.startswith("earlier line\ntime,host,chip,")
+    assert text.count("\n") == 1 + 1 + 480
+
+
+@pytest.mark.parametrize("args, fragments", [
+    (["--format", "jsonl", "-o", "NAME/x.txt"], ["x.txt", "read it as CSV", ".jsonl"]),
+    (["-o", "NAME/loop.csv"], ["loop.csv", "symbolic links"]),
+    (["-o", "NAME/pipe.parquet"], ["pipe.parquet", "Parquet is written to a file of its own"]),
+])
+def test_export_refuses_what_it_could_not_write_right(state, tmp_path, args, fragments):
+    """A JSON Lines trace named x.txt that analyze then read as CSV; a symlink loop that was
+    replaced by a file; Parquet into a pipe ('lseek failed')."""
+    (tmp_path / "loop.csv").symlink_to(tmp_path / "loop2.csv")
+    (tmp_path / "loop2.csv").symlink_to(tmp_path / "loop.csv")
+    os.mkfifo(tmp_path / "pipe.parquet")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    one_line_error(run("export", "--state-dir", str(state),
+                       *[a.replace("NAME", str(tmp_path)) for a in args]), *fragments)
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    assert (tmp_path / "loop.csv").is_symlink()
+
+
+def test_export_over_a_file_keeps_its_mode(state, tmp_path):
+    """The file renamed over an existing one took the umask's mode: a 0600 trace became
+    0644."""
+    out = tmp_path / "private.csv"
+    out.write_text("an earlier export\n")
+    out.chmod(0o600)
+    assert run("export", "--state-dir", str(state), "-o", str(out)).returncode == 0
+    assert stat.S_IMODE(out.stat().st_mode) == 0o600 and out.read_text().startswith("time,")
+
+
+def test_export_to_a_closed_stdout_is_one_error_line(state):
+    """`tpumon export >&-` printed a traceback."""
+    result = subprocess.run([*TPUMON, "export", "--state-dir", str(state)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            timeout=60, env=clean_env(), preexec_fn=lambda: os.close(1))
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.strip() == "Error: stdout is closed; give -o FILE"
 
 
 def test_export_writes_what_it_selected(state, tmp_path):

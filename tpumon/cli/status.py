@@ -54,7 +54,8 @@ def render_table(doc: dict[str, Any], console: Console) -> None:
                                       chip.get("growth_bytes_per_hour")),
                       format_eta(chip, doc["time"]), owner)
     console.print(table)
-    once = doc["source"] == "runtime"  # one poll here: no detector history, no verdict yet
+    # one poll here: no detector history, no verdict yet
+    once = doc["source"] == "runtime" and bool(doc["chips"])
     if once:
         console.print("verdicts need the agent's history: this is one reading of the "
                       "runtime (start 'tpumon agent' for leak verdicts)", highlight=False)

@@ -23,7 +23,9 @@ def output_format(output: str, asked: str | None = None, *, can_ask: bool = True
     """The trace format for an output file: ``asked`` (``--format``), else from its suffix.
     A suffix the commands cannot write needs ``--format``, and one they can must agree
     with it: CSV was once written into x.parquet, which ``analyze`` then read as Parquet.
-    ``can_ask``: the command has a ``--format`` (the error says to use it)."""
+    ``analyze`` reads a name of any other suffix as CSV, so only CSV gets such a name
+    (or a device or FIFO, which nothing reads back by name). ``can_ask``: the command has a
+    ``--format`` (the error says to use it)."""
     suffix = Path(output).suffix.lower()
     named = WRITABLE.get(suffix)
     if output == "-":
@@ -37,23 +39,27 @@ def output_format(output: str, asked: str | None = None, *, can_ask: bool = True
     if named is not None and asked != named:
         raise click.ClickException(f"{output}: --format {asked}, but the name says {named}; "
                                    "give a name that agrees (it is how analyze reads it)")
+    if named is None and asked != "csv" and not _written_through(output):
+        raise click.ClickException(f"{output}: analyze would read it as CSV; give a {asked} "
+                                   f"trace a name ending .{asked}")
     return asked
 
 
 def write_whole(rows: Iterable[TraceRow], output: str, fmt: str) -> int:
     """Write beside ``output`` and rename over it when complete: an error half-way leaves
-    an existing file as it was. Only a regular file (or a new one) is renamed over, at the
-    end of any symlinks to it: a rename over /dev/null or a FIFO put a file in its place
-    (``export --format csv -o /dev/null`` as root left every program on the machine
-    writing to a file), and one over a symlink replaced the link."""
-    if output == "-":
-        return _write_stdout(rows, fmt)
-    if _not_a_file(output):
-        return write_trace(rows, output, fmt)
-    target = os.path.realpath(output)
+    an existing file as it was (its mode and, as root, its owner kept). Only a regular file
+    (or a new one) is renamed over, at the end of its symlinks: a rename over /dev/null or
+    a FIFO put a file in its place (``export --format csv -o /dev/null`` as root left every
+    program on the machine writing to a file), and one over a symlink replaced the link."""
+    if output == "-" or _written_through(output):
+        return _write_through(rows, output, fmt)
+    target = os.path.realpath(output) if os.path.islink(output) else output
+    existing = _existing(target)
     partial = f"{target}.partial"
     try:
         count = write_trace(rows, partial, fmt)
+        if existing is not None:
+            _keep_owner_and_mode(partial, existing)
         os.replace(partial, target)
     finally:
         with contextlib.suppress(OSError):
@@ -61,19 +67,66 @@ def write_whole(rows: Iterable[TraceRow], output: str, fmt: str) -> int:
     return count
 
 
-def _write_stdout(rows: Iterable[TraceRow], fmt: str) -> int:
-    """To stdout, whose reader may leave early (``| head``: it has what it wanted): then
-    exit 1 quietly, not with an error line about a broken pipe."""
+def _write_through(rows: Iterable[TraceRow], output: str, fmt: str) -> int:
+    """Stdout, a device, a FIFO, or the file stdout or stderr is, written as it is: text
+    appended (``-o /dev/stdout >> log`` keeps the log; opened for writing, the file a
+    shell appends to was truncated). Its reader may leave early (``| head``: it has what
+    it wanted): then exit 1 quietly, not with an error line about a broken pipe."""
+    if output == "-" and sys.stdout is None:
+        raise click.ClickException("stdout is closed; give -o FILE")
+    if fmt == "parquet" and output != "-" and not stat.S_ISCHR(_mode(output)):
+        raise click.ClickException(f"{output}: Parquet is written to a file of its own (it "
+                                   "seeks, and is whole only at its end); give a file, or "
+                                   "--format csv or jsonl")
     try:
-        return write_trace(rows, "-", fmt)
+        if output == "-" or fmt == "parquet":
+            return write_trace(rows, output, fmt)
+        with open(output, "a", encoding="utf-8", newline="") as f:
+            return write_trace(rows, f, fmt)
     except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # exit's flush too
+        if output == "-":  # the interpreter's own flush at exit would fail again
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(1)
 
 
-def _not_a_file(path: str) -> bool:
-    """``path`` is there and is no regular file: a device, a FIFO, a socket."""
+def _written_through(path: str) -> bool:
+    """Not a file to rename over: a device, a FIFO or a socket; anything under /dev or
+    /proc (/dev/stdout is the caller's stdout, perhaps a file a shell appends to); the
+    file that stdout or stderr is."""
+    if os.path.abspath(path).startswith(("/dev/", "/proc/")):
+        return True
     try:
-        return not stat.S_ISREG(os.stat(path).st_mode)
+        st = os.stat(path)
     except OSError:
-        return False  # not there (or not readable): written as a new file, whole
+        return False  # not there: a new file; or a link loop, which the rename then names
+    if not stat.S_ISREG(st.st_mode):
+        return True
+    for fd in (1, 2):
+        with contextlib.suppress(OSError):
+            if os.path.samestat(st, os.fstat(fd)):
+                return True
+    return False
+
+
+def _mode(path: str) -> int:
+    try:
+        return os.stat(path).st_mode
+    except OSError:
+        return 0
+
+
+def _existing(path: str) -> os.stat_result | None:
+    """The file the rename will replace; None if there is none (a link loop raises)."""
+    try:
+        return os.stat(path)
+    except FileNotFoundError:
+        return None
+
+
+def _keep_owner_and_mode(path: str, was: os.stat_result) -> None:
+    """The new file takes the old one's mode, and, where this process may give it, its
+    owner: an export over another user's 0600 trace must not leave it root's and 0644."""
+    os.chmod(path, stat.S_IMODE(was.st_mode))
+    if os.geteuid() == 0:
+        with contextlib.suppress(OSError):
+            os.chown(path, was.st_uid, was.st_gid)

@@ -470,10 +470,13 @@ class ChipDetector:
         # levels of the thirds as lower quartiles: floors only ever read high
         l1, l2, l3 = lower_quartiles(y, bounds)
         # per floor between where each level sits on a straight line (a part's lower
-        # quartile is its ((size - 1) // 4)-th floor): the middle third is a floor or two
-        # longer when the floors do not divide by three, and on 13 floors a line's levels
-        # stepped by 5 floors' growth, then 4: a leak read as growth slowing down by a fifth
-        p1, p2, p3 = (a + (b - a - 1) // 4 for a, b in zip(bounds[:-1], bounds[1:], strict=True))
+        # quartile is its ((size - 1) // 4)-th floor, counted from its end where the
+        # floors fall): the middle third is a floor or two longer when the floors do not
+        # divide by three, and on 13 floors a line's levels stepped by 5 floors' growth,
+        # then 4: a leak read as growth slowing down by a fifth
+        falling = l3 < l1
+        p1, p2, p3 = ((b - 1 - (b - a - 1) // 4) if falling else (a + (b - a - 1) // 4)
+                      for a, b in zip(bounds[:-1], bounds[1:], strict=True))
         span = (p3 - p1) / 2
         early, late = (l2 - l1) * span / (p2 - p1), (l3 - l2) * span / (p3 - p2)
         # about 3 sigma of (l3 - l2) - (l2 - l1) for levels of n/3 floors each, from the

@@ -38,7 +38,7 @@ def trace_files(path: str) -> list[str]:
     if path == "-" or not os.path.isdir(path):
         return [path]
     return [os.path.join(path, n) for n in sorted(os.listdir(path))
-            if n.lower().endswith(TRACE_SUFFIXES)]
+            if n.lower().endswith(TRACE_SUFFIXES) and not os.path.isdir(os.path.join(path, n))]
 
 
 @contextmanager
