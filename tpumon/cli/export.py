@@ -50,8 +50,9 @@ def _around_end(db: HistoryDB, path: Path, hosts: set[str],
               allow_dash=True), help="Output file; '-' is stdout.")
 @click.option("--format", "fmt", type=click.Choice(["csv", "jsonl", "parquet"]), default=None,
               help="Trace format [default: from the output's suffix, .csv, .jsonl or "
-              ".parquet; csv on stdout]; another suffix needs it, and one of those three "
-              "must agree with it; parquet needs an output file.")
+              ".parquet; csv on stdout]; a name of another suffix takes csv (as analyze "
+              "reads it), one of those three must agree with it; parquet needs a file of "
+              "its own.")
 @click.option("--around-end", is_flag=True,
               help="The hour of raw samples before the last job end the agent saw (kept at "
                    "full resolution whatever the retention; docs/job-ends.md) instead of the "
