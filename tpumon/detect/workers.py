@@ -70,10 +70,14 @@ class Workers:
         are no death. A worker ends by itself (exit code 0) only once the pool is closed,
         after its last task (a task that called ``sys.exit(0)`` would go unseen: none
         does); ``Pool.terminate()`` ends the workers with SIGTERM."""
-        for worker in [*self.first, *self.pool._pool]:  # type: ignore[attr-defined]
+        for worker in self._processes():
             if worker.exitcode is not None and worker.exitcode not in ours:
                 return int(worker.exitcode)
         return None
+
+    def _processes(self) -> list[Any]:
+        """The workers as started and those the pool started in place of any that ended."""
+        return [*self.first, *self.pool._pool]  # type: ignore[attr-defined]
 
     def result(self, result: AsyncResult) -> Any:
         """``result.get()``, or :class:`WorkerDied` as soon as a worker has died: its task,
@@ -130,8 +134,7 @@ class Workers:
                                  name="tpumon-pool-end")
         ender.start()
         ender.join(ABANDON_WAIT_S)
-        alive = [w for w in [*self.first, *self.pool._pool]  # type: ignore[attr-defined]
-                 if w.exitcode is None]
+        alive = [w for w in self._processes() if w.exitcode is None]
         for worker in alive:
             worker.kill()
         for worker in alive:
