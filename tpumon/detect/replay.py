@@ -37,8 +37,9 @@ def trace_files(path: str) -> list[str]:
     """The trace files ``path`` names: itself, or a directory's, in name order."""
     if path == "-" or not os.path.isdir(path):
         return [path]
-    return [os.path.join(path, n) for n in sorted(os.listdir(path))
-            if n.lower().endswith(TRACE_SUFFIXES) and not os.path.isdir(os.path.join(path, n))]
+    named = (os.path.join(path, n) for n in sorted(os.listdir(path))
+             if n.lower().endswith(TRACE_SUFFIXES))
+    return [p for p in named if not os.path.isdir(p)]
 
 
 @contextmanager
