@@ -309,6 +309,17 @@ class ChipDetector:
         cfg = self.settings
         return max(cfg.jump_sigmas * job.sigma, cfg.jump_min_fraction * (self.total or 0.0))
 
+    def _drop_threshold(self, job: Job) -> float:
+        """The smallest drop that is a level shift. Until a dozen envelopes measure the
+        noise of levels, a jump's threshold is its floor, a fraction of a percent of HBM,
+        and a drop must clear the scatter of single floors instead: on floors that
+        scattered by a GiB, drops of a third of one were found in the first hours, and a
+        drop taken out of the trend is a rise put into it (a flat chip paged). A rise keeps
+        the low bar: a step change early in the job, missed, would read as growth."""
+        if job.sigma_measured:
+            return self._jump_threshold(job)
+        return max(self._jump_threshold(job), self.settings.jump_sigmas * job.scatter)
+
     def _step_change_size(self) -> float:
         """The smallest permanent jump reported as a step change (bytes); also the smallest
         stair of a burst (``jumps.scan``)."""
@@ -321,6 +332,7 @@ class ChipDetector:
             recent = job.history.recent(65 * e)[2]
             job.sigma = level_shifts.level_noise(recent, e, 1e-4 * (self.total or 0.0))
             job.scatter = max(job.sigma, floor_noise(recent))
+            job.sigma_measured = len(recent) >= 13 * e  # a dozen envelope differences
             job.sigma_due = job.appended + 16 * e
         # the tests look back k buckets from the first new boundary, and a rise of several
         # stairs a window further
@@ -329,7 +341,7 @@ class ChipDetector:
         found, next_local = level_shifts.scan(rows[0], rows[1], self._detrended(job, rows),
                                               first, k, e, self._jump_threshold(job), last,
                                               self._step_change_size(), self._early(job),
-                                              max(first - k, 0))
+                                              max(first - k, 0), self._drop_threshold(job))
         job.scanned = start + next_local
         job.add_jumps(found)
 

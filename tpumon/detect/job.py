@@ -41,6 +41,7 @@ class Job:
     # few, ascending (note_transient)
     sigma: float = 0.0
     sigma_due: int = 0
+    sigma_measured: bool = False  # sigma is an estimate, not level_noise's floor
     scatter: float = 0.0  # of single floors (at least sigma): see floor_noise
     last_fit: float = -math.inf
     rise_limit: float = math.inf  # a floor above this (level at the last fit, plus a jump's

@@ -45,6 +45,17 @@ def _second_lowest(values: list[float]) -> float:
     return sorted(values)[1]
 
 
+def _drop_is_bias(f: list[float], c: int, lo: int, threshold: float) -> bool:
+    """Whether a drop at ``c`` is only the levels' unequal lengths: a level is a low order
+    statistic, and the second-lowest of a few floors sits far higher in their scatter than
+    the second-lowest of ``k``. Where the left side is short (just after the last jump, or
+    early in the job), compared with a right side as short, the drop must still be one: on
+    floors scattered by a GiB, each stair found was followed by a drop of most of a GiB,
+    and a drop taken out of the trend is a rise put into it. (Rises are left as they are:
+    the bias only ever hides them.)"""
+    return _second_lowest(f[lo:c]) - _second_lowest(f[c:c + (c - lo)]) <= threshold
+
+
 def _tolist(values: Sequence[float] | np.ndarray) -> list[float]:
     return values.tolist() if isinstance(values, np.ndarray) else list(values)
 
@@ -52,7 +63,7 @@ def _tolist(values: Sequence[float] | np.ndarray) -> list[float]:
 def scan(times: Sequence[float], steps: Sequence[float], floors: Sequence[float] | np.ndarray,
          first: int, k: int, e: int, threshold: float, last: int = -1,
          burst_threshold: float = math.inf, early: int = 0,
-         origin: int = 0) -> tuple[list[Jump], int]:
+         origin: int = 0, drop_threshold: float | None = None) -> tuple[list[Jump], int]:
     """Jumps at boundaries ``first``.. ``len - k``: ``k`` buckets confirm the new level on
     the right; on the left, up to ``k`` (fewer early in a job, or soon after the last jump,
     but at least ``e``).
@@ -68,6 +79,8 @@ def scan(times: Sequence[float], steps: Sequence[float], floors: Sequence[float]
     A rise of several stairs too close together for either test (``_compound``) is one
     jump; it needs a whole window level before it, so floors from ``origin - k`` on are
     given; the other tests look no further back than ``origin``.
+    A drop must exceed ``drop_threshold`` (default ``threshold``): the caller's is larger
+    while the noise of levels is not known yet (see ``ChipDetector._update_jumps``).
     Returns the jumps found and the next boundary to scan; jumps are at least ``e`` apart.
     """
     f = _tolist(floors)
@@ -82,7 +95,8 @@ def scan(times: Sequence[float], steps: Sequence[float], floors: Sequence[float]
         # level after minus level before (levels: second-lowest floors, inline as this is
         # the loop that runs once per bucket)
         shift = sorted(f[c:c + k])[1] - sorted(f[lo:c])[1]
-        if abs(shift) <= threshold:
+        limit = threshold if shift >= 0 or drop_threshold is None else drop_threshold
+        if abs(shift) <= limit or (shift < 0 and _drop_is_bias(f, c, lo, limit)):
             c += 1
         elif _is_jump(f, c, e, shift, lo, c + k):
             found.append(Jump(float(times[c]), float(steps[c]), shift))
