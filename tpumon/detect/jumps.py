@@ -80,7 +80,7 @@ def scan(times: Sequence[float], steps: Sequence[float], floors: Sequence[float]
     jump; it needs a whole window level before it, so floors from ``origin - k`` on are
     given; the other tests look no further back than ``origin``.
     A drop must exceed ``drop_threshold`` (default ``threshold``): the caller's is larger
-    while the noise of levels is not known yet (see ``ChipDetector._update_jumps``).
+    while the noise of levels is not known yet (``ChipDetector._drop_threshold``).
     Returns the jumps found and the next boundary to scan; jumps are at least ``e`` apart.
     """
     f = _tolist(floors)
