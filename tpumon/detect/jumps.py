@@ -84,6 +84,7 @@ def scan(times: Sequence[float], steps: Sequence[float], floors: Sequence[float]
     Returns the jumps found and the next boundary to scan; jumps are at least ``e`` apart.
     """
     f = _tolist(floors)
+    drops = threshold if drop_threshold is None else drop_threshold
     first = max(first, origin + e, last + e)
     end = len(f) - k
     if end < first:
@@ -95,7 +96,7 @@ def scan(times: Sequence[float], steps: Sequence[float], floors: Sequence[float]
         # level after minus level before (levels: second-lowest floors, inline as this is
         # the loop that runs once per bucket)
         shift = sorted(f[c:c + k])[1] - sorted(f[lo:c])[1]
-        limit = threshold if shift >= 0 or drop_threshold is None else drop_threshold
+        limit = threshold if shift >= 0 else drops
         if abs(shift) <= limit or (shift < 0 and _drop_is_bias(f, c, lo, limit)):
             c += 1
         elif _is_jump(f, c, e, shift, lo, c + k):
