@@ -175,13 +175,14 @@ def _write_trace(scenarios: list[str], slice_name: str | None, path: str, durati
     import heapq
 
     from tpumon.cli.trace_output import output_format, write_whole
-    from tpumon.sim.tracegen import generate_trace
+    from tpumon.sim.naming import worker_hostname
+    from tpumon.sim.tracegen import SINGLE_HOST, generate_trace
 
     fmt = output_format(path, can_ask=False)
     hosts = [generate_trace(scenario, duration_s=duration_s, poll_interval_s=poll_interval,
                             chips=chips, seed=seed + k, hbm_total_bytes=total,
                             poll_jitter_s=min(0.05, poll_interval / 2),
-                            host=f"t1v-n-{slice_name}-w-{k}" if slice_name else "sim-w-0")
+                            host=worker_hostname(slice_name, k) if slice_name else SINGLE_HOST)
              for k, scenario in enumerate(scenarios)]
     rows = heapq.merge(*hosts, key=lambda row: row.time) if len(hosts) > 1 else hosts[0]
     try:

@@ -30,7 +30,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from tpumon.detect.verdict import Assessment, Verdict
 from tpumon.common.identity import Identity
 from tpumon.common.samples import ChipSample, RuntimeReading
-from tpumon.sim.naming import accelerator_type
+from tpumon.sim.naming import accelerator_type, worker_hostname
 from tpumon.sim.pod import host_address
 from tpumon.sources.chips import ChipInventory
 from tpumon.sources.health import SourceHealth
@@ -85,7 +85,7 @@ def agent_document(spec: FleetSpec, worker: int, now: float) -> bytes:
                    for c, s in chips.items()}
     snap = PollState(
         time=now,
-        identity=Identity(f"t1v-n-{spec.slice_name}-w-{worker}", str(worker),
+        identity=Identity(worker_hostname(spec.slice_name, worker), str(worker),
                           accelerator_type("v4", spec.chips, spec.hosts), spec.slice_name),
         inventory=ChipInventory("v4", spec.chips, 1, V4_HBM_BYTES),
         runtime=RuntimeReading(now, chips),

@@ -22,6 +22,12 @@ def accelerator_type(chip_type: str, chips_per_host: int, hosts: int) -> str:
     return f"{prefix}-{chips_per_host * hosts * cores}"
 
 
+def worker_hostname(slice_name: str, worker: int) -> str:
+    """A simulated slice's worker as a TPU VM names itself (t1v-n-SLICE-w-3): analyze tells
+    the hosts of one slice apart by the ``-w-N`` suffix."""
+    return f"t1v-n-{slice_name}-w-{worker}"
+
+
 def tpu_env(slice_name: str, worker: int, accelerator: str, ports: list[int]) -> dict[str, str]:
     """The tpu-env entries tpumon reads, as a TPU VM's metadata has them."""
     return {"ACCELERATOR_TYPE": accelerator, "NODE_ID": slice_name, "WORKER_ID": str(worker),

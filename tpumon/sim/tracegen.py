@@ -16,7 +16,10 @@ from collections.abc import Iterator
 from tpumon.sim.workload import V4_HBM_TOTAL_BYTES, Scenario, Workload
 from tpumon.trace.schema import TraceRow
 
-__all__ = ["generate_trace"]
+__all__ = ["SINGLE_HOST", "generate_trace"]
+
+#: The host a trace of one simulated VM names (a slice's workers: naming.worker_hostname).
+SINGLE_HOST = "sim-w-0"
 
 
 def generate_trace(
@@ -25,7 +28,7 @@ def generate_trace(
     duration_s: float,
     poll_interval_s: float = 5.0,
     chips: int = 4,
-    host: str = "sim-w-0",
+    host: str = SINGLE_HOST,
     seed: int = 0,
     start_time: float = 1750000000.0,
     drop_probability: float = 0.0,
