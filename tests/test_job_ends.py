@@ -383,6 +383,43 @@ def test_the_last_words_reach_every_sink_escaped_for_it():
     assert "\n" not in for_log(end.summary()) and "\x1b" not in for_terminal(end.summary())
 
 
+def test_a_silent_end_waits_one_poll_for_the_words_still_on_their_way():
+    """A fatal signal's traceback reaches the agent as the dead process's connection
+    closes, which a poll may read after it found the pid gone (CI saw SIGABRT told as "no
+    last words"). An end whose reporter listened but said nothing yet is raised one poll
+    later, with what came meanwhile and the time it was noticed; said words raise it at once."""
+    from tpumon.instrument.protocol import FATAL_HEADER, LAST_WORDS_HEADER
+    from tpumon.sources.last_words import merge, parse_message
+
+    armed = parse_message(LAST_WORDS_HEADER + b'{"kind": "armed", "fatal": true}')
+    fatal = merge(armed, parse_message(FATAL_HEADER + b"Fatal Python error: Aborted\n\n"
+                                       b'Current thread 0x1 (most recent call first):\n'
+                                       b'  File "/job/train.py", line 9 in main\n'))
+    raised = merge(armed, parse_message(LAST_WORDS_HEADER + b'{"kind": "exception", '
+                                        b'"type": "ValueError", "message": "x"}'))
+    jobs = {way: sleeper() for way in ("fatal", "never", "raised")}
+    tracker, now = JobEndTracker(), time.time()
+    tracker.update(now, reading(now, {"0": 8 * GiB, "1": 8 * GiB, "2": 8 * GiB}),
+                   {str(i): j.pid for i, j in enumerate(jobs.values())}, {}, {}, {}, host(), {})
+    for job in jobs.values():
+        job.kill()
+        job.wait()
+    first = {jobs["fatal"].pid: armed, jobs["never"].pid: armed, jobs["raised"].pid: raised}
+    [end] = tracker.update(now + 1, reading(now + 1, {}), {}, {}, {}, {}, host(), {},
+                           last_words=first)
+    assert end.pid == jobs["raised"].pid and end.last_words == raised
+    later = {jobs["fatal"].pid: fatal, jobs["never"].pid: armed}
+    ends = {e.pid: e for e in tracker.update(now + 2, reading(now + 2, {}), {}, {}, {}, {},
+                                             host(), {}, last_words=later)}
+    assert set(ends) == {jobs["fatal"].pid, jobs["never"].pid}
+    assert "killed by SIGABRT at train.py:9 in main" in ends[jobs["fatal"].pid].summary()
+    assert "no last words" in ends[jobs["never"].pid].summary()
+    assert {e.time for e in ends.values()} == {now + 1}  # when the end was noticed
+    assert tracker.totals == {"exited": 3}
+    assert tracker.update(now + 3, reading(now + 3, {}), {}, {}, {}, {}, host(), {},
+                          last_words=later) == []  # once
+
+
 def test_a_chip_whose_job_died_shows_no_forecast_for_it_until_it_is_read_again():
     """After the demo's job ran out of memory, status and the summary page still said
     "leak ... OOM in 26 min" for its chips, which no longer answered. The chip keeps its

@@ -25,6 +25,11 @@ program's need and its largest allocation; any other exception, or a fatal signa
 told with its type, message and the innermost frame of the user's code; a reporter that
 heard nothing (SIGKILL, ``os._exit``) says so, and the kernel's word stands. A known
 issue of the process's framework release that matches what it said is named with its fix.
+
+A fatal signal's traceback reaches the agent only as the dead process's connection closes
+(faulthandler writes it into a pipe the agent reads then), which the poll may read after it
+found the pid gone. So an end whose reporter was listening but had said nothing yet is
+raised one poll later, with what was heard by then, and with the time it was noticed.
 """
 
 from __future__ import annotations
@@ -193,6 +198,9 @@ class JobEndTracker:
     #: (pid, start time) of every end raised lately: an end is raised once, whatever a
     #: later view says (a stale owner scan naming the dead pid, a flapping holder).
     _done: dict[tuple[int, int | None], None] = field(default_factory=dict)
+    #: pid -> (when its end was noticed, its last view): ends held for one poll, for the
+    #: last words still on their way (a fatal signal's)
+    _held: dict[int, tuple[float, JobView]] = field(default_factory=dict)
 
     def update(self, now: float, runtime: RuntimeReading | None, owners: Mapping[str, int],
                processes: Mapping[int, ProcessState], assessments: Mapping[str, Assessment],
@@ -207,11 +215,17 @@ class JobEndTracker:
         holders = _holders(owners, processes, trusted)
         for chip, reading in (runtime.chips if runtime is not None else {}).items():
             self._peaks.setdefault(chip, deque(maxlen=PEAK_POLLS)).append(reading.hbm_used_bytes)
-        ended = [pid for pid in self._views
-                 if self._ended(pid, holders, runtime, processes)]
         words = last_words or {}
-        ends = [self._end(now, _latest_step(self._views.pop(pid), processes), kills,
-                          words.get(pid)) for pid in ended]
+        ends = [self._end(noticed, view, kills, words.get(pid))
+                for pid, (noticed, view) in self._held.items()]
+        self._held.clear()
+        for pid in [p for p in self._views if self._ended(p, holders, runtime, processes)]:
+            view = _latest_step(self._views.pop(pid), processes)
+            heard = words.get(pid)
+            if heard is not None and heard.armed and not heard.said:
+                self._held[pid] = (now, view)  # its last words may be on their way
+            else:
+                ends.append(self._end(now, view, kills, heard))
         for pid in [p for p in self._views if p not in holders]:
             del self._views[pid]  # alive, holding nothing any more: not an end we can see
         driven = _chips_by_pid(attributed or {})
