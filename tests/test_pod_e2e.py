@@ -43,6 +43,7 @@ from test_grafana import FOR, queries
 from tools import (TPUMON, Processes, clean_env, free_port, get, prometheus_config, ready,
                    require_tool, wait_for)
 from tpumon.client.slice import ClientOptions, ask_all, build_view
+from tpumon.sim.naming import worker_hostname
 
 SLICE = "e2e-pod"
 HOSTS = 4
@@ -193,7 +194,7 @@ def empty_pod_queries(prom: str) -> list[str]:
     """The pod dashboard's queries that return no data from this Prometheus, each with
     where it is."""
     values = {"datasource": "prometheus", "slice": SLICE,
-              "host": [f"{SLICE}-w-{w}" for w in range(HOSTS)]}
+              "host": [worker_hostname(SLICE, w) for w in range(HOSTS)]}
     now = time.time()
     out = []
     for q in queries("tpumon-pod", values):
@@ -246,8 +247,8 @@ def check_prometheus_replay_and_report(prom: str, began: float, tmp_path: Path,
     assert result.returncode == 0, result.stderr
     written = sorted(Path(p).name for p in result.stdout.split())
     assert written == sorted([f"tpumon-report-slice-{SLICE}.png"] + [
-        f"tpumon-report-{SLICE}-w-{w}.{ext}" for w in range(HOSTS) for ext in ("png",
-                                                                               "html")])
+        f"tpumon-report-{worker_hostname(SLICE, w)}.{ext}" for w in range(HOSTS)
+        for ext in ("png", "html")])
     heatmap_filled(prom, began - 5)
 
 
@@ -326,7 +327,7 @@ def export_host_trace(tmp_path: Path, worker: int, scraped: set, first: dict, la
     every poll Prometheus scraped of it in the span, and of that record the polls
     Prometheus scraped alone, written to ``seen`` (a file per host: a slice each)."""
     path = traces / f"w{worker}.csv"
-    host = f"{SLICE}-w-{worker}"
+    host = worker_hostname(SLICE, worker)
 
     def exported_all_scraped() -> bool:
         """The agent writes its polls a few seconds late (several to a

@@ -97,7 +97,7 @@ def test_agents_attached_to_a_simulated_slice_carry_its_labels(tmp_path):
         metadata = re.search(r"worker=1 address=127.0.0.2 ports=\d+ metadata=(\S+) "
                              r"scenario=linear-leak", lines[1]).group(1)
         labels = hbm_series_labels(AgentProcess(tmp_path, None, "--sim-host", metadata), "3")
-        assert labels == ('accelerator_type="v4-16",chip="3",host="my-tpu-w-1",'
+        assert labels == ('accelerator_type="v4-16",chip="3",host="t1v-n-my-tpu-w-1",'
                           'slice="my-tpu",worker="1"')
     finally:
         sim.terminate()

@@ -27,7 +27,7 @@ from tpumon.agent.components import (AlertThresholds, LogLevel, NotifierComponen
 from tpumon.common.config import Config, ConfigError, parse_ports
 from tpumon.metrics.collectors import build_registry
 from tpumon.common.identity import Identity, discover_tpu_env, fetch_tpu_env, resolve_identity
-from tpumon.sim.naming import DEFAULT_SLICE, accelerator_type
+from tpumon.sim.naming import DEFAULT_SLICE, accelerator_type, worker_hostname
 from tpumon.sim.naming import tpu_env as simulated_tpu_env
 from tpumon.sim.process import spawn_simulator
 from tpumon.sources.chips import ChipInventory, ChipOwnerScan, detect_chips, inventory_for
@@ -409,7 +409,7 @@ def _assemble(config: Config, simulate: bool, env: Mapping[str, str], history: b
         check_simulation_pace(config)
         inventory, address, ports, tpu_env, owners = _attach_simulated_host(config)
         configured_identity["hostname"] = configured_identity["hostname"] or \
-            f"{tpu_env['NODE_ID']}-w-{tpu_env['WORKER_ID']}"
+            worker_hostname(tpu_env["NODE_ID"], tpu_env["WORKER_ID"])
     elif simulate:
         check_simulation_pace(config)
         simulator = spawn_simulator(config["simulator.scenario"], config["simulator.chips"],

@@ -171,8 +171,8 @@ def _write_trace(scenarios: list[str], slice_name: str | None, path: str, durati
     """Write the trace as ``tpumon export`` writes one: its format from the name, whole or
     not at all (a failure half-way never leaves a truncated file where an older trace was).
     Several hosts (a slice) get each worker's share of a slice scenario and its seed
-    (seed + k) as ``--hosts`` serves them, are named as the simulated fleet names its
-    workers (``worker_hostname``: t1v-n-SLICE-w-k), and are merged in time."""
+    (seed + k) as ``--hosts`` serves them, are named as an agent on each of them names
+    itself (``worker_hostname``: t1v-n-SLICE-w-k), and are merged in time."""
     import heapq
 
     from tpumon.cli.trace_output import output_format, write_whole

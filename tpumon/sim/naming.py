@@ -22,9 +22,10 @@ def accelerator_type(chip_type: str, chips_per_host: int, hosts: int) -> str:
     return f"{prefix}-{chips_per_host * hosts * cores}"
 
 
-def worker_hostname(slice_name: str, worker: int) -> str:
-    """A simulated slice's worker as a TPU VM names itself (t1v-n-SLICE-w-3): analyze tells
-    the hosts of one slice apart by the ``-w-N`` suffix."""
+def worker_hostname(slice_name: str, worker: int | str) -> str:
+    """A simulated slice's worker as a TPU VM names itself (t1v-n-SLICE-w-3): the agent
+    attached to it, the simulated fleet and ``sim --write-trace --hosts`` all name it so,
+    and analyze tells the hosts of one slice apart by the ``-w-N`` suffix."""
     return f"t1v-n-{slice_name}-w-{worker}"
 
 
