@@ -420,6 +420,31 @@ def test_a_silent_end_waits_one_poll_for_the_words_still_on_their_way():
                           last_words=later) == []  # once
 
 
+def test_a_live_process_that_frees_its_chips_ends_once_and_is_not_held():
+    """A reporting process that frees its chips and lives on (a trusted uid's: still
+    watched) has no last words on their way: its end is raised at once, and its later
+    death raises no second one (a first version held it, and watched it again meanwhile)."""
+    from tpumon.instrument.protocol import LAST_WORDS_HEADER
+    from tpumon.sources.last_words import parse_message
+
+    tracker, job = JobEndTracker(), sleeper()
+    processes, now = reporting(job.pid, 10), time.time()
+    armed = {job.pid: parse_message(LAST_WORDS_HEADER + b'{"kind": "armed", "fatal": true}')}
+
+    def poll(t: float, used: int, owners: dict) -> list:
+        return tracker.update(t, reading(t, {"0": used}), owners, processes, {}, {}, host(),
+                              {}, last_words=armed)
+
+    assert poll(now, 20 * GiB, {"0": job.pid}) == []
+    [end] = poll(now + 1, 0, {})
+    assert end.pid == job.pid and end.time == now + 1
+    assert [poll(now + 2 + i, 0, {}) for i in range(3)] == [[], [], []]
+    job.kill()
+    job.wait()
+    assert poll(now + 6, 0, {}) == [] and poll(now + 7, 0, {}) == []
+    assert tracker.totals == {"exited": 1}
+
+
 def test_a_chip_whose_job_died_shows_no_forecast_for_it_until_it_is_read_again():
     """After the demo's job ran out of memory, status and the summary page still said
     "leak ... OOM in 26 min" for its chips, which no longer answered. The chip keeps its

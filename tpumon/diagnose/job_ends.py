@@ -28,8 +28,9 @@ issue of the process's framework release that matches what it said is named with
 
 A fatal signal's traceback reaches the agent only as the dead process's connection closes
 (faulthandler writes it into a pipe the agent reads then), which the poll may read after it
-found the pid gone. So an end whose reporter was listening but had said nothing yet is
-raised one poll later, with what was heard by then, and with the time it was noticed.
+found the pid gone. So the end of a process that is gone, whose reporter was listening but
+had said nothing yet, is raised one poll later, with what was heard by then, and with the
+time it was noticed. (A live process that freed its chips has no words on their way.)
 """
 
 from __future__ import annotations
@@ -222,8 +223,9 @@ class JobEndTracker:
         for pid in [p for p in self._views if self._ended(p, holders, runtime, processes)]:
             view = _latest_step(self._views.pop(pid), processes)
             heard = words.get(pid)
-            if heard is not None and heard.armed and not heard.said:
+            if heard is not None and heard.armed and not heard.said and not pid_alive(pid):
                 self._held[pid] = (now, view)  # its last words may be on their way
+                self._done[(pid, view.start)] = None  # never watched again meanwhile
             else:
                 ends.append(self._end(now, view, kills, heard))
         for pid in [p for p in self._views if p not in holders]:
