@@ -21,7 +21,7 @@ from tpumon.diagnose.job_ends import JobView, judge
 from tpumon.diagnose.known_issues import known_issue_said
 from tpumon.sources.last_words import (LastWords, OutOfMemory, merge, parse_fatal, parse_message,
                                        parse_oom)
-from tpumon.sources.reports import ReporterSocket
+from tpumon.sources.reports import ReporterSocket, pid_alive
 from tools import wait_for
 
 FIXTURES = Path(__file__).parent / "fixtures" / "last_words"
@@ -281,6 +281,26 @@ def test_a_forked_childs_crash_is_not_the_jobs_last_words(tmp_path, receiver):
     assert (words.kind, words.exited, words.fatal_armed) == (None, True, True)
     time.sleep(0.3)
     assert all(w.kind != "fatal" for w in receiver.poll().last_words.values())
+
+
+def test_a_job_that_dies_before_its_forked_worker_is_heard_at_once(tmp_path, receiver):
+    """A data loader's worker (forked, no exec) outlives the job for a while: the job's
+    SIGABRT is heard as the job dies, not when the worker exits (the worker held the
+    connection open, so its end, and the traceback read at it, came only then)."""
+    body = ("import os, time\npid = os.fork()\nif pid == 0:\n"
+            "    null = os.open(os.devnull, os.O_RDWR)\n    os.dup2(null, 1)\n"
+            "    os.dup2(null, 2)\n    time.sleep(30)\n    os._exit(0)\n"
+            "print('worker', pid, flush=True)\nos.abort()\n")
+    job = run_job(tmp_path, body, receiver.path)
+    worker = int(job.stdout.split("worker ")[1].split()[0])
+    try:
+        assert job.returncode == -6, job.stderr
+        words = wait_for(lambda: next((w for w in receiver.poll().last_words.values()
+                                       if w.kind == "fatal"), None), 5)
+        assert words.type == "SIGABRT"
+        assert pid_alive(worker)  # heard while the worker lives on
+    finally:
+        os.kill(worker, 9)
 
 
 def test_no_agent_costs_the_exit_nothing_and_raises_nothing(tmp_path):

@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+import weakref
 from typing import Callable
 
 from tpumon.instrument.protocol import connection_path
@@ -27,6 +28,10 @@ from tpumon.instrument.protocol import connection_path
 CONTROL_MAX = 512  # a request from the agent is one short line
 RETRY_SECONDS = 5.0
 _SEND = socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL  # an agent gone: EPIPE, not SIGPIPE
+
+
+def _nothing() -> None:
+    """What a fork runs for a sender already collected."""
 
 
 class ReportSender:
@@ -45,6 +50,18 @@ class ReportSender:
         #: called with each new connection (the last words hand the agent a pipe on it)
         self.on_connect: Callable[[socket.socket], None] | None = None
         self._connect()
+        forked = weakref.WeakMethod(self._in_forked_child)
+        os.register_at_fork(after_in_child=lambda: (forked() or _nothing)())
+
+    def _in_forked_child(self) -> None:
+        """A forked child (a data loader's worker) drops its copy of the connection: the
+        agent sees the job's connection close when the job dies (its fatal signal's
+        traceback is read then), not when the last of its workers does. A report the child
+        sends goes on a connection of its own."""
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None
+            self._retry_at = 0.0
 
     @property
     def connected(self) -> bool:
