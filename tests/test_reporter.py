@@ -390,6 +390,28 @@ def test_a_silent_process_is_forgotten_once_it_exited_or_after_a_day(tmp_path):
     assert r.poll().processes == {}
 
 
+def test_a_job_silent_for_minutes_then_aborted_keeps_its_last_words_in_that_poll(tmp_path):
+    """A job hung in a collective reports nothing for minutes, then aborts: the poll that
+    hears its fatal signal's traceback also finds it dead and silent past STALE_SECONDS,
+    and forgets it; its words are in that poll's reading all the same (the job's end is
+    told from it), and gone from the next."""
+    from tpumon.instrument.protocol import FATAL_HEADER
+    hung = subprocess.Popen(["true"])
+    hung.wait()
+    now = [1000.0]
+    r = ReporterSocket(tmp_path / "r.sock", clock=lambda: now[0])
+    r._record(parse_report(json.dumps({"v": PROTOCOL_VERSION, "framework": "jax", "step": 7,
+                                       "time": 999.0}).encode(), hung.pid, 0, now[0]))
+    assert list(r.poll().processes) == [hung.pid]
+    now[0] += 400
+    r._keep_words(hung.pid, FATAL_HEADER + b"Fatal Python error: Aborted\n\nCurrent thread "
+                  b"0x1 (most recent call first):\n  File \"/job/train.py\", line 3 in main\n")
+    reading = r.poll()
+    assert reading.processes == {}
+    assert reading.last_words[hung.pid].describe().startswith("killed by SIGABRT at train.py:3")
+    assert r.poll().last_words == {}
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.one_of(st.binary(max_size=300), st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=10),

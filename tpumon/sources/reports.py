@@ -259,6 +259,10 @@ class ReporterSocket:
             self._inlet.resume()
         for arrival, creds, received in inbox:
             self._handle_one(arrival, creds, received)
+        # what a process forgotten below said stays in this poll's reading: a job silent
+        # for minutes (hung in a collective) and then aborted is forgotten in the very
+        # poll its last words arrive in, and its end is told from this reading
+        words = dict(self._words)
         now = self._clock()
         for pid in [p for p, r in self._latest.items() if self._forgotten(p, now - r.received)]:
             self._forget(pid)
@@ -275,8 +279,7 @@ class ReporterSocket:
             snapshots = dict(self._requests.results)
         processes = {pid: r._replace(steps_per_second=self._rate(pid), exited=pid in exited)
                      for pid, r in self._latest.items()}
-        return ReporterReading(processes, points, self._reports, dropped, snapshots,
-                               dict(self._words))
+        return ReporterReading(processes, points, self._reports, dropped, snapshots, words)
 
     def request_snapshot(self, pid: int, steps: int, reason: str,
                          sites: bool = True) -> SnapshotResult:
