@@ -19,7 +19,7 @@ DEMO_POD_SCENARIO ?= slice-leak
 # compile tpumon again, and pytest rewrite every test module's asserts again in each run.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: help demo demo-pod test test-fast lint test-frameworks bench venv system-deps-demo \
+.PHONY: help demo demo-pod test test-fast test-explore lint test-frameworks bench venv system-deps-demo \
 	system-deps-test system-deps-bench system-deps-pod clean protos
 
 help:
@@ -27,6 +27,7 @@ help:
 	@echo "make demo-pod   a simulated 4-host slice, 4 agents and Prometheus (docs/pods.md)"
 	@echo "make test    install test dependencies, run ruff and mypy, then the whole suite"
 	@echo "make test-fast   ruff, mypy and the unit tests (no end-to-end or slow tests; < 1 min)"
+	@echo "make test-explore   the property tests on fresh random examples (ROUNDS=5 runs)"
 	@echo "make lint    ruff and mypy only (settings in pyproject.toml)"
 	@echo "make test-frameworks   the reporters against real PyTorch/XLA and JAX (CPU)"
 	@echo "make bench   run the benchmarks (figures go to docs/benchmarks.md)"
@@ -85,6 +86,14 @@ test: system-deps-test lint
 # The unit tests for the inner loop: everything not marked e2e or slow (pyproject.toml).
 test-fast: system-deps-test lint
 	$(BIN)/python -m pytest -q -m "not e2e and not slow" -n auto --durations=5
+
+# The property tests (Hypothesis) on fresh random examples, ROUNDS times: `make test` draws
+# the same examples every run (tests/conftest.py), so new counterexamples are looked for here.
+ROUNDS ?= 5
+test-explore: system-deps-test venv
+	for round in $$(seq $(ROUNDS)); do \
+		TPUMON_HYPOTHESIS=explore $(BIN)/python -m pytest -q -m hypothesis -n auto -p no:cacheprovider || exit 1; \
+	done
 
 # Real PyTorch/XLA and JAX on CPU against the agent (a separate ~7 GiB venv).
 test-frameworks:
