@@ -59,8 +59,8 @@ def test_a_directory_is_a_slice_and_the_table_fits_80_columns(slice_dir):
     forecasts = [line for line in said if line.startswith("  forecast at alert: ")]
     assert len(said) == 6 and len(forecasts) == 2
     assert text.count(f"2 of 4 chips of slice {SLICE})\n") == 2
-    assert all(line.endswith(("in the trace", "UTC")) or line[-1].isdigit()
-               for line in forecasts)
+    assert all(line.endswith(("in the trace", "UTC", "judges a job's end")) or
+               line[-1].isdigit() for line in forecasts)
     table_rows = [line for line in lines if "…" in line]
     assert len(table_rows) == 4 and all(line.split()[0][-4:] in ("-w-0", "-w-1")
                                         for line in table_rows)
@@ -119,3 +119,30 @@ def test_a_file_of_one_line_is_told_by_its_header(tmp_path, name, header, messag
     out = CliRunner().invoke(main, ["analyze", str(path)])
     assert out.exit_code == 1 and out.stdout == ""
     assert out.stderr.strip().splitlines() == [f"Error: {path}{message}"]
+
+
+def test_a_trace_that_ends_with_the_floor_at_capacity_is_told_as_the_agent_tells_the_end():
+    """The demo's agent said its job ended in an HBM OOM (floor plus in-step swing at 98 %),
+    and `analyze` of the same polls, exported, said "HBM did not fill up in the trace": no
+    poll lands on a step's peak. The post-mortem now judges the trace's end as the agent
+    judges a job's end, and says what is estimated."""
+    from tpumon.cli.analyze import post_mortem
+    from tpumon.detect import Assessment, Verdict
+    from tpumon.detect.job_replay import SeriesResult
+
+    total = 32 * 2**30
+    alert = {"time": 1000.0, "step": 100, "predicted_oom_time": 5000.0,
+             "predicted_oom_step": 500.0, "predicted_oom_time_low": 4000.0,
+             "predicted_oom_time_high": 6000.0, "predicted_oom_step_low": 400.0,
+             "predicted_oom_step_high": 600.0}
+
+    def ended_at(floor: float) -> str | None:
+        a = Assessment(Verdict.LEAK, "x", floor_bytes=floor * total,
+                       transient_bytes=0.12 * total, total_bytes=total, step=27_969.0)
+        return post_mortem(SeriesResult("h", "0", 100, a, alert))
+
+    assert ended_at(0.86) == (
+        "forecast at alert: step 500 (400-600); no sample 98% full, but at the trace's end "
+        "(step 27,969) the floor plus the in-step swing came to 98.0% of HBM: an OOM, as the "
+        "agent judges a job's end")
+    assert ended_at(0.70).endswith("; HBM did not fill up in the trace")

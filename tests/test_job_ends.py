@@ -383,6 +383,25 @@ def test_the_last_words_reach_every_sink_escaped_for_it():
     assert "\n" not in for_log(end.summary()) and "\x1b" not in for_terminal(end.summary())
 
 
+def test_a_peak_no_poll_saw_is_told_as_the_estimate_it_is():
+    """A chip whose floor plus in-step swing came within NEAR_FULL of capacity, while no poll
+    saw it above 90 %, ended in an HBM OOM; the evidence says the 98 % is the estimate, for
+    the exported trace shows no sample that high (a newcomer read the two as two stories)."""
+    from tpumon.diagnose.job_ends import ChipAtEnd, judge
+
+    total = 32 * GiB
+    estimated = ChipAtEnd("2", int(0.85 * total), total, "leak", floor_bytes=0.86 * total,
+                          peak_bytes=int(0.90 * total), transient_bytes=0.12 * total)
+    cause, evidence = judge(JobView(7, 0.0, chips=(estimated,)), None, 1.0)
+    assert cause == "hbm_oom"
+    assert evidence.startswith("chip 2's floor plus its in-step swing came to 98.0% of its HBM "
+                               "(polls saw 90.0% at most lately, 85.0% at the last)")
+    seen = ChipAtEnd("2", int(0.85 * total), total, "leak", floor_bytes=0.80 * total,
+                     peak_bytes=int(0.99 * total), transient_bytes=0.1 * total)
+    assert judge(JobView(7, 0.0, chips=(seen,)), None, 1.0)[1].startswith(
+        "chip 2 reached 99.0% of its HBM lately (85.0% at the last poll)")
+
+
 def test_a_silent_end_waits_one_poll_for_the_words_still_on_their_way():
     """A fatal signal's traceback reaches the agent as the dead process's connection
     closes, which a poll may read after it found the pid gone (CI saw SIGABRT told as "no

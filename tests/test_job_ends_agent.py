@@ -52,8 +52,8 @@ def test_the_simulated_jobs_hbm_oom_is_named_compared_and_told_once(tmp_path):
             assert end["cause"] == "hbm_oom", end
             # the last polls before the OOM caught the chip between 90 % and full (a sample
             # within 0.05 % of its HBM reads 100.0 %: the job dies when the next would not fit)
-            assert re.match(r"chip \d reached (9\d\.\d|100\.0)% of its HBM lately",
-                            end["evidence"]), end
+            assert re.match(r"chip \d (reached|'s floor plus its in-step swing came to) "
+                            r"(9\d\.\d|100\.0)% of its HBM", end["evidence"]), end
             assert end["step"] > 0 and len(end["chips"]) == 4
             assert end["forecast"] and end["forecast"].endswith(f"died at step {end['step']:,}")
             assert "ended at step" in agent.log() and ": hbm_oom (" in agent.log()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 from collections.abc import Mapping
@@ -20,7 +21,9 @@ from tpumon.cli.prometheus_source import (check_prometheus_options, prometheus_o
                                           prometheus_rows)
 from tpumon.common.describe import describe_growth
 from tpumon.detect.early_replay import EarlyReplay
-from tpumon.detect.job_replay import SeriesResult, describe_forecast
+from tpumon.detect.job_replay import FULL_FRACTION, SeriesResult, describe_forecast
+from tpumon.detect.verdict import Assessment
+from tpumon.diagnose.job_ends import NEAR_FULL
 from tpumon.detect.replay import replay_columns, usable_cores
 from tpumon.detect.workers import WorkerDied
 from tpumon.trace.schema import SeriesSource, TraceFormatError
@@ -60,12 +63,26 @@ def post_mortem(r: SeriesResult) -> str | None:
         return None
     full = r.full_after_alert
     if full is None:
-        came = "HBM did not fill up in the trace"
+        came = _end_of_trace(r.assessment)
     elif said.startswith("step") and full["step"] is not None:
         came = f"HBM full at step {full['step']:,}"
     else:
         came = f"HBM full at {_when(full['time'])}"
     return f"forecast at alert: {said}; {came}"
+
+
+def _end_of_trace(a: Assessment) -> str:
+    """Where HBM stood at the end of a trace in which no sample was full: the agent judges
+    a job's end an HBM OOM when the floor plus the in-step swing came within NEAR_FULL of
+    capacity (a poll rarely lands on a step's peak), and so does this."""
+    total = a.total_bytes or 0.0
+    swing = ((a.floor_bytes or 0.0) + (a.transient_bytes or 0.0)) / total if total else 0.0
+    if swing < NEAR_FULL:
+        return "HBM did not fill up in the trace"
+    at = f" (step {a.step:,.0f})" if a.step is not None and not math.isnan(a.step) else ""
+    return (f"no sample {FULL_FRACTION:.0%} full, but at the trace's end{at} the floor "
+            f"plus the in-step swing came to {swing:.1%} of HBM: an OOM, as the agent "
+            "judges a job's end")
 
 
 def render_table(results: list[SeriesResult], console: Console) -> None:

@@ -81,12 +81,28 @@ class ChipAtEnd:
         return self.used_bytes / self.total_bytes if self.total_bytes else 0.0
 
     @property
+    def seen_ratio(self) -> float:
+        """The highest the chip was seen to reach lately (a poll's reading)."""
+        seen = max(self.peak_bytes, self.used_bytes)
+        return seen / self.total_bytes if self.total_bytes else 0.0
+
+    @property
     def peak_ratio(self) -> float:
         """The highest the chip was seen to reach lately, or its floor plus the detector's
         in-step swing when that is higher (a poll rarely lands on a step's peak)."""
-        peak = max(self.peak_bytes, self.used_bytes,
-                   (self.floor_bytes or 0.0) + (self.transient_bytes or 0.0))
-        return peak / self.total_bytes if self.total_bytes else 0.0
+        swing = (self.floor_bytes or 0.0) + (self.transient_bytes or 0.0)
+        estimate = swing / self.total_bytes if self.total_bytes else 0.0
+        return max(self.seen_ratio, estimate)
+
+    def describe_peak(self) -> str:
+        """The peak as seen, or as estimated (a trace of the same polls shows no sample
+        that high: the two must not read as two stories)."""
+        if self.peak_ratio <= self.seen_ratio:
+            return (f"chip {self.chip} reached {self.peak_ratio:.1%} of its HBM lately "
+                    f"({self.used_ratio:.1%} at the last poll)")
+        return (f"chip {self.chip}'s floor plus its in-step swing came to "
+                f"{self.peak_ratio:.1%} of its HBM (polls saw {self.seen_ratio:.1%} at most "
+                f"lately, {self.used_ratio:.1%} at the last)")
 
 
 @dataclass(frozen=True)
@@ -391,8 +407,7 @@ def _hbm_evidence(view: JobView, interval: float) -> str | None:
     peak, estimated), or its forecast OOM within a few polls of the last one."""
     full = max(view.chips, key=lambda c: c.peak_ratio, default=None)
     if full is not None and full.peak_ratio >= NEAR_FULL:
-        return (f"chip {full.chip} reached {full.peak_ratio:.1%} of its HBM lately "
-                f"({full.used_ratio:.1%} at the last poll)")
+        return full.describe_peak()
     last = view.reading_time if view.reading_time is not None else view.time
     for c in view.chips:
         if c.predicted_oom_time is not None and \
