@@ -13,15 +13,24 @@ sys.path.insert(0, str(Path(__file__).parent))
 collect_ignore = [] if os.environ.get("RUN_FRAMEWORK_TESTS") else ["frameworks"]
 
 from fake_runtime import FakeRuntime, RuntimeServer  # noqa: E402
-from hypothesis import settings  # noqa: E402
 
-# Property tests draw the same examples in every run (seeded by each test), so a run of
-# `make test` is reproducible and CI never fails on an example nobody has seen: a new
-# counterexample is found by `make test-explore` (fresh random examples each run), then
-# kept as an @example. Session 33 found one such example in the detector at random.
-settings.register_profile("reproducible", derandomize=True)
-settings.register_profile("explore", derandomize=False)
-settings.load_profile(os.environ.get("TPUMON_HYPOTHESIS", "reproducible"))
+
+def _property_tests_reproducible() -> None:
+    """Property tests draw the same examples in every run (seeded by each test), so a run
+    of `make test` is reproducible and CI never fails on an example nobody has seen: a new
+    counterexample is found by `make test-explore` (fresh random examples each run), then
+    kept as an @example. Session 33 found one such example in the detector at random.
+    (.venv-frameworks, for `make test-frameworks`, has no Hypothesis and no such tests.)"""
+    try:
+        from hypothesis import settings
+    except ImportError:
+        return
+    settings.register_profile("reproducible", derandomize=True)
+    settings.register_profile("explore", derandomize=False)
+    settings.load_profile(os.environ.get("TPUMON_HYPOTHESIS", "reproducible"))
+
+
+_property_tests_reproducible()
 
 
 @pytest.fixture
