@@ -181,6 +181,7 @@ def test_a_guess_still_running_at_the_end_is_let_finish_not_killed(tmp_path, tra
     assert not replay.started
 
 
+@pytest.mark.slow
 def test_after_an_error_what_runs_ends_and_what_is_queued_is_dropped(tmp_path, trace):
     running = [tmp_path / f"running{i}" for i in range(2)]
     queued = [tmp_path / f"queued{i}" for i in range(4)]
@@ -243,6 +244,7 @@ def test_a_malformed_row_after_hosts_were_guessed_is_one_error_line(tmp_path):
         f"Error: {path}:{len(lines)}: column 'hbm_used_bytes': 'lots' is not an integer"]
 
 
+@pytest.mark.slow
 def test_at_a_normal_end_what_is_still_queued_is_not_run(tmp_path, trace):
     """Every result wanted was collected: a guess still queued is dropped, not replayed."""
     running = [tmp_path / f"running{i}" for i in range(2)]
@@ -307,6 +309,7 @@ def test_a_worker_killed_mid_task_whose_result_is_wanted_is_an_error_not_a_wait(
 
 
 @pytest.mark.parametrize("error", [None, ValueError])
+@pytest.mark.slow
 def test_an_idle_worker_killed_does_not_hold_the_end_for_ever(trace, error):
     """An idle worker waits for a task holding the task queue's lock: killed so, it keeps
     the others from their stop signal, and the pool's join() waited for ever (a review

@@ -542,6 +542,7 @@ def test_a_leak_warning_waits_ten_minutes_at_most_for_snapshots():
         ("trigger", LEAK, "chip 0")]
 
 
+@pytest.mark.slow
 def test_the_outbox_keeps_under_its_share_of_the_disk_bound(tmp_path):
     """Thousands of delivered notifications (one user's processes ending, say) leave the
     outbox file and its WAL under its share of store.max_size_mb, the oldest delivered

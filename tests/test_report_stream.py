@@ -116,6 +116,7 @@ def test_series_over_many_tables_give_the_same_report(slice_traces, small_tables
     {"hosts": (f"{SLICE}-w-0",), "since": "2025-06-15T17:00:00"},
     {"since": "2025-06-15T16:00:00", "until": "2025-06-15T20:00:00"},
 ])
+@pytest.mark.slow
 def test_a_selection_is_spilled_alone_with_the_same_report(slice_traces, small_tables,
                                                              options, tmp_path):
     trace = slice_traces["csv"]
@@ -134,6 +135,7 @@ def test_a_selection_is_spilled_alone_with_the_same_report(slice_traces, small_t
     assert kept == {key: len(c.times) for key, c in expected.items()}
 
 
+@pytest.mark.slow
 def test_a_directory_of_traces_is_reported_as_one_trace(slice_traces, tmp_path):
     got = streamed(slice_traces["directory"], tmp_path / "directory")
     want = streamed(slice_traces["csv"], tmp_path / "file")

@@ -101,6 +101,7 @@ def _kill_idle_sibling(path: str) -> str:
     return _pid_then_sleep(path, 0.5)
 
 
+@pytest.mark.slow
 def test_a_pool_whose_idle_worker_was_killed_ends_without_waiting_for_its_lock(tmp_path,
                                                                                  workers):
     """``Pool.terminate()`` waits for the task queue's lock, which a worker killed while
@@ -146,6 +147,7 @@ def _kill_the_other_once_idle(flag, task):
 
 
 @pytest.mark.parametrize("killed", ["busy", "idle"])
+@pytest.mark.slow
 def test_analyze_says_in_one_line_that_a_worker_died(tmp_path, monkeypatch, killed):
     """A trace replayed by forked workers (2 cores), one of which the kernel kills, busy or
     idle: before, ``tpumon analyze`` waited for ever for its result, or at its end for
