@@ -23,7 +23,7 @@ from tpumon.common.describe import describe_growth
 from tpumon.detect.early_replay import EarlyReplay
 from tpumon.detect.job_replay import FULL_FRACTION, SeriesResult, describe_forecast
 from tpumon.detect.verdict import Assessment
-from tpumon.diagnose.job_ends import NEAR_FULL
+from tpumon.diagnose.job_ends import NEAR_FULL, estimated_peak_ratio
 from tpumon.detect.replay import replay_columns, usable_cores
 from tpumon.detect.workers import WorkerDied
 from tpumon.trace.schema import SeriesSource, TraceFormatError
@@ -75,8 +75,7 @@ def _end_of_trace(a: Assessment) -> str:
     """Where HBM stood at the end of a trace in which no sample was full: the agent judges
     a job's end an HBM OOM when the floor plus the in-step swing came within NEAR_FULL of
     capacity (a poll rarely lands on a step's peak), and so does this."""
-    total = a.total_bytes or 0.0
-    swing = ((a.floor_bytes or 0.0) + (a.transient_bytes or 0.0)) / total if total else 0.0
+    swing = estimated_peak_ratio(a.floor_bytes, a.transient_bytes, a.total_bytes)
     if swing < NEAR_FULL:
         return "HBM did not fill up in the trace"
     at = f" (step {a.step:,.0f})" if a.step is not None and not math.isnan(a.step) else ""

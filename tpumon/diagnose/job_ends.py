@@ -62,6 +62,14 @@ RECENT_SECONDS = 3600.0  # ends kept for status, metrics and notifications
 ENDED_KEPT = 4096       # processes (pid, start time) remembered as ended, never raised again
 
 
+def estimated_peak_ratio(floor: float | None, transient: float | None,
+                         total: float | None) -> float:
+    """A chip's in-step peak as a share of its HBM, estimated as its floor plus the
+    detector's in-step swing (a poll rarely lands on a step's peak); 0 when unknown. A job's
+    end (here) and a trace's end (``tpumon analyze``) are judged on it alike."""
+    return ((floor or 0.0) + (transient or 0.0)) / total if total else 0.0
+
+
 @dataclass(frozen=True)
 class ChipAtEnd:
     """One of the job's chips at the last poll before the end."""
@@ -90,9 +98,9 @@ class ChipAtEnd:
     def peak_ratio(self) -> float:
         """The highest the chip was seen to reach lately, or its floor plus the detector's
         in-step swing when that is higher (a poll rarely lands on a step's peak)."""
-        swing = (self.floor_bytes or 0.0) + (self.transient_bytes or 0.0)
-        estimate = swing / self.total_bytes if self.total_bytes else 0.0
-        return max(self.seen_ratio, estimate)
+        return max(self.seen_ratio, estimated_peak_ratio(self.floor_bytes,
+                                                         self.transient_bytes,
+                                                         self.total_bytes))
 
     def describe_peak(self) -> str:
         """The peak as seen, or as estimated (a trace of the same polls shows no sample

@@ -30,8 +30,17 @@ RETRY_SECONDS = 5.0
 _SEND = socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL  # an agent gone: EPIPE, not SIGPIPE
 
 
-def _nothing() -> None:
-    """What a fork runs for a sender already collected."""
+#: every sender alive in this process: a forked child drops their connections (one hook
+#: for all, registered once; a sender collected leaves nothing behind)
+_SENDERS: weakref.WeakSet[ReportSender] = weakref.WeakSet()
+
+
+def _in_forked_child() -> None:
+    for sender in list(_SENDERS):
+        sender._in_forked_child()
+
+
+os.register_at_fork(after_in_child=_in_forked_child)
 
 
 class ReportSender:
@@ -50,8 +59,7 @@ class ReportSender:
         #: called with each new connection (the last words hand the agent a pipe on it)
         self.on_connect: Callable[[socket.socket], None] | None = None
         self._connect()
-        forked = weakref.WeakMethod(self._in_forked_child)
-        os.register_at_fork(after_in_child=lambda: (forked() or _nothing)())
+        _SENDERS.add(self)
 
     def _in_forked_child(self) -> None:
         """A forked child (a data loader's worker) drops its copy of the connection: the
