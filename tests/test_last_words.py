@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tpumon.instrument.last_words import EXIT_WAIT
-from tpumon.instrument.protocol import LAST_WORDS_HEADER, MAX_LAST_WORDS
+from tpumon.instrument.protocol import LAST_WORDS_HEADER, MAX_LAST_WORDS, connection_path
 from tpumon.diagnose.job_ends import JobView, judge
 from tpumon.diagnose.known_issues import known_issue_said
 from tpumon.sources.last_words import (LastWords, OutOfMemory, merge, parse_fatal, parse_message,
@@ -301,6 +301,49 @@ def test_a_job_that_dies_before_its_forked_worker_is_heard_at_once(tmp_path, rec
         assert pid_alive(worker)  # heard while the worker lives on
     finally:
         os.kill(worker, 9)
+
+
+def _flood_own_share(path: Path) -> socket.socket:
+    """Fill this user's share of the agent's inbox (1 MiB between two polls) with
+    snapshot-sized messages, until the inlet stops reading this user's connection."""
+    flood = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    flood.connect(connection_path(path))
+    flood.setblocking(False)
+    chunk, sent, refused_since = b"{" + b" " * 60000, 0, None
+    while True:
+        try:
+            sent += flood.send(chunk)
+            refused_since = None
+        except BlockingIOError:
+            refused_since = refused_since or time.monotonic()
+            if sent > 1 << 20 and time.monotonic() - refused_since > 0.5:
+                return flood  # past the share and no longer read: paused
+            assert sent < 8 << 20, "the inlet kept reading past the user's share"
+            time.sleep(0.01)
+
+
+def test_last_words_are_kept_when_the_users_share_of_the_inbox_is_full(tmp_path, receiver):
+    """A user's other processes filled its share of the inbox (a job streaming snapshots):
+    a process of that user that dies now is still heard, an XLA OOM report of 63 KB (what
+    was left of the share is less than one snapshot message: it was dropped as "backlog")."""
+    receiver.poll()
+    flood = _flood_own_share(receiver.path)
+    try:
+        dying = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        dying.connect(connection_path(receiver.path))
+        dying.send(LAST_WORDS_HEADER + json.dumps(
+            {"kind": "exception", "type": "RuntimeError",
+             "message": "RESOURCE_EXHAUSTED: Out of memory while trying to allocate "
+                        "2.00G." + " " * 63000}).encode())
+        dying.close()
+        time.sleep(0.3)  # the inlet reads it
+        reading = receiver.poll()
+        assert reading.dropped_total["backlog"] > 0  # the flood did pass its share
+        words = reading.last_words.get(os.getpid())
+        assert words is not None and words.type == "RuntimeError", reading.last_words
+        assert words.oom is not None
+    finally:
+        flood.close()
 
 
 def test_no_agent_costs_the_exit_nothing_and_raises_nothing(tmp_path):

@@ -44,6 +44,11 @@ _MSG_TRUNC = int(socket.MSG_TRUNC)  # a plain int: ``&`` on the IntFlag goes thr
 DROP_REASONS = ("oversized", "malformed", "version", "forbidden", "backlog")
 INBOX_BYTES = 8 << 20  # datagrams waiting for the next poll; beyond, dropped ("backlog")
 INBOX_USER_BYTES = 1 << 20  # ... of which one sending user's
+#: last words have a reserve of their own beside those shares: a process's traceback
+#: (one message of at most MAX_LAST_WORDS) is not dropped because its user's other
+#: processes filled their share (a job streaming snapshots, a flood of one's own)
+INBOX_WORDS_BYTES = 2 << 20
+INBOX_USER_WORDS_BYTES = 256 << 10  # ... of which one sending user's: four at the bound
 STALE_SECONDS = 300.0  # a process not heard from this long is forgotten once it has exited
 SILENT_MAX_SECONDS = 86400.0  # ... and even while alive (a pid reused, a job parked for a day)
 RATE_WINDOW_SECONDS = 120.0
@@ -207,6 +212,29 @@ class ReporterReading:
     last_words: Mapping[int, LastWords] = field(default_factory=dict)
 
 
+class _Shares:
+    """Bytes taken from a budget, in all and per user, until cleared (under the caller's
+    lock)."""
+
+    def __init__(self, total: int, per_user: int) -> None:
+        self.total, self.per_user = total, per_user
+        self._taken = 0
+        self._by_user: dict[int, int] = {}
+
+    def take(self, uid: int, size: int) -> bool:
+        """Take ``size`` bytes for ``uid`` if both bounds allow it."""
+        mine = self._by_user.get(uid, 0) + size
+        if self._taken + size > self.total or mine > self.per_user:
+            return False
+        self._taken += size
+        self._by_user[uid] = mine
+        return True
+
+    def clear(self) -> None:
+        self._taken = 0
+        self._by_user = {}
+
+
 class ReporterSocket:
     """Binds the socket, receives on a thread, keeps each process's latest report."""
 
@@ -226,8 +254,8 @@ class ReporterSocket:
         self._dropped_backlog = 0  # the receiving thread's, under the lock
         # with the sender's (pid, uid) and when it was taken
         self._inbox: list[tuple[Arrival, tuple[int, int], float]] = []
-        self._inbox_bytes = 0
-        self._inbox_by_user: dict[int, int] = {}
+        self._reports_share = _Shares(INBOX_BYTES, INBOX_USER_BYTES)
+        self._words_share = _Shares(INBOX_WORDS_BYTES, INBOX_USER_WORDS_BYTES)
         self._replies: dict[int, Reply] = {}  # pid -> where a request to it goes
         self._requests = SnapshotRequests()  # under the lock: the HTTP thread asks too
         self._words: dict[int, LastWords] = {}  # pid -> its last words (the poll thread's)
@@ -253,8 +281,9 @@ class ReporterSocket:
         if self._inlet is not None:
             self._inlet.take_waiting()  # what was sent before this poll is in this poll
         with self._lock:
-            inbox, self._inbox, self._inbox_bytes = self._inbox, [], 0
-            self._inbox_by_user = {}
+            inbox, self._inbox = self._inbox, []
+            self._reports_share.clear()
+            self._words_share.clear()
         if self._inlet is not None:
             self._inlet.resume()
         for arrival, creds, received in inbox:
@@ -316,8 +345,9 @@ class ReporterSocket:
     def _keep(self, batch: list[Arrival]) -> set[int]:
         """Into the inbox for the next poll (the inlet's thread), within INBOX_BYTES, and
         within INBOX_USER_BYTES for each sending user, so that one user's flood cannot crowd
-        out another's reports (beyond: "backlog"). The users past their share: the inlet
-        reads their connections no more until the next poll."""
+        out another's reports (beyond: "backlog"). Last words count against a reserve of
+        their own instead (INBOX_WORDS_BYTES, INBOX_USER_WORDS_BYTES). The users past their
+        share: the inlet reads their connections no more until the next poll."""
         received = self._clock()
         full = set()
         with self._lock:
@@ -325,14 +355,13 @@ class ReporterSocket:
                 creds = sender(arrival.ancillary)
                 uid = creds[1]
                 size = len(arrival.data) + 1  # an empty datagram takes a slot too
-                if self._inbox_bytes + size > INBOX_BYTES or \
-                        self._inbox_by_user.get(uid, 0) + size > INBOX_USER_BYTES:
+                words = arrival.data.startswith((LAST_WORDS_HEADER, FATAL_HEADER))
+                share = self._words_share if words else self._reports_share
+                if not share.take(uid, size):
                     self._dropped_backlog += 1
                     full.add(uid)
                     continue
                 self._inbox.append((arrival, creds, received))
-                self._inbox_bytes += size
-                self._inbox_by_user[uid] = self._inbox_by_user.get(uid, 0) + size
         return full
 
     def _handle_one(self, arrival: Arrival, creds: tuple[int, int], received: float) -> None:
