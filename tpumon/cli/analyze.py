@@ -19,7 +19,7 @@ from tpumon.cli.progress import bars
 from tpumon.cli.trace_input import spilled
 from tpumon.cli.prometheus_source import (check_prometheus_options, prometheus_options,
                                           prometheus_rows)
-from tpumon.common.describe import describe_growth
+from tpumon.common.describe import describe_growth, verdict_label
 from tpumon.detect.early_replay import EarlyReplay
 from tpumon.detect.job_replay import FULL_FRACTION, SeriesResult, describe_forecast
 from tpumon.detect.verdict import Assessment
@@ -92,13 +92,13 @@ def render_table(results: list[SeriesResult], console: Console) -> None:
                   box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     table.add_column("Host", no_wrap=True, max_width=HOST_WIDTH)
     table.add_column("Chip", no_wrap=True, max_width=6)
-    table.add_column("Verdict", max_width=12)  # "insufficient data" on two lines
+    table.add_column("Verdict", max_width=12)
     for column in ("Growth", "Leak alert", "OOM forecast"):
         table.add_column(column)
     for r in results:
         style = {"leak": "bold red", "growing": "yellow", "step_change": "yellow"}.get(
             r.verdict, "")
-        verdict = r.verdict.replace("_", " ")
+        verdict = verdict_label(r.verdict)
         table.add_row(short_host(r.host), r.chip, f"[{style}]{verdict}[/]" if style else verdict,
                       describe_growth(r.slope_bytes_per_step, r.slope_bytes_per_hour),
                       _with_step(r.alert), _with_step(r.predicted_oom))

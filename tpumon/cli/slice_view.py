@@ -19,7 +19,7 @@ from rich.text import Text
 from tpumon.cli.format import output_console
 from tpumon.client.http import ClientAuth
 from tpumon.common.config import Config, ConfigError, parse_listen_address
-from tpumon.common.describe import describe_growth, oom_cell
+from tpumon.common.describe import describe_growth, oom_cell, verdict_label
 from tpumon.common.units import format_bytes
 from tpumon.client.slice import (ClientOptions, SliceError, SliceView, ask_all, build_view,
                                  peers_from_metadata, peers_from_service,
@@ -89,7 +89,8 @@ def slice_table(view: SliceView) -> Table:
             format_bytes(row.hbm_used_bytes) + (
                 f" {100 * row.hbm_used_bytes / row.hbm_total_bytes:.0f} %"
                 if row.hbm_total_bytes else "")
-        verdict = "[bold red]leak[/]" if row.verdict == "leak" else shown(row.verdict or "-")
+        verdict = "[bold red]leak[/]" if row.verdict == "leak" else \
+            shown(verdict_label(row.verdict))
         eta = oom_cell(row.seconds_to_oom, row.growth_bytes_per_hour)  # as status shows it
         table.add_row(shown(row.worker or "?"), shown(row.chip), used,
                       describe_growth(row.growth_bytes_per_step, row.growth_bytes_per_hour),

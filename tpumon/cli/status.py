@@ -23,7 +23,7 @@ from tpumon.cli.options import (agent_client_options, agent_option, config_optio
 from tpumon.client.http import (ClientAuth)
 from tpumon.cli.slice_view import show_slice, slice_options
 from tpumon.common.config import Config, load_config
-from tpumon.common.describe import describe_growth
+from tpumon.common.describe import describe_growth, verdict_label
 from tpumon.agent.logs import setup_logging
 from tpumon.common.units import format_bytes
 from tpumon.common.untrusted_text import for_terminal as shown
@@ -47,8 +47,8 @@ def render_table(doc: dict[str, Any], console: Console) -> None:
             owner = f"{chip['owner_pid']} {shown(chip['owner_process'] or '')}{rss}".strip()
         used = "[yellow]no data[/]" if not chip["up"] else \
             f"{format_bytes(chip['hbm_used_bytes'])} {format_pct(chip['hbm_used_ratio'])}"
-        verdict = chip.get("verdict") or "-"
-        verdict = VERDICT_MARKUP.get(verdict, shown(verdict))
+        verdict = chip.get("verdict")
+        verdict = VERDICT_MARKUP.get(verdict or "", shown(verdict_label(verdict)))
         table.add_row(shown(chip["chip"]), used, format_pct(chip["duty_cycle"]), verdict,
                       describe_growth(chip.get("growth_bytes_per_step"),
                                       chip.get("growth_bytes_per_hour")),
@@ -61,7 +61,7 @@ def render_table(doc: dict[str, Any], console: Console) -> None:
                       "runtime (start 'tpumon agent' for leak verdicts)", highlight=False)
     for chip in doc["chips"]:
         if chip.get("reason") and not once:
-            console.print(shown(f"chip {chip['chip']}: {chip['verdict']}: {chip['reason']}"),
+            console.print(shown(f"chip {chip['chip']}: {verdict_label(chip['verdict'])}: {chip['reason']}"),
                           highlight=False)
         if chip.get("diagnosis"):
             console.print(shown(f"chip {chip['chip']}: likely cause: {chip['diagnosis']}"),
@@ -135,7 +135,7 @@ def render_processes(processes: list[dict[str, Any]], console: Console) -> None:
     console.print(table)
     for p in processes:
         if p.get("verdict_reason") and not p.get("exited"):
-            console.print(shown(f"pid {p['pid']}: {p['verdict']}: {p['verdict_reason']}"),
+            console.print(shown(f"pid {p['pid']}: {verdict_label(p['verdict'])}: {p['verdict_reason']}"),
                           highlight=False)
         if p["diagnosis"]:
             console.print(shown(f"pid {p['pid']}: {p['diagnosis']}"), highlight=False)
@@ -163,7 +163,8 @@ def _process_verdict(p: dict[str, Any]) -> str:
     """Device and host verdicts in one cell: an exited process says so first."""
     if p.get("exited"):
         return "[dim]exited[/]"
-    verdict = "[bold red]leak[/]" if p["verdict"] == "leak" else shown(p["verdict"])
+    verdict = VERDICT_MARKUP["leak"] if p["verdict"] == "leak" else \
+        shown(verdict_label(p["verdict"]))
     if p.get("host_verdict") == "leak":
         verdict += ", [bold red]host leak[/]"
     return verdict

@@ -37,15 +37,13 @@ from tpumon.client.http import AgentClient, AgentError, ClientAuth
 from tpumon.common.config import load_config
 from tpumon.agent.logs import setup_logging
 from tpumon.web.status import status_document
-from tpumon.common.describe import describe_growth
+from tpumon.common.describe import describe_growth, verdict_label
 from tpumon.common.units import format_bytes
 from tpumon.common.untrusted_text import for_terminal as shown
 
 VERDICT_STYLE = {"leak": "bold red", "growing": "yellow", "step_change": "yellow",
                  "warming_up": "dim",
                  "insufficient_data": "dim", "ok": "green"}
-VERDICT_SHORT = {"warming_up": "warm-up", "insufficient_data": "collecting",
-                 "step_change": "step chg"}  # 80 columns; `tpumon status` has the reasons
 # Chip-table columns, most important first: dropped from the end until the table fits.
 COLUMNS = ("Chip", "HBM used", "OOM in", "Verdict", "Growth", "Floor", "Duty")
 RIGHT = {"Chip", "Floor", "Growth", "OOM in", "Duty"}
@@ -63,14 +61,14 @@ def _hbm(chip: dict[str, Any]) -> RenderableType:
 
 
 def _cells(chip: dict[str, Any], now: float) -> dict[str, RenderableType]:
-    verdict = chip.get("verdict") or "-"
+    verdict = chip.get("verdict")
     return {"Chip": shown(chip["chip"]), "HBM used": _hbm(chip),
             "Floor": format_bytes(chip.get("floor_bytes")),
             # the figures `status`, the index page and /report show, written alike
             "Growth": describe_growth(chip.get("growth_bytes_per_step"),
                                       chip.get("growth_bytes_per_hour")),
             "OOM in": format_eta(chip, now),
-            "Verdict": _line(VERDICT_SHORT.get(verdict, verdict), VERDICT_STYLE.get(verdict, "")),
+            "Verdict": _line(verdict_label(verdict), VERDICT_STYLE.get(verdict or "", "")),
             "Duty": format_pct(chip["duty_cycle"]).replace(" ", "")}
 
 
@@ -110,7 +108,7 @@ def process_table(doc: dict[str, Any]) -> Table | None:
         compiles = "-" if p["compiles_uncached"] is None else str(p["compiles_uncached"])
         table.add_row(str(p["pid"]), shown(p["framework"]), f"{p['step']:,}", rate, live,
                       compiles + (" recompiling" if p["recompiling"] else ""),
-                      _line(p["verdict"], VERDICT_STYLE.get(p["verdict"], "")))
+                      _line(verdict_label(p["verdict"]), VERDICT_STYLE.get(p["verdict"], "")))
     return table
 
 
@@ -183,8 +181,9 @@ def command(config_path: str | None, runtime_ports: str | None, agent: str | Non
 
     Fits the terminal, 80 columns and up: where it is narrower than every column needs,
     duty cycle, growth per hour, floor and growth per step are left out, in that order.
-    Verdicts: ok, growing, leak, warm-up (warming_up), collecting (insufficient_data: under 30
-    minutes of floors), step chg (step_change). Without a terminal (a pipe, a file) it
+    Verdicts: ok, growing, leak, warming up (warming_up), collecting (insufficient_data:
+    under 30 minutes of floors), step change (step_change), as every view writes them.
+    Without a terminal (a pipe, a file) it
     prints the same view as plain text every interval. Ctrl-C quits. With --slice, every
     chip of the slice."""
     config = load_config(config_path, {"runtime.ports": ports_value(runtime_ports)})

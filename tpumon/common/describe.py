@@ -72,6 +72,23 @@ def chip_time_to_oom(chip: Mapping[str, Any], doc_time: float | None) -> float |
     return None
 
 
+#: How a verdict reads to a person, in every view that shows one (status, watch, the slice
+#: view, analyze, the index page, the report); JSON and Prometheus keep the verdict itself.
+VERDICT_LABELS: Mapping[str, str] = {
+    "leak": "leak", "growing": "growing", "step_change": "step change", "ok": "ok",
+    "warming_up": "warming up", "insufficient_data": "collecting", "unknown": "unknown",
+}
+
+
+def verdict_label(verdict: str | None) -> str:
+    """A verdict as every view writes it ('collecting' for ``insufficient_data``, '-' for
+    none): the same chip must not read `insufficient_data` in one view and 'collecting' in
+    the next. A verdict not known here is shown as it came (escaped by the caller)."""
+    if verdict is None:
+        return "-"
+    return VERDICT_LABELS.get(verdict, verdict)
+
+
 #: How a verdict reads in a count of chips, in the order a summary lists them.
 _VERDICT_WORDS: Mapping[str, str] = {
     "leak": "leaking", "growing": "growing", "step_change": "stepped up", "ok": "ok",

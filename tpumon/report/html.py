@@ -9,7 +9,7 @@ from typing import Any
 
 import jinja2
 
-from tpumon.common.describe import summarize_verdicts
+from tpumon.common.describe import summarize_verdicts, verdict_label
 from tpumon.detect.forecast_band import BAND_LABEL
 from tpumon.detect.job_replay import describe_forecast
 from tpumon.report.data import ChipReport, HostReport
@@ -58,7 +58,7 @@ def _cells(c: ChipReport) -> dict[str, Any]:
     low, high = a.slope_bytes_per_second_low, a.slope_bytes_per_second_high
     growth = [p for p in (per_step(c), per_hour(c)) if p]
     return {
-        "chip": c.chip, "verdict": c.verdict, "reason": a.reason,
+        "chip": c.chip, "verdict": verdict_label(c.verdict), "reason": a.reason,
         "colour": VERDICT_COLOURS.get(c.verdict, "#444"),
         "growth": growth, "z": a.z,
         "growth_interval": None if low is None or high is None else

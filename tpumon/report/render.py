@@ -20,7 +20,8 @@ from matplotlib.ticker import MaxNLocator
 
 from tpumon.detect.forecast_band import BAND_LABEL
 from tpumon.report.data import ChipReport, Forecast, HostReport
-from tpumon.common.describe import describe_growth, describe_oom, time_to_oom
+from tpumon.common.describe import (VERDICT_LABELS, describe_growth, describe_oom,
+                                    time_to_oom)
 from tpumon.common.units import format_bytes, format_span, utc
 
 GiB = 2**30
@@ -38,9 +39,9 @@ GAP = "#b0b0b0"
 VERDICT_COLOURS = {"leak": "#c00000", "growing": "#b8860b", "step_change": "#d98000",
                    "ok": "#2e7d32",
                    "warming_up": "#666666", "insufficient_data": "#666666"}
-RIBBON = {"warming_up": ("#bdbdbd", "warming up"), "insufficient_data": ("#e3e3e3", "collecting"),
-          "ok": ("#a1d99b", "ok"), "growing": ("#fee08b", "growing"), "leak": ("#fb6a4a", "leak"),
-          "step_change": ("#fdae6b", "step change")}
+RIBBON = {verdict: (colour, VERDICT_LABELS[verdict]) for verdict, colour in (
+    ("warming_up", "#bdbdbd"), ("insufficient_data", "#e3e3e3"), ("ok", "#a1d99b"),
+    ("growing", "#fee08b"), ("leak", "#fb6a4a"), ("step_change", "#fdae6b"))}
 
 WIDTH_IN = 14.0
 PANEL_IN = 3.6

@@ -39,7 +39,7 @@ from tpumon.metrics.exposition import metrics_app as exposition_app
 from tpumon.web.report_page import Answer
 from tpumon.web.webconfig.live import LiveWebConfig, protect
 from tpumon.state import PollState
-from tpumon.common.describe import describe_growth, oom_cell
+from tpumon.common.describe import describe_growth, oom_cell, verdict_label
 from tpumon.common.units import format_bytes
 from tpumon.web.status import NO_READERS, Readers, status_document
 
@@ -133,7 +133,7 @@ def landing_page(snap: PollState) -> str:
     for c in status_document(snap)["chips"]:
         said = c["verdict"] is not None
         row = {"chip": c["chip"], "hbm": None,
-               "verdict": f"{c['verdict']}: {c['reason']}" if said else "",
+               "verdict": f"{verdict_label(c['verdict'])}: {c['reason']}" if said else "",
                "growth": describe_growth(c["growth_bytes_per_step"], c["growth_bytes_per_hour"])
                if said else "-",
                "oom": oom_cell(c["time_to_oom_seconds"], c["growth_bytes_per_hour"])
