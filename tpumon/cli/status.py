@@ -61,8 +61,8 @@ def render_table(doc: dict[str, Any], console: Console) -> None:
                       "runtime (start 'tpumon agent' for leak verdicts)", highlight=False)
     for chip in doc["chips"]:
         if chip.get("reason") and not once:
-            console.print(shown(f"chip {chip['chip']}: {verdict_label(chip['verdict'])}: {chip['reason']}"),
-                          highlight=False)
+            said = f"chip {chip['chip']}: {verdict_label(chip['verdict'])}: {chip['reason']}"
+            console.print(shown(said), highlight=False)
         if chip.get("diagnosis"):
             console.print(shown(f"chip {chip['chip']}: likely cause: {chip['diagnosis']}"),
                           highlight=False)
@@ -135,8 +135,8 @@ def render_processes(processes: list[dict[str, Any]], console: Console) -> None:
     console.print(table)
     for p in processes:
         if p.get("verdict_reason") and not p.get("exited"):
-            console.print(shown(f"pid {p['pid']}: {verdict_label(p['verdict'])}: {p['verdict_reason']}"),
-                          highlight=False)
+            said = f"pid {p['pid']}: {verdict_label(p['verdict'])}: {p['verdict_reason']}"
+            console.print(shown(said), highlight=False)
         if p["diagnosis"]:
             console.print(shown(f"pid {p['pid']}: {p['diagnosis']}"), highlight=False)
         line = snapshot_line(p.get("tensor_snapshot"))
