@@ -142,7 +142,30 @@ def test_a_trace_that_ends_with_the_floor_at_capacity_is_told_as_the_agent_tells
         return post_mortem(SeriesResult("h", "0", 100, a, alert))
 
     assert ended_at(0.86) == (
-        "forecast at alert: step 500 (400-600); no sample 98% full, but at the trace's end "
-        "(step 27,969) the floor plus the in-step swing came to 98.0% of HBM: an OOM, as the "
-        "agent judges a job's end")
+        "forecast at alert: step 500 (400-600); no sample 98% full, but at the detector's "
+        "last fit (step 27,969) the floor plus the in-step swing came to 98.0% of HBM: an OOM, "
+        "as the agent judges a job's end")
     assert ended_at(0.70).endswith("; HBM did not fill up in the trace")
+
+
+def test_a_chip_whose_trace_ends_at_an_oom_is_told_as_the_agent_tells_an_ended_job():
+    """After the demo's OOM, `analyze` still said "this one 452 KiB/step; OOM in 22 min" for
+    each chip, a job still running to the reader; the agent says "job ended (...); before
+    it: ...". A full sample before a restart is not the trace's end."""
+    from tpumon.cli.analyze import _reason
+    from tpumon.detect import Assessment, Verdict
+    from tpumon.detect.job_replay import SeriesResult
+
+    total = 32 * 2**30
+    alert = {"time": 1000.0, "step": 100}
+
+    def reason(floor: float, full_at: float | None, job_start: float = 0.0) -> str:
+        a = Assessment(Verdict.LEAK, "OOM in 22 min", floor_bytes=floor * total,
+                       transient_bytes=0.05 * total, total_bytes=total, job_start=job_start)
+        full = None if full_at is None else {"time": full_at, "step": 500}
+        return _reason(SeriesResult("h", "0", 100, a, alert, full_after_alert=full))
+
+    assert reason(0.60, 2000.0) == "the trace ends at an OOM; before it: OOM in 22 min"
+    assert reason(0.94, None) == "the trace ends at an OOM; before it: OOM in 22 min"
+    assert reason(0.60, None) == "OOM in 22 min"
+    assert reason(0.60, 2000.0, job_start=3000.0) == "OOM in 22 min"  # restarted after it

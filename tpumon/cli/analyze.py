@@ -71,17 +71,43 @@ def post_mortem(r: SeriesResult) -> str | None:
     return f"forecast at alert: {said}; {came}"
 
 
+def _peak_at_last_fit(a: Assessment) -> float:
+    """The floor plus the in-step swing over HBM at the detector's last fit: what the
+    agent judges a job's end by (a poll rarely lands on a step's peak)."""
+    return estimated_peak_ratio(a.floor_bytes, a.transient_bytes, a.total_bytes)
+
+
+def ended_at_oom(r: SeriesResult) -> bool:
+    """Whether the trace's last job ended out of HBM, as the agent judges a job's end: a
+    sample all but full after the alert (and no restart after it), or the floor plus the
+    in-step swing within NEAR_FULL of capacity at the last fit."""
+    full, start = r.full_after_alert, r.assessment.job_start
+    if full is not None and (start is None or full["time"] >= start):
+        return True
+    return _peak_at_last_fit(r.assessment) >= NEAR_FULL
+
+
 def _end_of_trace(a: Assessment) -> str:
     """Where HBM stood at the end of a trace in which no sample was full: the agent judges
     a job's end an HBM OOM when the floor plus the in-step swing came within NEAR_FULL of
-    capacity (a poll rarely lands on a step's peak), and so does this."""
-    swing = estimated_peak_ratio(a.floor_bytes, a.transient_bytes, a.total_bytes)
+    capacity, and so does this. The figures are the last fit's (fits run every few
+    minutes of samples while a leak grows, so it is named: not the trace's last step)."""
+    swing = _peak_at_last_fit(a)
     if swing < NEAR_FULL:
         return "HBM did not fill up in the trace"
     at = f" (step {a.step:,.0f})" if a.step is not None and not math.isnan(a.step) else ""
-    return (f"no sample {FULL_FRACTION:.0%} full, but at the trace's end{at} the floor "
-            f"plus the in-step swing came to {swing:.1%} of HBM: an OOM, as the agent "
+    return (f"no sample {FULL_FRACTION:.0%} full, but at the detector's last fit{at} the "
+            f"floor plus the in-step swing came to {swing:.1%} of HBM: an OOM, as the agent "
             "judges a job's end")
+
+
+def _reason(r: SeriesResult) -> str:
+    """The chip's reason at the trace's end; after an OOM, said as the agent says a chip's
+    whose job ended ("job ended (...); before it: ..."): "OOM in 22 min" alone read as a
+    job still running."""
+    if not ended_at_oom(r):
+        return r.assessment.reason
+    return f"the trace ends at an OOM; before it: {r.assessment.reason}"
 
 
 def render_table(results: list[SeriesResult], console: Console) -> None:
@@ -105,7 +131,7 @@ def render_table(results: list[SeriesResult], console: Console) -> None:
     console.print(table)
     for r in results:
         # one line each, never wrapped mid-sentence (a pipe's console is 80 wide)
-        console.print(f"{r.host} chip {r.chip}: {r.assessment.reason}", highlight=False,
+        console.print(f"{r.host} chip {r.chip}: {_reason(r)}", highlight=False,
                       soft_wrap=True)
         if r.assessment.restarts:  # what --format json says as "restarts"
             n = r.assessment.restarts
