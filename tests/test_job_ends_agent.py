@@ -113,10 +113,33 @@ def test_a_real_reporting_process_that_exits_is_a_job_that_exited(tmp_path):
         assert agent.stop() == 0
 
 
-def real_agent(tmp_path, socket_path, kernel_log: str) -> AgentProcess:
+def test_an_end_held_for_its_last_words_is_told_when_the_agent_stops(tmp_path):
+    """A job killed by SIGKILL says nothing; its end is held a poll for words still on
+    their way. The agent stopped within that poll (polls 10 s apart here): the end is
+    told as it stops (it was lost: no log line, no stored end)."""
+    socket_path = tmp_path / "r.sock"
+    agent = real_agent(tmp_path, socket_path, "", "--poll-interval", "10")
+    try:
+        code = REPORTING_JOB + "for step in range(1, 31):\n    r.step(step)\ntime.sleep(600)\n"
+        job = subprocess.Popen([sys.executable, "-c", code, str(socket_path)])
+        polls = lambda: json.loads(agent.get("/api/status"))["polls_total"]  # noqa: E731
+        seen = wait_for(lambda: any(p["pid"] == job.pid for p in json.loads(
+            agent.get("/api/status"))["processes"]) and polls(), 30)
+        job.kill()
+        job.wait()
+        wait_for(lambda: polls() > seen, 30, 0.1)  # the poll that found it gone: held
+        assert ended(agent) == [] and "ended at step" not in agent.log()
+    finally:
+        assert agent.stop() == 0
+    said = [line for line in agent.log().splitlines() if f"pid {job.pid} (jax)" in line]
+    assert len(said) == 1 and "ended at step 30" in said[0], agent.log()
+
+
+def real_agent(tmp_path, socket_path, kernel_log: str, *extra: str) -> AgentProcess:
     """`tpumon agent` on this machine (no TPU: its runtime source is down), with a reporter
     socket and no history store."""
-    return AgentProcess(tmp_path, None, "--runtime-ports", str(free_port()), simulate=False,
+    return AgentProcess(tmp_path, None, "--runtime-ports", str(free_port()), *extra,
+                        simulate=False,
                         env={"TPUMON_REPORTER_SOCKET": str(socket_path),
                              "TPUMON_STORE_STATE_DIR": "",
                              "TPUMON_AGENT_KERNEL_LOG": kernel_log})

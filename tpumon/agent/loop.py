@@ -32,7 +32,7 @@ from tpumon.sources.kernel_log import KernelLog
 from tpumon.sources.pod_resources import PodAssignment
 from tpumon.sources.tpu_runtime import TpuRuntimeSource
 from tpumon.notify.alerts import AlertLog
-from tpumon.diagnose.job_ends import JobEndTracker
+from tpumon.diagnose.job_ends import JobEnd, JobEndTracker
 from tpumon.sources.last_words import LastWords
 from tpumon.diagnose.processes import (ChipClaims, ProcessState, ProcessTracker, growing_chips,
                                        trusted_uids, with_hbm_growth)
@@ -239,11 +239,25 @@ class Agent(Component):
                   for name, d in self._detectors.items()}
         trusted = trusted_uids(self._reporter_socket.allowed_uids
                                if self._reporter_socket else ())
-        for end in self._ends.update(time.time(), runtime, owners, processes, assessments,
-                                     alerts, host, kills, attributed, trusted, last_words):
+        self._tell_ends(self._ends.update(time.time(), runtime, owners, processes,
+                                          assessments, alerts, host, kills, attributed,
+                                          trusted, last_words))
+
+    def _tell_ends(self, ends: list[JobEnd]) -> None:
+        for end in ends:
             log.warning("%s", end.summary())
             if self._store is not None:
                 self._unstored_ends.append(end.stored())
+
+    def _flush_ends(self) -> None:
+        """As the agent stops: the ends held a poll for last words still on their way
+        are told with what the reporters heard by now (a stop within that poll lost them)."""
+        if not self._ends.holding:
+            return
+        kills = (self._kernel.poll() if self._kernel is not None else None) or {}
+        reported = None if self._reporters is None else self._reporters.poll()
+        words = reported.last_words if reported is not None else {}
+        self._tell_ends(self._ends.flush(kills, words))
 
     @staticmethod
     def _steps(attributed: Mapping[str, int],
@@ -321,6 +335,7 @@ class Agent(Component):
             if next_tick < now:  # a poll overran: skip the ticks it ate instead of bursting
                 next_tick = now + self.interval - (now - next_tick) % self.interval
             stop.wait(next_tick - now)
+        self._flush_ends()
         if self._store is not None:
             self._record(self._store, {}, final=True)
         self._runtime_source.close()

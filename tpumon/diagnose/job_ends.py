@@ -241,9 +241,7 @@ class JobEndTracker:
         for chip, reading in (runtime.chips if runtime is not None else {}).items():
             self._peaks.setdefault(chip, deque(maxlen=PEAK_POLLS)).append(reading.hbm_used_bytes)
         words = last_words or {}
-        ends = [self._end(noticed, view, kills, words.get(pid))
-                for pid, (noticed, view) in self._held.items()]
-        self._held.clear()
+        ends = self.flush(kills, words)
         for pid in [p for p in self._views if self._ended(p, holders, runtime, processes)]:
             view = _latest_step(self._views.pop(pid), processes)
             heard = words.get(pid)
@@ -265,6 +263,22 @@ class JobEndTracker:
                                           alerts, host, start)
         while self.recent and now - self.recent[0].time > RECENT_SECONDS:
             self.recent.popleft()
+        return ends
+
+    @property
+    def holding(self) -> bool:
+        """Whether an end waits for the next poll (its last words on their way)."""
+        return bool(self._held)
+
+    def flush(self, kills: Mapping[int, OomKill],
+              last_words: Mapping[int, LastWords] | None = None) -> list[JobEnd]:
+        """The ends held for last words still on their way, raised now with what was heard
+        by then, at the time each was noticed: the agent stops, and no next poll will raise
+        them (they were lost)."""
+        words = last_words or {}
+        ends = [self._end(noticed, view, kills, words.get(pid))
+                for pid, (noticed, view) in self._held.items()]
+        self._held.clear()
         return ends
 
     def _ended(self, pid: int, holders: Mapping[int, list[str]], runtime: RuntimeReading | None,
