@@ -5,6 +5,7 @@ kernel log where the machine allows."""
 import calendar
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -497,3 +498,19 @@ def test_a_chip_whose_job_died_shows_no_forecast_for_it_until_it_is_read_again()
 
     page = landing_page(gone)
     assert "leak: job ended (hbm_oom) at step 27,959; before it:" in page
+    # /metrics as status: the forecast of a job that is gone kept TPUMonOOMForecast (a
+    # critical page) firing beside TPUMonJobDiedOOM
+    from prometheus_client import CollectorRegistry, generate_latest
+    from tpumon.metrics.collectors import DetectorCollector
+
+    def scraped(snap: PollState) -> str:
+        registry = CollectorRegistry()
+        registry.register(DetectorCollector(lambda: snap))
+        return generate_latest(registry).decode()
+
+    dead, alive = scraped(gone), scraped(back)
+    for name in ("tpumon_oom_predicted_timestamp_seconds", "tpumon_oom_predicted_step",
+                 "tpumon_hbm_growth_bytes_per_step", "tpumon_hbm_growth_bytes_per_second"):
+        assert f"{name}{{" not in dead and f"{name}{{" in alive, name
+    assert re.search(r'tpumon_leak_verdict{[^}]*verdict="leak"[^}]*} 1.0', dead)
+    assert "tpumon_hbm_floor_bytes{" in dead

@@ -101,6 +101,19 @@ class PollState:
         state = self.processes.get(pid)
         return None if state is None else state.live.per_step
 
+    def ended_job(self, chip: str) -> JobEnd | None:
+        """The job end that left this chip's verdict about a job that is gone: the chip was
+        not read this poll and the latest end that held it says so. Every view (status,
+        /metrics, the index page) then shows no growth and no OOM forecast for it: "OOM in
+        26 min" stayed on /metrics after the job ran out of memory, and kept the critical
+        TPUMonOOMForecast firing beside TPUMonJobDiedOOM."""
+        if self.runtime is not None and chip in self.runtime.chips:
+            return None
+        for end in reversed(self.job_ends):
+            if any(c.chip == chip for c in end.view.chips):
+                return end
+        return None
+
     def chips(self) -> list[str]:
         """Every chip to report: those that answered and those expected but missing."""
         if self.runtime is None:

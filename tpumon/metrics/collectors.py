@@ -104,6 +104,13 @@ class ChipCollector(_PollCollector):
         yield from replay_metrics(snap, ident)  # the clock of these very HBM samples
 
 
+#: What a chip whose job ended does not export (the status document drops the same): a
+#: growth and an OOM forecast for a job that is gone
+_OF_A_LIVE_JOB = frozenset({"slope_bytes_per_second", "slope_bytes_per_second_low",
+                            "slope_bytes_per_step", "predicted_oom_time",
+                            "predicted_oom_step"})
+
+
 class DetectorCollector(_PollCollector):
     """The leak detector's view of each chip: floor, growth, forecast, verdict."""
 
@@ -140,7 +147,10 @@ class DetectorCollector(_PollCollector):
                          ["chip", "verdict"])
         restarts = _counter("tpumon_job_restarts", "Job restarts the detector has seen.", ["chip"])
         for chip, a in sorted(snap.assessments.items()):
+            ended = snap.ended_job(chip) is not None  # as status shows it: no forecast
             for attr, family in gauges.items():
+                if ended and attr in _OF_A_LIVE_JOB:
+                    continue
                 value = getattr(a, attr)
                 if value is not None and attr == "predicted_oom_time":
                     value = snap.wall_time_of(value)  # so that `- time()` is the time left

@@ -13,7 +13,6 @@ from typing import Any, Callable
 from tpumon import __version__
 from tpumon.common.describe import time_to_oom
 from tpumon.diagnose.counts import Cause
-from tpumon.diagnose.job_ends import JobEnd
 from tpumon.diagnose.processes import ProcessState
 from tpumon.notify.health import NotifierHealth
 from tpumon.state import PollState
@@ -34,22 +33,13 @@ class Readers:
 NO_READERS = Readers()  # a one-off status: no store, no notifier
 
 
-def _ended(snap: PollState, chip: str) -> JobEnd | None:
-    """The latest job end that held the chip. Asked only of a chip not read this poll: the
-    detector's last word is then about a job that is gone."""
-    for end in reversed(snap.job_ends):
-        if any(c.chip == chip for c in end.view.chips):
-            return end
-    return None
-
-
-def _assessment(snap: PollState, chip: str, up: bool) -> dict[str, Any]:
+def _assessment(snap: PollState, chip: str) -> dict[str, Any]:
     a = snap.assessments.get(chip)
     reported = {"step": snap.chip_steps.get(chip), "reporting_pid": snap.chip_processes.get(chip),
                 **_cause(snap.chip_cause(chip))}
     if a is None:
         return {"verdict": None, "reason": None, **reported}
-    end = None if up else _ended(snap, chip)
+    end = snap.ended_job(chip)
     if end is not None:
         # a forecast for a job that died is no forecast: "leak, OOM in 26 min" would stay on
         # every view after the job ran out of memory
@@ -99,7 +89,7 @@ def status_document(snap: PollState, source: str = "agent",
             "owner_pid": pid,
             "owner_process": proc.name if proc else None,
             "owner_rss_bytes": proc.rss_bytes if proc else None,
-            **_assessment(snap, name, sample is not None),
+            **_assessment(snap, name),
         })
     host = snap.host
     store = None if readers.store is None else readers.store()
