@@ -137,10 +137,30 @@ def test_the_forecast_at_alert_time_is_compared_with_the_death():
     job.wait()
     [end] = feed(tracker, job, {"0": 0}, reporting(job.pid, 61_234), owners=False)
     assert end.cause == "hbm_oom"
-    assert end.forecast_comparison() == ("forecast made at 08:00 UTC: OOM at step 61,100 "
-                                         "(60,400-61,900); died at step 61,234")
-    assert end.summary().endswith("; forecast made at 08:00 UTC: OOM at step 61,100 "
+    assert end.forecast_comparison() == ("chip 0's forecast made at 08:00 UTC: OOM at step "
+                                         "61,100 (60,400-61,900); died at step 61,234")
+    assert end.summary().endswith("; chip 0's forecast made at 08:00 UTC: OOM at step 61,100 "
                                   "(60,400-61,900); died at step 61,234")
+
+
+def test_the_end_is_held_against_the_forecast_of_the_chip_that_filled():
+    """The demo's end said "chip 3 reached 98.4% of its HBM" and then quoted chip 0's
+    forecast (the first alerted chip's) without saying whose: a reader checking chip 3's
+    got another number. The forecast is the fullest chip's, and named."""
+    tracker, job = JobEndTracker(), sleeper()
+    alerts = {c: {"time": 1_800_000_000.0, "step": 5_966,
+                  "predicted_oom_time": 1_800_020_000.0 + 100 * int(c),
+                  "predicted_oom_step": 28_694 - 100 * int(c)} for c in "0123"}
+    a = Assessment(Verdict.LEAK, "leak", floor_bytes=27 * GiB, transient_bytes=GiB)
+    used = {"0": 28 * GiB, "1": 28 * GiB, "2": 28 * GiB, "3": 31.6 * GiB}
+    feed(tracker, job, used, reporting(job.pid, 27_954),
+         assessments={c: a for c in used}, alerts=alerts)
+    job.kill()
+    job.wait()
+    [end] = feed(tracker, job, {c: 0 for c in used}, reporting(job.pid, 27_954), owners=False)
+    assert end.evidence.startswith("chip 3 reached"), end.evidence
+    assert end.forecast_comparison() == ("chip 3's forecast made at 08:00 UTC: OOM at step "
+                                         "28,394; died at step 27,954")
 
 
 def test_a_forecast_across_midnight_is_dated_and_a_death_without_a_step_reads_well():
@@ -148,12 +168,12 @@ def test_a_forecast_across_midnight_is_dated_and_a_death_without_a_step_reads_we
     (the OOM read as before the forecast) and its alert's subject was "pid 10494 at
     1795894073"."""
     made = calendar.timegm((2026, 11, 29, 22, 49, 0))
-    view = JobView(10494, made + 8500, forecast={"time": made,
-                                                 "predicted_oom_time": made + 7680},
+    view = JobView(10494, made + 8500, forecasts={"0": {"time": made,
+                                                        "predicted_oom_time": made + 7680}},
                    reading_time=made + 8460)
     end = JobEnd(made + 8500, view, "hbm_oom", "chip 0 full")
-    assert end.forecast_comparison() == ("forecast made at 22:49 UTC: OOM at 11-30 00:57 UTC; died "
-                                         "after 11-30 01:10 UTC (its last sample)")
+    assert end.forecast_comparison() == ("chip 0's forecast made at 22:49 UTC: OOM at 11-30 00:57 "
+                                         "UTC; died after 11-30 01:10 UTC (its last sample)")
     snap = PollState(time=made + 8500, identity=Identity("h"),
                      inventory=inventory_for("v4", 4), job_ends=(end,))
     [alert] = evaluate(snap, AlertSettings()).values()

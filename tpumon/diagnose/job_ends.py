@@ -16,7 +16,7 @@ is named from that last view, never more certain than it allows:
 - ``unknown``: anything between.
 
 When the detector had raised a leak with a forecast on one of the job's chips, the end says
-how the forecast compared: "forecast made at 02:14 UTC: OOM at step 61,100
+how the forecast compared: "chip 2's forecast made at 02:14 UTC: OOM at step 61,100
 (43,969-89,192); died at step 61,234".
 
 A process whose reporter heard its end has last words (tpumon.sources.last_words): an XLA
@@ -125,7 +125,8 @@ class JobView:
     chips: tuple[ChipAtEnd, ...] = ()
     host_available_bytes: int | None = None
     host_total_bytes: int | None = None
-    forecast: Mapping[str, Any] | None = None  # the detector's first leak alert on its chips
+    #: chip -> the detector's first leak alert on it (with the OOM forecast made then)
+    forecasts: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     #: The runtime's clock at the chips' last reading: the detector's forecasts are on it
     #: (a simulated runtime's clock runs ahead of the wall clock).
     reading_time: float | None = None
@@ -135,6 +136,15 @@ class JobView:
     start: int | None = None
     uid: int | None = None  # its owner, from its reports or /proc
     framework_version: str | None = None  # from its reports: known issues are matched on it
+
+    def forecast(self) -> tuple[str | None, Mapping[str, Any] | None]:
+        """The chip whose forecast an end is held against, and that forecast: of the chips
+        with one, the one whose memory came nearest to capacity (it ran out first)."""
+        if not self.forecasts:
+            return None, None
+        peaks = {c.chip: c.peak_ratio for c in self.chips}
+        chip = max(self.forecasts, key=lambda c: peaks.get(c, -1.0))  # ties: the first
+        return chip, self.forecasts[chip]
 
 
 @dataclass(frozen=True)
@@ -152,13 +162,15 @@ class JobEnd:
         return self.view.pid
 
     def forecast_comparison(self) -> str | None:
-        """"forecast made at 02:14 UTC: OOM at step 61,100 (43,969-89,192); died at step
-        61,234", when the detector had forecast an OOM for one of the job's chips."""
-        f = self.view.forecast
-        if not f or f.get("predicted_oom_time") is None:
+        """"chip 3's forecast made at 02:14 UTC: OOM at step 61,100 (43,969-89,192); died at
+        step 61,234", when the detector had forecast an OOM for one of the job's chips: the
+        chip that came nearest to its capacity, the one the evidence names (the first
+        alerted chip's forecast was quoted beside another chip's evidence)."""
+        chip, f = self.view.forecast()
+        if f is None or f.get("predicted_oom_time") is None:
             return None
         made = f["time"]
-        at = clock(made, made)
+        at = f"chip {chip}'s forecast made at {clock(made, made)}"
         step = f.get("predicted_oom_step")
         # times beside the forecast's own carry their date where they leave its day
         target = f"step {step:,.0f}" if step is not None else clock(f["predicted_oom_time"], made)
@@ -168,7 +180,7 @@ class JobEnd:
         last = self.view.reading_time or self.time  # on the forecast's clock
         died = (f"at step {self.view.step:,}" if self.view.step is not None else
                 f"after {clock(last, made)} (its last sample)")
-        return f"forecast made at {at}: OOM at {target}; died {died}"
+        return f"{at}: OOM at {target}; died {died}"
 
     def known_issue(self) -> KnownIssue | None:
         """A known issue of the process's framework release that its last words match."""
@@ -325,13 +337,16 @@ class JobEndTracker:
         reading_time = runtime.time if seen and runtime is not None else None
         if not seen and before is not None:
             seen, reading_time = before.chips, before.reading_time
-        forecast = next((alerts[c] for c in chips if alerts.get(c)), None)
+        forecasts: dict[str, Mapping[str, Any]] = {
+            c: alert for c in chips if (alert := alerts.get(c))}
+        if before is not None:
+            forecasts = {**forecasts, **before.forecasts}  # the first alert of each chip
         return JobView(
             pid=pid, time=now if seen or before is None else before.time,
             framework=report.framework if report else None,
             step=report.step if report else None,
             steps_per_second=report.steps_per_second if report else None,
-            chips=seen, forecast=forecast or (before.forecast if before else None),
+            chips=seen, forecasts=forecasts,
             reading_time=reading_time,
             host_available_bytes=host.memory_available_bytes if host else None,
             host_total_bytes=host.memory_total_bytes if host else None, owned=owned,
