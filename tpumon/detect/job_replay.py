@@ -115,7 +115,9 @@ def _forecast(fields: dict) -> dict | None:
         return None
 
     def step(value: float | None) -> int | None:
-        return None if value is None else int(value)
+        # rounded as every other view writes a forecast step (f"{step:,.0f}"): truncated
+        # here, the same band read 56,975 in analyze and the report, 56,976 in the log
+        return None if value is None else round(value)
 
     def ms(value: float | None) -> float | None:
         return None if value is None else round(value, 3)

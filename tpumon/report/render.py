@@ -21,7 +21,7 @@ from matplotlib.ticker import MaxNLocator
 from tpumon.detect.forecast_band import BAND_LABEL
 from tpumon.report.data import ChipReport, Forecast, HostReport
 from tpumon.common.describe import (VERDICT_LABELS, describe_growth, describe_oom,
-                                    time_to_oom)
+                                    time_to_oom, verdict_label)
 from tpumon.common.units import format_bytes, format_span, utc
 
 GiB = 2**30
@@ -76,7 +76,8 @@ def per_hour(r: ChipReport) -> str | None:
 
 
 def step_text(step: float | None) -> str:
-    return "" if step is None or math.isnan(step) else f"step {int(step):,}"
+    """A step as every view writes a forecast's (rounded, not truncated)."""
+    return "" if step is None or math.isnan(step) else f"step {step:,.0f}"
 
 
 def oom_text(r: ChipReport) -> str | None:
@@ -90,7 +91,7 @@ def oom_text(r: ChipReport) -> str | None:
 
 
 def panel_title(r: ChipReport) -> str:
-    parts = [f"chip {r.chip}: {r.verdict.upper().replace('_', ' ')}"]
+    parts = [f"chip {r.chip}: {verdict_label(r.verdict).upper()}"]
     growth = [g for g in (per_step(r), per_hour(r)) if g]
     if growth:
         parts.append("floor " + ", ".join(growth))
