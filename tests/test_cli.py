@@ -250,6 +250,21 @@ def test_sim_writes_a_slice_trace_as_it_serves_the_slice(tmp_path):
         assert [(r.chip, r.step, r.hbm_used_bytes) for r in rows if r.host == host] == \
             [(r.chip, r.step, r.hbm_used_bytes) for r in expected], host
     assert len(rows) == 3 * 120 * 4
+    # the log names the scenario asked for (it said "healthy/linear-leak"), and analyze
+    # lists the hosts as the slice counts them (the merged trace gave w-0, w-2, w-1)
+    assert "of scenario worker-leak (its hosts play healthy/linear-leak)" in result.stderr
+    table = run("analyze", str(out), "--format", "json")
+    assert table.returncode == 0, table.stderr
+    listed = [(s["host"], s["chip"]) for s in json.loads(table.stdout)["series"]]
+    assert listed == [(f"t1v-n-s1-w-{k}", str(c)) for k in range(3) for c in range(4)]
+
+
+def test_hosts_sort_as_a_slice_counts_its_workers():
+    from tpumon.common.samples import host_sort_key
+
+    names = ["t1v-n-x-w-10", "t1v-n-x-w-2", "t1v-n-x-w-0", "other", "t1v-n-x-w-1"]
+    assert sorted(names, key=host_sort_key) == [
+        "other", "t1v-n-x-w-0", "t1v-n-x-w-1", "t1v-n-x-w-2", "t1v-n-x-w-10"]
 
 
 @pytest.mark.e2e
@@ -289,6 +304,7 @@ def test_sim_writes_a_trace_that_reads_back(tmp_path):
     (["--port", "0-3"], "--port"),
     (["--port", ":9847"], "--port"),
     (["--duration", "-1h"], "--duration"),
+    (["--duration", "0"], "--duration"),  # wrote a header alone over the older trace
 ])
 @pytest.mark.slow
 def test_sim_refuses_bad_input_and_keeps_the_output_file(tmp_path, args, fragment):

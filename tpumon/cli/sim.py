@@ -139,14 +139,16 @@ def command(config_path: str | None, scenario: str | None, chips: int | None,
     setup_logging(config["agent.log_level"])
     served_ports = sim_ports(ports)  # every input checked before any file or port is touched
     positive_seconds("--poll-interval", poll_interval)
-    trace_seconds = parse_duration(duration)
+    # --duration 0 wrote a header alone over an existing trace
+    trace_seconds = positive_seconds("--duration", parse_duration(duration))
     chip_count = config["simulator.chips"]
     total = hbm_total_bytes(config["simulator.chip_type"])
     if write_trace is not None:
         scenarios = [host_scenario(config["simulator.scenario"], k, hosts)
                      for k in range(hosts)]
-        _write_trace(scenarios, slice_name if hosts > 1 else None, write_trace,
-                     trace_seconds, poll_interval, chip_count, config["simulator.seed"], total)
+        _write_trace(config["simulator.scenario"], scenarios, slice_name if hosts > 1 else None,
+                     write_trace, trace_seconds, poll_interval, chip_count,
+                     config["simulator.seed"], total)
         return
     single = host_scenario(config["simulator.scenario"], 0, 1)
     if hosts > 1:
@@ -166,8 +168,9 @@ def command(config_path: str | None, scenario: str | None, chips: int | None,
            exit_with_parent, report_to, kernel_log)
 
 
-def _write_trace(scenarios: list[str], slice_name: str | None, path: str, duration_s: float,
-                 poll_interval: float, chips: int, seed: int, total: int) -> None:
+def _write_trace(asked: str, scenarios: list[str], slice_name: str | None, path: str,
+                 duration_s: float, poll_interval: float, chips: int, seed: int,
+                 total: int) -> None:
     """Write the trace as ``tpumon export`` writes one: its format from the name, whole or
     not at all (a failure half-way never leaves a truncated file where an older trace was).
     Several hosts (a slice) get each worker's share of a slice scenario and its seed
@@ -190,8 +193,9 @@ def _write_trace(scenarios: list[str], slice_name: str | None, path: str, durati
         count = write_whole(rows, path, fmt)
     except OSError as exc:
         raise ConfigError(f"--write-trace {path}: {exc.strerror or exc}") from None
-    log.info("wrote %d rows of scenario %s to %s", count, "/".join(dict.fromkeys(scenarios)),
-             path)
+    played = "/".join(dict.fromkeys(scenarios))
+    log.info("wrote %d rows of scenario %s%s to %s", count, asked,
+             f" (its hosts play {played})" if played != asked else "", path)
 
 
 def _serve(workload: "Workload", clock: "SimClock", host: str, ports: list[int], chips: int,

@@ -7,6 +7,8 @@ one poll while the poll thread builds the next, without locks.
 
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -108,6 +110,13 @@ class HostSample:
     memory_available_bytes: int
     memory_used_bytes: int
     processes: tuple[ProcessSample, ...] = ()
+
+
+def host_sort_key(name: str) -> tuple[tuple[int, str], ...]:
+    """Host names with their numbers in numeric order (t1v-n-x-w-2 before t1v-n-x-w-10):
+    a slice's workers listed as the slice counts them."""
+    return tuple((int(part), "") if part.isdigit() else (-1, part)
+                 for part in re.split(r"(\d+)", name))
 
 
 def chip_sort_key(name: str) -> tuple[int, str]:

@@ -13,6 +13,7 @@ import tempfile
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
+from tpumon.common.samples import chip_sort_key, host_sort_key
 from tpumon.detect.verdict import DetectorSettings
 from tpumon.detect.early_replay import EarlyReplay
 from tpumon.detect.workers import Workers
@@ -125,7 +126,13 @@ def replay_columns(columns: Mapping[tuple[str, str], SeriesSource],
     else:
         done = _replay_jobs(tasks, sizes, settings, workers, told)
     by_key = {(r.host, r.chip): r for r in done}
-    return [by_key[key] for key in columns]
+    return [by_key[key] for key in sorted(columns, key=_in_slice_order)]
+
+
+def _in_slice_order(key: tuple[str, str]) -> tuple:
+    """Hosts as a slice counts its workers, then chips in numeric order (a trace merged in
+    time listed w-0, w-3, w-2, w-1)."""
+    return host_sort_key(key[0]), chip_sort_key(key[1])
 
 
 #: Fewer samples than this are replayed in this process: forking would cost more than it
