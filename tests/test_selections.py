@@ -166,6 +166,15 @@ def test_export_to_dev_stdout_appends_to_the_file_a_shell_appends_to(state, tmp_
     assert text.count("\n") == 1 + 1 + 480
 
 
+def test_export_to_stdout_still_says_how_many_rows_on_stderr(state):
+    """The README promised the line whatever -o says; with '-' none came."""
+    result = subprocess.run([*TPUMON, "export", "--state-dir", str(state)], capture_output=True,
+                            text=True, timeout=60, env=clean_env())
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("\n") == 1 + 480 and result.stdout.startswith("time,host,")
+    assert result.stderr.strip().splitlines()[-1] == "480 rows written to stdout"
+
+
 @pytest.mark.parametrize("args, fragments", [
     (["--format", "jsonl", "-o", "NAME/x.txt"], ["x.txt", "read it as CSV", ".jsonl"]),
     (["-o", "NAME/loop.csv"], ["loop.csv", "symbolic links"]),

@@ -50,9 +50,9 @@ def _around_end(db: HistoryDB, path: Path, hosts: set[str],
               allow_dash=True), help="Output file; '-' is stdout.")
 @click.option("--format", "fmt", type=click.Choice(["csv", "jsonl", "parquet"]), default=None,
               help="Trace format [default: from the output's suffix, .csv, .jsonl or "
-              ".parquet; csv on stdout]; a name of another suffix takes csv (as analyze "
-              "reads it), one of those three must agree with it; parquet needs a file of "
-              "its own.")
+              ".parquet; csv on stdout]. A name of another suffix needs --format csv (as "
+              "analyze reads it); one of those three must agree with --format; parquet "
+              "needs a file of its own.")
 @click.option("--around-end", is_flag=True,
               help="The hour of raw samples before the last job end the agent saw (kept at "
                    "full resolution whatever the retention; docs/job-ends.md) instead of the "
@@ -95,8 +95,8 @@ def command(config_path: str | None, state_dir: str | None, since: str | None,
                                            "exporting rows"), output, fmt)
     except OSError as exc:
         raise click.ClickException(f"{output}: {exc.strerror or exc}") from None
-    if output != "-":
-        click.echo(f"{rows} rows written to {output}", err=True)
+    # on stderr, so stdout stays the trace (the README promises the line whatever -o says)
+    click.echo(f"{rows} rows written to {'stdout' if output == '-' else output}", err=True)
 
 
 def _write(rows: list[TraceRow], output: str, fmt: str) -> None:

@@ -20,7 +20,8 @@ def prometheus_options(command: Callable) -> Callable:
     for option in reversed((
             click.option("--prometheus", default=None, metavar="URL",
                          help="Read the slice's history from this Prometheus (e.g. "
-                              "http://prometheus:9090) instead of a trace or history store."),
+                              "http://prometheus:9090) instead of a trace file or the "
+                              "agent's history store (whichever this command reads)."),
             click.option("--slice", "slice_name", default=None, metavar="NAME",
                          help="With --prometheus: the slice (its `slice` label)."),
             click.option("--resolution", type=click.FloatRange(min=0.001), default=None,
