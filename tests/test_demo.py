@@ -157,7 +157,7 @@ def index_verdicts(page: str) -> list[str]:
 
 def check_the_log_says_so(agent: AgentProcess) -> None:
     """Without Slack or PagerDuty the journal once said nothing when a leak was called."""
-    said = (r"WARNING .*chip 0: verdict leak \(was \w+\): (floor grows|all 4 chips of "
+    said = (r"WARNING .*chip 0: verdict leak \(was [\w ]+\): (floor grows|all 4 chips of "
             r"process \d+ grow; this one) [\d.]+ KiB/step; OOM in [\d.]+ h; OOM at step "
             r"~[\d,]+ \(.* UTC\)")
     line = wait_for(lambda: re.search(said, agent.log()), timeout=10)

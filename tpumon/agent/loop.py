@@ -18,7 +18,7 @@ from typing import Callable, Mapping
 from prometheus_client import CollectorRegistry, Histogram
 
 from tpumon.common.config import Config
-from tpumon.common.describe import describe_growth
+from tpumon.common.describe import describe_growth, verdict_label
 from tpumon.detect import Assessment, ChipDetector, DetectorSettings, Verdict
 from tpumon.detect.verdict import leak_alert
 from tpumon.detect.pooling import pool_jobs
@@ -72,9 +72,10 @@ def log_verdict_changes(before: Mapping[str, Assessment],
             continue  # starting up: not news
         level = logging.WARNING if a.verdict in (Verdict.LEAK, Verdict.STEP_CHANGE) \
             else logging.INFO
-        since = "" if was is None else f" (was {was.verdict.value})"
-        log.log(level, "chip %s: verdict %s%s: %s%s", chip, a.verdict.value, since, a.reason,
-                forecast_text(a))
+        # written as every view writes a verdict ("collecting", not insufficient_data)
+        since = "" if was is None else f" (was {verdict_label(was.verdict.value)})"
+        log.log(level, "chip %s: verdict %s%s: %s%s", chip, verdict_label(a.verdict.value),
+                since, a.reason, forecast_text(a))
 
 
 def forecast_text(a: Assessment) -> str:
