@@ -390,6 +390,20 @@ def test_a_silent_process_is_forgotten_once_it_exited_or_after_a_day(tmp_path):
     assert r.poll().processes == {}
 
 
+def test_a_process_that_exited_has_no_step_rate(tmp_path):
+    """status and watch listed a dead job at its last rate ("27,954 81.3" steps/s)."""
+    exited = subprocess.Popen(["true"])
+    exited.wait()
+    r = ReporterSocket(tmp_path / "r.sock", clock=lambda: 1000.0)
+    for pid in (exited.pid, os.getpid()):
+        for step, t in ((1, 990.0), (81, 991.0)):
+            r._record(parse_report(json.dumps({"v": PROTOCOL_VERSION, "framework": "jax",
+                                               "step": step, "time": t}).encode(), pid, 0, t))
+    processes = r.poll().processes
+    assert processes[os.getpid()].steps_per_second == 80.0
+    assert processes[exited.pid].exited and processes[exited.pid].steps_per_second is None
+
+
 def test_a_job_silent_for_minutes_then_aborted_keeps_its_last_words_in_that_poll(tmp_path):
     """A job hung in a collective reports nothing for minutes, then aborts: the poll that
     hears its fatal signal's traceback also finds it dead and silent past STALE_SECONDS,

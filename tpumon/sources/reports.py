@@ -306,7 +306,9 @@ class ReporterSocket:
             self._exited = exited
             self._requests.expire(now, self._latest, exited)
             snapshots = dict(self._requests.results)
-        processes = {pid: r._replace(steps_per_second=self._rate(pid), exited=pid in exited)
+        # a process that exited steps no more: its last two minutes' rate stayed in status
+        processes = {pid: r._replace(steps_per_second=None if pid in exited else self._rate(pid),
+                                     exited=pid in exited)
                      for pid, r in self._latest.items()}
         return ReporterReading(processes, points, self._reports, dropped, snapshots, words)
 
