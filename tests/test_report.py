@@ -145,6 +145,27 @@ def test_leaking_reports_forecast_the_oom(reports, traces, scenario):
 
 
 @pytest.mark.e2e
+def test_a_trace_that_ends_at_an_oom_is_told_so_as_analyze_tells_it(tmp_path):
+    """A newcomer's run: analyze said "the trace ends at an OOM" for the demo's trace, and
+    the report of the same file drew "OOM in 55 min" as an OOM still to come."""
+    from tpumon.cli.analyze import ended_at_oom
+
+    trace = tmp_path / "fast.csv"
+    write_trace(rows_of("fast-leak", hours=8, chips=2), trace)
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, ["report", str(trace), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    html = (out / f"{file_stem(HOST)}.html").read_text()
+    told = []
+    for row, ((host, chip), c) in zip(summary_rows(html), read_trace_columns(trace).items(),
+                                      strict=True):
+        ended = ended_at_oom(replay_series(host, chip, *c))
+        assert ("the trace ends at an OOM; before it:" in row) == ended, row
+        told.append(ended)
+    assert any(told)  # the fast leak reaches the OOM in 8 h
+
+
+@pytest.mark.e2e
 def test_restarts_are_listed(reports, traces):
     html = reports["job-restart"][2].read_text()
     rows = summary_rows(html)

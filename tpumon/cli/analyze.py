@@ -23,7 +23,8 @@ from tpumon.common.describe import describe_growth, verdict_label
 from tpumon.detect.early_replay import EarlyReplay
 from tpumon.detect.job_replay import FULL_FRACTION, SeriesResult, describe_forecast
 from tpumon.detect.verdict import Assessment
-from tpumon.diagnose.job_ends import NEAR_FULL, estimated_peak_ratio
+from tpumon.diagnose.job_ends import (NEAR_FULL, TRACE_ENDED_AT_OOM, estimated_peak_ratio,
+                                      stopped_at_oom)
 from tpumon.detect.replay import replay_columns, usable_cores
 from tpumon.detect.workers import WorkerDied
 from tpumon.trace.schema import SeriesSource, TraceFormatError
@@ -71,20 +72,10 @@ def post_mortem(r: SeriesResult) -> str | None:
     return f"forecast at alert: {said}; {came}"
 
 
-def _peak_at_last_fit(a: Assessment) -> float:
-    """The floor plus the in-step swing over HBM at the detector's last fit: what the
-    agent judges a job's end by (a poll rarely lands on a step's peak)."""
-    return estimated_peak_ratio(a.floor_bytes, a.transient_bytes, a.total_bytes)
-
-
 def ended_at_oom(r: SeriesResult) -> bool:
-    """Whether the trace's last job ended out of HBM, as the agent judges a job's end: a
-    sample all but full after the alert (and no restart after it), or the floor plus the
-    in-step swing within NEAR_FULL of capacity at the last fit."""
-    full, start = r.full_after_alert, r.assessment.job_start
-    if full is not None and (start is None or full["time"] >= start):
-        return True
-    return _peak_at_last_fit(r.assessment) >= NEAR_FULL
+    """Whether the trace's last job ended out of HBM, as the agent judges a job's end."""
+    full = r.full_after_alert
+    return stopped_at_oom(r.assessment, None if full is None else full["time"])
 
 
 def _end_of_trace(a: Assessment) -> str:
@@ -92,7 +83,7 @@ def _end_of_trace(a: Assessment) -> str:
     a job's end an HBM OOM when the floor plus the in-step swing came within NEAR_FULL of
     capacity, and so does this. The figures are the last fit's (fits run every few
     minutes of samples while a leak grows, so it is named: not the trace's last step)."""
-    swing = _peak_at_last_fit(a)
+    swing = estimated_peak_ratio(a.floor_bytes, a.transient_bytes, a.total_bytes)
     if swing < NEAR_FULL:
         return "HBM did not fill up in the trace"
     at = f" (step {a.step:,.0f})" if a.step is not None and not math.isnan(a.step) else ""
@@ -107,7 +98,7 @@ def _reason(r: SeriesResult) -> str:
     job still running."""
     if not ended_at_oom(r):
         return r.assessment.reason
-    return f"the trace ends at an OOM; before it: {r.assessment.reason}"
+    return f"{TRACE_ENDED_AT_OOM}; before it: {r.assessment.reason}"
 
 
 def render_table(results: list[SeriesResult], console: Console) -> None:

@@ -70,6 +70,20 @@ def estimated_peak_ratio(floor: float | None, transient: float | None,
     return ((floor or 0.0) + (transient or 0.0)) / total if total else 0.0
 
 
+#: How a trace whose last job ran out of memory is told (``analyze``, ``report``), as the
+#: agent tells a chip whose job ended ("job ended (hbm_oom) ...; before it: ...")
+TRACE_ENDED_AT_OOM = "the trace ends at an OOM"
+
+
+def stopped_at_oom(a: Assessment, full_sample_at: float | None = None) -> bool:
+    """Whether a chip's samples, ending here, ended at an OOM, as the agent judges a job's
+    end: a sample all but full (at ``full_sample_at``) in the chip's last job, or its floor
+    plus the in-step swing within NEAR_FULL of capacity at the detector's last fit."""
+    if full_sample_at is not None and (a.job_start is None or full_sample_at >= a.job_start):
+        return True
+    return estimated_peak_ratio(a.floor_bytes, a.transient_bytes, a.total_bytes) >= NEAR_FULL
+
+
 @dataclass(frozen=True)
 class ChipAtEnd:
     """One of the job's chips at the last poll before the end."""

@@ -26,7 +26,8 @@ from tpumon.detect.floors import group_by_bucket
 from tpumon.detect.jumps import Jump
 from tpumon.detect.pooling import pool_job
 from tpumon.common.samples import StoredEnd
-from tpumon.detect.job_replay import group_jobs, replay_pooling
+from tpumon.detect.job_replay import FULL_FRACTION, group_jobs, replay_pooling
+from tpumon.diagnose.job_ends import stopped_at_oom
 from tpumon.trace.schema import SeriesColumns, SeriesSource, TraceRow
 from tpumon.trace.spill import Keep
 
@@ -135,6 +136,18 @@ class ChipReport:
     @property
     def restarts(self) -> list[JobSpan]:
         return self.jobs[1:]
+
+    @property
+    def ended_at_oom(self) -> bool:
+        """Whether the chip's last job ran out of HBM where its samples end, judged as
+        ``tpumon analyze`` and the agent judge it (a bucket's peak all but full in the last
+        job, or the floor plus the in-step swing at capacity): the report drew such a chip's
+        last forecast as an OOM still to come, where analyze said the trace ended at one."""
+        last_job = self.jobs[-1].start if self.jobs else self.start
+        full = np.flatnonzero((self.floor_times >= last_job) &
+                              (self.peaks >= FULL_FRACTION * self.total))
+        return stopped_at_oom(self.assessment,
+                              float(self.floor_times[full[0]]) if full.size else None)
 
     @property
     def growth(self) -> str:

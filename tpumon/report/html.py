@@ -12,6 +12,7 @@ import jinja2
 from tpumon.common.describe import summarize_verdicts, verdict_label
 from tpumon.detect.forecast_band import BAND_LABEL
 from tpumon.detect.job_replay import describe_forecast
+from tpumon.diagnose.job_ends import TRACE_ENDED_AT_OOM
 from tpumon.report.data import ChipReport, HostReport
 from tpumon.common.units import format_byte_range, format_span
 from tpumon.report.render import (VERDICT_COLOURS, hhmm, oom_text, per_hour, per_step, size,
@@ -58,7 +59,8 @@ def _cells(c: ChipReport) -> dict[str, Any]:
     low, high = a.slope_bytes_per_second_low, a.slope_bytes_per_second_high
     growth = [p for p in (per_step(c), per_hour(c)) if p]
     return {
-        "chip": c.chip, "verdict": verdict_label(c.verdict), "reason": a.reason,
+        "chip": c.chip, "verdict": verdict_label(c.verdict),
+        "reason": f"{TRACE_ENDED_AT_OOM}; before it: {a.reason}" if c.ended_at_oom else a.reason,
         "colour": VERDICT_COLOURS.get(c.verdict, "#444"),
         "growth": growth, "z": a.z,
         "growth_interval": None if low is None or high is None else

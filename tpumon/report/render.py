@@ -19,6 +19,7 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
 from tpumon.detect.forecast_band import BAND_LABEL
+from tpumon.diagnose.job_ends import TRACE_ENDED_AT_OOM
 from tpumon.report.data import ChipReport, Forecast, HostReport
 from tpumon.common.describe import (VERDICT_LABELS, describe_growth, describe_oom,
                                     time_to_oom, verdict_label)
@@ -81,13 +82,15 @@ def step_text(step: float | None) -> str:
 
 
 def oom_text(r: ChipReport) -> str | None:
-    """'OOM in 5.4 h at step 80,722 (2025-06-16 06:28 UTC)', from the last fit."""
+    """'OOM in 5.4 h at step 80,722 (2025-06-16 06:28 UTC)', from the last fit; where the
+    samples end at an OOM, said so first, as analyze says it."""
     f = r.forecast
     if f is None:
         return None
     at = step_text(f.step)
     oom = describe_oom(time_to_oom(r.assessment)) or describe_oom(f.time - f.now)
-    return oom + (f" at {at}" if at else "") + f" ({utc(f.time)})"
+    said = oom + (f" at {at}" if at else "") + f" ({utc(f.time)})"
+    return f"{TRACE_ENDED_AT_OOM} (before it: {said})" if r.ended_at_oom else said
 
 
 def panel_title(r: ChipReport) -> str:
