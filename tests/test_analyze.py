@@ -169,3 +169,31 @@ def test_a_chip_whose_trace_ends_at_an_oom_is_told_as_the_agent_tells_an_ended_j
     assert reason(0.94, None) == "the trace ends at an OOM; before it: OOM in 22 min"
     assert reason(0.60, None) == "OOM in 22 min"
     assert reason(0.60, 2000.0, job_start=3000.0) == "OOM in 22 min"  # restarted after it
+
+
+def test_an_alert_whose_job_restarted_is_held_against_that_jobs_end():
+    """The demo run twice: the first run's job ran out of HBM (the agent said hbm_oom) and
+    the second began; analyze of the history said "forecast at alert: ...; HBM did not fill
+    up in the trace", judged on the second run's floors. The alert's post-mortem is its
+    own job's end."""
+    import numpy as np
+
+    from tpumon.cli.analyze import post_mortem
+    from tpumon.detect.job_replay import replay_series
+    from tpumon.sim.tracegen import generate_trace
+
+    first = [r for r in generate_trace("fast-leak", duration_s=8 * 3600, poll_interval_s=15,
+                                       chips=1) if r.chip == "0"]
+    gap = first[-1].time + 600 - 1_750_000_000.0
+    second = [r for r in generate_trace("fast-leak", duration_s=2 * 3600, poll_interval_s=15,
+                                        chips=1, seed=1, start_time=1_750_000_000.0 + gap)]
+    rows = first + second
+    columns = [np.array(v, dtype=float) for v in zip(*[
+        (r.time, np.nan if r.step is None else r.step, r.hbm_used_bytes, r.hbm_total_bytes)
+        for r in rows], strict=True)]
+    result = replay_series("h", "0", *columns)
+    assert result.alert is not None and result.alert["time"] < first[-1].time
+    assert result.assessment.restarts == 1 and result.alert_job_end is not None
+    said = post_mortem(result)
+    assert "HBM did not fill up" not in said, said
+    assert ("before it restarted" in said and "an OOM" in said) or "HBM full at" in said, said

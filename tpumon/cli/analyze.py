@@ -62,8 +62,10 @@ def post_mortem(r: SeriesResult) -> str | None:
     said = None if r.alert is None else describe_forecast(r.alert)
     if said is None:
         return None
-    full = r.full_after_alert
-    if full is None:
+    full, job_end = r.full_after_alert, r.alert_job_end
+    if job_end is not None and (full is None or full["time"] >= job_end[1]):
+        came = _end_of_job(*job_end)  # the alert's job restarted before any full sample
+    elif full is None:
         came = _end_of_trace(r.assessment)
     elif said.startswith("step") and full["step"] is not None:
         came = f"HBM full at step {full['step']:,}"
@@ -90,6 +92,18 @@ def _end_of_trace(a: Assessment) -> str:
     return (f"no sample {FULL_FRACTION:.0%} full, but at the detector's last fit{at} the "
             f"floor plus the in-step swing came to {swing:.1%} of HBM: an OOM, as the agent "
             "judges a job's end")
+
+
+def _end_of_job(a: Assessment, restarted: float) -> str:
+    """How the alert's job ended where another followed it: judged as the agent judges a
+    job's end, on the detector's last fit of that job."""
+    swing = estimated_peak_ratio(a.floor_bytes, a.transient_bytes, a.total_bytes)
+    at = f" (step {a.step:,.0f})" if a.step is not None and not math.isnan(a.step) else ""
+    if not stopped_at_oom(a):
+        return f"HBM did not fill up before the job restarted ({_when(restarted)})"
+    return (f"no sample {FULL_FRACTION:.0%} full, but at that job's last fit{at}, before it "
+            f"restarted ({_when(restarted)}), the floor plus the in-step swing came to "
+            f"{swing:.1%} of HBM: an OOM, as the agent judges a job's end")
 
 
 def _reason(r: SeriesResult) -> str:

@@ -54,6 +54,10 @@ class SeriesResult:
     #: the first moment the verdict was ``growing`` or ``leak`` (time, step): the warning
     #: that does not page; at or before the alert
     growing: dict | None = None
+    #: where the alert's job was followed by another (a restart): the detector's last
+    #: assessment of the alert's job, and when the next job began (its post-mortem is
+    #: that job's end, not the trace's)
+    alert_job_end: tuple[Assessment, float] | None = None
 
     @property
     def verdict(self) -> str:
@@ -196,7 +200,25 @@ def _result(host: str, chip: str, series: SeriesSource, assessment: Assessment,
     return SeriesResult(host, chip, len(c.times), assessment, alert,
                         full_after(alert, c.times, c.steps, c.used, c.total),
                         int(np.count_nonzero(np.asarray(c.used) > np.asarray(c.total))),
-                        growing)
+                        growing, alert_job_end(alert, assessment, c))
+
+
+def alert_job_end(alert: dict | None, assessment: Assessment,
+                  c: SeriesColumns) -> tuple[Assessment, float] | None:
+    """The detector's last assessment of the job the alert fired in, and when the job after
+    it began, where one did: the samples replayed up to that job's start (rare: a restart
+    after a page). A demo run twice read "HBM did not fill up in the trace" beside the first
+    run's alert, which ran out of HBM, judged on the second run's floors."""
+    if alert is None:
+        return None
+    start, last = assessment.job_start, None
+    while start is not None and start > alert["time"]:
+        keep = c.times < start
+        detector = ChipDetector()
+        detector.update(c.times[keep], c.steps[keep], c.used[keep], c.total[keep])
+        last = (detector.assessment, start)
+        start = detector.assessment.job_start
+    return last
 
 
 def replay_series(host: str, chip: str, times: np.ndarray, steps: np.ndarray,
