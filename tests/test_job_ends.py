@@ -534,3 +534,6 @@ def test_a_chip_whose_job_died_shows_no_forecast_for_it_until_it_is_read_again()
         assert f"{name}{{" not in dead and f"{name}{{" in alive, name
     assert re.search(r'tpumon_leak_verdict{[^}]*verdict="leak"[^}]*} 1.0', dead)
     assert "tpumon_hbm_floor_bytes{" in dead
+    # ... and says the job ended, so the rules leave the chip alone (deploy/prometheus)
+    assert re.search(r'tpumon_chip_job_ended{[^}]*chip="0"[^}]*} 1.0', dead)
+    assert re.search(r'tpumon_chip_job_ended{[^}]*chip="0"[^}]*} 0.0', alive)

@@ -146,8 +146,12 @@ class DetectorCollector(_PollCollector):
                          "Detector verdict: 1 for the chip's current verdict, 0 for the others.",
                          ["chip", "verdict"])
         restarts = _counter("tpumon_job_restarts", "Job restarts the detector has seen.", ["chip"])
+        job_ended = _gauge("tpumon_chip_job_ended",
+                           "1 while the chip's verdict is about a job that ended (not read "
+                           "since): no growth or OOM forecast is exported for it.", ["chip"])
         for chip, a in sorted(snap.assessments.items()):
             ended = snap.ended_job(chip) is not None  # as status shows it: no forecast
+            job_ended.add_metric(ident + [chip], 1 if ended else 0)
             for attr, family in gauges.items():
                 if ended and attr in _OF_A_LIVE_JOB:
                     continue
@@ -162,6 +166,7 @@ class DetectorCollector(_PollCollector):
         yield from gauges.values()
         yield verdict
         yield restarts
+        yield job_ended
 
 
 class HostCollector(_PollCollector):
