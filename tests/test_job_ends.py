@@ -3,6 +3,7 @@ view with the evidence, never for a job that is still running. Real processes an
 kernel log where the machine allows."""
 
 import calendar
+from dataclasses import replace
 import json
 import os
 import re
@@ -537,3 +538,12 @@ def test_a_chip_whose_job_died_shows_no_forecast_for_it_until_it_is_read_again()
     # ... and says the job ended, so the rules leave the chip alone (deploy/prometheus)
     assert re.search(r'tpumon_chip_job_ended{[^}]*chip="0"[^}]*} 1.0', dead)
     assert re.search(r'tpumon_chip_job_ended{[^}]*chip="0"[^}]*} 0.0', alive)
+    # a new job on the chip, missed by one poll (a runtime timeout): the old job's end is
+    # not its end (a review found its alerts reset at every such hiccup for an hour)
+    later = replace(a, job_start=now + 600)
+    missed = PollState(time=now + 900, identity=Identity("h"), inventory=inventory_for("v4", 4),
+                       assessments={"0": later}, job_ends=(end,))
+    assert missed.ended_job("0") is None
+    [chip] = [c for c in status_document(missed)["chips"] if c["chip"] == "0"]
+    assert chip["reason"] == a.reason and chip["predicted_oom_time"] is not None
+    assert re.search(r'tpumon_chip_job_ended{[^}]*chip="0"[^}]*} 0.0', scraped(missed))

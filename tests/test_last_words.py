@@ -346,6 +346,25 @@ def test_last_words_are_kept_when_the_users_share_of_the_inbox_is_full(tmp_path,
         flood.close()
 
 
+def test_eight_processes_dying_at_once_are_all_heard():
+    """One process per chip, eight, OOM together, each with a 63 KB report: the words'
+    reserve (256 KiB) holds three of them, the user's share the rest (a first version of
+    the reserve dropped four as "backlog")."""
+    from tpumon.sources.reporter_inlet import Arrival
+    from tpumon.sources.reporter_inlet import CREDS
+
+    r = ReporterSocket(Path("/nonexistent/r.sock"))
+    said = LAST_WORDS_HEADER + json.dumps({"kind": "exception", "type": "XlaRuntimeError",
+                                           "message": "RESOURCE_EXHAUSTED" + " " * 63000}).encode()
+    batch = [Arrival(said, [(socket.SOL_SOCKET, socket.SCM_CREDENTIALS,
+                             CREDS.pack(os.getpid() + k, os.getuid(), os.getgid()))], 0, None)
+             for k in range(8)]
+    assert r._keep(batch) == set()  # nobody paused
+    reading = r.poll()
+    assert reading.dropped_total["backlog"] == 0
+    assert len(reading.last_words) == 8
+
+
 def test_no_agent_costs_the_exit_nothing_and_raises_nothing(tmp_path):
     body = "raise SystemExit(0)\n"
     started = time.monotonic()

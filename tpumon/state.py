@@ -109,8 +109,15 @@ class PollState:
         TPUMonOOMForecast firing beside TPUMonJobDiedOOM."""
         if self.runtime is not None and chip in self.runtime.chips:
             return None
+        a = self.assessments.get(chip)
+        start = None if a is None else a.job_start
         for end in reversed(self.job_ends):
             if any(c.chip == chip for c in end.view.chips):
+                seen = end.view.reading_time  # on the samples' clock, as the job's start
+                if seen is None:
+                    seen = end.time + self.clock_offset
+                if start is not None and seen < start:
+                    return None  # an earlier job's: the chip's job now is another, missed once
                 return end
         return None
 

@@ -48,7 +48,7 @@ INBOX_USER_BYTES = 1 << 20  # ... of which one sending user's
 #: (one message of at most MAX_LAST_WORDS) is not dropped because its user's other
 #: processes filled their share (a job streaming snapshots, a flood of one's own)
 INBOX_WORDS_BYTES = 2 << 20
-INBOX_USER_WORDS_BYTES = 256 << 10  # ... of which one sending user's: four at the bound
+INBOX_USER_WORDS_BYTES = 256 << 10  # ... of which one sending user's (then: the user's share)
 STALE_SECONDS = 300.0  # a process not heard from this long is forgotten once it has exited
 SILENT_MAX_SECONDS = 86400.0  # ... and even while alive (a pid reused, a job parked for a day)
 RATE_WINDOW_SECONDS = 120.0
@@ -347,9 +347,10 @@ class ReporterSocket:
     def _keep(self, batch: list[Arrival]) -> set[int]:
         """Into the inbox for the next poll (the inlet's thread), within INBOX_BYTES, and
         within INBOX_USER_BYTES for each sending user, so that one user's flood cannot crowd
-        out another's reports (beyond: "backlog"). Last words count against a reserve of
-        their own instead (INBOX_WORDS_BYTES, INBOX_USER_WORDS_BYTES). The users past their
-        share: the inlet reads their connections no more until the next poll."""
+        out another's reports (beyond: "backlog"). Last words take from a reserve of their
+        own first (INBOX_WORDS_BYTES, INBOX_USER_WORDS_BYTES), then from that share. The
+        users past their share: the inlet reads their connections no more until the next
+        poll."""
         received = self._clock()
         full = set()
         with self._lock:
@@ -358,8 +359,8 @@ class ReporterSocket:
                 uid = creds[1]
                 size = len(arrival.data) + 1  # an empty datagram takes a slot too
                 words = arrival.data.startswith((LAST_WORDS_HEADER, FATAL_HEADER))
-                share = self._words_share if words else self._reports_share
-                if not share.take(uid, size):
+                if not (words and self._words_share.take(uid, size)) and \
+                        not self._reports_share.take(uid, size):
                     self._dropped_backlog += 1
                     full.add(uid)
                     continue
