@@ -265,6 +265,7 @@ def test_hosts_sort_as_a_slice_counts_its_workers():
     names = ["t1v-n-x-w-10", "t1v-n-x-w-2", "t1v-n-x-w-0", "other", "t1v-n-x-w-1"]
     assert sorted(names, key=host_sort_key) == [
         "other", "t1v-n-x-w-0", "t1v-n-x-w-1", "t1v-n-x-w-2", "t1v-n-x-w-10"]
+    assert sorted(["w-1²", "w-1"], key=host_sort_key) == ["w-1", "w-1²"]  # int("²") raised
 
 
 @pytest.mark.e2e
@@ -305,6 +306,7 @@ def test_sim_writes_a_trace_that_reads_back(tmp_path):
     (["--port", ":9847"], "--port"),
     (["--duration", "-1h"], "--duration"),
     (["--duration", "0"], "--duration"),  # wrote a header alone over the older trace
+    (["--duration", "1s", "--poll-interval", "5"], "--duration"),  # no poll in it either
 ])
 @pytest.mark.slow
 def test_sim_refuses_bad_input_and_keeps_the_output_file(tmp_path, args, fragment):

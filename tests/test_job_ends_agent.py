@@ -125,9 +125,12 @@ def test_an_end_held_for_its_last_words_is_told_when_the_agent_stops(tmp_path):
         polls = lambda: json.loads(agent.get("/api/status"))["polls_total"]  # noqa: E731
         seen = wait_for(lambda: any(p["pid"] == job.pid for p in json.loads(
             agent.get("/api/status"))["processes"]) and polls(), 30)
+        # killed just after a poll, so the next (10 s later) is the first to find it gone
+        # and holds it; one under way at the kill could have held it already
+        just = wait_for(lambda: polls() > seen and polls(), 30, 0.02)
         job.kill()
         job.wait()
-        wait_for(lambda: polls() > seen, 30, 0.1)  # the poll that found it gone: held
+        wait_for(lambda: polls() > just, 30, 0.1)
         assert ended(agent) == [] and "ended at step" not in agent.log()
     finally:
         assert agent.stop() == 0

@@ -336,7 +336,10 @@ class Agent(Component):
             if next_tick < now:  # a poll overran: skip the ticks it ate instead of bursting
                 next_tick = now + self.interval - (now - next_tick) % self.interval
             stop.wait(next_tick - now)
-        self._flush_ends()
+        try:
+            self._flush_ends()
+        except Exception:  # noqa: BLE001 - as a poll: the store's last write must still come
+            log.exception("telling the ends held for last words failed")
         if self._store is not None:
             self._record(self._store, {}, final=True)
         self._runtime_source.close()

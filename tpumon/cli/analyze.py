@@ -77,7 +77,8 @@ def post_mortem(r: SeriesResult) -> str | None:
 def ended_at_oom(r: SeriesResult) -> bool:
     """Whether the trace's last job ended out of HBM, as the agent judges a job's end."""
     full = r.full_after_alert
-    return stopped_at_oom(r.assessment, None if full is None else full["time"])
+    return stopped_at_oom(r.assessment, r.alert is not None,
+                          None if full is None else full["time"])
 
 
 def _end_of_trace(a: Assessment) -> str:
@@ -99,7 +100,7 @@ def _end_of_job(a: Assessment, restarted: float) -> str:
     job's end, on the detector's last fit of that job."""
     swing = estimated_peak_ratio(a.floor_bytes, a.transient_bytes, a.total_bytes)
     at = f" (step {a.step:,.0f})" if a.step is not None and not math.isnan(a.step) else ""
-    if not stopped_at_oom(a):
+    if not stopped_at_oom(a, alerted=True):
         return f"HBM did not fill up before the job restarted ({_when(restarted)})"
     return (f"no sample {FULL_FRACTION:.0%} full, but at that job's last fit{at}, before it "
             f"restarted ({_when(restarted)}), the floor plus the in-step swing came to "

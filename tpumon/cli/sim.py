@@ -139,8 +139,11 @@ def command(config_path: str | None, scenario: str | None, chips: int | None,
     setup_logging(config["agent.log_level"])
     served_ports = sim_ports(ports)  # every input checked before any file or port is touched
     positive_seconds("--poll-interval", poll_interval)
-    # --duration 0 wrote a header alone over an existing trace
-    trace_seconds = positive_seconds("--duration", parse_duration(duration))
+    trace_seconds = parse_duration(duration)
+    if write_trace is not None and not trace_seconds >= poll_interval:
+        # a trace of no poll wrote a header alone over an existing one
+        raise ConfigError(f"--duration: {duration} holds no poll of --poll-interval "
+                          f"{poll_interval:g} s; give a longer one")
     chip_count = config["simulator.chips"]
     total = hbm_total_bytes(config["simulator.chip_type"])
     if write_trace is not None:

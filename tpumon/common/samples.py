@@ -115,13 +115,13 @@ class HostSample:
 def host_sort_key(name: str) -> tuple[tuple[int, str], ...]:
     """Host names with their numbers in numeric order (t1v-n-x-w-2 before t1v-n-x-w-10):
     a slice's workers listed as the slice counts them."""
-    return tuple((int(part), "") if part.isdigit() else (-1, part)
-                 for part in re.split(r"(\d+)", name))
+    parts = re.split(r"([0-9]+)", name)  # odd places: the runs of ASCII digits
+    return tuple((int(part), "") if k % 2 else (-1, part) for k, part in enumerate(parts))
 
 
 def chip_sort_key(name: str) -> tuple[int, str]:
     """Chips in numeric order ("2" before "10"); odd names after, alphabetically."""
-    return (int(name), name) if name.isdigit() else (1 << 30, name)
+    return (int(name), name) if name.isascii() and name.isdigit() else (1 << 30, name)
 
 
 class Sample(NamedTuple):

@@ -190,7 +190,7 @@ def run_chip(series: SeriesSource, settings: DetectorSettings | None, log: bool)
 
 
 def _result(host: str, chip: str, series: SeriesSource, assessment: Assessment,
-            alert: dict | None, growing: dict | None) -> SeriesResult:
+            alert: dict | None, growing: dict | None, said: Said | None = None) -> SeriesResult:
     """A series' outcome: its verdict and alert, where HBM filled after the alert, the
     samples over capacity, and its first warning (its own, or the alert if earlier: a chip
     that joins its job's leak warns when it pages)."""
@@ -200,18 +200,23 @@ def _result(host: str, chip: str, series: SeriesSource, assessment: Assessment,
     return SeriesResult(host, chip, len(c.times), assessment, alert,
                         full_after(alert, c.times, c.steps, c.used, c.total),
                         int(np.count_nonzero(np.asarray(c.used) > np.asarray(c.total))),
-                        growing, alert_job_end(alert, assessment, c))
+                        growing, alert_job_end(alert, assessment, c, said))
 
 
-def alert_job_end(alert: dict | None, assessment: Assessment,
-                  c: SeriesColumns) -> tuple[Assessment, float] | None:
+def alert_job_end(alert: dict | None, assessment: Assessment, c: SeriesColumns,
+                  said: Said | None = None) -> tuple[Assessment, float] | None:
     """The detector's last assessment of the job the alert fired in, and when the job after
-    it began, where one did: the samples replayed up to that job's start (rare: a restart
-    after a page). A demo run twice read "HBM did not fill up in the trace" beside the first
-    run's alert, which ran out of HBM, judged on the second run's floors."""
-    if alert is None:
+    it began, where one did (a restart after a page). A demo run twice read "HBM did not
+    fill up in the trace" beside the first run's alert, which ran out of HBM, judged on the
+    second run's floors. From the detector's log of assessments where the replay kept one
+    (a job of several chips); else the samples are replayed up to each later job's start,
+    latest first."""
+    if alert is None or assessment.job_start is None or assessment.job_start <= alert["time"]:
         return None
-    start, last = assessment.job_start, None
+    if said:
+        return _job_end_said(alert["time"], said)
+    start: float | None = assessment.job_start
+    last = None
     while start is not None and start > alert["time"]:
         keep = c.times < start
         detector = ChipDetector()
@@ -219,6 +224,19 @@ def alert_job_end(alert: dict | None, assessment: Assessment,
         last = (detector.assessment, start)
         start = detector.assessment.job_start
     return last
+
+
+def _job_end_said(alerted: float, said: Said) -> tuple[Assessment, float] | None:
+    """The last assessment of the job that was running at ``alerted``, and when the next
+    began, from a detector's log (time, step, assessment) of every assessment as set."""
+    last = None
+    for _, _, a in said:
+        start = a.job_start
+        if start is not None and start > alerted and last is not None and \
+                last.job_start is not None and last.job_start <= alerted:
+            return last, start
+        last = a
+    return None
 
 
 def replay_series(host: str, chip: str, times: np.ndarray, steps: np.ndarray,
@@ -280,7 +298,8 @@ def job_results(job: str, series: Sequence[tuple[str, str, SeriesSource]],
     pooled = replay_pooling(job, [run.log or [] for run in runs], [c for _, _, c in series],
                             timelines=False)
     final = pool_job(job, {str(i): run.assessment for i, run in enumerate(runs)})
-    return [_result(host, chip, c, final[str(i)], pooled.alerts.get(i), runs[i].growing)
+    return [_result(host, chip, c, final[str(i)], pooled.alerts.get(i), runs[i].growing,
+                    runs[i].log)
             for i, (host, chip, c) in enumerate(series)]
 
 

@@ -75,10 +75,14 @@ def estimated_peak_ratio(floor: float | None, transient: float | None,
 TRACE_ENDED_AT_OOM = "the trace ends at an OOM"
 
 
-def stopped_at_oom(a: Assessment, full_sample_at: float | None = None) -> bool:
+def stopped_at_oom(a: Assessment, alerted: bool, full_sample_at: float | None = None) -> bool:
     """Whether a chip's samples, ending here, ended at an OOM, as the agent judges a job's
-    end: a sample all but full (at ``full_sample_at``) in the chip's last job, or its floor
-    plus the in-step swing within NEAR_FULL of capacity at the detector's last fit."""
+    end: after a leak alert on the chip (a trace that merely stops is no job's end: a
+    healthy chip at 92 % with a wide swing read "ends at an OOM"), a sample all but full
+    (at ``full_sample_at``, after the alert) in the chip's last job, or its floor plus the
+    in-step swing within NEAR_FULL of capacity at the detector's last fit."""
+    if not alerted:
+        return False
     if full_sample_at is not None and (a.job_start is None or full_sample_at >= a.job_start):
         return True
     return estimated_peak_ratio(a.floor_bytes, a.transient_bytes, a.total_bytes) >= NEAR_FULL
@@ -154,10 +158,11 @@ class JobView:
     def forecast(self) -> tuple[str | None, Mapping[str, Any] | None]:
         """The chip whose forecast an end is held against, and that forecast: of the chips
         with one, the one whose memory came nearest to capacity (it ran out first)."""
-        if not self.forecasts:
+        forecast = [c for c, f in self.forecasts.items() if f.get("predicted_oom_time")]
+        if not forecast:
             return None, None
         peaks = {c.chip: c.peak_ratio for c in self.chips}
-        chip = max(self.forecasts, key=lambda c: peaks.get(c, -1.0))  # ties: the first
+        chip = max(forecast, key=lambda c: peaks.get(c, -1.0))  # ties: the first
         return chip, self.forecasts[chip]
 
 

@@ -140,13 +140,14 @@ class ChipReport:
     @property
     def ended_at_oom(self) -> bool:
         """Whether the chip's last job ran out of HBM where its samples end, judged as
-        ``tpumon analyze`` and the agent judge it (a bucket's peak all but full in the last
-        job, or the floor plus the in-step swing at capacity): the report drew such a chip's
+        ``tpumon analyze`` judges it (after its alert, a bucket's peak all but full in the
+        last job, or the floor plus the in-step swing at capacity): the report drew such a chip's
         last forecast as an OOM still to come, where analyze said the trace ended at one."""
-        last_job = self.jobs[-1].start if self.jobs else self.start
-        full = np.flatnonzero((self.floor_times >= last_job) &
-                              (self.peaks >= FULL_FRACTION * self.total))
-        return stopped_at_oom(self.assessment,
+        if self.alert is None:
+            return False
+        full = np.flatnonzero((self.floor_times >= self.alert["time"]) &
+                              (self.peaks >= FULL_FRACTION * self.total))  # as analyze asks
+        return stopped_at_oom(self.assessment, True,
                               float(self.floor_times[full[0]]) if full.size else None)
 
     @property

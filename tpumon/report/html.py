@@ -65,7 +65,7 @@ def _cells(c: ChipReport) -> dict[str, Any]:
         "growth": growth, "z": a.z,
         "growth_interval": None if low is None or high is None else
         format_byte_range(low * 3600, high * 3600, signed=True),
-        "oom": None if f is None else oom_text(c) or "",
+        "oom": None if f is None else oom_text(c, with_end=False) or "",  # the reason says it
         "oom_range": None if f is None or f.earliest is None else (
             BAND_LABEL, utc(f.earliest), "never" if f.latest is None else utc(f.latest)),
         "alert": _alert(c), "alert_forecast": _alert_forecast(c), "window": _window(c),

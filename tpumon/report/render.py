@@ -81,16 +81,17 @@ def step_text(step: float | None) -> str:
     return "" if step is None or math.isnan(step) else f"step {step:,.0f}"
 
 
-def oom_text(r: ChipReport) -> str | None:
+def oom_text(r: ChipReport, with_end: bool = True) -> str | None:
     """'OOM in 5.4 h at step 80,722 (2025-06-16 06:28 UTC)', from the last fit; where the
-    samples end at an OOM, said so first, as analyze says it."""
+    samples end at an OOM, said so first, as analyze says it (``with_end``: where no reason
+    beside it says so already)."""
     f = r.forecast
     if f is None:
         return None
     at = step_text(f.step)
     oom = describe_oom(time_to_oom(r.assessment)) or describe_oom(f.time - f.now)
     said = oom + (f" at {at}" if at else "") + f" ({utc(f.time)})"
-    return f"{TRACE_ENDED_AT_OOM} (before it: {said})" if r.ended_at_oom else said
+    return f"{TRACE_ENDED_AT_OOM} (before it: {said})" if with_end and r.ended_at_oom else said
 
 
 def panel_title(r: ChipReport) -> str:
