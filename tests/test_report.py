@@ -186,7 +186,7 @@ def test_level_jumps_are_listed_and_drawn_as_steps(reports, traces):
     html = reports["step-change"][2].read_text()
     for row in summary_rows(html):
         cells = re.findall(r"<td>(.*?)</td>", row, re.S)
-        assert ">step change</span>" in cells[1]  # as every view writes it
+        assert ">stepped up</span>" in cells[1]  # as every view writes it
         assert re.match(r"1 \(\+1\.\d\d GiB in all\)<br>\+1\.\d\d GiB at \d\d:\d\d, step [\d,]+$",
                         cells[9]), cells[9]
     columns = read_trace_columns(traces["step-change"])

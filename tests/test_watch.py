@@ -159,3 +159,19 @@ def test_watch_and_status_without_a_terminal(tmp_path):
         assert re.search(r"collecting|warming up|ok|leak", status.stdout)  # as watch writes them
     finally:
         agent.stop()
+
+
+@pytest.mark.parametrize("verdict", ["step_change", "insufficient_data", "warming_up", "leak"])
+def test_every_verdict_keeps_the_floor_in_80_columns(verdict):
+    """A chip that stepped up lost its Floor column (the one that matters for a step change)
+    once views wrote the verdict as "step change", three characters wider than watch's
+    own "step chg" had been."""
+    from tpumon.cli.watch import chip_table
+
+    GiB = 2**30
+    chip = {"chip": "0", "up": True, "hbm_used_bytes": 31 * GiB, "hbm_total_bytes": 32 * GiB,
+            "duty_cycle": 0.97, "verdict": verdict, "floor_bytes": 27.5 * GiB,
+            "growth_bytes_per_step": 466.4 * 1024, "growth_bytes_per_hour": 2.2 * GiB,
+            "time_to_oom_seconds": 5400.0, "predicted_oom_time": None}
+    table = chip_table({"time": 0.0, "chips": [chip]}, width=80)
+    assert "Floor" in [c.header for c in table.columns]

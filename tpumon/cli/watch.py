@@ -182,7 +182,7 @@ def command(config_path: str | None, runtime_ports: str | None, agent: str | Non
     Fits the terminal, 80 columns and up: where it is narrower than every column needs,
     duty cycle, growth per hour, floor and growth per step are left out, in that order.
     Verdicts: ok, growing, leak, warming up (warming_up), collecting (insufficient_data:
-    under 30 minutes of floors), step change (step_change), as every view writes them.
+    under 30 minutes of floors), stepped up (step_change), as every view writes them.
     Without a terminal (a pipe, a file) it
     prints the same view as plain text every interval. Ctrl-C quits. With --slice, every
     chip of the slice."""

@@ -73,9 +73,11 @@ def chip_time_to_oom(chip: Mapping[str, Any], doc_time: float | None) -> float |
 
 
 #: How a verdict reads to a person, in every view that shows one (status, watch, the slice
-#: view, analyze, the index page, the report); JSON and Prometheus keep the verdict itself.
+#: view, analyze, the index page, the report, the log) and in the summaries' counts; JSON
+#: and Prometheus keep the verdict itself. At most 10 characters: watch's 80 columns
+#: dropped its Floor column for "step change".
 VERDICT_LABELS: Mapping[str, str] = {
-    "leak": "leak", "growing": "growing", "step_change": "step change", "ok": "ok",
+    "leak": "leak", "growing": "growing", "step_change": "stepped up", "ok": "ok",
     "warming_up": "warming up", "insufficient_data": "collecting", "unknown": "unknown",
 }
 
