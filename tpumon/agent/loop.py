@@ -28,7 +28,7 @@ from tpumon.agent.lifecycle import Component, take
 from tpumon.common.samples import HostSample, RuntimeReading
 from tpumon.sources.health import SourceTracker
 from tpumon.sources.host import HostSource
-from tpumon.sources.kernel_log import KernelLog
+from tpumon.sources.kernel_log import KernelLog, OomKill
 from tpumon.sources.pod_resources import PodAssignment
 from tpumon.sources.tpu_runtime import TpuRuntimeSource
 from tpumon.notify.alerts import AlertLog
@@ -235,7 +235,7 @@ class Agent(Component):
                      last_words: Mapping[int, LastWords]) -> None:
         """Jobs that ended since the last poll: one log line each (docs/job-ends.md), with
         what each said as it ended where its reporter heard it."""
-        kills = (self._kernel.poll() if self._kernel is not None else None) or {}
+        kills = self._kernel_kills()
         alerts = {name: self._pooled_alerts.get(name) or d.alert
                   for name, d in self._detectors.items()}
         trusted = trusted_uids(self._reporter_socket.allowed_uids
@@ -255,10 +255,13 @@ class Agent(Component):
         are told with what the reporters heard by now (a stop within that poll lost them)."""
         if not self._ends.holding:
             return
-        kills = (self._kernel.poll() if self._kernel is not None else None) or {}
         reported = None if self._reporters is None else self._reporters.poll()
         words = reported.last_words if reported is not None else {}
-        self._tell_ends(self._ends.flush(kills, words))
+        self._tell_ends(self._ends.flush(self._kernel_kills(), words))
+
+    def _kernel_kills(self) -> Mapping[int, OomKill]:
+        """The kernel's OOM kills lately, by pid (none without its log)."""
+        return (self._kernel.poll() if self._kernel is not None else None) or {}
 
     @staticmethod
     def _steps(attributed: Mapping[str, int],

@@ -23,8 +23,7 @@ from tpumon.common.describe import describe_growth, verdict_label
 from tpumon.detect.early_replay import EarlyReplay
 from tpumon.detect.job_replay import FULL_FRACTION, SeriesResult, describe_forecast
 from tpumon.detect.verdict import Assessment
-from tpumon.diagnose.job_ends import (NEAR_FULL, TRACE_ENDED_AT_OOM, estimated_peak_ratio,
-                                      stopped_at_oom)
+from tpumon.diagnose.job_ends import TRACE_ENDED_AT_OOM, estimated_peak_ratio, stopped_at_oom
 from tpumon.detect.replay import replay_columns, usable_cores
 from tpumon.detect.workers import WorkerDied
 from tpumon.trace.schema import SeriesSource, TraceFormatError
@@ -82,29 +81,31 @@ def ended_at_oom(r: SeriesResult) -> bool:
 
 
 def _end_of_trace(a: Assessment) -> str:
-    """Where HBM stood at the end of a trace in which no sample was full: the agent judges
-    a job's end an HBM OOM when the floor plus the in-step swing came within NEAR_FULL of
-    capacity, and so does this. The figures are the last fit's (fits run every few
-    minutes of samples while a leak grows, so it is named: not the trace's last step)."""
-    swing = estimated_peak_ratio(a.floor_bytes, a.transient_bytes, a.total_bytes)
-    if swing < NEAR_FULL:
-        return "HBM did not fill up in the trace"
-    at = f" (step {a.step:,.0f})" if a.step is not None and not math.isnan(a.step) else ""
-    return (f"no sample {FULL_FRACTION:.0%} full, but at the detector's last fit{at} the "
-            f"floor plus the in-step swing came to {swing:.1%} of HBM: an OOM, as the agent "
-            "judges a job's end")
+    """Where HBM stood at the end of a trace in which no sample was full. The figures are
+    the last fit's (fits run every few minutes of samples while a leak grows, so it is
+    named: not the trace's last step)."""
+    return _judged_end(a, "the detector's last fit", "", "HBM did not fill up in the trace")
 
 
 def _end_of_job(a: Assessment, restarted: float) -> str:
-    """How the alert's job ended where another followed it: judged as the agent judges a
-    job's end, on the detector's last fit of that job."""
+    """How the alert's job ended where another followed it, on the detector's last fit of
+    that job."""
+    when = _when(restarted)
+    return _judged_end(a, "that job's last fit", f", before it restarted ({when}),",
+                       f"HBM did not fill up before the job restarted ({when})")
+
+
+def _judged_end(a: Assessment, fit: str, after: str, not_full: str) -> str:
+    """An alerted job's end judged as the agent judges one (``stopped_at_oom``: the floor
+    plus the in-step swing within NEAR_FULL of capacity) at ``fit`` (its step said after
+    it, then ``after``), or ``not_full``."""
+    if not stopped_at_oom(a, alerted=True):
+        return not_full
     swing = estimated_peak_ratio(a.floor_bytes, a.transient_bytes, a.total_bytes)
     at = f" (step {a.step:,.0f})" if a.step is not None and not math.isnan(a.step) else ""
-    if not stopped_at_oom(a, alerted=True):
-        return f"HBM did not fill up before the job restarted ({_when(restarted)})"
-    return (f"no sample {FULL_FRACTION:.0%} full, but at that job's last fit{at}, before it "
-            f"restarted ({_when(restarted)}), the floor plus the in-step swing came to "
-            f"{swing:.1%} of HBM: an OOM, as the agent judges a job's end")
+    return (f"no sample {FULL_FRACTION:.0%} full, but at {fit}{at}{after} the floor plus the "
+            f"in-step swing came to {swing:.1%} of HBM: an OOM, as the agent judges a job's "
+            "end")
 
 
 def _reason(r: SeriesResult) -> str:

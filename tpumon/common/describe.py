@@ -91,10 +91,11 @@ def verdict_label(verdict: str | None) -> str:
     return VERDICT_LABELS.get(verdict, verdict)
 
 
-#: How a verdict reads in a count of chips, in the order a summary lists them.
+#: How a verdict reads in a count of chips, in the order a summary lists them: as every
+#: view writes it, but "2 leaking"
 _VERDICT_WORDS: Mapping[str, str] = {
-    "leak": "leaking", "growing": "growing", "step_change": "stepped up", "ok": "ok",
-    "warming_up": "warming up", "insufficient_data": "collecting",
+    verdict: "leaking" if verdict == "leak" else VERDICT_LABELS[verdict]
+    for verdict in ("leak", "growing", "step_change", "ok", "warming_up", "insufficient_data")
 }
 #: The verdicts that know nothing of growth yet: a summary never says "no leak" over them.
 UNKNOWN = frozenset({"warming_up", "insufficient_data", None, "unknown"})

@@ -186,7 +186,7 @@ class JobEnd:
         chip that came nearest to its capacity, the one the evidence names (the first
         alerted chip's forecast was quoted beside another chip's evidence)."""
         chip, f = self.view.forecast()
-        if f is None or f.get("predicted_oom_time") is None:
+        if f is None:
             return None
         made = f["time"]
         at = f"chip {chip}'s forecast made at {clock(made, made)}"
